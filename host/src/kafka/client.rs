@@ -1,0 +1,734 @@
+//! The cluster client: bootstrap, metadata (topic names ↔ ids, partition leaders), one cached
+//! connection per broker, coordinator lookup, and the few data and admin calls sharehost needs
+//! besides the share protocol (Produce for dead letters, Fetch and admin calls for tests).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, CreateTopicsRequest, FetchRequest, FindCoordinatorRequest,
+    IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest, MetadataResponse,
+    ProduceRequest, TopicName,
+};
+use kafka_protocol::protocol::{Request, StrBytes, VersionRange};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::addr::{BrokerAddr, parse_bootstrap};
+use super::backoff::{Backoff, BackoffConfig};
+use super::connection::{BrokerConnection, ConnectionConfig};
+use super::error::{ErrorClass, KafkaError, Result};
+use super::records::{Compression, ConsumedRecord, ProduceRecord, decode_batches, encode_batch};
+
+/// Produce up to v12 addresses topics by name; v13 switched to ids and gains us nothing here.
+const PRODUCE_VERSIONS: VersionRange = VersionRange { min: 3, max: 12 };
+/// Fetch up to v12 addresses topics by name.
+const FETCH_VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
+/// FindCoordinator v4+ batches keys; share consumers use key type GROUP (0).
+const FIND_COORDINATOR_VERSIONS: VersionRange = VersionRange { min: 4, max: 6 };
+/// Metadata v10+ carries topic ids.
+const METADATA_VERSIONS: VersionRange = VersionRange { min: 10, max: 13 };
+/// Config resource type of groups (KIP-848/932 group configs).
+pub const CONFIG_RESOURCE_GROUP: i8 = 32;
+
+/// One partition's place in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionMeta {
+    /// Partition index.
+    pub index: i32,
+    /// Leader node id, -1 while leaderless.
+    pub leader: i32,
+    /// Leader epoch, to ignore stale leader hints.
+    pub leader_epoch: i32,
+}
+
+/// A topic as metadata describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicMeta {
+    /// Topic name.
+    pub name: String,
+    /// Topic id (ShareFetch and heartbeat assignments use ids).
+    pub id: Uuid,
+    /// Partitions sorted by index.
+    pub partitions: Vec<PartitionMeta>,
+}
+
+#[derive(Debug, Default)]
+struct ClusterView {
+    brokers: HashMap<i32, BrokerAddr>,
+    topics: HashMap<String, TopicMeta>,
+    names_by_id: HashMap<Uuid, String>,
+}
+
+/// What Fetch returned for one partition.
+#[derive(Debug, Clone)]
+pub struct FetchedPartition {
+    /// Records from the requested offset on, control records dropped.
+    pub records: Vec<ConsumedRecord>,
+    /// The partition's high watermark.
+    pub high_watermark: i64,
+}
+
+/// Which offset ListOffsets should return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The first offset still in the log.
+    Earliest,
+    /// The offset the next produced record will get.
+    Latest,
+}
+
+/// A client for one Kafka cluster. Cheap to share behind an `Arc`.
+pub struct KafkaClient {
+    config: ConnectionConfig,
+    bootstrap: Vec<BrokerAddr>,
+    view: Mutex<ClusterView>,
+    conns: tokio::sync::Mutex<HashMap<i32, Arc<BrokerConnection>>>,
+    backoff: BackoffConfig,
+}
+
+impl std::fmt::Debug for KafkaClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaClient")
+            .field("bootstrap", &self.bootstrap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KafkaClient {
+    /// Parses the bootstrap list, connects to the first reachable broker and loads metadata.
+    /// A bad address, TLS or SASL problem fails here, before any work starts.
+    pub async fn connect(bootstrap: &str, config: ConnectionConfig) -> Result<KafkaClient> {
+        let bootstrap = parse_bootstrap(bootstrap)?;
+        let client = KafkaClient {
+            config,
+            bootstrap,
+            view: Mutex::new(ClusterView::default()),
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+            backoff: BackoffConfig::default(),
+        };
+        client.refresh_metadata(&[]).await?;
+        Ok(client)
+    }
+
+    /// The connection settings every broker connection uses.
+    pub fn config(&self) -> &ConnectionConfig {
+        &self.config
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, ClusterView> {
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The address of a broker known from metadata.
+    pub fn broker(&self, id: i32) -> Option<BrokerAddr> {
+        self.view().brokers.get(&id).cloned()
+    }
+
+    /// Node ids of every known broker.
+    pub fn broker_ids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self.view().brokers.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Metadata of a topic by name, from the cache.
+    pub fn topic(&self, name: &str) -> Option<TopicMeta> {
+        self.view().topics.get(name).cloned()
+    }
+
+    /// The name of a topic id, from the cache.
+    pub fn topic_name(&self, id: Uuid) -> Option<String> {
+        self.view().names_by_id.get(&id).cloned()
+    }
+
+    /// The current leader of a partition, from the cache.
+    pub fn leader(&self, topic: &str, partition: i32) -> Option<i32> {
+        let view = self.view();
+        let t = view.topics.get(topic)?;
+        t.partitions
+            .iter()
+            .find(|p| p.index == partition)
+            .map(|p| p.leader)
+            .filter(|l| *l >= 0)
+    }
+
+    /// Records a broker learned outside metadata (ShareFetch NodeEndpoints).
+    pub fn learn_broker(&self, id: i32, host: &str, port: u16) {
+        self.view()
+            .brokers
+            .insert(id, BrokerAddr::new(host, port).with_id(id));
+    }
+
+    /// The cached connection to broker `id`, connecting when there is none or it died.
+    pub async fn connection(&self, id: i32) -> Result<Arc<BrokerConnection>> {
+        let addr = self.broker(id).ok_or_else(|| {
+            KafkaError::Config(format!("broker {id} is not in the cluster metadata"))
+        })?;
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&id)
+            && !c.is_dead()
+        {
+            return Ok(c.clone());
+        }
+        let c = BrokerConnection::connect(&addr, &self.config).await?;
+        conns.insert(id, c.clone());
+        Ok(c)
+    }
+
+    /// A fresh connection to broker `id` that is not shared with anything else. Share sessions
+    /// are bound to their TCP connection, so each consumer owns its own.
+    pub async fn dedicated_connection(&self, id: i32) -> Result<Arc<BrokerConnection>> {
+        let addr = self.broker(id).ok_or_else(|| {
+            KafkaError::Config(format!("broker {id} is not in the cluster metadata"))
+        })?;
+        BrokerConnection::connect(&addr, &self.config).await
+    }
+
+    /// Forgets a connection after a failure, unless another caller already replaced it.
+    pub async fn invalidate(&self, id: i32, conn: &Arc<BrokerConnection>) {
+        let mut conns = self.conns.lock().await;
+        if conns.get(&id).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            conns.remove(&id);
+        }
+    }
+
+    /// Any working connection: a known broker first, then the bootstrap list.
+    async fn any_connection(&self) -> Result<(Option<i32>, Arc<BrokerConnection>)> {
+        let mut errors = Vec::new();
+        for id in self.broker_ids() {
+            match self.connection(id).await {
+                Ok(c) => return Ok((Some(id), c)),
+                Err(e) => errors.push(e),
+            }
+        }
+        for addr in &self.bootstrap {
+            match BrokerConnection::connect(addr, &self.config).await {
+                Ok(c) => return Ok((None, c)),
+                Err(
+                    e @ (KafkaError::Tls { .. } | KafkaError::Auth { .. } | KafkaError::Config(_)),
+                ) => {
+                    // Wrong CA or password will not get better on the next broker.
+                    return Err(e);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(KafkaError::NoBroker(errors))
+    }
+
+    /// Sends `req` to any broker, retrying transport failures on another connection until the
+    /// request timeout passes.
+    pub async fn send_any<R: Request + Clone>(&self, req: &R) -> Result<R::Response> {
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(self.backoff, deadline);
+        loop {
+            let (id, conn) = self.any_connection().await?;
+            match conn.send(req).await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.class() == ErrorClass::Retry => {
+                    if let Some(id) = id {
+                        self.invalidate(id, &conn).await;
+                    }
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Refreshes brokers and the given topics (all topics when empty).
+    pub async fn refresh_metadata(&self, topics: &[String]) -> Result<()> {
+        let req = MetadataRequest::default().with_topics(if topics.is_empty() {
+            None
+        } else {
+            Some(
+                topics
+                    .iter()
+                    .map(|t| {
+                        MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
+                    })
+                    .collect(),
+            )
+        });
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(self.backoff, deadline);
+        loop {
+            let (id, conn) = self.any_connection().await?;
+            let version = conn.version_for(ApiKey::Metadata, METADATA_VERSIONS)?;
+            match conn
+                .send_version(&req, version, self.config.request_timeout)
+                .await
+            {
+                Ok(resp) => {
+                    self.apply_metadata(&resp);
+                    return Ok(());
+                }
+                Err(e) if e.class() == ErrorClass::Retry => {
+                    if let Some(id) = id {
+                        self.invalidate(id, &conn).await;
+                    }
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn apply_metadata(&self, resp: &MetadataResponse) {
+        let mut view = self.view();
+        if !resp.brokers.is_empty() {
+            view.brokers = resp
+                .brokers
+                .iter()
+                .filter_map(|b| {
+                    let port = u16::try_from(b.port).ok()?;
+                    Some((
+                        b.node_id.0,
+                        BrokerAddr::new(b.host.as_str(), port).with_id(b.node_id.0),
+                    ))
+                })
+                .collect();
+        }
+        for t in &resp.topics {
+            let Some(name) = t.name.as_ref().map(|n| n.0.as_str().to_owned()) else {
+                continue;
+            };
+            if t.error_code != 0 {
+                if let Some(old) = view.topics.remove(&name) {
+                    view.names_by_id.remove(&old.id);
+                }
+                continue;
+            }
+            let mut partitions: Vec<PartitionMeta> = t
+                .partitions
+                .iter()
+                .map(|p| PartitionMeta {
+                    index: p.partition_index,
+                    leader: p.leader_id.0,
+                    leader_epoch: p.leader_epoch,
+                })
+                .collect();
+            partitions.sort_by_key(|p| p.index);
+            view.names_by_id.insert(t.topic_id, name.clone());
+            view.topics.insert(
+                name.clone(),
+                TopicMeta {
+                    name,
+                    id: t.topic_id,
+                    partitions,
+                },
+            );
+        }
+    }
+
+    /// Finds the group coordinator (key type GROUP, as the Java share consumer does), retrying
+    /// while the coordinator is loading or unavailable.
+    pub async fn find_coordinator(&self, group: &str) -> Result<i32> {
+        let req = FindCoordinatorRequest::default()
+            .with_key_type(0)
+            .with_coordinator_keys(vec![StrBytes::from_string(group.to_owned())]);
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(self.backoff, deadline);
+        loop {
+            let (_, conn) = self.any_connection().await?;
+            let version = conn.version_for(ApiKey::FindCoordinator, FIND_COORDINATOR_VERSIONS)?;
+            let resp = conn
+                .send_version(&req, version, self.config.request_timeout)
+                .await?;
+            let Some(c) = resp.coordinators.first() else {
+                return Err(KafkaError::Decode {
+                    broker: conn.broker().clone(),
+                    api: ApiKey::FindCoordinator,
+                    version,
+                    reason: "response names no coordinator".into(),
+                });
+            };
+            match KafkaError::from_code(
+                conn.broker(),
+                ApiKey::FindCoordinator,
+                version,
+                c.error_code,
+                c.error_message.as_deref(),
+            ) {
+                None => {
+                    let port = u16::try_from(c.port).map_err(|_| KafkaError::Decode {
+                        broker: conn.broker().clone(),
+                        api: ApiKey::FindCoordinator,
+                        version,
+                        reason: format!("port {} out of range", c.port),
+                    })?;
+                    self.learn_broker(c.node_id.0, c.host.as_str(), port);
+                    return Ok(c.node_id.0);
+                }
+                Some(e) if e.class() != ErrorClass::Fatal => {
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                }
+                Some(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn leader_connection(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Arc<BrokerConnection>> {
+        let leader = match self.leader(topic, partition) {
+            Some(l) => l,
+            None => {
+                self.refresh_metadata(&[topic.to_owned()]).await?;
+                self.leader(topic, partition)
+                    .ok_or_else(|| KafkaError::UnknownTopic(format!("{topic}-{partition}")))?
+            }
+        };
+        self.connection(leader).await
+    }
+
+    /// Runs `op` against the partition leader, refreshing metadata and reconnecting on
+    /// retriable errors until the request timeout passes.
+    async fn with_leader<T, F, Fut>(&self, topic: &str, partition: i32, mut op: F) -> Result<T>
+    where
+        F: FnMut(Arc<BrokerConnection>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(self.backoff, deadline);
+        loop {
+            let conn = match self.leader_connection(topic, partition).await {
+                Ok(c) => c,
+                Err(e) if e.class() != ErrorClass::Fatal => {
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match op(conn.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) => match e.class() {
+                    ErrorClass::Fatal => return Err(e),
+                    class => {
+                        if class == ErrorClass::RefreshMetadata || conn.is_dead() {
+                            if let Some(id) = conn.broker().id {
+                                self.invalidate(id, &conn).await;
+                            }
+                            let _ = self.refresh_metadata(&[topic.to_owned()]).await;
+                        }
+                        if !backoff.wait().await {
+                            return Err(e);
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Produces `records` as one batch to a partition (acks=all) and returns the base offset.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: &[ProduceRecord],
+        compression: Compression,
+    ) -> Result<i64> {
+        let batch = encode_batch(records, compression).map_err(|e| KafkaError::Encode {
+            api: ApiKey::Produce,
+            version: 0,
+            reason: e.to_string(),
+        })?;
+        let req = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(30_000)
+            .with_topic_data(vec![
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partition_data(vec![
+                        PartitionProduceData::default()
+                            .with_index(partition)
+                            .with_records(Some(batch)),
+                    ]),
+            ]);
+        let timeout = self.config.request_timeout;
+        self.with_leader(topic, partition, |conn| {
+            let req = req.clone();
+            async move {
+                let version = conn.version_for(ApiKey::Produce, PRODUCE_VERSIONS)?;
+                let resp = conn.send_version(&req, version, timeout).await?;
+                let p = resp
+                    .responses
+                    .iter()
+                    .flat_map(|t| t.partition_responses.iter())
+                    .find(|p| p.index == partition)
+                    .ok_or_else(|| KafkaError::Decode {
+                        broker: conn.broker().clone(),
+                        api: ApiKey::Produce,
+                        version,
+                        reason: format!("no result for {topic}-{partition}"),
+                    })?;
+                match KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::Produce,
+                    version,
+                    p.error_code,
+                    p.error_message.as_deref(),
+                ) {
+                    Some(e) => Err(e),
+                    None => Ok(p.base_offset),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads records of one partition from `offset` (plain Fetch, read_uncommitted), waiting up
+    /// to `max_wait` for data.
+    pub async fn fetch(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_wait: Duration,
+    ) -> Result<FetchedPartition> {
+        let req = FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(max_wait.as_millis().min(i32::MAX as u128) as i32)
+            .with_min_bytes(1)
+            .with_max_bytes(16 * 1024 * 1024)
+            .with_isolation_level(0)
+            .with_session_id(0)
+            .with_session_epoch(-1)
+            .with_topics(vec![
+                FetchTopic::default()
+                    .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partitions(vec![
+                        FetchPartition::default()
+                            .with_partition(partition)
+                            .with_current_leader_epoch(-1)
+                            .with_fetch_offset(offset)
+                            .with_last_fetched_epoch(-1)
+                            .with_log_start_offset(-1)
+                            .with_partition_max_bytes(8 * 1024 * 1024),
+                    ]),
+            ]);
+        let timeout = self.config.request_timeout + max_wait;
+        self.with_leader(topic, partition, |conn| {
+            let req = req.clone();
+            async move {
+                let version = conn.version_for(ApiKey::Fetch, FETCH_VERSIONS)?;
+                let resp = conn.send_version(&req, version, timeout).await?;
+                if let Some(e) = KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::Fetch,
+                    version,
+                    resp.error_code,
+                    None,
+                ) {
+                    return Err(e);
+                }
+                let p = resp
+                    .responses
+                    .iter()
+                    .flat_map(|t| t.partitions.iter())
+                    .find(|p| p.partition_index == partition)
+                    .ok_or_else(|| KafkaError::Decode {
+                        broker: conn.broker().clone(),
+                        api: ApiKey::Fetch,
+                        version,
+                        reason: format!("no data for {topic}-{partition}"),
+                    })?;
+                if let Some(e) =
+                    KafkaError::from_code(conn.broker(), ApiKey::Fetch, version, p.error_code, None)
+                {
+                    return Err(e);
+                }
+                let records =
+                    decode_batches(p.records.clone().unwrap_or_default()).map_err(|e| {
+                        KafkaError::Decode {
+                            broker: conn.broker().clone(),
+                            api: ApiKey::Fetch,
+                            version,
+                            reason: e.to_string(),
+                        }
+                    })?;
+                Ok(FetchedPartition {
+                    records: records.into_iter().filter(|r| r.offset >= offset).collect(),
+                    high_watermark: p.high_watermark,
+                })
+            }
+        })
+        .await
+    }
+
+    /// The earliest or latest offset of a partition.
+    pub async fn list_offset(&self, topic: &str, partition: i32, spec: OffsetSpec) -> Result<i64> {
+        let ts = match spec {
+            OffsetSpec::Earliest => -2,
+            OffsetSpec::Latest => -1,
+        };
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![
+                ListOffsetsTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partitions(vec![
+                        ListOffsetsPartition::default()
+                            .with_partition_index(partition)
+                            .with_current_leader_epoch(-1)
+                            .with_timestamp(ts),
+                    ]),
+            ]);
+        self.with_leader(topic, partition, |conn| {
+            let req = req.clone();
+            async move {
+                let resp = conn.send(&req).await?;
+                let p = resp
+                    .topics
+                    .iter()
+                    .flat_map(|t| t.partitions.iter())
+                    .find(|p| p.partition_index == partition)
+                    .ok_or_else(|| KafkaError::UnknownTopic(format!("{topic}-{partition}")))?;
+                match KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::ListOffsets,
+                    0,
+                    p.error_code,
+                    None,
+                ) {
+                    Some(e) => Err(e),
+                    None => Ok(p.offset),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Creates a topic (replication factor 1 unless given) and waits until metadata shows its
+    /// leaders. An existing topic is an error with code TopicAlreadyExists.
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication_factor: i16,
+        configs: &[(&str, &str)],
+    ) -> Result<Uuid> {
+        let req = CreateTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![
+                CreatableTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(name.to_owned())))
+                    .with_num_partitions(partitions)
+                    .with_replication_factor(replication_factor)
+                    .with_configs(
+                        configs
+                            .iter()
+                            .map(|(k, v)| {
+                                CreatableTopicConfig::default()
+                                    .with_name(StrBytes::from_string((*k).to_owned()))
+                                    .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                            })
+                            .collect(),
+                    ),
+            ]);
+        let resp = self.send_any(&req).await?;
+        let (_, conn) = self.any_connection().await?;
+        for t in &resp.topics {
+            if let Some(e) = KafkaError::from_code(
+                conn.broker(),
+                ApiKey::CreateTopics,
+                0,
+                t.error_code,
+                t.error_message.as_deref(),
+            ) {
+                return Err(e);
+            }
+        }
+        // Leaders appear in metadata shortly after creation; wait for all of them.
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(
+            BackoffConfig {
+                initial: Duration::from_millis(20),
+                ..self.backoff
+            },
+            deadline,
+        );
+        loop {
+            self.refresh_metadata(&[name.to_owned()]).await?;
+            if let Some(t) = self.topic(name)
+                && t.partitions.len() == partitions as usize
+                && t.partitions.iter().all(|p| p.leader >= 0)
+            {
+                return Ok(t.id);
+            }
+            if !backoff.wait().await {
+                return Err(KafkaError::UnknownTopic(format!(
+                    "{name} (created, but no leaders appeared in time)"
+                )));
+            }
+        }
+    }
+
+    /// Sets dynamic configs on a group (e.g. `share.auto.offset.reset=earliest` before the first
+    /// member joins).
+    pub async fn alter_group_configs(&self, group: &str, configs: &[(&str, &str)]) -> Result<()> {
+        let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+            AlterConfigsResource::default()
+                .with_resource_type(CONFIG_RESOURCE_GROUP)
+                .with_resource_name(StrBytes::from_string(group.to_owned()))
+                .with_configs(
+                    configs
+                        .iter()
+                        .map(|(k, v)| {
+                            AlterableConfig::default()
+                                .with_name(StrBytes::from_string((*k).to_owned()))
+                                .with_config_operation(0)
+                                .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                        })
+                        .collect(),
+                ),
+        ]);
+        let resp = self.send_any(&req).await?;
+        let (_, conn) = self.any_connection().await?;
+        for r in &resp.responses {
+            if let Some(e) = KafkaError::from_code(
+                conn.broker(),
+                ApiKey::IncrementalAlterConfigs,
+                0,
+                r.error_code,
+                r.error_message.as_deref(),
+            ) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// True when `e` says a topic already exists (tests create topics idempotently).
+pub fn is_topic_exists(e: &KafkaError) -> bool {
+    e.code() == Some(ResponseError::TopicAlreadyExists)
+}
+
+/// A value is bytes; a helper for callers building records from strings.
+pub fn bytes(s: impl Into<String>) -> Bytes {
+    Bytes::from(s.into())
+}

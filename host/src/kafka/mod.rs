@@ -1,0 +1,31 @@
+//! The Kafka wire layer: bytes to and from brokers. It knows nothing of share semantics.
+//!
+//! - [`addr`]: broker addresses and the bootstrap list.
+//! - [`frame`]: length-prefixed frames with a size limit.
+//! - [`messenger`]: one multiplexed, cancel-safe connection (correlation ids, reader/writer tasks).
+//! - [`connection`]: TCP/TLS + ApiVersions + SASL, then typed requests at negotiated versions.
+//! - [`versions`]: what a broker speaks and the version choice.
+//! - [`tls`], [`sasl`]: transport security and authentication.
+//! - [`client`]: the cluster: metadata, cached connections, coordinator lookup, produce/fetch/admin.
+//! - [`records`]: record batches in every compression.
+//! - [`error`], [`backoff`]: typed errors with their one classification, and the one backoff.
+
+pub mod addr;
+pub mod backoff;
+pub mod client;
+pub mod connection;
+pub mod error;
+pub mod frame;
+pub mod messenger;
+pub mod records;
+pub mod sasl;
+pub mod tls;
+pub mod versions;
+
+pub use addr::{BrokerAddr, parse_bootstrap};
+pub use client::{KafkaClient, OffsetSpec, TopicMeta};
+pub use connection::{BrokerConnection, ConnectionConfig};
+pub use error::{ErrorClass, KafkaError, classify};
+pub use records::{Compression, ConsumedRecord, Header, ProduceRecord};
+pub use sasl::{Mechanism, SaslSettings, Secret};
+pub use tls::TlsSettings;

@@ -1,0 +1,9 @@
+//! sharehost: runs sandboxed WebAssembly plugins on Apache Kafka share groups (KIP-932).
+//!
+//! The crate is a map of its parts:
+//! - [`kafka`]: the wire layer (frames, connections, TLS, SASL, metadata, produce/fetch).
+//!
+//! The share-group engine (`share`), the plugin runtime (`runtime`), the manifest and the
+//! pipeline arrive with their issues; see `docs/` and the design notes.
+
+pub mod kafka;

@@ -1,0 +1,124 @@
+//! Shared helpers for the integration tests: finding the broker that `dev/kafka up` started,
+//! unique names, and clients.
+//!
+//! A test that needs the broker and cannot reach it FAILS with instructions; it never skips.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sharehost::kafka::{
+    ConnectionConfig, KafkaClient, Mechanism, SaslSettings, Secret, TlsSettings,
+};
+
+/// The plain-text bootstrap address (`SHAREHOST_BOOTSTRAP`, default the harness's 127.0.0.1:9092).
+pub fn bootstrap() -> String {
+    let addr = std::env::var("SHAREHOST_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_owned());
+    require_reachable(&addr);
+    addr
+}
+
+/// Panics with instructions when nothing listens at `addr`.
+pub fn require_reachable(addr: &str) {
+    let reachable = addr
+        .split(',')
+        .filter_map(|a| std::net::ToSocketAddrs::to_socket_addrs(a.trim()).ok())
+        .flatten()
+        .any(|sa| TcpStream::connect_timeout(&sa, Duration::from_secs(2)).is_ok());
+    assert!(
+        reachable,
+        "this test needs the Kafka broker at {addr}, which is not reachable: start it with `dev/kafka up --sasl-ssl` \
+         (the test command `dev/test` does this itself)"
+    );
+}
+
+/// The repository root (tests run with the package directory as cwd).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// A name no other test run uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A connected plain-text client.
+pub async fn client() -> KafkaClient {
+    match KafkaClient::connect(&bootstrap(), ConnectionConfig::new("sharehost-tests")).await {
+        Ok(c) => c,
+        Err(e) => panic!("cannot connect to the test broker: {e}"),
+    }
+}
+
+/// Where the SASL_SSL listener of `dev/kafka up --sasl-ssl` is, and its CA and credentials.
+#[derive(Debug, Clone)]
+pub struct SaslSsl {
+    /// Bootstrap address of the SASL_SSL listener.
+    pub bootstrap: String,
+    /// The CA certificate the harness generated.
+    pub ca_file: PathBuf,
+    /// User known to every mechanism.
+    pub username: String,
+    /// Its password.
+    pub password: String,
+}
+
+impl SaslSsl {
+    /// Reads the harness's `sasl-ssl.env`; fails the test when the listener is not running.
+    pub fn from_harness() -> SaslSsl {
+        let dir = std::env::var("SHAREHOST_KAFKA_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| repo_root().join("target/kafka"));
+        let file = dir.join("sasl-ssl.env");
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!(
+                "this test needs the SASL_SSL listener: {} is unreadable ({e}); start the broker with `dev/kafka up --sasl-ssl`",
+                file.display()
+            )
+        });
+        let get = |k: &str| {
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .find(|(key, _)| key.trim() == k)
+                .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+                .unwrap_or_else(|| panic!("{} lacks {k}", file.display()))
+        };
+        let s = SaslSsl {
+            bootstrap: get("KAFKA_SASL_SSL_BOOTSTRAP"),
+            ca_file: PathBuf::from(get("KAFKA_CA_FILE")),
+            username: get("KAFKA_SASL_USER"),
+            password: get("KAFKA_SASL_PASSWORD"),
+        };
+        require_reachable(&s.bootstrap);
+        s
+    }
+
+    /// A connection config for `mechanism` with the harness's CA and credentials.
+    pub fn config(&self, mechanism: Mechanism, password: &str) -> ConnectionConfig {
+        ConnectionConfig::new("sharehost-tests")
+            .with_tls(&TlsSettings {
+                ca_file: Some(self.ca_file.clone()),
+                ..Default::default()
+            })
+            .unwrap_or_else(|e| panic!("harness CA unusable: {e}"))
+            .with_sasl(SaslSettings {
+                mechanism,
+                username: self.username.clone(),
+                password: Secret::new(password),
+            })
+    }
+}
+
+/// Installs a test log subscriber once (RUST_LOG-style filter from `SHAREHOST_LOG`).
+pub fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}

@@ -1,0 +1,489 @@
+//! The wire layer against the real broker: version negotiation, produce/fetch in every
+//! compression, TLS + SASL, and the errors a user sees when something is wrong.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::messages::MetadataRequest;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use sharehost::kafka::client::is_topic_exists;
+use sharehost::kafka::{
+    Compression, ConnectionConfig, Header, KafkaClient, KafkaError, Mechanism, OffsetSpec,
+    ProduceRecord, TlsSettings,
+};
+use sharehost_tests::{SaslSsl, bootstrap, client, init_logging, repo_root, unique};
+
+fn sample_records(n: usize, tag: &str) -> Vec<ProduceRecord> {
+    (0..n)
+        .map(|i| ProduceRecord {
+            key: if i % 4 == 0 {
+                None
+            } else {
+                Some(Bytes::from(format!("{tag}-key-{i}")))
+            },
+            // Binary values including zero bytes and every byte value, of varying length.
+            value: Some(Bytes::from(
+                (0..(50 + i * 7))
+                    .map(|b| (b * 31 + i) as u8)
+                    .collect::<Vec<u8>>(),
+            )),
+            headers: vec![
+                Header {
+                    key: "trace".into(),
+                    value: Some(Bytes::from(format!("t{i}"))),
+                },
+                Header {
+                    key: "empty".into(),
+                    value: Some(Bytes::new()),
+                },
+                Header {
+                    key: "null".into(),
+                    value: None,
+                },
+            ],
+            timestamp: Some(1_760_000_000_000 + i as i64),
+        })
+        .collect()
+}
+
+async fn round_trip(client: &KafkaClient, topic: &str, compression: Compression, n: usize) {
+    let records = sample_records(n, &format!("{compression:?}"));
+    let start = client
+        .list_offset(topic, 0, OffsetSpec::Latest)
+        .await
+        .expect("latest offset");
+    let base = client
+        .produce(topic, 0, &records, compression)
+        .await
+        .expect("produce");
+    assert_eq!(
+        base, start,
+        "{compression:?}: base offset is the previous end"
+    );
+    let mut got = Vec::new();
+    while got.len() < n {
+        let fetched = client
+            .fetch(
+                topic,
+                0,
+                base + got.len() as i64,
+                Duration::from_millis(500),
+            )
+            .await
+            .expect("fetch");
+        got.extend(fetched.records);
+    }
+    got.truncate(n);
+    for (i, (sent, back)) in records.iter().zip(&got).enumerate() {
+        assert_eq!(back.offset, base + i as i64, "{compression:?} offset");
+        assert_eq!(back.key, sent.key, "{compression:?} key of record {i}");
+        assert_eq!(
+            back.value, sent.value,
+            "{compression:?} value of record {i}"
+        );
+        assert_eq!(
+            back.headers, sent.headers,
+            "{compression:?} headers of record {i}"
+        );
+        assert_eq!(
+            Some(back.timestamp),
+            sent.timestamp,
+            "{compression:?} timestamp of record {i}"
+        );
+    }
+}
+
+async fn fresh_topic(client: &KafkaClient, prefix: &str) -> String {
+    let topic = unique(prefix);
+    match client.create_topic(&topic, 1, 1, &[]).await {
+        Ok(_) => topic,
+        Err(e) if is_topic_exists(&e) => topic,
+        Err(e) => panic!("create topic {topic}: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn api_versions_lists_the_share_apis_at_the_versions_we_need() {
+    init_logging();
+    let client = client().await;
+    let id = client.broker_ids()[0];
+    let conn = client.connection(id).await.expect("connection");
+    let v = conn.versions();
+    let heartbeat = v
+        .range(ApiKey::ShareGroupHeartbeat)
+        .expect("ShareGroupHeartbeat advertised");
+    assert!(
+        heartbeat.min <= 1 && heartbeat.max >= 1,
+        "ShareGroupHeartbeat {heartbeat}"
+    );
+    let fetch = v.range(ApiKey::ShareFetch).expect("ShareFetch advertised");
+    assert!(
+        fetch.max >= 2,
+        "ShareFetch v2 (KIP-1222 renew) needs Kafka 4.2+: {fetch}"
+    );
+    let ack = v
+        .range(ApiKey::ShareAcknowledge)
+        .expect("ShareAcknowledge advertised");
+    assert!(ack.max >= 2, "ShareAcknowledge {ack}");
+    assert!(
+        v.range(ApiKey::FindCoordinator)
+            .expect("FindCoordinator")
+            .max
+            >= 6
+    );
+}
+
+#[tokio::test]
+async fn produce_then_fetch_is_byte_exact_in_every_compression() {
+    init_logging();
+    let client = client().await;
+    let topic = fresh_topic(&client, "wire-compression").await;
+    for c in [
+        Compression::None,
+        Compression::Gzip,
+        Compression::Snappy,
+        Compression::Lz4,
+        Compression::Zstd,
+    ] {
+        round_trip(&client, &topic, c, 40).await;
+    }
+    let meta = client.topic(&topic).expect("topic in metadata");
+    assert_eq!(
+        client.topic_name(meta.id).as_deref(),
+        Some(topic.as_str()),
+        "id ↔ name mapping"
+    );
+}
+
+#[tokio::test]
+async fn group_coordinator_is_found_with_the_group_key_type() {
+    init_logging();
+    let client = client().await;
+    let group = unique("wire-coord");
+    let id = client.find_coordinator(&group).await.expect("coordinator");
+    assert!(
+        client.broker(id).is_some(),
+        "coordinator {id} is a known broker"
+    );
+    client
+        .alter_group_configs(&group, &[("share.auto.offset.reset", "earliest")])
+        .await
+        .expect("group configs accepted");
+}
+
+#[tokio::test]
+async fn a_cancelled_long_poll_leaves_the_connection_clean() {
+    init_logging();
+    let client = client().await;
+    let topic = fresh_topic(&client, "wire-cancel").await;
+    let leader = client.leader(&topic, 0).expect("leader");
+    let conn = client.connection(leader).await.expect("connection");
+    let end = client
+        .list_offset(&topic, 0, OffsetSpec::Latest)
+        .await
+        .expect("end");
+    // A fetch at the log end with a 10 s long poll: the broker holds it; we walk away.
+    let long_poll = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(10_000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.clone())))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_current_leader_epoch(-1)
+                        .with_fetch_offset(end)
+                        .with_last_fetched_epoch(-1)
+                        .with_log_start_offset(-1)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ]);
+    let versions = kafka_protocol::protocol::VersionRange { min: 4, max: 12 };
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(200),
+        conn.send_within(&long_poll, versions, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(
+        cancelled.is_err(),
+        "the long poll was still pending when dropped"
+    );
+    assert_eq!(
+        conn.pending_requests(),
+        0,
+        "the dropped request left no pending entry"
+    );
+    // The same connection still answers, in order, without waiting for the abandoned poll's
+    // frame to be misattributed to us.
+    let meta = conn
+        .send(&MetadataRequest::default())
+        .await
+        .expect("metadata on the same connection");
+    assert!(!meta.brokers.is_empty());
+    assert!(!conn.is_dead());
+    assert_eq!(conn.pending_requests(), 0);
+}
+
+#[tokio::test]
+async fn sasl_ssl_works_for_every_mechanism() {
+    init_logging();
+    let s = SaslSsl::from_harness();
+    for mechanism in [
+        Mechanism::Plain,
+        Mechanism::ScramSha256,
+        Mechanism::ScramSha512,
+    ] {
+        let client = KafkaClient::connect(&s.bootstrap, s.config(mechanism, &s.password))
+            .await
+            .unwrap_or_else(|e| panic!("{mechanism}: {e}"));
+        let topic = fresh_topic(
+            &client,
+            &format!("wire-sasl-{}", mechanism.name().to_lowercase()),
+        )
+        .await;
+        round_trip(&client, &topic, Compression::Zstd, 10).await;
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_an_authentication_error_that_says_so() {
+    init_logging();
+    let s = SaslSsl::from_harness();
+    for mechanism in [
+        Mechanism::Plain,
+        Mechanism::ScramSha256,
+        Mechanism::ScramSha512,
+    ] {
+        let err = KafkaClient::connect(&s.bootstrap, s.config(mechanism, "not-the-password"))
+            .await
+            .expect_err("wrong password must fail");
+        assert!(
+            matches!(err, KafkaError::Auth { .. }),
+            "{mechanism}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("authentication") && msg.contains(mechanism.name()),
+            "{msg}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_ca_is_a_tls_error_that_says_so() {
+    init_logging();
+    let s = SaslSsl::from_harness();
+    let config = ConnectionConfig::new("sharehost-tests")
+        .with_tls(&TlsSettings {
+            ca_file: Some(repo_root().join("tests/fixtures/unrelated-ca.pem")),
+            ..Default::default()
+        })
+        .expect("the unrelated CA file is valid PEM");
+    let err = KafkaClient::connect(&s.bootstrap, config)
+        .await
+        .expect_err("unknown CA must fail");
+    assert!(matches!(err, KafkaError::Tls { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("not signed by a trusted CA"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_cut_connection_fails_the_pending_request_instead_of_hanging() {
+    init_logging();
+    // A loopback proxy the test controls stands between us and the broker.
+    let upstream = bootstrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let proxy_addr = listener.local_addr().expect("addr");
+    let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let upstream = upstream.clone();
+            let mut cut = cut_rx.clone();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = cut.wait_for(|c| *c) => {}
+                }
+            });
+        }
+    });
+    let conn = sharehost::kafka::BrokerConnection::connect(
+        &sharehost::kafka::BrokerAddr::new("127.0.0.1", proxy_addr.port()),
+        &ConnectionConfig::new("sharehost-tests"),
+    )
+    .await
+    .expect("connect through the proxy");
+    let client = client().await;
+    let topic = fresh_topic(&client, "wire-cut").await;
+    let end = client
+        .list_offset(&topic, 0, OffsetSpec::Latest)
+        .await
+        .expect("end");
+    let long_poll = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(20_000)
+        .with_min_bytes(1)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.clone())))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(0)
+                        .with_current_leader_epoch(-1)
+                        .with_fetch_offset(end)
+                        .with_last_fetched_epoch(-1)
+                        .with_log_start_offset(-1)
+                        .with_partition_max_bytes(1 << 20),
+                ]),
+        ]);
+    let versions = kafka_protocol::protocol::VersionRange { min: 4, max: 12 };
+    let request = conn.send_within(&long_poll, versions, Duration::from_secs(60));
+    let cutter = async {
+        // Cut once the request is on the wire (the broker is holding the long poll).
+        while conn.pending_requests() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let _ = cut_tx.send(true);
+    };
+    let (result, ()) = tokio::join!(request, cutter);
+    match result {
+        Err(KafkaError::ConnectionLost { .. }) => {}
+        other => panic!("expected ConnectionLost, got {other:?}"),
+    }
+    assert!(conn.is_dead());
+    assert_eq!(conn.pending_requests(), 0);
+}
+
+fn sharehost_bin() -> &'static std::path::Path {
+    static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "sharehost", "--bin", "sharehost"])
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the sharehost binary failed");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(Into::into)
+            .unwrap_or_else(|_| repo_root().join("target"));
+        target.join("debug/sharehost")
+    })
+}
+
+/// Runs `sharehost probe` and returns (success, stdout, stderr).
+fn probe(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(sharehost_bin())
+        .arg("probe")
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run sharehost");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_one_error_line(stderr: &str, needles: &[&str]) {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "exactly one error line, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    for n in needles {
+        assert!(lines[0].contains(n), "{n:?} missing from: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn the_cli_names_what_is_wrong_in_one_line() {
+    let boot = bootstrap();
+    let (ok, stdout, _) = probe(&["--bootstrap", &boot], &[]);
+    assert!(
+        ok && stdout.contains("ShareFetch"),
+        "probe works against the broker: {stdout}"
+    );
+
+    let (ok, _, err) = probe(&["--bootstrap", "localhost"], &[]);
+    assert!(!ok);
+    assert_one_error_line(
+        &err,
+        &["invalid bootstrap address \"localhost\"", "missing port"],
+    );
+
+    // Port 1 on loopback: nothing listens there.
+    let (ok, _, err) = probe(&["--bootstrap", "127.0.0.1:1"], &[]);
+    assert!(!ok);
+    assert_one_error_line(&err, &["cannot connect to bootstrap broker 127.0.0.1:1"]);
+
+    let (ok, _, err) = probe(
+        &["--bootstrap", &boot, "--tls-ca", "/nonexistent/ca.pem"],
+        &[],
+    );
+    assert!(!ok);
+    assert_one_error_line(&err, &["cannot read CA file /nonexistent/ca.pem"]);
+
+    let s = SaslSsl::from_harness();
+    let ca = s.ca_file.display().to_string();
+    let common = [
+        "--bootstrap",
+        s.bootstrap.as_str(),
+        "--tls-ca",
+        ca.as_str(),
+        "--sasl-username",
+        s.username.as_str(),
+    ];
+    let (ok, stdout, err) = probe(
+        &[&common[..], &["--sasl-mechanism", "SCRAM-SHA-512"]].concat(),
+        &[("SHAREHOST_SASL_PASSWORD", &s.password)],
+    );
+    assert!(ok, "probe over SASL_SSL works: {err}");
+    assert!(stdout.contains("ShareFetch"));
+    let (ok, _, err) = probe(
+        &[&common[..], &["--sasl-mechanism", "SCRAM-SHA-512"]].concat(),
+        &[("SHAREHOST_SASL_PASSWORD", "wrong")],
+    );
+    assert!(!ok);
+    assert_one_error_line(&err, &["SASL SCRAM-SHA-512 authentication", "failed"]);
+    assert!(
+        !err.contains("wrong"),
+        "the password never appears in the error: {err}"
+    );
+
+    let bad_ca = repo_root()
+        .join("tests/fixtures/unrelated-ca.pem")
+        .display()
+        .to_string();
+    let (ok, _, err) = probe(
+        &[
+            "--bootstrap",
+            s.bootstrap.as_str(),
+            "--tls-ca",
+            bad_ca.as_str(),
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert_one_error_line(&err, &["TLS handshake", "not signed by a trusted CA"]);
+}
