@@ -2,8 +2,11 @@
 //!
 //! The crate is a map of its parts:
 //! - [`kafka`]: the wire layer (frames, connections, TLS, SASL, metadata, produce/fetch).
+//! - [`runtime`]: the sandboxed plugin runtime (wasmtime): load and validate a component, call
+//!   it with a bounded budget, turn anything it does wrong into a fault for that batch.
 //!
 //! The share-group engine (`share`), the plugin runtime (`runtime`), the manifest and the
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
 pub mod kafka;
+pub mod share;
