@@ -462,7 +462,7 @@ async fn the_cli_names_what_is_wrong_in_one_line() {
     assert!(stdout.contains("ShareFetch"));
     let (ok, _, err) = probe(
         &[&common[..], &["--sasl-mechanism", "SCRAM-SHA-512"]].concat(),
-        &[("SHAREHOST_SASL_PASSWORD", "wrong")],
+        &[("SHAREHOST_SASL_PASSWORD", "pw-that-must-not-leak")],
     );
     assert!(!ok);
     assert_one_error_line(&err, &["SASL SCRAM-SHA-512 authentication", "failed"]);

@@ -1,0 +1,390 @@
+//! The acknowledgement ledger: per-record verdicts in, valid acknowledgement batches out.
+//!
+//! Pure data. The broker rejects a whole partition's acknowledgements when batches overlap, are
+//! out of order, or carry a type list of the wrong length (KIP-932 reference §4.4), so this is
+//! the one place that builds them, and its property tests check every rule.
+
+use std::collections::BTreeMap;
+
+use uuid::Uuid;
+
+use super::wire::{AckBatch, ack_type};
+
+/// A partition of a topic, by id (what the share protocol speaks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopicIdPartition {
+    /// Topic id.
+    pub topic_id: Uuid,
+    /// Partition index.
+    pub partition: i32,
+}
+
+/// What happens to one acquired record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AckKind {
+    /// The offset has no record (compaction, transaction marker): archive it.
+    Gap,
+    /// Processed: done.
+    Accept,
+    /// Give it back for redelivery.
+    Release,
+    /// Unprocessable: archive it, never redeliver.
+    Reject,
+    /// Still working on it: extend the lock (ShareFetch/ShareAcknowledge v2).
+    Renew,
+}
+
+impl AckKind {
+    /// The wire code.
+    pub fn code(self) -> i8 {
+        match self {
+            AckKind::Gap => ack_type::GAP,
+            AckKind::Accept => ack_type::ACCEPT,
+            AckKind::Release => ack_type::RELEASE,
+            AckKind::Reject => ack_type::REJECT,
+            AckKind::Renew => ack_type::RENEW,
+        }
+    }
+}
+
+/// Why a verdict could not be recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// The record already has a final verdict that has not been sent yet.
+    #[error("offset {offset} of {partition:?} already has verdict {existing:?}; refusing {new:?}")]
+    AlreadyJudged {
+        /// The partition.
+        partition: TopicIdPartition,
+        /// The offset.
+        offset: i64,
+        /// The verdict already recorded.
+        existing: AckKind,
+        /// The verdict refused.
+        new: AckKind,
+    },
+}
+
+/// Pending acknowledgements, per partition, in offset order.
+#[derive(Debug, Default, Clone)]
+pub struct AckLedger {
+    pending: BTreeMap<TopicIdPartition, BTreeMap<i64, AckKind>>,
+}
+
+impl AckLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records a verdict. Verdicts may arrive in any order. A final verdict (anything but
+    /// Renew) replaces a pending Renew of the same offset; a second final verdict is refused.
+    pub fn record(
+        &mut self,
+        tp: TopicIdPartition,
+        offset: i64,
+        kind: AckKind,
+    ) -> Result<(), LedgerError> {
+        let entry = self.pending.entry(tp).or_default();
+        match entry.get(&offset) {
+            Some(existing) if *existing != AckKind::Renew && kind != *existing => {
+                Err(LedgerError::AlreadyJudged {
+                    partition: tp,
+                    offset,
+                    existing: *existing,
+                    new: kind,
+                })
+            }
+            Some(existing) if *existing != AckKind::Renew => Ok(()), // the same verdict twice is harmless
+            _ => {
+                entry.insert(offset, kind);
+                Ok(())
+            }
+        }
+    }
+
+    /// Number of offsets waiting to be sent.
+    pub fn len(&self) -> usize {
+        self.pending.values().map(BTreeMap::len).sum()
+    }
+
+    /// True when nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.pending.values().all(BTreeMap::is_empty)
+    }
+
+    /// Whether any pending verdict is a Renew (such acks need a renew request).
+    pub fn has_renew(&self) -> bool {
+        self.pending
+            .values()
+            .any(|m| m.values().any(|k| *k == AckKind::Renew))
+    }
+
+    /// Removes and returns the batches of the given partitions (all when `filter` accepts all).
+    /// With `include_renew` false, Renew verdicts stay in the ledger: they cannot ride on a
+    /// normal fetch.
+    pub fn take<F>(
+        &mut self,
+        mut filter: F,
+        include_renew: bool,
+    ) -> Vec<(TopicIdPartition, Vec<AckBatch>)>
+    where
+        F: FnMut(&TopicIdPartition) -> bool,
+    {
+        let mut out = Vec::new();
+        for (tp, offsets) in self.pending.iter_mut() {
+            if offsets.is_empty() || !filter(tp) {
+                continue;
+            }
+            let taken: BTreeMap<i64, AckKind> = if include_renew {
+                std::mem::take(offsets)
+            } else {
+                let (renew, rest): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(offsets)
+                    .into_iter()
+                    .partition(|(_, k)| *k == AckKind::Renew);
+                *offsets = renew;
+                rest
+            };
+            if !taken.is_empty() {
+                out.push((*tp, to_batches(&taken)));
+            }
+        }
+        self.pending.retain(|_, m| !m.is_empty());
+        out
+    }
+
+    /// Drops everything pending for the partitions `filter` accepts, returning how many
+    /// verdicts were dropped (their session is gone, so the broker has released the records).
+    pub fn drop_where<F>(&mut self, mut filter: F) -> usize
+    where
+        F: FnMut(&TopicIdPartition) -> bool,
+    {
+        let mut dropped = 0;
+        self.pending.retain(|tp, m| {
+            if filter(tp) {
+                dropped += m.len();
+                false
+            } else {
+                true
+            }
+        });
+        dropped
+    }
+}
+
+/// Turns offset → verdict into batches: one per contiguous run of offsets, with a single type
+/// when the run is uniform and one type per offset otherwise. Output is ascending and
+/// non-overlapping by construction (the input is a sorted map).
+pub fn to_batches(acks: &BTreeMap<i64, AckKind>) -> Vec<AckBatch> {
+    let mut out: Vec<AckBatch> = Vec::new();
+    let mut current: Option<(i64, i64, Vec<i8>)> = None;
+    for (&offset, kind) in acks {
+        match &mut current {
+            Some((_, last, types)) if offset == *last + 1 => {
+                *last = offset;
+                types.push(kind.code());
+            }
+            _ => {
+                if let Some(run) = current.take() {
+                    out.push(finish(run));
+                }
+                current = Some((offset, offset, vec![kind.code()]));
+            }
+        }
+    }
+    if let Some(run) = current {
+        out.push(finish(run));
+    }
+    out
+}
+
+fn finish((first, last, mut types): (i64, i64, Vec<i8>)) -> AckBatch {
+    if types.iter().all(|t| *t == types[0]) {
+        types.truncate(1);
+    }
+    AckBatch {
+        first_offset: first,
+        last_offset: last,
+        types,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tp(p: i32) -> TopicIdPartition {
+        TopicIdPartition {
+            topic_id: Uuid::from_u128(1),
+            partition: p,
+        }
+    }
+
+    #[test]
+    fn uniform_runs_collapse_and_mixed_runs_list_each_offset() {
+        let acks: BTreeMap<i64, AckKind> = [
+            (10, AckKind::Accept),
+            (11, AckKind::Accept),
+            (12, AckKind::Accept),
+            (20, AckKind::Accept),
+            (21, AckKind::Reject),
+            (22, AckKind::Gap),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            to_batches(&acks),
+            vec![
+                AckBatch {
+                    first_offset: 10,
+                    last_offset: 12,
+                    types: vec![1]
+                },
+                AckBatch {
+                    first_offset: 20,
+                    last_offset: 22,
+                    types: vec![1, 3, 0]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn verdicts_in_any_order_give_ascending_batches() {
+        let mut l = AckLedger::new();
+        for o in [5, 3, 4, 9, 1] {
+            l.record(tp(0), o, AckKind::Accept).expect("fresh");
+        }
+        let taken = l.take(|_| true, true);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(
+            taken[0].1,
+            vec![
+                AckBatch {
+                    first_offset: 1,
+                    last_offset: 1,
+                    types: vec![1]
+                },
+                AckBatch {
+                    first_offset: 3,
+                    last_offset: 5,
+                    types: vec![1]
+                },
+                AckBatch {
+                    first_offset: 9,
+                    last_offset: 9,
+                    types: vec![1]
+                },
+            ]
+        );
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_second_final_verdict_is_refused_but_renew_can_be_overridden() {
+        let mut l = AckLedger::new();
+        l.record(tp(0), 1, AckKind::Renew).expect("renew");
+        l.record(tp(0), 1, AckKind::Accept)
+            .expect("final after renew");
+        l.record(tp(0), 1, AckKind::Accept)
+            .expect("same verdict twice is harmless");
+        let e = l.record(tp(0), 1, AckKind::Reject).expect_err("conflict");
+        assert!(matches!(
+            e,
+            LedgerError::AlreadyJudged {
+                existing: AckKind::Accept,
+                new: AckKind::Reject,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn renews_stay_behind_when_a_normal_fetch_takes_acks() {
+        let mut l = AckLedger::new();
+        l.record(tp(0), 1, AckKind::Accept).expect("ok");
+        l.record(tp(0), 2, AckKind::Renew).expect("ok");
+        let normal = l.take(|_| true, false);
+        assert_eq!(
+            normal[0].1,
+            vec![AckBatch {
+                first_offset: 1,
+                last_offset: 1,
+                types: vec![1]
+            }]
+        );
+        assert!(l.has_renew());
+        let renew = l.take(|_| true, true);
+        assert_eq!(
+            renew[0].1,
+            vec![AckBatch {
+                first_offset: 2,
+                last_offset: 2,
+                types: vec![4]
+            }]
+        );
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn filter_takes_only_some_partitions_and_drop_counts() {
+        let mut l = AckLedger::new();
+        l.record(tp(0), 1, AckKind::Accept).expect("ok");
+        l.record(tp(1), 1, AckKind::Release).expect("ok");
+        l.record(tp(1), 2, AckKind::Release).expect("ok");
+        let t = l.take(|p| p.partition == 0, true);
+        assert_eq!(t.len(), 1);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.drop_where(|p| p.partition == 1), 2);
+        assert!(l.is_empty());
+    }
+
+    fn kind() -> impl Strategy<Value = AckKind> {
+        prop_oneof![
+            Just(AckKind::Gap),
+            Just(AckKind::Accept),
+            Just(AckKind::Release),
+            Just(AckKind::Reject),
+            Just(AckKind::Renew)
+        ]
+    }
+
+    proptest! {
+        /// Any verdicts over any acquired offsets give batches the broker accepts (ascending,
+        /// non-overlapping, type lists of length 1 or the range length) that cover exactly the
+        /// judged offsets with exactly their verdicts.
+        #[test]
+        fn batches_are_valid_and_cover_exactly_the_judged_offsets(
+            verdicts in proptest::collection::vec((0i64..200, kind()), 0..120),
+            base in 0i64..1_000_000_000,
+        ) {
+            let mut ledger = AckLedger::new();
+            let mut expected = BTreeMap::new();
+            for (o, k) in &verdicts {
+                if ledger.record(tp(0), base + o, *k).is_ok() {
+                    let e = expected.entry(base + o).or_insert(*k);
+                    if *e == AckKind::Renew { *e = *k; }
+                }
+            }
+            let taken = ledger.take(|_| true, true);
+            let batches: Vec<AckBatch> = taken.into_iter().flat_map(|(_, b)| b).collect();
+            let mut covered = BTreeMap::new();
+            let mut prev_last: Option<i64> = None;
+            for b in &batches {
+                prop_assert!(b.first_offset <= b.last_offset);
+                if let Some(p) = prev_last { prop_assert!(b.first_offset > p, "ascending, no overlap"); }
+                prev_last = Some(b.last_offset);
+                let len = (b.last_offset - b.first_offset + 1) as usize;
+                prop_assert!(b.types.len() == 1 || b.types.len() == len);
+                prop_assert!(!b.types.is_empty());
+                for (i, o) in (b.first_offset..=b.last_offset).enumerate() {
+                    let t = if b.types.len() == 1 { b.types[0] } else { b.types[i] };
+                    prop_assert!(covered.insert(o, t).is_none());
+                }
+            }
+            let want: BTreeMap<i64, i8> = expected.iter().map(|(o, k)| (*o, k.code())).collect();
+            prop_assert_eq!(covered, want);
+            prop_assert!(ledger.is_empty());
+        }
+    }
+}
