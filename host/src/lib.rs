@@ -9,4 +9,5 @@
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
 pub mod kafka;
+pub mod runtime;
 pub mod share;

@@ -1,0 +1,48 @@
+//! Reads every byte of every value: the benchmark's "inspect" guest.
+//!
+//! Rejects a record when its value does not start with `{` or when the wrapping sum of its
+//! bytes is divisible by 16 (about 11% of random text), so the work cannot be optimised away.
+//! `host/benches/runtime.rs` runs the identical logic natively for comparison.
+
+use sharehost_guest::{Config, Plugin, Record, Verdict};
+
+/// The value-reading plugin.
+pub struct ValueReader;
+
+/// The judgement, shared by the plugin and its tests.
+pub fn judge(value: Option<&[u8]>) -> Verdict {
+    let v = value.unwrap_or(&[]);
+    let sum = v
+        .iter()
+        .fold(0u32, |acc, b| acc.wrapping_add(u32::from(*b)));
+    if v.first() != Some(&b'{') || sum % 16 == 0 {
+        Verdict::Reject(None)
+    } else {
+        Verdict::Accept
+    }
+}
+
+impl Plugin for ValueReader {
+    fn init(_config: &Config) -> Result<Self, String> {
+        Ok(ValueReader)
+    }
+
+    fn handle(&mut self, record: &Record<'_>) -> Verdict {
+        judge(record.value)
+    }
+}
+
+sharehost_guest::export!(ValueReader);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_non_objects_and_sums_divisible_by_16() {
+        assert_eq!(judge(Some(b"{a")), Verdict::Accept); // 123 + 97 = 220
+        assert_eq!(judge(Some(b"a")), Verdict::Reject(None));
+        assert_eq!(judge(Some(b"{\x05")), Verdict::Reject(None)); // 128
+        assert_eq!(judge(None), Verdict::Reject(None));
+    }
+}

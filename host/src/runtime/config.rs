@@ -1,0 +1,82 @@
+//! Settings of the runtime (per process) and of each plugin (per load).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Process-wide runtime settings. One [`crate::runtime::PluginRuntime`] is built from them.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The largest linear memory any plugin may use. Pool slots are sized to it, so a smaller
+    /// value means less reserved address space; a plugin asking for more is refused at load.
+    pub max_plugin_memory: usize,
+    /// How many instances may be alive at once across all plugins (pool size). Each live
+    /// [`crate::runtime::Plugin`] holds at most one.
+    pub max_instances: u32,
+    /// How often the epoch ticker thread advances the engine's epoch. The CPU deadline of a
+    /// batch is checked on every tick, so this is the deadline's resolution.
+    pub epoch_tick: Duration,
+    /// Host-owned directory for precompiled components. `None` compiles on every load.
+    /// The runtime creates it with mode 0700 and only ever loads files it wrote itself.
+    pub cache_dir: Option<PathBuf>,
+    /// Try the pooling allocator first (falls back to on-demand when address space is short).
+    pub pooling: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            max_plugin_memory: 64 << 20,
+            max_instances: 64,
+            epoch_tick: Duration::from_millis(2),
+            cache_dir: None,
+            pooling: true,
+        }
+    }
+}
+
+/// Whether a plugin keeps its instance between batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceMode {
+    /// Reuse one warm instance for up to `max_batches` batches, then recycle it. Any fault
+    /// recycles it at once. Fast (no instantiation per batch); state in the guest survives
+    /// between batches of the same instance, which plugins must not rely on.
+    Reuse {
+        /// Batches served by one instance before it is replaced by a fresh one.
+        max_batches: u32,
+    },
+    /// A fresh instance (and `init`) for every batch: no state can leak between batches, at
+    /// the price of instantiation plus `init` per batch (see docs/benchmarks.md).
+    FreshPerBatch,
+}
+
+impl Default for InstanceMode {
+    fn default() -> Self {
+        Self::Reuse { max_batches: 1000 }
+    }
+}
+
+/// Per-plugin budgets, enforced on every call into the guest.
+#[derive(Debug, Clone)]
+pub struct PluginLimits {
+    /// Linear-memory cap of one instance; growth past it traps (out of memory fault).
+    pub max_memory: usize,
+    /// Wall-clock budget of one `handle` call (and of `init`). A guest still running when it
+    /// is spent is interrupted at the next epoch tick (timeout fault).
+    pub batch_deadline: Duration,
+    /// Instance reuse policy.
+    pub instance_mode: InstanceMode,
+    /// Longest reject reason kept; longer ones are truncated (they travel into acks and
+    /// dead-letter headers, so they must stay small).
+    pub max_reason_bytes: usize,
+}
+
+impl Default for PluginLimits {
+    fn default() -> Self {
+        Self {
+            max_memory: 64 << 20,
+            batch_deadline: Duration::from_secs(5),
+            instance_mode: InstanceMode::default(),
+            max_reason_bytes: 1024,
+        }
+    }
+}

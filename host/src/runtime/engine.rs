@@ -1,0 +1,253 @@
+//! The one wasmtime engine per process, its epoch ticker, its linker and its cache.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
+
+use super::bindings;
+use super::cache::{self, Cache, Origin};
+use super::config::{PluginLimits, RuntimeConfig};
+use super::error::{LoadError, RuntimeError};
+use super::host::StoreState;
+use super::plugin::Plugin;
+use super::validate;
+
+/// Which instance allocator the engine ended up with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorKind {
+    /// Pre-reserved slots sized to the plugin memory limit: instantiation is a few µs.
+    Pooling,
+    /// Memory mapped per instance: used when the pool's address space could not be reserved
+    /// (e.g. small virtual address spaces, `ulimit -v`), or when pooling is switched off.
+    OnDemand,
+}
+
+/// The plugin runtime: one per process, shared by every pipeline (cheap to clone).
+///
+/// Owns the wasmtime `Engine` (component model, async, epoch interruption), the linker with
+/// exactly the granted host interfaces, the precompiled cache and the epoch ticker thread,
+/// which stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct PluginRuntime {
+    pub(crate) inner: Arc<RuntimeInner>,
+}
+
+pub(crate) struct RuntimeInner {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<StoreState>,
+    pub(crate) config: RuntimeConfig,
+    allocator: AllocatorKind,
+    cache: Option<Cache>,
+    ticker: Ticker,
+}
+
+/// The dedicated epoch thread. A tokio task would stop ticking exactly when it matters most:
+/// when a spinning guest (or anything else) blocks the executor's threads.
+struct Ticker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for RuntimeInner {
+    fn drop(&mut self) {
+        self.ticker.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn base_config() -> Config {
+    let mut c = Config::new();
+    c.wasm_component_model(true)
+        .epoch_interruption(true)
+        .memory_init_cow(true)
+        .cranelift_opt_level(OptLevel::Speed)
+        // We never use component-model async; skipping it saves per-store setup.
+        .concurrency_support(false);
+    c
+}
+
+impl PluginRuntime {
+    /// Builds the engine (pooling allocator first when configured, on-demand if the pool
+    /// cannot be reserved), the linker and the cache, and starts the epoch ticker.
+    pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
+        let (engine, allocator) = build_engine(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        bindings::Plugin::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let cache = match &config.cache_dir {
+            Some(dir) => Some(Cache::open(&engine, dir)?),
+            None => None,
+        };
+        let ticker = start_ticker(engine.clone(), config.epoch_tick)?;
+        Ok(Self {
+            inner: Arc::new(RuntimeInner {
+                engine,
+                linker,
+                config,
+                allocator,
+                cache,
+                ticker,
+            }),
+        })
+    }
+
+    /// Which allocator the engine uses (pooling, or the on-demand fallback).
+    pub fn allocator(&self) -> AllocatorKind {
+        self.inner.allocator
+    }
+
+    /// Loads, validates, compiles (or maps from the cache) and initialises a plugin.
+    ///
+    /// Refused before anything runs: unreadable file, not a component, an import not
+    /// granted (named in the error), a missing or mistyped `init`/`handle` export. Then one
+    /// instance is created and `init(config)` must succeed within the plugin's deadline.
+    pub async fn load(
+        &self,
+        path: &Path,
+        limits: PluginLimits,
+        config: Vec<(String, String)>,
+    ) -> Result<Plugin, LoadError> {
+        let (component, hash, _) = self.compile(path, &limits)?;
+        Plugin::new(self.clone(), path, component, hash, limits, config).await
+    }
+
+    /// Reads, validates and compiles a component without instantiating it; the third value
+    /// says whether it came from the cache. Exposed for `sharehost check` and benchmarks.
+    pub(crate) fn compile(
+        &self,
+        path: &Path,
+        limits: &PluginLimits,
+    ) -> Result<(Component, String, Origin), LoadError> {
+        let inner = &self.inner;
+        if limits.max_memory > inner.config.max_plugin_memory {
+            return Err(LoadError::MemoryLimit {
+                requested: limits.max_memory,
+                maximum: inner.config.max_plugin_memory,
+            });
+        }
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let hash = cache::content_hash(&bytes);
+        let compile_err = |message: String| LoadError::Compile {
+            path: path.to_owned(),
+            message,
+        };
+        let (component, origin) = match &inner.cache {
+            Some(c) => c
+                .get_or_compile(&inner.engine, &bytes, &hash)
+                .map_err(compile_err)?,
+            None => (
+                Component::new(&inner.engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?,
+                Origin::Compiled,
+            ),
+        };
+        let forbidden = validate::forbidden_imports(&inner.engine, &component);
+        if !forbidden.is_empty() {
+            return Err(LoadError::ForbiddenImport {
+                path: path.to_owned(),
+                imports: forbidden,
+            });
+        }
+        if let Some(message) = validate::missing_exports(&inner.engine, &component) {
+            return Err(LoadError::WrongWorld {
+                path: path.to_owned(),
+                message,
+            });
+        }
+        Ok((component, hash, origin))
+    }
+
+    /// Measures compile-from-bytes against load-from-cache for one component (for the
+    /// benchmark): returns (compile, cached load) durations.
+    #[doc(hidden)]
+    pub fn measure_compile_and_cached_load(
+        &self,
+        path: &Path,
+    ) -> Result<(Duration, Duration), LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let t = Instant::now();
+        Component::new(&self.inner.engine, &bytes).map_err(|e| LoadError::Compile {
+            path: path.to_owned(),
+            message: format!("{e:#}"),
+        })?;
+        let compile = t.elapsed();
+        let limits = PluginLimits::default();
+        // First call fills the cache (when configured), second one maps from it.
+        self.compile(path, &limits)?;
+        let t = Instant::now();
+        let (_, _, origin) = self.compile(path, &limits)?;
+        let load = t.elapsed();
+        if origin != Origin::Cached {
+            return Err(LoadError::Cache {
+                path: path.to_owned(),
+                message: "no cache directory configured".into(),
+            });
+        }
+        Ok((compile, load))
+    }
+}
+
+fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), RuntimeError> {
+    if config.pooling {
+        let mut c = base_config();
+        let n = config.max_instances.max(1);
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(n)
+            // A Rust component has one main module plus a few small shim modules.
+            .total_core_instances(n.saturating_mul(8))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(8))
+            .total_stacks(n)
+            .max_memory_size(config.max_plugin_memory)
+            // Keep a little of each slot resident so recycled instances fault in less.
+            .linear_memory_keep_resident(1 << 20);
+        c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        match Engine::new(&c) {
+            Ok(e) => return Ok((e, AllocatorKind::Pooling)),
+            Err(e) => tracing::warn!(
+                error = %format!("{e:#}"),
+                "pooling allocator unavailable (address space?); falling back to on-demand allocation"
+            ),
+        }
+    }
+    let mut c = base_config();
+    c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    Engine::new(&c)
+        .map(|e| (e, AllocatorKind::OnDemand))
+        .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+}
+
+fn start_ticker(engine: Engine, tick: Duration) -> Result<Ticker, RuntimeError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let tick = tick.max(Duration::from_micros(100));
+    let thread = std::thread::Builder::new()
+        .name("sharehost-epoch".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                // park_timeout, not sleep: dropping the runtime unparks us at once.
+                std::thread::park_timeout(tick);
+                engine.increment_epoch();
+            }
+        })
+        .map_err(RuntimeError::Ticker)?;
+    Ok(Ticker {
+        stop,
+        thread: Some(thread),
+    })
+}

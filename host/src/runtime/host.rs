@@ -1,0 +1,312 @@
+//! What a guest can reach: the bounded `log` import, an empty WASI context whose stdout and
+//! stderr are captured into bounded buffers, and the per-store state the limits live in.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::io::AsyncWrite;
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::sharehost::plugin::host::{Host, Level};
+
+/// Longest single log message kept; the rest of it is cut (and marked).
+pub(crate) const MAX_LOG_MESSAGE: usize = 4 << 10;
+/// Log messages a guest may emit per batch; further ones are dropped and counted.
+pub(crate) const MAX_LOG_MESSAGES_PER_BATCH: u32 = 256;
+/// Log bytes a guest may emit per batch.
+pub(crate) const MAX_LOG_BYTES_PER_BATCH: usize = 64 << 10;
+/// Bytes of stdout (and, separately, stderr) kept per batch; the rest is dropped and counted.
+pub(crate) const MAX_STDIO_BYTES_PER_BATCH: usize = 16 << 10;
+/// Table elements an instance may grow to; Rust guests need a few hundred.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// Everything one store (one instance) owns. Dropped with the store, so nothing a guest
+/// did survives a recycle.
+pub(crate) struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Memory cap and whether the guest hit it.
+    pub(crate) limiter: Limiter,
+    /// The plugin's name, on every log line.
+    pub(crate) plugin: Arc<str>,
+    /// Log budget of the current call.
+    pub(crate) log: LogBudget,
+    /// Captured stdout.
+    pub(crate) stdout: Capture,
+    /// Captured stderr (panic messages land here).
+    pub(crate) stderr: Capture,
+    /// When the current call's CPU budget ends (checked on every epoch tick).
+    pub(crate) deadline: Instant,
+    /// Set by the epoch callback when it interrupted the guest.
+    pub(crate) timed_out: bool,
+}
+
+impl StoreState {
+    /// A state with an empty WASI context: no preopens, no environment, no arguments, stdin
+    /// closed, networking denied (wasmtime-wasi 48's default), stdio captured.
+    pub(crate) fn new(plugin: Arc<str>, max_memory: usize) -> Self {
+        let stdout = Capture::new();
+        let stderr = Capture::new();
+        let wasi = WasiCtx::builder()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_blocking_current_thread(false)
+            .build();
+        Self {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: Limiter {
+                max_memory,
+                hit: false,
+            },
+            plugin,
+            log: LogBudget::default(),
+            stdout,
+            stderr,
+            deadline: Instant::now(),
+            timed_out: false,
+        }
+    }
+
+    /// Resets the per-call budgets before a call into the guest.
+    pub(crate) fn begin_call(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        self.timed_out = false;
+        self.log = LogBudget::default();
+    }
+
+    /// Logs what the guest printed during the call (bounded) and returns its stderr text
+    /// (the fault classifier reads panic messages there) and what was dropped.
+    pub(crate) fn drain_stdio(&mut self) -> Drained {
+        let (out, out_dropped) = self.stdout.take();
+        let (err, err_dropped) = self.stderr.take();
+        let plugin = &*self.plugin;
+        for line in String::from_utf8_lossy(&out).lines() {
+            tracing::info!(plugin, stream = "stdout", "{line}");
+        }
+        let err = String::from_utf8_lossy(&err).into_owned();
+        for line in err.lines() {
+            tracing::warn!(plugin, stream = "stderr", "{line}");
+        }
+        if out_dropped + err_dropped > 0 {
+            tracing::warn!(
+                plugin,
+                stdout_dropped = out_dropped,
+                stderr_dropped = err_dropped,
+                "plugin output over the per-batch bound was dropped"
+            );
+        }
+        if self.log.dropped > 0 {
+            tracing::warn!(
+                plugin,
+                dropped = self.log.dropped,
+                "plugin log messages over the per-batch bound were dropped"
+            );
+        }
+        Drained {
+            stderr: err,
+            log_messages_dropped: self.log.dropped,
+            output_bytes_dropped: (out_dropped + err_dropped) as u64,
+        }
+    }
+}
+
+/// What a call left behind in the captured streams.
+pub(crate) struct Drained {
+    /// The captured stderr text (bounded).
+    pub(crate) stderr: String,
+    /// Log messages over the per-batch budget.
+    pub(crate) log_messages_dropped: u64,
+    /// stdout + stderr bytes over the per-batch bound.
+    pub(crate) output_bytes_dropped: u64,
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The memory cap of one instance. Growth past it is a trap (never a silent `-1` the guest
+/// might mishandle), and `hit` tells the fault classifier it was out of memory.
+pub(crate) struct Limiter {
+    max_memory: usize,
+    /// Whether the guest asked for more than `max_memory`.
+    pub(crate) hit: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory {
+            self.hit = true;
+            return Err(wasmtime::format_err!(
+                "plugin memory limit of {} bytes exceeded (asked for {desired})",
+                self.max_memory
+            ));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// What the guest may still log in the current call.
+#[derive(Default)]
+pub(crate) struct LogBudget {
+    messages: u32,
+    bytes: usize,
+    /// Messages dropped for being over the budget.
+    pub(crate) dropped: u64,
+}
+
+impl Host for StoreState {
+    fn log(&mut self, level: Level, message: String) {
+        let budget = &mut self.log;
+        if budget.messages >= MAX_LOG_MESSAGES_PER_BATCH || budget.bytes >= MAX_LOG_BYTES_PER_BATCH
+        {
+            budget.dropped += 1;
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_MESSAGE {
+            let mut cut = MAX_LOG_MESSAGE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("…[truncated]");
+        }
+        budget.messages += 1;
+        budget.bytes += message.len();
+        let plugin = &*self.plugin;
+        match level {
+            Level::Trace => tracing::trace!(plugin, "{message}"),
+            Level::Debug => tracing::debug!(plugin, "{message}"),
+            Level::Info => tracing::info!(plugin, "{message}"),
+            Level::Warn => tracing::warn!(plugin, "{message}"),
+            Level::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+impl super::bindings::sharehost::plugin::types::Host for StoreState {}
+
+/// A bounded in-memory sink for a guest's stdout or stderr. Writes past the bound succeed
+/// (so a chatty guest never fails or panics on a print) but the bytes are dropped and counted.
+#[derive(Clone)]
+pub(crate) struct Capture {
+    inner: Arc<Mutex<CaptureBuf>>,
+}
+
+#[derive(Default)]
+struct CaptureBuf {
+    bytes: Vec<u8>,
+    dropped: usize,
+}
+
+impl Capture {
+    fn new() -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(CaptureBuf::default())),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CaptureBuf> {
+        // A poisoned lock only means a writer panicked mid-append; the bytes are still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn append(&self, bytes: &[u8]) {
+        let mut buf = self.lock();
+        let room = MAX_STDIO_BYTES_PER_BATCH.saturating_sub(buf.bytes.len());
+        let kept = room.min(bytes.len());
+        buf.bytes.extend_from_slice(&bytes[..kept]);
+        buf.dropped += bytes.len() - kept;
+    }
+
+    /// Takes the captured bytes and the count of dropped ones, leaving the sink empty.
+    fn take(&self) -> (Vec<u8>, usize) {
+        let mut buf = self.lock();
+        let dropped = std::mem::take(&mut buf.dropped);
+        (std::mem::take(&mut buf.bytes), dropped)
+    }
+}
+
+impl IsTerminal for Capture {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Capture {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Capture {
+    async fn ready(&mut self) {}
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for Capture {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.append(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        Ok(MAX_STDIO_BYTES_PER_BATCH)
+    }
+}
+
+impl AsyncWrite for Capture {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.append(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

@@ -1,0 +1,43 @@
+//! The plugin runtime: turns a WebAssembly component file into something the pipeline can call
+//! with a bounded budget and only the capabilities it was granted.
+//!
+//! A map of the parts:
+//! - [`PluginRuntime`] (`engine.rs`): the one wasmtime `Engine` per process (component model,
+//!   async, epoch interruption ticked by a dedicated thread, pooling allocator with an
+//!   on-demand fallback, copy-on-write memory images) and the precompiled-artifact cache
+//!   (`cache.rs`).
+//! - [`Plugin`] (`plugin.rs`): one loaded plugin version: validated imports and exports
+//!   (`validate.rs`), an `InstancePre`, and a warm or fresh instance per batch. Every call runs
+//!   under a memory cap, a CPU deadline and bounds on verdicts and logs; anything a guest does
+//!   wrong becomes a [`BatchOutcome::Fault`], never a host crash.
+//! - [`Record`] and the flat wire batch (`batch.rs`): what a plugin judges, and how it crosses
+//!   the sandbox boundary in one buffer.
+//! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
+//!
+//! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
+
+mod batch;
+mod cache;
+mod config;
+mod engine;
+mod error;
+mod host;
+mod plugin;
+mod validate;
+
+pub use batch::Record;
+pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
+pub use engine::{AllocatorKind, PluginRuntime};
+pub use error::{LoadError, RuntimeError};
+pub use plugin::{BatchOutcome, Fault, FaultKind, Plugin, PluginStats, Verdict};
+pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
+
+/// Bindings generated from `wit/plugin.wit`; private so the wire shape can change without
+/// touching the runtime's public API.
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "sharehost:plugin/plugin",
+        exports: { default: async },
+    });
+}

@@ -1,0 +1,442 @@
+//! One loaded plugin version and the fault model of a call into it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::Component;
+use wasmtime::{Store, Trap, UpdateDeadline};
+
+use super::batch::{Record, WireBatch};
+use super::bindings::sharehost::plugin::types::Verdict as WireVerdict;
+use super::bindings::{self, PluginPre};
+use super::config::{InstanceMode, PluginLimits};
+use super::engine::PluginRuntime;
+use super::error::LoadError;
+use super::host::{Drained, StoreState};
+
+/// Extra wall time granted beyond the deadline before the call is abandoned from the
+/// outside. Epochs stop a spinning guest; this backstop stops one blocked in a host call
+/// (e.g. a WASI sleep), which epochs cannot interrupt.
+const OUTER_TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// A plugin's judgement of one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Processed: acknowledge (never delivered again).
+    Accept,
+    /// Give back for redelivery.
+    Release,
+    /// Never deliver again; the optional reason is bounded by `PluginLimits::max_reason_bytes`.
+    Reject(Option<String>),
+    /// Extend the acquisition lock and deliver again to this consumer later.
+    Renew,
+}
+
+/// Why a batch got no verdicts from the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// The guest trapped (unreachable, bad memory access, `wasi:cli/exit`, ...).
+    Trap,
+    /// The guest panicked (Rust panics abort with a message on stderr).
+    Panic,
+    /// The guest ran past the batch deadline and was interrupted.
+    Timeout,
+    /// The guest tried to grow its memory past the plugin's limit.
+    OutOfMemory,
+    /// The guest exhausted its stack (e.g. unbounded recursion).
+    StackOverflow,
+    /// The guest returned a different number of verdicts than records.
+    WrongVerdictCount,
+    /// A fresh instance could not be created or its `init` failed.
+    InitFailed,
+    /// The batch could not be handed to the guest (larger than the 4 GiB wire format).
+    BatchTooLarge,
+}
+
+impl FaultKind {
+    /// A stable lower-case name, for logs and metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Trap => "trap",
+            Self::Panic => "panic",
+            Self::Timeout => "timeout",
+            Self::OutOfMemory => "out_of_memory",
+            Self::StackOverflow => "stack_overflow",
+            Self::WrongVerdictCount => "wrong_verdict_count",
+            Self::InitFailed => "init_failed",
+            Self::BatchTooLarge => "batch_too_large",
+        }
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A plugin fault for one batch. The instance that faulted is already discarded; the next
+/// batch gets a fresh one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// What went wrong.
+    pub kind: FaultKind,
+    /// Human-readable detail (trap message, panic message, counts).
+    pub message: String,
+    /// How many records the batch had: all of them get the fault policy's verdict.
+    pub records: usize,
+}
+
+/// The result of one `handle` call: never an error, because nothing a guest does may
+/// bring down the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Exactly one verdict per record, in record order.
+    Verdicts(Vec<Verdict>),
+    /// The plugin faulted; the caller applies its fault policy to every record.
+    Fault(Fault),
+}
+
+impl BatchOutcome {
+    /// The verdicts, or `policy` for every record when the plugin faulted (the pipeline's
+    /// fault policy: release by default).
+    pub fn verdicts_or(self, policy: &Verdict) -> Vec<Verdict> {
+        match self {
+            Self::Verdicts(v) => v,
+            Self::Fault(f) => vec![policy.clone(); f.records],
+        }
+    }
+
+    /// The fault, if the batch faulted.
+    pub fn fault(&self) -> Option<&Fault> {
+        match self {
+            Self::Verdicts(_) => None,
+            Self::Fault(f) => Some(f),
+        }
+    }
+}
+
+/// Counters of one plugin, for metrics and `test-plugin`'s summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PluginStats {
+    /// Batches handled (including faulted ones).
+    pub batches: u64,
+    /// Records handed to the plugin.
+    pub records: u64,
+    /// Batches that faulted.
+    pub faults: u64,
+    /// Instances created (the first, recycles, and fresh-per-batch ones).
+    pub instances: u64,
+    /// Log messages dropped for exceeding the per-batch budget.
+    pub log_messages_dropped: u64,
+    /// stdout/stderr bytes dropped for exceeding the per-batch bound.
+    pub output_bytes_dropped: u64,
+}
+
+/// A warm instance and how many batches it has served.
+struct Warm {
+    store: Store<StoreState>,
+    bindings: bindings::Plugin,
+    batches: u32,
+}
+
+/// One loaded, validated and initialised plugin version. Handles one batch at a time
+/// (`&mut self`); run several `Plugin`s for parallelism.
+pub struct Plugin {
+    runtime: PluginRuntime,
+    name: Arc<str>,
+    path: PathBuf,
+    content_hash: String,
+    pre: PluginPre<StoreState>,
+    limits: PluginLimits,
+    config: Vec<(String, String)>,
+    warm: Option<Warm>,
+    wire: WireBatch,
+    stats: PluginStats,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("content_hash", &self.content_hash)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    pub(crate) async fn new(
+        runtime: PluginRuntime,
+        path: &Path,
+        component: Component,
+        content_hash: String,
+        limits: PluginLimits,
+        config: Vec<(String, String)>,
+    ) -> Result<Self, LoadError> {
+        let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
+            path: path.to_owned(),
+            message: format!("{e:#}"),
+        };
+        let instance_pre = runtime
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
+        let pre = PluginPre::new(instance_pre).map_err(wrong_world)?;
+        let name: Arc<str> = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "plugin".into())
+            .into();
+        let mut plugin = Self {
+            runtime,
+            name,
+            path: path.to_owned(),
+            content_hash,
+            pre,
+            limits,
+            config,
+            warm: None,
+            wire: WireBatch::default(),
+            stats: PluginStats::default(),
+        };
+        // Instantiate and init once now, so a bad configuration is refused at load.
+        let warm = plugin.instantiate().await.map_err(|f| LoadError::Init {
+            path: path.to_owned(),
+            message: f.message,
+        })?;
+        if matches!(plugin.limits.instance_mode, InstanceMode::Reuse { .. }) {
+            plugin.warm = Some(warm);
+        }
+        Ok(plugin)
+    }
+
+    /// The plugin's name (its file stem), as it appears in logs.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// SHA-256 of the component bytes: the identity of this plugin version.
+    pub fn content_hash(&self) -> &str {
+        &self.content_hash
+    }
+
+    /// Counters since load.
+    pub fn stats(&self) -> &PluginStats {
+        &self.stats
+    }
+
+    /// Judges one batch. Returns exactly one verdict per record, or a [`Fault`] for the whole
+    /// batch (the faulted instance is discarded; the next batch gets a fresh one). Every
+    /// fault is logged with the plugin name and the batch's record range.
+    ///
+    /// # Cancel safety
+    /// Dropping the future abandons the call; the instance it was using is dropped with it,
+    /// so the next call starts from a fresh instance.
+    pub async fn handle(&mut self, records: &[Record]) -> BatchOutcome {
+        self.stats.batches += 1;
+        self.stats.records += records.len() as u64;
+        if records.is_empty() {
+            return BatchOutcome::Verdicts(Vec::new());
+        }
+        let outcome = self.call(records).await;
+        if let BatchOutcome::Fault(f) = &outcome {
+            self.stats.faults += 1;
+            let (first, last) = (&records[0], &records[records.len() - 1]);
+            tracing::warn!(
+                plugin = &*self.name,
+                fault = f.kind.as_str(),
+                topic = &*first.topic,
+                partition = first.partition,
+                first_offset = first.offset,
+                last_offset = last.offset,
+                records = records.len(),
+                "plugin fault: {}",
+                f.message
+            );
+        }
+        outcome
+    }
+
+    async fn call(&mut self, records: &[Record]) -> BatchOutcome {
+        let n = records.len();
+        let fault = |kind, message: String| {
+            BatchOutcome::Fault(Fault {
+                kind,
+                message,
+                records: n,
+            })
+        };
+        if self.wire.fill(records).is_err() {
+            return fault(
+                FaultKind::BatchTooLarge,
+                "batch bytes exceed the 4 GiB wire format".into(),
+            );
+        }
+        // Take the warm instance out: if this future is dropped mid-call, it is gone.
+        let mut warm = match self.warm.take() {
+            Some(w) => w,
+            None => match self.instantiate().await {
+                Ok(w) => w,
+                Err(f) => return BatchOutcome::Fault(Fault { records: n, ..f }),
+            },
+        };
+        let deadline = self.limits.batch_deadline;
+        warm.store.data_mut().begin_call(Instant::now() + deadline);
+        warm.store.set_epoch_deadline(1);
+        let result = tokio::time::timeout(
+            deadline + OUTER_TIMEOUT_GRACE,
+            warm.bindings.call_handle(&mut warm.store, &self.wire.batch),
+        )
+        .await;
+        let drained = warm.store.data_mut().drain_stdio();
+        self.count_dropped(&drained);
+        let stderr = drained.stderr;
+        let verdicts = match result {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                let (kind, message) = classify(&e, warm.store.data(), &stderr);
+                return fault(kind, message);
+            }
+            Err(_) => {
+                return fault(
+                    FaultKind::Timeout,
+                    format!("no answer within {deadline:?} (blocked in a host call)"),
+                );
+            }
+        };
+        if verdicts.len() != n {
+            return fault(
+                FaultKind::WrongVerdictCount,
+                format!("{} verdicts for {n} records", verdicts.len()),
+            );
+        }
+        let max_reason = self.limits.max_reason_bytes;
+        let verdicts = verdicts
+            .into_iter()
+            .map(|v| match v {
+                WireVerdict::Accept => Verdict::Accept,
+                WireVerdict::Release => Verdict::Release,
+                WireVerdict::Renew => Verdict::Renew,
+                WireVerdict::Reject(reason) => {
+                    Verdict::Reject(reason.map(|r| truncate(r, max_reason)))
+                }
+            })
+            .collect();
+        warm.batches += 1;
+        if let InstanceMode::Reuse { max_batches } = self.limits.instance_mode
+            && warm.batches < max_batches
+        {
+            self.warm = Some(warm);
+        }
+        BatchOutcome::Verdicts(verdicts)
+    }
+
+    fn count_dropped(&mut self, d: &Drained) {
+        self.stats.log_messages_dropped += d.log_messages_dropped;
+        self.stats.output_bytes_dropped += d.output_bytes_dropped;
+    }
+
+    /// A fresh store and instance, with `init(config)` already run under the deadline.
+    async fn instantiate(&mut self) -> Result<Warm, Fault> {
+        self.stats.instances += 1;
+        let inner = &self.runtime.inner;
+        let mut store = Store::new(
+            &inner.engine,
+            StoreState::new(self.name.clone(), self.limits.max_memory),
+        );
+        store.limiter(|s| &mut s.limiter);
+        store.epoch_deadline_callback(|mut ctx| {
+            let state = ctx.data_mut();
+            if Instant::now() >= state.deadline {
+                state.timed_out = true;
+                return Ok(UpdateDeadline::Interrupt);
+            }
+            // Time-slice: give other tasks on this executor thread a turn every tick.
+            Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(tokio::task::yield_now()),
+            ))
+        });
+        let deadline = self.limits.batch_deadline;
+        store.data_mut().begin_call(Instant::now() + deadline);
+        store.set_epoch_deadline(1);
+        let init_fault = |kind: FaultKind, message: String| Fault {
+            kind,
+            message,
+            records: 0,
+        };
+        let setup = async {
+            let bindings = self.pre.instantiate_async(&mut store).await?;
+            let r = bindings.call_init(&mut store, &self.config).await?;
+            Ok::<_, wasmtime::Error>((bindings, r))
+        };
+        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, setup).await;
+        let drained = store.data_mut().drain_stdio();
+        self.count_dropped(&drained);
+        let stderr = drained.stderr;
+        match result {
+            Ok(Ok((bindings, Ok(())))) => Ok(Warm {
+                store,
+                bindings,
+                batches: 0,
+            }),
+            Ok(Ok((_, Err(message)))) => Err(init_fault(
+                FaultKind::InitFailed,
+                format!("init refused the configuration: {message}"),
+            )),
+            Ok(Err(e)) => {
+                let (kind, message) = classify(&e, store.data(), &stderr);
+                Err(init_fault(
+                    FaultKind::InitFailed,
+                    format!("instantiation or init failed ({kind}): {message}"),
+                ))
+            }
+            Err(_) => Err(init_fault(
+                FaultKind::InitFailed,
+                format!("init gave no answer within {deadline:?}"),
+            )),
+        }
+    }
+}
+
+/// Maps a failed call onto a fault kind, most specific evidence first.
+fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind, String) {
+    if state.timed_out {
+        return (
+            FaultKind::Timeout,
+            "interrupted at the batch deadline".into(),
+        );
+    }
+    if state.limiter.hit {
+        return (FaultKind::OutOfMemory, format!("{e:#}"));
+    }
+    let trap = e.downcast_ref::<Trap>().copied();
+    if let Some(at) = stderr.find("panicked at") {
+        // Rust's panic hook prints "thread '…' panicked at FILE:LINE:COL:\nMESSAGE".
+        let text = stderr[at..].trim();
+        let mut text = text.chars().take(1024).collect::<String>();
+        text = text.replace('\n', " ");
+        return (FaultKind::Panic, text);
+    }
+    match trap {
+        Some(Trap::StackOverflow) => (FaultKind::StackOverflow, format!("{e:#}")),
+        Some(Trap::Interrupt) => (FaultKind::Timeout, format!("{e:#}")),
+        _ => (FaultKind::Trap, format!("{e:#}")),
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

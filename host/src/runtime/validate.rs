@@ -1,0 +1,108 @@
+//! Load-time checks: a component must export the plugin world and import nothing beyond
+//! what the runtime grants. Both run before anything is instantiated, so a refused plugin
+//! never executes a single instruction.
+
+use wasmtime::Engine;
+use wasmtime::component::Component;
+use wasmtime::component::types::ComponentItem;
+
+/// The host interface every plugin may import (any 0.1.x patch version).
+pub const HOST_INTERFACE: &str = "sharehost:plugin/host";
+
+/// The type-only interface of the contract; a component imports it when it uses the types.
+const TYPES_INTERFACE: &str = "sharehost:plugin/types";
+
+/// The WASI 0.2 interfaces a plugin may import, without version. Rust's standard library on
+/// `wasm32-wasip2` (and other component toolchains) imports these even when the plugin
+/// never calls them; they are served from an empty context: no environment, no arguments,
+/// stdin closed, stdout/stderr captured and bounded, real clocks and random numbers.
+/// Everything else (notably `wasi:filesystem`, `wasi:sockets`, `wasi:http`) is refused.
+pub const ALLOWED_WASI_INTERFACES: &[&str] = &[
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+];
+
+/// The exports of the plugin world. Their types are checked by the generated bindings.
+const REQUIRED_EXPORTS: &[&str] = &["init", "handle"];
+
+/// Whether one import name (e.g. `wasi:io/streams@0.2.6`) is granted.
+pub(crate) fn import_allowed(name: &str) -> bool {
+    let (interface, version) = match name.split_once('@') {
+        Some((i, v)) => (i, Some(v)),
+        None => (name, None),
+    };
+    if interface == HOST_INTERFACE || interface == TYPES_INTERFACE {
+        return version.is_some_and(|v| v.starts_with("0.1."));
+    }
+    ALLOWED_WASI_INTERFACES.contains(&interface) && version.is_some_and(|v| v.starts_with("0.2."))
+}
+
+/// Every import of `component` that is not granted, in the component's order.
+pub(crate) fn forbidden_imports(engine: &Engine, component: &Component) -> Vec<String> {
+    component
+        .component_type()
+        .imports(engine)
+        .map(|(name, _)| name)
+        .filter(|name| !import_allowed(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Names the first missing or non-function export of the plugin world, if any.
+pub(crate) fn missing_exports(engine: &Engine, component: &Component) -> Option<String> {
+    let ty = component.component_type();
+    let mut problems = Vec::new();
+    for name in REQUIRED_EXPORTS {
+        match ty.get_export(engine, name).map(|e| e.ty) {
+            Some(ComponentItem::ComponentFunc(_)) => {}
+            Some(_) => problems.push(format!("export `{name}` is not a function")),
+            None => problems.push(format!("missing export `{name}`")),
+        }
+    }
+    if problems.is_empty() {
+        None
+    } else {
+        Some(problems.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::import_allowed;
+
+    #[test]
+    fn minimal_wasi_set_and_host_interface_are_granted() {
+        assert!(import_allowed("wasi:io/streams@0.2.6"));
+        assert!(import_allowed("wasi:cli/stderr@0.2.0"));
+        assert!(import_allowed("sharehost:plugin/host@0.1.0"));
+        assert!(import_allowed("sharehost:plugin/types@0.1.3"));
+    }
+
+    #[test]
+    fn filesystem_sockets_http_and_other_versions_are_refused() {
+        assert!(!import_allowed("wasi:filesystem/types@0.2.6"));
+        assert!(!import_allowed("wasi:filesystem/preopens@0.2.6"));
+        assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
+        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6"));
+        assert!(!import_allowed("sharehost:plugin/host@0.2.0"));
+        assert!(!import_allowed("wasi:io/streams@0.3.0"));
+        assert!(!import_allowed("wasi:io/streams"));
+        assert!(!import_allowed("evil"));
+    }
+}

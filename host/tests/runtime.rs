@@ -1,0 +1,520 @@
+//! The plugin runtime against real components: the example plugins and the adversarial
+//! fixtures in tests/fixtures/guests, built by `dev/build-guests` into target/guests/.
+//!
+//! Every misbehaving fixture is harmless until a record's value is `bad`; each test sends a
+//! poison batch, checks the fault and the policy verdicts, then sends a good batch to the same
+//! `Plugin` and checks it is judged normally (by a fresh instance).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sharehost::kafka::{ConsumedRecord, Header};
+use sharehost::runtime::{
+    BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits, PluginRuntime, Record,
+    RuntimeConfig, Verdict,
+};
+
+/// Path of a built guest; fails with the fix when the guests were not built.
+fn guest(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/guests")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "guest component {} is missing: run dev/build-guests first",
+        path.display()
+    );
+    path
+}
+
+fn runtime() -> PluginRuntime {
+    PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 8,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+fn limits() -> PluginLimits {
+    PluginLimits {
+        max_memory: 16 << 20,
+        batch_deadline: Duration::from_millis(300),
+        ..PluginLimits::default()
+    }
+}
+
+fn record(offset: i64, value: &str, headers: &[(&str, &str)]) -> Record {
+    Record::from_consumed(
+        Arc::from("orders"),
+        3,
+        1,
+        ConsumedRecord {
+            offset,
+            timestamp: 1_700_000_000_000 + offset,
+            key: Some(Bytes::from(format!("k{offset}"))),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            headers: headers
+                .iter()
+                .map(|(k, v)| Header {
+                    key: (*k).to_owned(),
+                    value: Some(Bytes::copy_from_slice(v.as_bytes())),
+                })
+                .collect(),
+        },
+    )
+}
+
+fn good_batch() -> Vec<Record> {
+    vec![record(10, "fine", &[]), record(11, "also fine", &[])]
+}
+
+fn poison_batch() -> Vec<Record> {
+    vec![
+        record(20, "fine", &[]),
+        record(21, "bad", &[]),
+        record(22, "fine", &[]),
+    ]
+}
+
+async fn load(rt: &PluginRuntime, name: &str) -> Plugin {
+    rt.load(&guest(name), limits(), Vec::new())
+        .await
+        .unwrap_or_else(|e| panic!("loading {name}: {e}"))
+}
+
+/// Sends a poison batch and then a good one; returns the fault kind of the first.
+async fn contained(name: &str) -> (FaultKind, String) {
+    let rt = runtime();
+    let mut plugin = load(&rt, name).await;
+    let outcome = plugin.handle(&poison_batch()).await;
+    let fault = outcome
+        .fault()
+        .cloned()
+        .unwrap_or_else(|| panic!("{name}: expected a fault, got {outcome:?}"));
+    assert_eq!(fault.records, 3);
+    assert_eq!(
+        outcome.verdicts_or(&Verdict::Release),
+        vec![Verdict::Release; 3],
+        "every record of the faulted batch gets the policy verdict"
+    );
+    let instances_before = plugin.stats().instances;
+    let next = plugin.handle(&good_batch()).await;
+    assert_eq!(
+        next,
+        BatchOutcome::Verdicts(vec![Verdict::Accept, Verdict::Accept]),
+        "{name}: the next good batch is judged normally"
+    );
+    assert_eq!(
+        plugin.stats().instances,
+        instances_before + 1,
+        "{name}: the next batch ran on a fresh instance"
+    );
+    assert_eq!(plugin.stats().faults, 1);
+    (fault.kind, fault.message)
+}
+
+#[tokio::test]
+async fn good_batch_gets_one_verdict_per_record_in_order() {
+    let rt = runtime();
+    let mut plugin = load(&rt, "fixture_echo").await;
+    let batch = vec![
+        record(1, "a", &[]),
+        record(2, "b", &[("verdict", "release")]),
+        record(3, "c", &[("other", "x"), ("verdict", "renew")]),
+        record(4, "d", &[("verdict", "reject:bad order")]),
+        record(5, "e", &[("verdict", "reject")]),
+    ];
+    assert_eq!(
+        plugin.handle(&batch).await,
+        BatchOutcome::Verdicts(vec![
+            Verdict::Accept,
+            Verdict::Release,
+            Verdict::Renew,
+            Verdict::Reject(Some("bad order".into())),
+            Verdict::Reject(None),
+        ])
+    );
+    assert_eq!(plugin.handle(&[]).await, BatchOutcome::Verdicts(vec![]));
+}
+
+#[tokio::test]
+async fn records_reach_the_guest_intact_through_the_flat_batch() {
+    // The router reads headers and keys; the value reader reads values. Mixed topics,
+    // null keys/values and null headers all cross the boundary.
+    let rt = runtime();
+    let mut router = rt
+        .load(
+            &guest("router"),
+            limits(),
+            vec![("accept".into(), "order".into())],
+        )
+        .await
+        .expect("router loads");
+    let mut other_topic = record(2, "x", &[("type", "spam")]);
+    other_topic.topic = Arc::from("refunds");
+    let mut null_header = record(3, "x", &[]);
+    null_header.headers.push(Header {
+        key: "type".into(),
+        value: None,
+    });
+    null_header.key = None;
+    null_header.value = None;
+    let batch = vec![
+        record(1, "x", &[("type", "order")]),
+        other_topic,
+        null_header,
+    ];
+    assert_eq!(
+        router.handle(&batch).await,
+        BatchOutcome::Verdicts(vec![
+            Verdict::Accept,
+            Verdict::Reject(Some("filtered: type=spam".into())),
+            Verdict::Release,
+        ])
+    );
+}
+
+#[tokio::test]
+async fn init_error_refuses_the_configuration_at_load() {
+    let rt = runtime();
+    let err = rt
+        .load(
+            &guest("fixture_echo"),
+            limits(),
+            vec![("fail-init".into(), "bad configuration".into())],
+        )
+        .await
+        .expect_err("init must refuse");
+    assert!(matches!(err, LoadError::Init { .. }), "{err}");
+    assert!(err.to_string().contains("bad configuration"), "{err}");
+}
+
+#[tokio::test]
+async fn spinning_guest_is_stopped_by_its_deadline() {
+    let (kind, _) = contained("fixture_spin").await;
+    assert_eq!(kind, FaultKind::Timeout);
+}
+
+#[tokio::test]
+async fn guest_blocked_in_a_host_call_is_stopped_by_its_deadline() {
+    let (kind, _) = contained("fixture_sleep").await;
+    assert_eq!(kind, FaultKind::Timeout);
+}
+
+#[tokio::test]
+async fn memory_bomb_is_an_out_of_memory_fault() {
+    let (kind, message) = contained("fixture_memory_bomb").await;
+    assert_eq!(kind, FaultKind::OutOfMemory, "{message}");
+}
+
+#[tokio::test]
+async fn deep_recursion_is_contained() {
+    let (kind, message) = contained("fixture_deep_recursion").await;
+    // Depending on frame sizes the guest exhausts the wasm stack (stack overflow) or runs its
+    // shadow stack out of linear memory (an out-of-bounds trap): both are contained.
+    assert!(
+        matches!(kind, FaultKind::StackOverflow | FaultKind::Trap),
+        "{kind}: {message}"
+    );
+}
+
+#[tokio::test]
+async fn panic_is_a_panic_fault_with_the_message() {
+    let (kind, message) = contained("fixture_panic").await;
+    assert_eq!(kind, FaultKind::Panic);
+    assert!(message.contains("poison record at offset 21"), "{message}");
+}
+
+#[tokio::test]
+async fn wrong_verdict_count_is_a_fault() {
+    let (kind, message) = contained("fixture_wrong_count").await;
+    assert_eq!(kind, FaultKind::WrongVerdictCount);
+    assert_eq!(message, "2 verdicts for 3 records");
+}
+
+#[tokio::test]
+async fn log_flood_is_bounded_and_judged_normally() {
+    let rt = runtime();
+    // A generous deadline: this test is about bounding output, not about time.
+    let mut plugin = rt
+        .load(
+            &guest("fixture_log_flood"),
+            PluginLimits {
+                batch_deadline: Duration::from_secs(30),
+                ..limits()
+            },
+            Vec::new(),
+        )
+        .await
+        .expect("loads");
+    let outcome = plugin.handle(&poison_batch()).await;
+    assert_eq!(outcome, BatchOutcome::Verdicts(vec![Verdict::Accept; 3]));
+    let stats = plugin.stats().clone();
+    assert!(
+        stats.log_messages_dropped >= 20_000 - 256,
+        "log messages beyond the budget are dropped: {stats:?}"
+    );
+    assert!(stats.output_bytes_dropped > 0, "{stats:?}");
+    assert_eq!(
+        plugin.handle(&good_batch()).await,
+        BatchOutcome::Verdicts(vec![Verdict::Accept; 2])
+    );
+}
+
+async fn refused_import(name: &str, import: &str) {
+    let rt = runtime();
+    let err = rt
+        .load(&guest(name), limits(), Vec::new())
+        .await
+        .expect_err("must be refused");
+    match &err {
+        LoadError::ForbiddenImport { imports, .. } => {
+            assert!(
+                imports.iter().any(|i| i.starts_with(import)),
+                "{import} not named in {imports:?}"
+            );
+        }
+        other => panic!("expected ForbiddenImport, got {other}"),
+    }
+    assert!(err.to_string().contains(import), "{err}");
+}
+
+#[tokio::test]
+async fn filesystem_import_is_refused_at_load() {
+    refused_import("fixture_import_filesystem", "wasi:filesystem/").await;
+}
+
+#[tokio::test]
+async fn sockets_import_is_refused_at_load() {
+    refused_import("fixture_import_sockets", "wasi:sockets/").await;
+}
+
+#[tokio::test]
+async fn http_import_is_refused_at_load() {
+    refused_import("fixture_import_http", "wasi:http/handler").await;
+}
+
+#[tokio::test]
+async fn missing_handle_export_is_refused_as_wrong_world() {
+    let rt = runtime();
+    let err = rt
+        .load(&guest("fixture_missing_handle"), limits(), Vec::new())
+        .await
+        .expect_err("must be refused");
+    assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
+    assert!(err.to_string().contains("missing export `handle`"), "{err}");
+}
+
+#[tokio::test]
+async fn bytes_that_are_not_a_component_are_refused() {
+    let dir = scratch_dir("not-a-component");
+    let path = dir.join("junk.wasm");
+    std::fs::write(&path, b"\0asm not really").expect("write");
+    let err = runtime()
+        .load(&path, limits(), Vec::new())
+        .await
+        .expect_err("must be refused");
+    assert!(matches!(err, LoadError::Compile { .. }), "{err}");
+    let missing = runtime()
+        .load(&dir.join("absent.wasm"), limits(), Vec::new())
+        .await
+        .expect_err("must be refused");
+    assert!(matches!(missing, LoadError::Read { .. }), "{missing}");
+}
+
+#[tokio::test]
+async fn plugin_memory_limit_above_the_runtime_maximum_is_refused() {
+    let err = runtime()
+        .load(
+            &guest("accept_all"),
+            PluginLimits {
+                max_memory: 1 << 30,
+                ..limits()
+            },
+            Vec::new(),
+        )
+        .await
+        .expect_err("must be refused");
+    assert!(matches!(err, LoadError::MemoryLimit { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn reused_instance_is_recycled_after_max_batches() {
+    let rt = runtime();
+    let mut plugin = rt
+        .load(
+            &guest("fixture_echo"),
+            PluginLimits {
+                instance_mode: InstanceMode::Reuse { max_batches: 2 },
+                ..limits()
+            },
+            Vec::new(),
+        )
+        .await
+        .expect("loads");
+    for _ in 0..5 {
+        assert!(plugin.handle(&good_batch()).await.fault().is_none());
+    }
+    // One instance at load serves batches 1-2, then 3-4, then 5.
+    assert_eq!(plugin.stats().instances, 3);
+}
+
+#[tokio::test]
+async fn fresh_instance_per_batch_mode_instantiates_every_batch() {
+    let rt = runtime();
+    let mut plugin = rt
+        .load(
+            &guest("fixture_echo"),
+            PluginLimits {
+                instance_mode: InstanceMode::FreshPerBatch,
+                ..limits()
+            },
+            Vec::new(),
+        )
+        .await
+        .expect("loads");
+    for _ in 0..3 {
+        assert!(plugin.handle(&good_batch()).await.fault().is_none());
+    }
+    assert_eq!(
+        plugin.stats().instances,
+        4,
+        "one at load plus one per batch"
+    );
+}
+
+#[tokio::test]
+async fn repeated_faults_do_not_exhaust_the_instance_pool() {
+    // The pool holds 8 instances; 30 faults in a row must each release their slot.
+    let rt = runtime();
+    let mut plugin = load(&rt, "fixture_panic").await;
+    for _ in 0..30 {
+        assert_eq!(
+            plugin.handle(&poison_batch()).await.fault().map(|f| f.kind),
+            Some(FaultKind::Panic)
+        );
+    }
+    assert_eq!(
+        plugin.handle(&good_batch()).await,
+        BatchOutcome::Verdicts(vec![Verdict::Accept; 2])
+    );
+}
+
+fn scratch_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sharehost-runtime-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+#[tokio::test]
+async fn precompiled_cache_is_written_once_and_reused() {
+    let cache = scratch_dir("cache").join("cwasm");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        cache_dir: Some(cache.clone()),
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let entries = || {
+        std::fs::read_dir(&cache)
+            .expect("cache dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cwasm"))
+            .collect::<Vec<_>>()
+    };
+    let mut a = load(&rt, "accept_all").await;
+    let mut b = load(&rt, "accept_all").await;
+    let _c = load(&rt, "fixture_echo").await;
+    let names = entries();
+    assert_eq!(
+        names.len(),
+        2,
+        "one entry per distinct component: {names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n.starts_with(a.content_hash())),
+        "entries are named by content hash: {names:?}"
+    );
+    assert_eq!(a.content_hash(), b.content_hash());
+    assert!(a.handle(&good_batch()).await.fault().is_none());
+    assert!(b.handle(&good_batch()).await.fault().is_none());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&cache)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "the cache directory is private");
+    }
+}
+
+#[tokio::test]
+async fn corrupt_cache_entry_is_replaced_not_trusted() {
+    let cache = scratch_dir("corrupt").join("cwasm");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        cache_dir: Some(cache.clone()),
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let plugin = load(&rt, "accept_all").await;
+    let entry = std::fs::read_dir(&cache)
+        .expect("cache dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .expect("an entry");
+    drop(plugin);
+    std::fs::write(&entry, b"garbage").expect("corrupt it");
+    let mut again = load(&rt, "accept_all").await;
+    assert!(again.handle(&good_batch()).await.fault().is_none());
+    assert!(std::fs::metadata(&entry).expect("rewritten").len() > 1000);
+}
+
+#[tokio::test]
+async fn example_plugins_judge_their_records() {
+    let rt = runtime();
+    let mut validator = load(&rt, "order_validator").await;
+    let batch = vec![
+        record(1, r#"{"id":"o1","sku":"A","quantity":2,"price":3.5}"#, &[]),
+        record(2, "{oops", &[]),
+        record(3, r#"{"id":"o3","sku":"A","quantity":0,"price":1}"#, &[]),
+    ];
+    let verdicts = plugin_verdicts(&mut validator, &batch).await;
+    assert_eq!(verdicts[0], Verdict::Accept);
+    assert!(matches!(&verdicts[1], Verdict::Reject(Some(r)) if r.starts_with("not JSON")));
+    assert_eq!(
+        verdicts[2],
+        Verdict::Reject(Some("`quantity` 0 outside 1..=1000".into()))
+    );
+
+    let mut slow = rt
+        .load(
+            &guest("slow_renew"),
+            limits(),
+            vec![("budget".into(), "1".into())],
+        )
+        .await
+        .expect("loads");
+    let verdicts = plugin_verdicts(&mut slow, &good_batch()).await;
+    assert_eq!(verdicts, vec![Verdict::Accept, Verdict::Renew]);
+}
+
+async fn plugin_verdicts(plugin: &mut Plugin, batch: &[Record]) -> Vec<Verdict> {
+    match plugin.handle(batch).await {
+        BatchOutcome::Verdicts(v) => v,
+        BatchOutcome::Fault(f) => panic!("unexpected fault: {f:?}"),
+    }
+}
