@@ -10,6 +10,7 @@
 //! - [`ledger`]: per-record verdicts to valid acknowledgement batches.
 
 pub mod codec;
+pub mod consumer;
 pub mod ledger;
 pub mod membership;
 pub mod session;
