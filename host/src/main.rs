@@ -23,6 +23,32 @@ enum Command {
     /// Connect to a cluster the way a pipeline will (TLS, SASL, version negotiation) and print
     /// the brokers and the share-group API versions they offer.
     Probe(ProbeArgs),
+    /// Run a plugin component offline on records given as JSON lines and print one JSON line
+    /// per record (verdict and reason), then a summary line.
+    TestPlugin(TestPluginArgs),
+}
+
+/// `sharehost test-plugin COMPONENT --input FILE.jsonl [--config k=v ...]`.
+#[derive(Args)]
+struct TestPluginArgs {
+    /// The plugin component (.wasm), e.g. target/guests/order_validator.wasm.
+    component: PathBuf,
+    /// JSON lines, one record per line: key, value, headers, topic, partition, offset,
+    /// timestamp, delivery_count (values as text or {"base64": "..."}).
+    #[arg(long)]
+    input: PathBuf,
+    /// Plugin configuration entry KEY=VALUE (repeatable), passed to the plugin's init.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// Records per batch handed to the plugin.
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// CPU deadline per batch, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    deadline_ms: u64,
+    /// Memory limit of the plugin instance, in MiB.
+    #[arg(long, default_value_t = 64)]
+    max_memory_mib: usize,
 }
 
 /// How to reach a cluster from the command line.
@@ -110,6 +136,83 @@ async fn probe(args: ProbeArgs) -> Result<()> {
     Ok(())
 }
 
+async fn test_plugin(args: TestPluginArgs) -> Result<()> {
+    use sharehost::runtime::offline::{parse_jsonl, verdict_line};
+    use sharehost::runtime::{PluginLimits, PluginRuntime, RuntimeConfig, Verdict};
+    use std::collections::BTreeMap;
+    use std::io::Write;
+
+    let config = args
+        .config
+        .iter()
+        .map(|item| {
+            item.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("--config `{item}`: expected KEY=VALUE"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
+    let text = std::fs::read_to_string(&args.input)
+        .with_context(|| format!("input {}", args.input.display()))?;
+    let records = parse_jsonl(&text).with_context(|| format!("input {}", args.input.display()))?;
+    let max_memory = args.max_memory_mib << 20;
+    let runtime = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: max_memory.max(RuntimeConfig::default().max_plugin_memory),
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })?;
+    let limits = PluginLimits {
+        max_memory,
+        batch_deadline: std::time::Duration::from_millis(args.deadline_ms),
+        ..PluginLimits::default()
+    };
+    let mut plugin = runtime.load(&args.component, limits, config).await?;
+
+    let fault_policy = Verdict::Release;
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut batch_us = Vec::new();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for batch in records.chunks(args.batch_size) {
+        let started = std::time::Instant::now();
+        let outcome = plugin.handle(batch).await;
+        batch_us.push(started.elapsed().as_secs_f64() * 1e6);
+        let fault = outcome.fault().cloned();
+        if let Some(f) = &fault {
+            *faults.entry(f.kind.as_str()).or_default() += 1;
+        }
+        for (record, verdict) in batch.iter().zip(outcome.verdicts_or(&fault_policy)) {
+            let name = match verdict {
+                Verdict::Accept => "accept",
+                Verdict::Release => "release",
+                Verdict::Reject(_) => "reject",
+                Verdict::Renew => "renew",
+            };
+            *counts.entry(name).or_default() += 1;
+            writeln!(out, "{}", verdict_line(record, &verdict, fault.as_ref()))?;
+        }
+    }
+    let mean = if batch_us.is_empty() {
+        0.0
+    } else {
+        batch_us.iter().sum::<f64>() / batch_us.len() as f64
+    };
+    let summary = serde_json::json!({
+        "summary": {
+            "records": records.len(),
+            "batches": batch_us.len(),
+            "verdicts": counts,
+            "faults": faults,
+            "us_per_batch": (mean * 10.0).round() / 10.0,
+            "plugin": plugin.name(),
+            "sha256": plugin.content_hash(),
+        }
+    });
+    writeln!(out, "{summary}")?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -129,6 +232,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Probe(args) => probe(args).await,
+            Command::TestPlugin(args) => test_plugin(args).await,
         }
     });
     match result {

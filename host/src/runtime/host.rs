@@ -89,11 +89,14 @@ impl StoreState {
         let (out, out_dropped) = self.stdout.take();
         let (err, err_dropped) = self.stderr.take();
         let plugin = &*self.plugin;
-        for line in String::from_utf8_lossy(&out).lines() {
+        for line in String::from_utf8_lossy(&out)
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
             tracing::info!(plugin, stream = "stdout", "{line}");
         }
         let err = String::from_utf8_lossy(&err).into_owned();
-        for line in err.lines() {
+        for line in err.lines().filter(|l| !l.is_empty()) {
             tracing::warn!(plugin, stream = "stderr", "{line}");
         }
         if out_dropped + err_dropped > 0 {

@@ -12,6 +12,7 @@
 //!   wrong becomes a [`BatchOutcome::Fault`], never a host crash.
 //! - [`Record`] and the flat wire batch (`batch.rs`): what a plugin judges, and how it crosses
 //!   the sandbox boundary in one buffer.
+//! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
 //! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
 //!
 //! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
@@ -22,6 +23,7 @@ mod config;
 mod engine;
 mod error;
 mod host;
+pub mod offline;
 mod plugin;
 mod validate;
 

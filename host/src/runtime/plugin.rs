@@ -418,6 +418,7 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
     if let Some(at) = stderr.find("panicked at") {
         // Rust's panic hook prints "thread '…' panicked at FILE:LINE:COL:\nMESSAGE".
         let text = stderr[at..].trim();
+        let text = text.split("\nnote: run with").next().unwrap_or(text);
         let mut text = text.chars().take(1024).collect::<String>();
         text = text.replace('\n', " ");
         return (FaultKind::Panic, text);

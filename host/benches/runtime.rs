@@ -1,0 +1,326 @@
+//! Plugin runtime benchmark: ns/record of a guest call across batch sizes and value sizes,
+//! accept-all vs a value-reading guest vs the same logic in native Rust, reused vs fresh
+//! instance, compile vs load from the precompiled cache, and the flat batch layout against
+//! the naive `list<record>` layout.
+//!
+//! Run (after `dev/build-guests`): `cargo bench -p sharehost --bench runtime`
+//! Method: per point a warm-up, then 7 samples of about 40 ms each; the median is printed.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sharehost::kafka::{ConsumedRecord, Header};
+use sharehost::runtime::{
+    BatchOutcome, InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, RuntimeConfig, Verdict,
+};
+
+const SIZES: [usize; 5] = [1, 10, 100, 500, 1000];
+const VALUES: [usize; 2] = [100, 1024];
+const SAMPLE: Duration = Duration::from_millis(40);
+const SAMPLES: usize = 7;
+
+fn guest(name: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/guests")
+        .join(format!("{name}.wasm"));
+    assert!(p.is_file(), "{} missing: run dev/build-guests", p.display());
+    p
+}
+
+/// Deterministic pseudo-random a–z text (like the spike's data), 8-byte keys, no headers.
+fn batch(n: usize, value_len: usize) -> Vec<Record> {
+    let topic: Arc<str> = Arc::from("bench");
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|i| {
+            let mut v = Vec::with_capacity(value_len);
+            v.push(b'{');
+            while v.len() < value_len {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                v.push(b'a' + (seed % 26) as u8);
+            }
+            Record::from_consumed(
+                topic.clone(),
+                0,
+                1,
+                ConsumedRecord {
+                    offset: i as i64,
+                    timestamp: 0,
+                    key: Some(Bytes::from(format!("key-{:04}", i % 10_000))),
+                    value: Some(Bytes::from(v)),
+                    headers: Vec::<Header>::new(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Median ns per iteration of `$body` (which may `.await`), over SAMPLES samples of about
+/// SAMPLE each, after a warm-up that calibrates the iteration count. A macro, not a closure,
+/// because the body borrows the plugin mutably across an await.
+macro_rules! measure {
+    ($body:expr) => {{
+        let mut iters = 1u64;
+        loop {
+            let t = Instant::now();
+            for _ in 0..iters {
+                $body;
+            }
+            let e = t.elapsed();
+            if e >= SAMPLE / 4 {
+                iters = ((iters as f64) * SAMPLE.as_secs_f64() / e.as_secs_f64()).max(1.0) as u64;
+                break;
+            }
+            iters *= 4;
+        }
+        let mut samples = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            let t = Instant::now();
+            for _ in 0..iters {
+                $body;
+            }
+            samples.push(t.elapsed().as_nanos() as f64 / iters as f64);
+        }
+        samples.sort_by(f64::total_cmp);
+        samples[SAMPLES / 2]
+    }};
+}
+
+/// The value reader's logic (examples/value-reader `judge`), natively.
+fn judge(value: Option<&[u8]>) -> Verdict {
+    let v = value.unwrap_or(&[]);
+    let sum = v
+        .iter()
+        .fold(0u32, |acc, b| acc.wrapping_add(u32::from(*b)));
+    if v.first() != Some(&b'{') || sum % 16 == 0 {
+        Verdict::Reject(None)
+    } else {
+        Verdict::Accept
+    }
+}
+
+fn native_borrowed(records: &[Record], read: bool) -> Vec<Verdict> {
+    records
+        .iter()
+        .map(|r| {
+            if read {
+                judge(r.value.as_deref())
+            } else {
+                Verdict::Accept
+            }
+        })
+        .collect()
+}
+
+/// Native with the deep copy a sandbox boundary implies (key and value copied per record).
+fn native_copied(records: &[Record], read: bool) -> Vec<Verdict> {
+    type Copy = (Option<Vec<u8>>, Option<Vec<u8>>);
+    let copies: Vec<Copy> = records
+        .iter()
+        .map(|r| {
+            (
+                r.key.as_deref().map(<[u8]>::to_vec),
+                r.value.as_deref().map(<[u8]>::to_vec),
+            )
+        })
+        .collect();
+    copies
+        .iter()
+        .map(|(_, v)| {
+            if read {
+                judge(v.as_deref())
+            } else {
+                Verdict::Accept
+            }
+        })
+        .collect()
+}
+
+async fn load(rt: &PluginRuntime, name: &str, mode: InstanceMode) -> Plugin {
+    rt.load(
+        &guest(name),
+        PluginLimits {
+            instance_mode: mode,
+            batch_deadline: Duration::from_secs(10),
+            ..PluginLimits::default()
+        },
+        Vec::new(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+async fn per_record(plugin: &mut Plugin, records: &[Record]) -> f64 {
+    let ns = measure!(match plugin.handle(records).await {
+        BatchOutcome::Verdicts(v) => {
+            black_box(v);
+        }
+        BatchOutcome::Fault(f) => panic!("fault in benchmark: {f:?}"),
+    });
+    ns / records.len() as f64
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let reuse = InstanceMode::Reuse {
+        max_batches: u32::MAX,
+    };
+    let cache_dir = std::env::temp_dir().join(format!("sharehost-bench-{}", std::process::id()));
+    let rt = PluginRuntime::new(RuntimeConfig {
+        cache_dir: Some(cache_dir.clone()),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    println!("allocator: {:?}", rt.allocator());
+
+    println!("\n### Reused instance: ns/record (median of {SAMPLES} samples)\n");
+    println!(
+        "| records × value | accept-all wasm | value-reader wasm | native accept (borrowed) | native read (borrowed) | native read (incl. copy) | value-reader wasm / native incl. copy |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut accept = load(&rt, "accept_all", reuse).await;
+    let mut reader = load(&rt, "value_reader", reuse).await;
+    for &v in &VALUES {
+        for &n in &SIZES {
+            let records = batch(n, v);
+            let a = per_record(&mut accept, &records).await;
+            let r = per_record(&mut reader, &records).await;
+            let na = measure!(black_box(native_borrowed(black_box(&records), false))) / n as f64;
+            let nr = measure!(black_box(native_borrowed(black_box(&records), true))) / n as f64;
+            let nc = measure!(black_box(native_copied(black_box(&records), true))) / n as f64;
+            println!(
+                "| {n} × {v} B | {a:.1} | {r:.1} | {na:.1} | {nr:.1} | {nc:.1} | {:.1}× |",
+                r / nc
+            );
+        }
+    }
+
+    println!(
+        "\n### Fresh instance per batch vs reused (µs per batch, accept-all / value-reader)\n"
+    );
+    println!("| records × value | accept reused | accept fresh | reader reused | reader fresh |");
+    println!("|---|---|---|---|---|");
+    let mut accept_fresh = load(&rt, "accept_all", InstanceMode::FreshPerBatch).await;
+    let mut reader_fresh = load(&rt, "value_reader", InstanceMode::FreshPerBatch).await;
+    for (n, v) in [(1, 100), (100, 1024), (500, 100), (1000, 1024)] {
+        let records = batch(n, v);
+        let us = |ns_per_rec: f64| ns_per_rec * n as f64 / 1000.0;
+        let ar = us(per_record(&mut accept, &records).await);
+        let af = us(per_record(&mut accept_fresh, &records).await);
+        let rr = us(per_record(&mut reader, &records).await);
+        let rf = us(per_record(&mut reader_fresh, &records).await);
+        println!("| {n} × {v} B | {ar:.1} | {af:.1} | {rr:.1} | {rf:.1} |");
+    }
+
+    println!("\n### Compile vs load from the precompiled cache (ms)\n");
+    println!("| guest | compile (Component::new) | load from cache (validate + mmap) |");
+    println!("|---|---|---|");
+    for name in ["accept_all", "value_reader", "order_validator"] {
+        let (mut compile, mut load) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (c, l) = rt
+                .measure_compile_and_cached_load(&guest(name))
+                .expect("measure");
+            compile.push(c.as_secs_f64() * 1e3);
+            load.push(l.as_secs_f64() * 1e3);
+        }
+        compile.sort_by(f64::total_cmp);
+        load.sort_by(f64::total_cmp);
+        println!("| {name} | {:.2} | {:.3} |", compile[2], load[2]);
+    }
+    let _ = std::fs::remove_dir_all(&cache_dir);
+
+    naive::run().await;
+}
+
+/// The naive layout, for comparison: `list<record>` with per-record `list<u8>` fields,
+/// driven through its own bindings against `target/guests/fixture_naive_accept.wasm`.
+mod naive {
+    use super::*;
+    use wasmtime::component::{Component, Linker, ResourceTable};
+    use wasmtime::{Config, Engine, Store};
+    use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+    wasmtime::component::bindgen!({
+        path: "../tests/fixtures/guests/naive-accept/wit",
+        world: "bench:naive/naive",
+        exports: { default: async },
+    });
+
+    struct State {
+        wasi: WasiCtx,
+        table: ResourceTable,
+    }
+
+    impl WasiView for State {
+        fn ctx(&mut self) -> WasiCtxView<'_> {
+            WasiCtxView {
+                ctx: &mut self.wasi,
+                table: &mut self.table,
+            }
+        }
+    }
+
+    pub(super) async fn run() {
+        let path = guest("fixture_naive_accept");
+        let mut config = Config::new();
+        config.epoch_interruption(true).concurrency_support(false);
+        let engine = Engine::new(&config).expect("engine");
+        let mut linker = Linker::<State>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("wasi");
+        let component = Component::from_file(&engine, &path).expect("component");
+        let mut store = Store::new(
+            &engine,
+            State {
+                wasi: WasiCtx::builder().build(),
+                table: ResourceTable::new(),
+            },
+        );
+        store.set_epoch_deadline(u64::MAX / 2);
+        let naive = Naive::instantiate_async(&mut store, &component, &linker)
+            .await
+            .expect("instantiate");
+        println!(
+            "\n### Batch layout: naive `list<record>` vs flat (accept-all guest, reused instance, ns/record)\n"
+        );
+        println!("| records × value | naive list<record> | flat (sharehost:plugin) |");
+        println!("|---|---|---|");
+        let rt = PluginRuntime::new(RuntimeConfig::default()).expect("runtime");
+        let mut flat = load(
+            &rt,
+            "accept_all",
+            InstanceMode::Reuse {
+                max_batches: u32::MAX,
+            },
+        )
+        .await;
+        for (n, v) in [(100, 100), (500, 100), (1000, 1024)] {
+            let records = batch(n, v);
+            let msgs: Vec<Message> = records
+                .iter()
+                .map(|r| Message {
+                    partition: r.partition,
+                    offset: r.offset,
+                    timestamp: r.timestamp,
+                    key: r.key.as_deref().map(<[u8]>::to_vec),
+                    value: r.value.as_deref().map(<[u8]>::to_vec),
+                    headers: Vec::new(),
+                    delivery_count: r.delivery_count as i16,
+                })
+                .collect();
+            let ns = measure!(black_box(
+                naive
+                    .call_handle(&mut store, &msgs)
+                    .await
+                    .expect("naive call")
+            )) / n as f64;
+            let f = per_record(&mut flat, &records).await;
+            println!("| {n} × {v} B | {ns:.1} | {f:.1} |");
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Offline runs of a plugin (`sharehost test-plugin`): records from JSON lines, verdicts as
+//! JSON lines. Lives in the library so its parsing is unit-tested and reusable.
+//!
+//! Input, one JSON object per line (blank lines ignored), every field optional:
+//! `{"topic": "orders", "partition": 0, "offset": 7, "timestamp": 0, "delivery_count": 1,
+//!   "key": "k1", "value": {"base64": "eyJ9"}, "headers": [["type", "order"]]}`.
+//! Keys, values and header values are UTF-8 text, `{"base64": "..."}` for binary, or `null`.
+//! Headers are `[[key, value], ...]` (order and duplicates kept) or `{"key": value}`.
+//! `offset` defaults to the record's index in the file, `delivery_count` to 1.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::batch::Record;
+use super::plugin::{Fault, Verdict};
+use crate::kafka::Header;
+
+/// A bad input line: names the line (1-based) and what is wrong with it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("line {line}: {message}")]
+pub struct InputError {
+    /// 1-based line number in the input.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+const FIELDS: &[&str] = &[
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "delivery_count",
+    "key",
+    "value",
+    "headers",
+];
+
+/// Parses JSON-lines input into records. The first bad line stops parsing with an error
+/// naming it.
+pub fn parse_jsonl(text: &str) -> Result<Vec<Record>, InputError> {
+    let mut records = Vec::new();
+    let mut topics: Vec<Arc<str>> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let err = |message: String| InputError {
+            line: i + 1,
+            message,
+        };
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| err("expected a JSON object".into()))?;
+        if let Some(unknown) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(err(format!(
+                "unknown field `{unknown}` (expected one of: {})",
+                FIELDS.join(", ")
+            )));
+        }
+        let topic_name = match obj.get("topic") {
+            None | Some(Value::Null) => "test",
+            Some(Value::String(s)) => s.as_str(),
+            Some(_) => return Err(err("`topic` must be a string".into())),
+        };
+        let topic = match topics.iter().find(|t| ***t == *topic_name) {
+            Some(t) => t.clone(),
+            None => {
+                let t: Arc<str> = Arc::from(topic_name);
+                topics.push(t.clone());
+                t
+            }
+        };
+        let int = |name: &str, default: i64| -> Result<i64, InputError> {
+            match obj.get(name) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v
+                    .as_i64()
+                    .ok_or_else(|| err(format!("`{name}` must be an integer"))),
+            }
+        };
+        let partition = i32::try_from(int("partition", 0)?)
+            .map_err(|_| err("`partition` out of range".into()))?;
+        let delivery_count = u16::try_from(int("delivery_count", 1)?)
+            .map_err(|_| err("`delivery_count` must be in 0..=65535".into()))?;
+        let headers = match obj.get("headers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(j, item)| match item.as_array().map(Vec::as_slice) {
+                    Some([Value::String(k), v]) => Ok(Header {
+                        key: k.clone(),
+                        value: payload(v).map_err(|m| err(format!("headers[{j}]: {m}")))?,
+                    }),
+                    _ => Err(err(format!("headers[{j}] must be [key, value]"))),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(Value::Object(map)) => header_map(map).map_err(err)?,
+            Some(_) => {
+                return Err(err(
+                    "`headers` must be an array of pairs or an object".into()
+                ));
+            }
+        };
+        records.push(Record {
+            topic,
+            partition,
+            offset: int("offset", records.len() as i64)?,
+            timestamp: int("timestamp", 0)?,
+            delivery_count,
+            key: payload(obj.get("key").unwrap_or(&Value::Null))
+                .map_err(|m| err(format!("key: {m}")))?,
+            value: payload(obj.get("value").unwrap_or(&Value::Null))
+                .map_err(|m| err(format!("value: {m}")))?,
+            headers,
+        });
+    }
+    Ok(records)
+}
+
+fn header_map(map: &Map<String, Value>) -> Result<Vec<Header>, String> {
+    map.iter()
+        .map(|(k, v)| {
+            Ok(Header {
+                key: k.clone(),
+                value: payload(v).map_err(|m| format!("headers.{k}: {m}"))?,
+            })
+        })
+        .collect()
+}
+
+/// Text, `{"base64": ...}` or null.
+fn payload(v: &Value) -> Result<Option<Bytes>, String> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(Bytes::copy_from_slice(s.as_bytes()))),
+        Value::Object(o) if o.len() == 1 => match o.get("base64") {
+            Some(Value::String(b)) => base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map(|d| Some(Bytes::from(d)))
+                .map_err(|e| format!("invalid base64: {e}")),
+            _ => Err("expected a string, null or {\"base64\": \"...\"}".into()),
+        },
+        _ => Err("expected a string, null or {\"base64\": \"...\"}".into()),
+    }
+}
+
+/// One output line for a judged record.
+pub fn verdict_line(record: &Record, verdict: &Verdict, fault: Option<&Fault>) -> String {
+    let (name, reason) = match verdict {
+        Verdict::Accept => ("accept", None),
+        Verdict::Release => ("release", None),
+        Verdict::Reject(r) => ("reject", r.as_deref()),
+        Verdict::Renew => ("renew", None),
+    };
+    let mut line = json!({
+        "topic": &*record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "verdict": name,
+        "reason": reason,
+    });
+    if let (Some(f), Some(o)) = (fault, line.as_object_mut()) {
+        o.insert("fault".into(), json!(f.kind.as_str()));
+        o.insert("fault_message".into(), json!(f.message));
+    }
+    line.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_text_base64_null_and_headers_with_defaults() {
+        let input = r#"{"key":"k","value":"hello","headers":[["a","1"],["a",null]]}
+
+{"topic":"t2","partition":2,"offset":9,"delivery_count":3,"value":{"base64":"AAEC"},"headers":{"h":"v"}}
+{"value":null}"#;
+        let r = parse_jsonl(input).expect("valid");
+        assert_eq!(r.len(), 3);
+        assert_eq!(&*r[0].topic, "test");
+        assert_eq!(r[0].offset, 0);
+        assert_eq!(r[0].delivery_count, 1);
+        assert_eq!(r[0].value.as_deref(), Some(&b"hello"[..]));
+        assert_eq!(r[0].headers.len(), 2);
+        assert_eq!(r[0].headers[1].value, None);
+        assert_eq!(&*r[1].topic, "t2");
+        assert_eq!(
+            (r[1].partition, r[1].offset, r[1].delivery_count),
+            (2, 9, 3)
+        );
+        assert_eq!(r[1].value.as_deref(), Some(&[0u8, 1, 2][..]));
+        assert_eq!(r[2].offset, 2);
+        assert_eq!(r[2].value, None);
+    }
+
+    #[test]
+    fn bad_lines_are_named() {
+        let e = parse_jsonl("{\"value\":\"a\"}\n{oops").expect_err("bad json");
+        assert_eq!(e.line, 2);
+        assert!(e.message.starts_with("not valid JSON"), "{e}");
+        let e = parse_jsonl("{\"valeu\":\"a\"}").expect_err("typo");
+        assert!(e.message.contains("unknown field `valeu`"), "{e}");
+        let e = parse_jsonl("{\"value\":{\"base64\":\"!!\"}}").expect_err("b64");
+        assert!(
+            e.to_string().starts_with("line 1: value: invalid base64"),
+            "{e}"
+        );
+        let e = parse_jsonl("{\"headers\":[[1,2]]}").expect_err("header");
+        assert_eq!(e.message, "headers[0] must be [key, value]");
+        let e = parse_jsonl("[1]").expect_err("not an object");
+        assert_eq!(e.message, "expected a JSON object");
+    }
+
+    #[test]
+    fn verdict_lines_carry_reason_and_fault() {
+        let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
+        assert_eq!(
+            verdict_line(r, &Verdict::Reject(Some("why".into())), None),
+            r#"{"offset":5,"partition":0,"reason":"why","topic":"test","verdict":"reject"}"#
+        );
+    }
+}

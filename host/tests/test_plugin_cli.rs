@@ -1,0 +1,146 @@
+//! `sharehost test-plugin`: offline runs of a component on JSON-lines records.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn guest(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/guests")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "guest component {} is missing: run dev/build-guests first",
+        path.display()
+    );
+    path
+}
+
+fn input(tag: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "sharehost-test-plugin-{tag}-{}.jsonl",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).expect("write input");
+    path
+}
+
+fn run(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+        .arg("test-plugin")
+        .args(args)
+        .env("SHAREHOST_LOG", "off")
+        .output()
+        .expect("run sharehost");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn prints_one_verdict_line_per_record_and_a_summary() {
+    let file = input(
+        "orders",
+        concat!(
+            r#"{"value":"{\"id\":\"o1\",\"sku\":\"A\",\"quantity\":2,\"price\":3}"}"#,
+            "\n",
+            r#"{"value":"{oops","offset":7}"#,
+            "\n",
+            r#"{"value":{"base64":"e30="}}"#,
+            "\n"
+        ),
+    );
+    let (ok, stdout, stderr) = run(&[
+        guest("order_validator").as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--config".as_ref(),
+        "max-quantity=5".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[0]["verdict"], "accept");
+    assert_eq!(lines[1]["verdict"], "reject");
+    assert_eq!(lines[1]["offset"], 7);
+    assert!(
+        lines[1]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("not JSON")),
+        "{stdout}"
+    );
+    assert_eq!(lines[2]["reason"], "`id` missing or not a string");
+    let summary = &lines[3]["summary"];
+    assert_eq!(summary["records"], 3);
+    assert_eq!(summary["verdicts"]["accept"], 1);
+    assert_eq!(summary["verdicts"]["reject"], 2);
+    assert!(summary["us_per_batch"].is_number());
+}
+
+#[test]
+fn faulted_batches_get_the_release_policy_and_are_counted() {
+    let file = input("panic", "{\"value\":\"bad\"}\n{\"value\":\"ok\"}\n");
+    let (ok, stdout, stderr) = run(&[
+        guest("fixture_panic").as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--batch-size".as_ref(),
+        "1".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines[0]["verdict"], "release");
+    assert_eq!(lines[0]["fault"], "panic");
+    assert_eq!(lines[1]["verdict"], "accept");
+    assert_eq!(lines[2]["summary"]["faults"]["panic"], 1);
+}
+
+#[test]
+fn bad_input_is_one_clear_error_naming_the_line_or_item() {
+    let good = input("good", "{\"value\":\"x\"}\n");
+    let bad = input("bad", "{\"value\":\"x\"}\n{\"value\":1}\n");
+    let accept = guest("accept_all");
+    let broken = guest("fixture_missing_handle");
+    let cases: Vec<(Vec<&std::ffi::OsStr>, &str)> = vec![
+        (
+            vec![accept.as_os_str(), "--input".as_ref(), bad.as_os_str()],
+            "line 2: value: expected a string",
+        ),
+        (
+            vec![
+                accept.as_os_str(),
+                "--input".as_ref(),
+                "/nonexistent/records.jsonl".as_ref(),
+            ],
+            "input /nonexistent/records.jsonl",
+        ),
+        (
+            vec![broken.as_os_str(), "--input".as_ref(), good.as_os_str()],
+            "missing export `handle`",
+        ),
+        (
+            vec![
+                accept.as_os_str(),
+                "--input".as_ref(),
+                good.as_os_str(),
+                "--config".as_ref(),
+                "novalue".as_ref(),
+            ],
+            "--config `novalue`: expected KEY=VALUE",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (ok, _, stderr) = run(&args);
+        assert!(!ok, "should fail: {args:?}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(errors[0].contains(expected), "{stderr}");
+    }
+}
