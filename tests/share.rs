@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
+use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use sharehost::share::ledger::AckKind;
 use sharehost_tests::{client, init_logging, repo_root, unique};
 
@@ -46,18 +46,49 @@ async fn topic_with_records(
 /// A group that starts from the earliest offset and heartbeats every second (the harness lowers
 /// the broker minimum so tests do not wait 5 s for an assignment).
 async fn fast_group(client: &KafkaClient) -> String {
+    group_with_lock(client, None).await
+}
+
+/// Like [`fast_group`], with the record lock duration set (the harness allows 1 s and up).
+async fn group_with_lock(client: &KafkaClient, lock_ms: Option<u32>) -> String {
     let group = unique("group");
+    let lock = lock_ms.map(|l| l.to_string());
+    let mut configs = vec![
+        ("share.auto.offset.reset", "earliest"),
+        ("share.heartbeat.interval.ms", "1000"),
+    ];
+    if let Some(l) = &lock {
+        configs.push(("share.record.lock.duration.ms", l.as_str()));
+    }
     client
-        .alter_group_configs(
-            &group,
-            &[
-                ("share.auto.offset.reset", "earliest"),
-                ("share.heartbeat.interval.ms", "1000"),
-            ],
-        )
+        .alter_group_configs(&group, &configs)
         .await
         .expect("group config");
     group
+}
+
+fn value(r: &ShareRecord) -> String {
+    String::from_utf8_lossy(r.record.value.as_deref().unwrap_or_default()).into_owned()
+}
+
+/// The next delivery with at least one record, failing the test after 60 s without one.
+async fn next_records(consumer: &ShareConsumer) -> Vec<ShareRecord> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no records arrived within 60 s"
+        );
+        if let Some(d) = consumer.poll(Duration::from_secs(1)).await.expect("poll")
+            && !d.records.is_empty()
+        {
+            return d.records;
+        }
+    }
+}
+
+fn start_config(group: &str, topics: &[&str]) -> ShareConsumerConfig {
+    ShareConsumerConfig::new(group, topics)
 }
 
 /// Polls and accepts until `want` distinct records arrived; returns what each poll gave.
@@ -176,4 +207,358 @@ async fn two_members_in_one_group_accept_each_record_once_and_miss_none() {
     let set: HashSet<String> = all.iter().cloned().collect();
     assert_eq!(all.len(), set.len(), "no record accepted twice");
     assert_eq!(set, ids, "none missing");
+}
+
+#[tokio::test]
+async fn release_redelivers_with_a_higher_delivery_count_and_reject_archives() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_records(&client, 1, 2).await;
+    let group = fast_group(&client).await;
+    let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("start");
+    let mut seen: Vec<(String, i16)> = Vec::new();
+    // Release record 0-0 once, reject 0-1 at once, accept 0-0 on its second delivery.
+    while !seen.iter().any(|(v, n)| v == "0-0" && *n == 2) {
+        for r in next_records(&c).await {
+            seen.push((value(&r), r.delivery_count));
+            let kind = match (value(&r).as_str(), r.delivery_count) {
+                ("0-0", 1) => AckKind::Release,
+                ("0-0", _) => AckKind::Accept,
+                _ => AckKind::Reject,
+            };
+            assert!(c.acknowledge(&r, kind).expect("ack"));
+        }
+    }
+    assert!(c.flush(Duration::from_secs(30)).await, "verdicts answered");
+    let failures: Vec<_> = c
+        .take_outcomes()
+        .into_iter()
+        .filter(|o| o.error.is_some())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "the broker took every verdict: {failures:?}"
+    );
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(
+        seen.iter().filter(|(v, _)| v == "0-1").count(),
+        1,
+        "a rejected record is never redelivered: {seen:?}"
+    );
+    assert!(
+        seen.contains(&("0-0".into(), 1)) && seen.contains(&("0-0".into(), 2)),
+        "{seen:?}"
+    );
+    assert_eq!(
+        group_lag(&group),
+        vec![0],
+        "both records are done (accepted / archived)"
+    );
+}
+
+#[tokio::test]
+async fn a_record_without_a_verdict_comes_back_after_its_lock_expires() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_records(&client, 1, 1).await;
+    let group = group_with_lock(&client, Some(1500)).await;
+    let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("start");
+    let first = next_records(&c).await;
+    assert_eq!(first[0].delivery_count, 1);
+    // No verdict: the broker's lock expires and the record is delivered again.
+    let again = next_records(&c).await;
+    assert_eq!(value(&again[0]), value(&first[0]));
+    assert_eq!(again[0].delivery_count, 2, "redelivery counts up");
+    assert!(c.acknowledge(&again[0], AckKind::Accept).expect("ack"));
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(group_lag(&group), vec![0]);
+}
+
+/// Holds a record for three lock durations, renewing it by `renew`, while a second member of the
+/// group polls; the second member must never get it, and the final Accept must succeed.
+async fn hold_past_the_lock(auto: bool) {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_records(&client, 1, 1).await;
+    let lock_ms = 1500;
+    let group = group_with_lock(&client, Some(lock_ms)).await;
+    let mut config = start_config(&group, &[&topic]);
+    if auto {
+        config.auto_renew_after = Some(0.4);
+    }
+    let holder = ShareConsumer::start(client.clone(), config)
+        .await
+        .expect("start");
+    let record = next_records(&holder).await.remove(0);
+    let other = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("second");
+    let hold_until = tokio::time::Instant::now() + Duration::from_millis(3 * lock_ms as u64);
+    while tokio::time::Instant::now() < hold_until {
+        if !auto {
+            assert!(holder.acknowledge(&record, AckKind::Renew).expect("renew"));
+        }
+        // Polling the other member doubles as the pause between renewals.
+        if let Some(d) = other
+            .poll(Duration::from_millis(lock_ms as u64 / 3))
+            .await
+            .expect("poll")
+        {
+            assert!(
+                d.records.is_empty(),
+                "the renewed record went to another member: {:?}",
+                d.records
+            );
+        }
+        // Keep the holder's own delivery queue drained (it must stay empty too).
+        if let Some(d) = holder.poll(Duration::from_millis(1)).await.expect("poll") {
+            assert!(d.records.is_empty(), "the renewed record was redelivered");
+        }
+    }
+    assert!(
+        holder
+            .acknowledge(&record, AckKind::Accept)
+            .expect("accept")
+    );
+    assert!(holder.flush(Duration::from_secs(30)).await);
+    let outcomes = holder.take_outcomes();
+    assert!(
+        outcomes.iter().all(|o| o.error.is_none()),
+        "renewals and the accept succeeded: {outcomes:?}"
+    );
+    assert!(
+        holder
+            .stats()
+            .renewed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2,
+        "renewed more than once"
+    );
+    holder.close(Duration::from_secs(30)).await;
+    other.close(Duration::from_secs(30)).await;
+    assert_eq!(group_lag(&group), vec![0]);
+}
+
+#[tokio::test]
+async fn renew_keeps_a_record_acquired_past_the_lock_duration() {
+    hold_past_the_lock(false).await;
+}
+
+#[tokio::test]
+async fn auto_renew_keeps_a_slow_record_acquired() {
+    hold_past_the_lock(true).await;
+}
+
+#[tokio::test]
+async fn the_delivery_cap_rejects_a_poison_record_before_the_handler_sees_it() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_records(&client, 1, 1).await;
+    let group = fast_group(&client).await;
+    let mut config = start_config(&group, &[&topic]);
+    config.delivery_count_limit = Some(3);
+    let c = ShareConsumer::start(client.clone(), config)
+        .await
+        .expect("start");
+    let mut handled = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let poison = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cap never triggered; handled {handled:?}"
+        );
+        let Some(d) = c.poll(Duration::from_secs(1)).await.expect("poll") else {
+            continue;
+        };
+        for r in &d.records {
+            handled.push(r.delivery_count);
+            assert!(c.acknowledge(r, AckKind::Release).expect("release"));
+        }
+        if let Some(p) = d.poison.into_iter().next() {
+            break p;
+        }
+    };
+    assert_eq!(
+        handled,
+        vec![1, 2],
+        "the handler saw the first two deliveries only"
+    );
+    assert_eq!(poison.delivery_count, 3);
+    assert!(c.flush(Duration::from_secs(30)).await);
+    let outcomes = c.take_outcomes();
+    assert!(outcomes.iter().all(|o| o.error.is_none()), "{outcomes:?}");
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(
+        group_lag(&group),
+        vec![0],
+        "the poison record was really rejected (archived)"
+    );
+}
+
+#[tokio::test]
+async fn graceful_close_releases_unjudged_records_at_once() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, ids) = topic_with_records(&client, 1, 20).await;
+    // A one-minute lock: only the close can hand the records over within the test's deadline.
+    let group = group_with_lock(&client, Some(60_000)).await;
+    let a = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("a");
+    let held = next_records(&a).await;
+    assert!(!held.is_empty());
+    a.close(Duration::from_secs(30)).await;
+    let b = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("b");
+    let mut got = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < ids.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "records still locked by the closed member: {}",
+            got.len()
+        );
+        let Some(d) = b.poll(Duration::from_secs(1)).await.expect("poll") else {
+            continue;
+        };
+        for r in &d.records {
+            if held.iter().any(|h| h.record.offset == r.record.offset) {
+                assert_eq!(r.delivery_count, 2, "released by the close, not expired");
+            }
+            got.insert(value(r));
+            b.acknowledge(r, AckKind::Accept).expect("ack");
+        }
+    }
+    b.close(Duration::from_secs(30)).await;
+    assert_eq!(got, ids);
+}
+
+#[tokio::test]
+async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, ids) = topic_with_records(&client, 2, 50).await;
+    let group = fast_group(&client).await;
+    let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("start");
+    let first = next_records(&c).await;
+    // Judge half of the first delivery, then lose the connection before those verdicts go out.
+    for r in first.iter().take(first.len() / 2) {
+        c.acknowledge(r, AckKind::Accept).expect("ack");
+    }
+    c.disconnect_for_testing();
+    let mut accepted = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while accepted.len() < ids.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {} after the cut",
+            accepted.len(),
+            ids.len()
+        );
+        let Some(d) = c.poll(Duration::from_secs(1)).await.expect("poll") else {
+            continue;
+        };
+        for r in &d.records {
+            if c.acknowledge(r, AckKind::Accept).expect("ack") {
+                accepted.insert(value(r));
+            }
+        }
+    }
+    assert!(c.flush(Duration::from_secs(30)).await);
+    let stats = c.stats();
+    assert!(
+        stats
+            .session_resets
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the session was re-opened"
+    );
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(group_lag(&group), vec![0, 0], "nothing lost, nothing left");
+}
+
+#[tokio::test]
+async fn a_member_that_leaves_and_a_new_one_that_joins_share_the_work() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, ids) = topic_with_records(&client, 2, 60).await;
+    let group = fast_group(&client).await;
+    let mut accepted = Vec::new();
+    let first = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("first");
+    accept_all(&first, 30, &mut accepted).await;
+    assert!(first.flush(Duration::from_secs(30)).await);
+    first.close(Duration::from_secs(30)).await;
+    let second = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("second");
+    accept_all(&second, ids.len(), &mut accepted).await;
+    second.close(Duration::from_secs(30)).await;
+    let set: HashSet<String> = accepted.iter().cloned().collect();
+    assert_eq!(
+        set, ids,
+        "every record accepted once the second member took over"
+    );
+    assert_eq!(set.len(), accepted.len(), "none twice");
+}
+
+#[tokio::test]
+async fn one_consumer_subscribes_to_several_topics() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (t1, ids1) = topic_with_records(&client, 2, 25).await;
+    let (t2, ids2) = topic_with_records(&client, 1, 25).await;
+    let group = fast_group(&client).await;
+    let c = ShareConsumer::start(client.clone(), start_config(&group, &[&t1, &t2]))
+        .await
+        .expect("start");
+    let mut by_topic: std::collections::HashMap<String, HashSet<String>> = Default::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while by_topic.values().map(HashSet::len).sum::<usize>() < ids1.len() + ids2.len() {
+        assert!(tokio::time::Instant::now() < deadline, "{by_topic:?}");
+        let Some(d) = c.poll(Duration::from_secs(1)).await.expect("poll") else {
+            continue;
+        };
+        for r in &d.records {
+            by_topic
+                .entry(r.topic.to_string())
+                .or_default()
+                .insert(value(r));
+            c.acknowledge(r, AckKind::Accept).expect("ack");
+        }
+    }
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(by_topic.get(&t1), Some(&ids1));
+    assert_eq!(by_topic.get(&t2), Some(&ids2));
+}
+
+#[tokio::test]
+async fn the_engine_works_over_tls_with_scram() {
+    init_logging();
+    let s = sharehost_tests::SaslSsl::from_harness();
+    let client = Arc::new(
+        KafkaClient::connect(
+            &s.bootstrap,
+            s.config(sharehost::kafka::Mechanism::ScramSha512, &s.password),
+        )
+        .await
+        .expect("SASL_SSL client"),
+    );
+    let (topic, ids) = topic_with_records(&client, 2, 30).await;
+    let group = fast_group(&client).await;
+    let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("start");
+    let mut accepted = Vec::new();
+    accept_all(&c, ids.len(), &mut accepted).await;
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(accepted.into_iter().collect::<HashSet<_>>(), ids);
 }

@@ -1,45 +1,51 @@
-//! The share consumer: the thin I/O loops around the pure state machines. One task heartbeats
+//! The share consumer: thin I/O loops around the pure state machines. One task heartbeats
 //! (membership), one task per partition leader owns a dedicated connection and its share session
-//! (ShareFetch with piggybacked acknowledgements), and the caller polls deliveries and records
-//! verdicts.
+//! (ShareFetch with piggybacked acknowledgements, renew requests, the closing request), and the
+//! caller polls deliveries and records verdicts from any task.
 //!
 //! Delivery is at-least-once. Every acquired offset ends in exactly one of: handed to the caller
-//! (who acknowledges it), acknowledged as Gap (no record), rejected by the delivery cap (reported
-//! as poison), or released by the broker when its session or lock ends.
+//! (who gives it a verdict), acknowledged as Gap (no record at that offset), rejected by the
+//! delivery cap (and reported as poison), or released by the broker when its session or lock
+//! ends (counted in [`ConsumerStats::released_by_broker`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::ApiKey;
-use kafka_protocol::protocol::VersionRange;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use crate::kafka::backoff::{Backoff, BackoffConfig};
+use crate::kafka::error::CodeDisplay;
 use crate::kafka::records::decode_batches;
-use crate::kafka::{BrokerConnection, ConsumedRecord, KafkaClient, KafkaError};
+use crate::kafka::{
+    BrokerConnection, ConsumedRecord, ErrorClass, KafkaClient, KafkaError, classify,
+};
 
 use super::ledger::{AckKind, AckLedger, TopicIdPartition};
 use super::membership::{HeartbeatAction, MemberState, Membership};
 use super::session::{FINAL_EPOCH, SessionOutcome, ShareSession};
-use super::wire::{SHARE_VERSIONS, ShareAcknowledgeRequest, ShareFetchRequest, ShareFetchResponse};
+use super::wire::{
+    AckBatch, PartitionAcks, SHARE_VERSIONS, ShareAcknowledgeRequest, ShareFetchRequest,
+    ShareFetchResponse, TopicAcks,
+};
 
-/// How the broker should count records against MaxRecords (ShareFetch v2, KIP-1206).
+/// How the broker counts records against MaxRecords (ShareFetch v2, KIP-1206).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AcquireMode {
     /// Whole batches; MaxRecords is a soft limit (the only mode of v1 brokers).
     #[default]
     BatchOptimized,
-    /// At most MaxRecords per request.
+    /// At most MaxRecords per request, so `max_in_flight` is a hard bound.
     RecordLimit,
 }
 
-/// Settings of a share consumer; the defaults mirror the Java client's.
+/// Settings of a share consumer; the fetch defaults mirror the Java client's.
 #[derive(Debug, Clone)]
 pub struct ShareConsumerConfig {
     /// The share group.
@@ -58,12 +64,18 @@ pub struct ShareConsumerConfig {
     pub batch_size: i32,
     /// Acquisition mode.
     pub acquire_mode: AcquireMode,
-    /// Most records acquired and not yet acknowledged; fetching pauses at the bound.
+    /// Most records acquired and not yet judged; fetching pauses at the bound and resumes as
+    /// verdicts arrive. Batch-optimized acquisition may overshoot by part of one batch.
     pub max_in_flight: usize,
     /// Records delivered this many times or more are rejected by the engine and reported as
-    /// poison instead of being handed out. `None` leaves it to the broker's
-    /// `group.share.delivery.count.limit` (which archives silently).
+    /// poison instead of being handed out. Keep it below the broker's
+    /// `group.share.delivery.count.limit` (default 5): at the broker's limit a released record
+    /// is archived silently, so a cap at or above it would never see the record.
+    /// `None` leaves poison handling to the broker alone.
     pub delivery_count_limit: Option<i16>,
+    /// Renew records held longer than this fraction of the lock duration automatically (KIP-1222;
+    /// needs ShareFetch v2). `None` renews only when the caller asks.
+    pub auto_renew_after: Option<f64>,
 }
 
 impl ShareConsumerConfig {
@@ -80,11 +92,12 @@ impl ShareConsumerConfig {
             acquire_mode: AcquireMode::BatchOptimized,
             max_in_flight: 1000,
             delivery_count_limit: None,
+            auto_renew_after: None,
         }
     }
 }
 
-/// A record this member acquired, with what is needed to acknowledge it.
+/// A record this member acquired, with what is needed to judge it.
 #[derive(Debug, Clone)]
 pub struct ShareRecord {
     /// Topic name.
@@ -95,9 +108,14 @@ pub struct ShareRecord {
     pub delivery_count: i16,
     /// The record.
     pub record: ConsumedRecord,
-    /// Which session of its leader acquired it; a verdict for an older session is moot.
+    /// Which session acquired it: a verdict for an ended session is moot.
     session: u64,
-    leader: i32,
+}
+
+impl ShareRecord {
+    fn key(&self) -> (TopicIdPartition, i64) {
+        (self.partition, self.record.offset)
+    }
 }
 
 /// What one poll returns.
@@ -105,8 +123,32 @@ pub struct ShareRecord {
 pub struct Delivery {
     /// Records to judge.
     pub records: Vec<ShareRecord>,
-    /// Records the delivery cap rejected (already acknowledged as Reject), for dead-lettering.
+    /// Records the delivery cap rejected (their Reject is already queued), for dead-lettering.
     pub poison: Vec<ShareRecord>,
+}
+
+/// The broker's answer to the acknowledgements of one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOutcome {
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Partition index.
+    pub partition: i32,
+    /// What was sent.
+    pub batches: Vec<AckBatch>,
+    /// `None` when the broker applied them; otherwise its error code and message. Acks are
+    /// atomic per partition: an error means none of these batches took effect.
+    pub error: Option<(ResponseError, String)>,
+}
+
+impl AckOutcome {
+    /// Number of offsets covered.
+    pub fn offsets(&self) -> u64 {
+        self.batches
+            .iter()
+            .map(|b| (b.last_offset - b.first_offset + 1) as u64)
+            .sum()
+    }
 }
 
 /// Counters the host exports.
@@ -118,15 +160,19 @@ pub struct ConsumerStats {
     pub gaps: AtomicU64,
     /// Records rejected by the delivery cap.
     pub poison: AtomicU64,
-    /// Verdicts dropped because their session ended (the broker released those records).
+    /// Records the broker released because their session ended before a verdict went out.
     pub released_by_broker: AtomicU64,
     /// Share sessions re-opened after errors or lost connections.
     pub session_resets: AtomicU64,
-    /// Partitions whose acknowledgements the broker refused.
-    pub ack_errors: AtomicU64,
+    /// Offsets whose acknowledgement the broker confirmed.
+    pub acks_ok: AtomicU64,
+    /// Offsets whose acknowledgement the broker refused.
+    pub acks_failed: AtomicU64,
+    /// Records renewed (lock extended).
+    pub renewed: AtomicU64,
 }
 
-/// Why the consumer stopped or refused.
+/// Why the consumer stopped or refused a call.
 #[derive(Debug, thiserror::Error)]
 pub enum ShareError {
     /// The wire layer failed in a way retries cannot fix.
@@ -135,9 +181,30 @@ pub enum ShareError {
     /// The group or the broker refused us for good.
     #[error("share consumer stopped: {0}")]
     Fatal(String),
+    /// The caller asked for something this consumer cannot do.
+    #[error("{0}")]
+    Invalid(String),
     /// The consumer was closed.
     #[error("the share consumer is closed")]
     Closed,
+}
+
+/// Most outcomes kept for the caller; older ones are dropped (and counted) if nobody reads them.
+const MAX_OUTCOMES: usize = 100_000;
+
+/// Per-leader bookkeeping shared between the caller and the leader's task.
+#[derive(Default)]
+struct LeaderState {
+    /// Current session id; verdicts for records of other sessions are moot.
+    session: u64,
+    /// Delivered records without a final verdict, with the time their lock (re)started.
+    outstanding: HashMap<(TopicIdPartition, i64), Instant>,
+    /// Lock duration the broker reported.
+    lock_timeout: Option<Duration>,
+    /// The task's connection, so a test can cut it.
+    conn: Option<Arc<BrokerConnection>>,
+    /// Whether the broker speaks ShareFetch v2.
+    renew_supported: bool,
 }
 
 struct Shared {
@@ -145,40 +212,104 @@ struct Shared {
     config: ShareConsumerConfig,
     member_id: String,
     ledger: Mutex<AckLedger>,
+    leaders: Mutex<HashMap<i32, LeaderState>>,
+    /// Which leader serves a partition (for routing verdicts to sessions).
+    route: Mutex<HashMap<TopicIdPartition, i32>>,
     in_flight: AtomicUsize,
+    /// Requests carrying acknowledgements that have not been answered yet.
+    acks_in_flight: AtomicUsize,
+    /// Verdicts arrived or the in-flight count dropped: leader tasks may have work.
     wake: Notify,
-    sessions: Mutex<HashMap<i32, u64>>,
+    /// Acknowledgements answered: flush may be done.
+    acked: Notify,
+    /// Leadership may have moved: remap partitions to leaders.
+    remap: Notify,
     next_session: AtomicU64,
+    outcomes: Mutex<VecDeque<AckOutcome>>,
     fatal: Mutex<Option<String>>,
     stats: ConsumerStats,
-    renew_warned: std::sync::Once,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a task panicked mid-update of plain bookkeeping; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
-    fn ledger(&self) -> std::sync::MutexGuard<'_, AckLedger> {
-        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn set_fatal(&self, why: String) {
         tracing::error!(group = %self.config.group, "{why}");
-        let mut f = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
-        f.get_or_insert(why);
+        lock(&self.fatal).get_or_insert(why);
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
     }
 
-    fn current_session(&self, leader: i32) -> Option<u64> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&leader)
-            .copied()
+    fn fatal(&self) -> Option<String> {
+        lock(&self.fatal).clone()
+    }
+
+    fn push_outcome(&self, o: AckOutcome) {
+        let n = o.offsets();
+        match &o.error {
+            None => self.stats.acks_ok.fetch_add(n, Ordering::Relaxed),
+            Some((e, msg)) => {
+                tracing::warn!(topic = %o.topic, partition = o.partition, offsets = n, "acknowledgement refused: {e:?} {msg}");
+                self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
+            }
+        };
+        let mut q = lock(&self.outcomes);
+        if q.len() >= MAX_OUTCOMES {
+            q.pop_front();
+        }
+        q.push_back(o);
+    }
+
+    fn topic_name(&self, tp: &TopicIdPartition) -> Arc<str> {
+        match self.client.topic_name(tp.topic_id) {
+            Some(n) => Arc::from(n.as_str()),
+            None => Arc::from(tp.topic_id.to_string().as_str()),
+        }
+    }
+
+    /// Ends a leader's session: pending verdicts and outstanding records of it are released by
+    /// the broker, so they are dropped here and counted.
+    fn session_lost(&self, leader: i32, why: &str) {
+        self.stats.session_resets.fetch_add(1, Ordering::Relaxed);
+        let partitions: BTreeSet<TopicIdPartition> = lock(&self.route)
+            .iter()
+            .filter(|(_, l)| **l == leader)
+            .map(|(tp, _)| *tp)
+            .collect();
+        let dropped_verdicts = lock(&self.ledger).drop_where(|tp| partitions.contains(tp));
+        let outstanding = {
+            let mut leaders = lock(&self.leaders);
+            let st = leaders.entry(leader).or_default();
+            st.session = self.next_session.fetch_add(1, Ordering::Relaxed);
+            std::mem::take(&mut st.outstanding).len()
+        };
+        // Outstanding records leave the in-flight count now; their verdicts will be refused.
+        self.in_flight.fetch_sub(
+            outstanding.min(self.in_flight.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        let released = (dropped_verdicts + outstanding) as u64;
+        self.stats
+            .released_by_broker
+            .fetch_add(released, Ordering::Relaxed);
+        tracing::warn!(
+            leader,
+            released,
+            "share session ended ({why}); the broker releases what it held"
+        );
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
     }
 }
 
-/// A running share consumer. Cheap to share: `poll` from one task, `acknowledge` from any.
+/// A running share consumer. `poll` from one task; `acknowledge` from any.
 pub struct ShareConsumer {
     shared: Arc<Shared>,
     deliveries: tokio::sync::Mutex<mpsc::Receiver<Delivery>>,
-    cancel: CancellationToken,
+    stop_fetching: CancellationToken,
     leave: CancellationToken,
     tasks: tokio::sync::Mutex<JoinSet<()>>,
 }
@@ -190,26 +321,49 @@ impl ShareConsumer {
         config: ShareConsumerConfig,
     ) -> Result<ShareConsumer, ShareError> {
         if config.topics.is_empty() {
-            return Err(ShareError::Fatal("subscribe to at least one topic".into()));
+            return Err(ShareError::Invalid(
+                "subscribe to at least one topic".into(),
+            ));
+        }
+        if config.max_in_flight == 0 {
+            return Err(ShareError::Invalid(
+                "max_in_flight must be at least 1".into(),
+            ));
+        }
+        if let Some(f) = config.auto_renew_after
+            && !(0.05..=0.95).contains(&f)
+        {
+            return Err(ShareError::Invalid(format!(
+                "auto_renew_after must be within 0.05..=0.95, got {f}"
+            )));
         }
         client.refresh_metadata(&config.topics).await?;
+        for t in &config.topics {
+            if client.topic(t).is_none() {
+                return Err(ShareError::Kafka(KafkaError::UnknownTopic(t.clone())));
+            }
+        }
         let membership = Membership::new(&config.group, &config.topics);
         let shared = Arc::new(Shared {
             client,
             member_id: membership.member_id().to_owned(),
             config,
             ledger: Mutex::new(AckLedger::new()),
+            leaders: Mutex::new(HashMap::new()),
+            route: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
+            acks_in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
-            sessions: Mutex::new(HashMap::new()),
+            acked: Notify::new(),
+            remap: Notify::new(),
             next_session: AtomicU64::new(1),
+            outcomes: Mutex::new(VecDeque::new()),
             fatal: Mutex::new(None),
             stats: ConsumerStats::default(),
-            renew_warned: std::sync::Once::new(),
         });
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(16);
         let (assign_tx, assign_rx) = watch::channel(BTreeSet::new());
-        let cancel = CancellationToken::new();
+        let stop_fetching = CancellationToken::new();
         let leave = CancellationToken::new();
         let mut tasks = JoinSet::new();
         tasks.spawn(heartbeat_loop(
@@ -222,12 +376,12 @@ impl ShareConsumer {
             shared.clone(),
             assign_rx,
             tx,
-            cancel.clone(),
+            stop_fetching.clone(),
         ));
         Ok(ShareConsumer {
             shared,
             deliveries: tokio::sync::Mutex::new(rx),
-            cancel,
+            stop_fetching,
             leave,
             tasks: tokio::sync::Mutex::new(tasks),
         })
@@ -243,82 +397,133 @@ impl ShareConsumer {
         &self.shared.stats
     }
 
-    /// Records acquired and not yet acknowledged.
+    /// Records acquired and not yet judged.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Waits for the next delivery, or `None` after `timeout` passes with nothing delivered.
+    /// The lock duration the broker reported (AcquisitionLockTimeoutMs), once known.
+    pub fn lock_timeout(&self) -> Option<Duration> {
+        lock(&self.shared.leaders)
+            .values()
+            .filter_map(|l| l.lock_timeout)
+            .min()
+    }
+
+    /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.
     ///
     /// # Cancel safety
     /// Cancel safe: a delivery is either returned or stays queued.
     pub async fn poll(&self, timeout: Duration) -> Result<Option<Delivery>, ShareError> {
-        if let Some(why) = self
-            .shared
-            .fatal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
+        if let Some(why) = self.shared.fatal() {
             return Err(ShareError::Fatal(why));
         }
         let mut rx = self.deliveries.lock().await;
         match tokio::time::timeout(timeout, rx.recv()).await {
             Ok(Some(d)) => Ok(Some(d)),
-            Ok(None) => Err(ShareError::Closed),
+            Ok(None) => Err(self
+                .shared
+                .fatal()
+                .map(ShareError::Fatal)
+                .unwrap_or(ShareError::Closed)),
             Err(_) => Ok(None),
         }
     }
 
-    /// Records a verdict for a delivered record. It goes out with the next request to the
-    /// record's leader. A verdict for a record whose session ended is dropped (the broker has
-    /// already released it) and `false` is returned.
+    /// Records a verdict for a delivered record; it goes out with the next request to the
+    /// record's leader. Renew extends the lock and leaves the record with the caller, who must
+    /// still give it a final verdict. Returns `false` when the record's session has ended (the
+    /// broker released it already and will redeliver it), so the verdict is moot.
     pub fn acknowledge(&self, record: &ShareRecord, kind: AckKind) -> Result<bool, ShareError> {
-        if kind == AckKind::Renew {
-            return Err(ShareError::Fatal(
-                "renew is not implemented yet in this engine".into(),
+        if kind == AckKind::Gap {
+            return Err(ShareError::Invalid(
+                "Gap is for offsets without a record; the engine sends it itself".into(),
             ));
         }
-        let current = self.shared.current_session(record.leader);
-        let release = || {
-            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
-            self.shared.wake.notify_waiters();
-        };
-        if current != Some(record.session) {
-            self.shared
-                .stats
-                .released_by_broker
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                offset = record.record.offset,
-                "verdict for a record of an ended session dropped"
-            );
-            release();
-            return Ok(false);
+        let leader = lock(&self.shared.route).get(&record.partition).copied();
+        {
+            let mut leaders = lock(&self.shared.leaders);
+            let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                return Ok(false);
+            };
+            if st.session != record.session || !st.outstanding.contains_key(&record.key()) {
+                return Ok(false);
+            }
+            if kind == AckKind::Renew {
+                if !st.renew_supported {
+                    return Err(ShareError::Invalid(
+                        "the broker offers ShareFetch v1 only (Kafka < 4.2): renew is unavailable"
+                            .into(),
+                    ));
+                }
+            } else {
+                st.outstanding.remove(&record.key());
+            }
+            lock(&self.shared.ledger)
+                .record(record.partition, record.record.offset, kind)
+                .map_err(|e| ShareError::Invalid(e.to_string()))?;
         }
-        self.shared
-            .ledger()
-            .record(record.partition, record.record.offset, kind)
-            .map_err(|e| ShareError::Fatal(e.to_string()))?;
-        release();
+        if kind != AckKind::Renew {
+            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.shared.wake.notify_waiters();
         Ok(true)
     }
 
-    /// Stops fetching, sends pending verdicts, closes every share session (releasing what is
-    /// unjudged at once) and leaves the group, all within `timeout`.
+    /// Acknowledgement outcomes received since the last call (piggybacked, standalone and on
+    /// close). Nothing the broker says about acknowledgements is swallowed: every refusal shows
+    /// up here and in the stats.
+    pub fn take_outcomes(&self) -> Vec<AckOutcome> {
+        lock(&self.shared.outcomes).drain(..).collect()
+    }
+
+    /// Waits until every verdict recorded so far has been sent and answered, or `timeout`.
+    /// Returns whether it got there.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let acked = self.shared.acked.notified();
+            tokio::pin!(acked);
+            acked.as_mut().enable();
+            let done = lock(&self.shared.ledger).is_empty()
+                && self.shared.acks_in_flight.load(Ordering::Acquire) == 0;
+            if done {
+                return true;
+            }
+            if self.shared.fatal().is_some() {
+                return false;
+            }
+            self.shared.wake.notify_waiters();
+            if tokio::time::timeout_at(deadline, acked).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Cuts every share connection as a network failure would (fault-injection tests): the
+    /// broker drops the sessions and releases their records; the engine re-opens them.
+    pub fn disconnect_for_testing(&self) {
+        for st in lock(&self.shared.leaders).values() {
+            if let Some(c) = &st.conn {
+                c.close("disconnected for testing");
+            }
+        }
+    }
+
+    /// Stops fetching, sends pending verdicts, closes every share session (the broker releases
+    /// everything unjudged at once) and leaves the group, all within `timeout`.
     pub async fn close(&self, timeout: Duration) {
-        self.cancel.cancel();
+        self.stop_fetching.cancel();
         self.shared.wake.notify_waiters();
         let mut tasks = self.tasks.lock().await;
         let drain = async {
-            // Fetch tasks close their sessions first; the heartbeat task leaves after them.
+            // The supervisor returns after its leader tasks closed their sessions; only then
+            // does the member leave, so no records are handed out to a member that is leaving.
             while let Some(r) = tasks.join_next().await {
                 if let Err(e) = r {
                     tracing::warn!("consumer task ended abnormally: {e}");
                 }
-                if tasks.len() == 1 {
-                    self.leave.cancel();
-                }
+                self.leave.cancel();
             }
         };
         if tokio::time::timeout(timeout, drain).await.is_err() {
@@ -330,7 +535,7 @@ impl ShareConsumer {
 
 impl Drop for ShareConsumer {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.stop_fetching.cancel();
         self.leave.cancel();
     }
 }
@@ -364,19 +569,18 @@ async fn heartbeat_loop(
                     coordinator = Some(c.clone());
                     c
                 }
+                Err(e) if e.class() == ErrorClass::Fatal => {
+                    shared.set_fatal(format!(
+                        "group {}: cannot reach the coordinator: {e}",
+                        membership.group()
+                    ));
+                    break;
+                }
                 Err(e) => {
-                    if e.class() == crate::kafka::ErrorClass::Fatal {
-                        shared.set_fatal(format!(
-                            "group {}: cannot reach the coordinator: {e}",
-                            membership.group()
-                        ));
-                        break;
-                    }
                     tracing::warn!(group = membership.group(), "finding the coordinator: {e}");
-                    if leave.is_cancelled() {
+                    if leave.is_cancelled() || !backoff.wait().await {
                         break;
                     }
-                    backoff.wait().await;
                     continue;
                 }
             },
@@ -388,13 +592,16 @@ async fn heartbeat_loop(
                 membership.on_transport_error()
             }
         };
-        // Publish the assignment (ids to names and leaders happen on the fetch side).
         if *assign_tx.borrow() != *membership.assignment() {
+            tracing::info!(
+                group = membership.group(),
+                partitions = membership.assignment().len(),
+                "assignment changed"
+            );
             let _ = assign_tx.send(membership.assignment().clone());
         }
         if let MemberState::Fatal(why) = membership.state() {
             shared.set_fatal(why.clone());
-            shared.wake.notify_waiters();
             break;
         }
         match action {
@@ -419,40 +626,50 @@ async fn heartbeat_loop(
     let _ = assign_tx.send(BTreeSet::new());
 }
 
-/// Maps the assignment to leaders and keeps one fetch task per leader.
+/// Maps the assignment to partition leaders and keeps one task per leader.
 async fn fetch_supervisor(
     shared: Arc<Shared>,
     mut assign_rx: watch::Receiver<BTreeSet<TopicIdPartition>>,
     tx: mpsc::Sender<Delivery>,
-    cancel: CancellationToken,
+    stop: CancellationToken,
 ) {
     let mut leaders: HashMap<i32, watch::Sender<BTreeSet<TopicIdPartition>>> = HashMap::new();
     let mut tasks = JoinSet::new();
-    let mut refresh_every = tokio::time::interval(Duration::from_secs(30));
+    let mut periodic = tokio::time::interval(Duration::from_secs(30));
+    periodic.tick().await;
     loop {
         let assignment = assign_rx.borrow_and_update().clone();
         let mut by_leader: BTreeMap<i32, BTreeSet<TopicIdPartition>> = BTreeMap::new();
-        let mut unknown = false;
+        let mut unresolved = false;
         for tp in &assignment {
             let leader = shared
                 .client
                 .topic_name(tp.topic_id)
-                .and_then(|name| shared.client.leader(&name, tp.partition));
+                .and_then(|n| shared.client.leader(&n, tp.partition));
             match leader {
                 Some(l) => {
                     by_leader.entry(l).or_default().insert(*tp);
                 }
-                None => unknown = true,
+                None => unresolved = true,
             }
         }
-        if unknown {
-            // A topic id we cannot name or a partition without a leader: refresh metadata.
+        if unresolved {
+            // An id we cannot name (a topic created after our metadata) or a leaderless
+            // partition: refresh, and look again shortly.
             let _ = shared.client.refresh_metadata(&shared.config.topics).await;
+        }
+        {
+            let mut route = lock(&shared.route);
+            for (l, set) in &by_leader {
+                for tp in set {
+                    route.insert(*tp, *l);
+                }
+            }
         }
         for (leader, set) in &by_leader {
             match leaders.get(leader) {
                 Some(w) => {
-                    let _ = w.send(set.clone());
+                    w.send_replace(set.clone());
                 }
                 None => {
                     let (w, r) = watch::channel(set.clone());
@@ -462,373 +679,688 @@ async fn fetch_supervisor(
                         *leader,
                         r,
                         tx.clone(),
-                        cancel.clone(),
+                        stop.clone(),
                     ));
                 }
             }
         }
         for (leader, w) in &leaders {
             if !by_leader.contains_key(leader) {
-                let _ = w.send(BTreeSet::new());
+                w.send_replace(BTreeSet::new());
             }
         }
         tokio::select! {
-            _ = cancel.cancelled() => break,
+            _ = stop.cancelled() => break,
             r = assign_rx.changed() => if r.is_err() { break },
-            _ = refresh_every.tick() => {
+            _ = shared.remap.notified() => {
                 let _ = shared.client.refresh_metadata(&shared.config.topics).await;
             }
-            _ = tokio::time::sleep(Duration::from_millis(200)), if unknown => {}
+            _ = periodic.tick() => {
+                let _ = shared.client.refresh_metadata(&shared.config.topics).await;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(250)), if unresolved => {}
         }
     }
     while tasks.join_next().await.is_some() {}
 }
 
-fn fetch_version(conn: &BrokerConnection) -> Result<i16, KafkaError> {
-    conn.version_for(ApiKey::ShareFetch, SHARE_VERSIONS)
-}
-
-/// One leader: a dedicated connection, one share session, strictly one request at a time.
+/// One leader: a dedicated connection (share sessions live and die with it), one session, and
+/// strictly one request at a time.
 async fn leader_loop(
     shared: Arc<Shared>,
     leader: i32,
-    mut wanted_rx: watch::Receiver<BTreeSet<TopicIdPartition>>,
+    wanted_rx: watch::Receiver<BTreeSet<TopicIdPartition>>,
     tx: mpsc::Sender<Delivery>,
-    cancel: CancellationToken,
+    stop: CancellationToken,
 ) {
-    let cfg = &shared.config;
-    let mut backoff = Backoff::new(BackoffConfig::default());
-    'connect: loop {
-        if cancel.is_cancelled() {
-            return;
-        }
-        let conn = match shared.client.dedicated_connection(leader).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(leader, "share connection: {e}");
-                if !backoff.wait().await || cancel.is_cancelled() {
-                    return;
-                }
-                continue;
-            }
-        };
-        let version = match fetch_version(&conn) {
-            Ok(v) => v,
-            Err(e) => {
-                shared.set_fatal(e.to_string());
-                return;
-            }
-        };
-        if version < 2 {
-            shared.renew_warned.call_once(|| {
-                tracing::warn!(leader, "broker offers ShareFetch v1 only: renew and record-limit acquisition are unavailable");
-            });
-        }
-        let mut session = ShareSession::new();
-        let session_id = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        shared
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(leader, session_id);
-        loop {
-            let wanted = wanted_rx.borrow_and_update().clone();
-            let serves =
-                |tp: &TopicIdPartition| wanted.contains(tp) || session.partitions().contains(tp);
-            if cancel.is_cancelled() {
-                close_session(&shared, &conn, &mut session, version).await;
-                return;
-            }
-            let acks = if session.is_opening() {
-                Vec::new()
-            } else {
-                shared.ledger().take(serves, false)
-            };
-            if wanted.is_empty() && session.partitions().is_empty() && acks.is_empty() {
-                // Nothing to serve: wait for an assignment or the end.
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    r = wanted_rx.changed() => if r.is_err() { return },
-                }
-                continue;
-            }
-            let in_flight = shared.in_flight.load(Ordering::Relaxed);
-            let budget = cfg.max_in_flight.saturating_sub(in_flight);
-            let fetching = budget > 0 && !wanted.is_empty();
-            if !fetching && acks.is_empty() && !session.is_opening() {
-                // At the in-flight bound with nothing to send: wait for verdicts.
-                tokio::select! {
-                    _ = shared.wake.notified() => {}
-                    _ = cancel.cancelled() => {}
-                    _ = wanted_rx.changed() => {}
-                    _ = tokio::time::sleep(cfg.max_wait) => {}
-                }
-                continue;
-            }
-            let part = match session.fetch_request(&wanted, acks) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::error!(leader, "share session bug: {e}");
-                    return;
-                }
-            };
-            let limit = |v: i32| if fetching { v } else { 0 };
-            let req = ShareFetchRequest {
-                group_id: cfg.group.clone(),
-                member_id: shared.member_id.clone(),
-                share_session_epoch: part.epoch,
-                max_wait_ms: limit(cfg.max_wait.as_millis() as i32),
-                min_bytes: limit(cfg.min_bytes),
-                max_bytes: limit(cfg.max_bytes),
-                max_records: limit(cfg.max_records.min(budget.min(i32::MAX as usize) as i32)),
-                batch_size: limit(cfg.batch_size),
-                share_acquire_mode: if version >= 2 && cfg.acquire_mode == AcquireMode::RecordLimit
-                {
-                    1
-                } else {
-                    0
-                },
-                is_renew_ack: false,
-                topics: part.topics,
-                forgotten_topics: part.forgotten,
-            };
-            let timeout = conn.request_timeout() + cfg.max_wait;
-            let resp = conn.send_version(&req, version, timeout).await;
-            match resp {
-                Err(e) => {
-                    // No response: the session is gone with the connection, and so are our locks.
-                    session.on_response(None, true, None);
-                    on_session_lost(&shared, leader, &format!("{e}"));
-                    conn.close("share session lost");
-                    if !backoff.wait().await {
-                        return;
-                    }
-                    continue 'connect;
-                }
-                Ok(resp) => {
-                    backoff.reset();
-                    let top = ResponseError::try_from_code(resp.error_code);
-                    if session.on_response(top, false, Some(&part.wanted)) == SessionOutcome::Reset
-                    {
-                        on_session_lost(&shared, leader, &format!("{top:?}"));
-                        let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
-                        shared
-                            .sessions
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(leader, id);
-                        continue 'connect;
-                    }
-                    if let Some(err) = top {
-                        let msg = resp.error_message.clone().unwrap_or_default();
-                        match crate::kafka::classify(err) {
-                            crate::kafka::ErrorClass::Fatal => {
-                                shared.set_fatal(format!(
-                                    "ShareFetch to broker {leader} failed with {err:?}: {msg}"
-                                ));
-                                return;
-                            }
-                            _ => {
-                                tracing::warn!(leader, "ShareFetch: {err:?} {msg}");
-                                let _ = shared.client.refresh_metadata(&cfg.topics).await;
-                                backoff.wait().await;
-                                continue;
-                            }
-                        }
-                    }
-                    let delivery = process_response(&shared, leader, session_id, &resp);
-                    if (!delivery.records.is_empty() || !delivery.poison.is_empty())
-                        && tx.send(delivery).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn on_session_lost(shared: &Shared, leader: i32, why: &str) {
-    shared.stats.session_resets.fetch_add(1, Ordering::Relaxed);
-    // Everything acquired through this session was released by the broker; pending verdicts
-    // for it can no longer be sent, and delivered-but-unjudged records are moot.
-    let dropped = {
-        let client = &shared.client;
-        shared.ledger().drop_where(|tp| {
-            client
-                .topic_name(tp.topic_id)
-                .and_then(|n| client.leader(&n, tp.partition))
-                .is_some_and(|l| l == leader)
-        })
-    };
-    shared
-        .stats
-        .released_by_broker
-        .fetch_add(dropped as u64, Ordering::Relaxed);
-    shared
-        .sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&leader);
-    tracing::warn!(
+    let mut worker = LeaderWorker {
+        shared,
         leader,
-        dropped,
-        "share session ended ({why}); the broker releases what it held"
-    );
+        wanted_rx,
+        tx,
+        stop,
+        backoff: Backoff::new(BackoffConfig::default()),
+    };
+    worker.run().await;
+    lock(&worker.shared.leaders).remove(&leader);
 }
 
-fn process_response(
-    shared: &Shared,
+struct LeaderWorker {
+    shared: Arc<Shared>,
     leader: i32,
-    session: u64,
-    resp: &ShareFetchResponse,
-) -> Delivery {
-    let mut delivery = Delivery::default();
-    let limit = shared.config.delivery_count_limit;
-    for t in &resp.responses {
-        let topic: Arc<str> = match shared.client.topic_name(t.topic_id) {
-            Some(n) => Arc::from(n.as_str()),
-            None => Arc::from(t.topic_id.to_string().as_str()),
-        };
-        for p in &t.partitions {
-            let tp = TopicIdPartition {
-                topic_id: t.topic_id,
-                partition: p.partition,
-            };
-            if p.acknowledge_error_code != 0 {
-                shared.stats.ack_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    topic = %topic, partition = p.partition,
-                    "acknowledgements refused: {} {}",
-                    crate::kafka::error::CodeDisplay(p.acknowledge_error_code),
-                    p.acknowledge_error_message.as_deref().unwrap_or("")
-                );
+    wanted_rx: watch::Receiver<BTreeSet<TopicIdPartition>>,
+    tx: mpsc::Sender<Delivery>,
+    stop: CancellationToken,
+    backoff: Backoff,
+}
+
+/// Where one request left the session.
+enum Step {
+    /// Carry on with the same session.
+    Continue,
+    /// The session (and connection) are gone; reconnect.
+    Reconnect,
+    /// Stop this leader's task.
+    Exit,
+}
+
+impl LeaderWorker {
+    async fn run(&mut self) {
+        loop {
+            if self.stop.is_cancelled() {
+                return;
             }
-            if p.error_code != 0 {
-                tracing::warn!(topic = %topic, partition = p.partition, "fetch error {}", crate::kafka::error::CodeDisplay(p.error_code));
-                continue;
-            }
-            if p.acquired.is_empty() {
-                continue;
-            }
-            let records = match decode_batches(p.records.clone()) {
-                Ok(r) => r,
+            let conn = match self.shared.client.dedicated_connection(self.leader).await {
+                Ok(c) => c,
                 Err(e) => {
-                    // Undecodable data: release what we acquired so it is not stuck until the
-                    // lock expires (the Java client rejects on CRC errors; we prefer a retry).
-                    tracing::error!(topic = %topic, partition = p.partition, "cannot decode records: {e}");
-                    let mut ledger = shared.ledger();
-                    for a in &p.acquired {
-                        for o in a.first_offset..=a.last_offset {
-                            let _ = ledger.record(tp, o, AckKind::Release);
-                        }
+                    tracing::warn!(leader = self.leader, "share connection: {e}");
+                    self.shared.remap.notify_one();
+                    if !self.backoff.wait().await {
+                        return;
                     }
                     continue;
                 }
             };
-            let by_offset: HashMap<i64, &ConsumedRecord> =
-                records.iter().map(|r| (r.offset, r)).collect();
-            for a in &p.acquired {
-                for o in a.first_offset..=a.last_offset {
-                    let Some(rec) = by_offset.get(&o) else {
-                        let _ = shared.ledger().record(tp, o, AckKind::Gap);
-                        shared.stats.gaps.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    };
-                    let sr = ShareRecord {
-                        topic: topic.clone(),
-                        partition: tp,
-                        delivery_count: a.delivery_count,
-                        record: (*rec).clone(),
-                        session,
-                        leader,
-                    };
-                    if limit.is_some_and(|l| a.delivery_count >= l) {
-                        let _ = shared.ledger().record(tp, o, AckKind::Reject);
-                        shared.stats.poison.fetch_add(1, Ordering::Relaxed);
-                        delivery.poison.push(sr);
-                    } else {
-                        shared.in_flight.fetch_add(1, Ordering::Relaxed);
-                        shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                        delivery.records.push(sr);
+            let version = match conn.version_for(ApiKey::ShareFetch, SHARE_VERSIONS) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.shared.set_fatal(e.to_string());
+                    return;
+                }
+            };
+            if version < 2 && self.shared.config.auto_renew_after.is_some() {
+                tracing::warn!(
+                    leader = self.leader,
+                    "broker offers ShareFetch v1 only (Kafka < 4.2): renew and record-limit acquisition are unavailable"
+                );
+            }
+            {
+                let mut leaders = lock(&self.shared.leaders);
+                let st = leaders.entry(self.leader).or_default();
+                if st.session == 0 {
+                    st.session = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
+                }
+                st.conn = Some(conn.clone());
+                st.renew_supported = version >= 2;
+            }
+            let mut session = ShareSession::new();
+            loop {
+                let step = self.step(&conn, &mut session, version).await;
+                match step {
+                    Step::Continue => {}
+                    Step::Reconnect => {
+                        conn.close("share session ended");
+                        if !self.backoff.wait().await {
+                            return;
+                        }
+                        break;
                     }
+                    Step::Exit => return,
                 }
             }
         }
     }
-    delivery
-}
 
-/// Sends pending verdicts and closes the session (epoch -1), which releases everything this
-/// member still holds on that broker at once.
-async fn close_session(
-    shared: &Shared,
-    conn: &BrokerConnection,
-    session: &mut ShareSession,
-    version: i16,
-) {
-    if session.is_opening() {
-        return;
+    fn serves(&self, session: &ShareSession) -> BTreeSet<TopicIdPartition> {
+        let mut s = self.wanted_rx.borrow().clone();
+        s.extend(session.partitions().iter().copied());
+        s
     }
-    let acks = shared
-        .ledger()
-        .take(|tp| session.partitions().contains(tp), false);
-    let timeout = conn.request_timeout();
-    let result = if acks.is_empty() {
-        let req = ShareFetchRequest {
-            group_id: shared.config.group.clone(),
-            member_id: shared.member_id.clone(),
-            share_session_epoch: FINAL_EPOCH,
-            ..Default::default()
+
+    /// Queues Renew for records held past the auto-renew threshold.
+    fn schedule_auto_renew(&self) {
+        let Some(fraction) = self.shared.config.auto_renew_after else {
+            return;
         };
-        conn.send_version(&req, version, timeout)
-            .await
-            .map(|r| r.error_code)
-    } else {
-        let topics = acks
-            .into_iter()
-            .fold(BTreeMap::<Uuid, Vec<_>>::new(), |mut m, (tp, b)| {
-                m.entry(tp.topic_id)
-                    .or_default()
-                    .push(super::wire::PartitionAcks {
-                        partition: tp.partition,
-                        batches: b,
-                    });
-                m
-            })
-            .into_iter()
-            .map(|(topic_id, partitions)| super::wire::TopicAcks {
-                topic_id,
-                partitions,
+        let now = Instant::now();
+        let mut leaders = lock(&self.shared.leaders);
+        let Some(st) = leaders.get_mut(&self.leader) else {
+            return;
+        };
+        let (Some(lock_timeout), true) = (st.lock_timeout, st.renew_supported) else {
+            return;
+        };
+        let due = lock_timeout.mul_f64(fraction);
+        let mut ledger = lock(&self.shared.ledger);
+        for ((tp, offset), since) in st.outstanding.iter_mut() {
+            if now.duration_since(*since) >= due
+                && ledger.record(*tp, *offset, AckKind::Renew).is_ok()
+            {
+                *since = now;
+            }
+        }
+    }
+
+    async fn step(
+        &mut self,
+        conn: &Arc<BrokerConnection>,
+        session: &mut ShareSession,
+        version: i16,
+    ) -> Step {
+        let cfg = &self.shared.config;
+        if self.stop.is_cancelled() {
+            self.close_session(conn, session, version).await;
+            return Step::Exit;
+        }
+        self.schedule_auto_renew();
+        let wanted = self.wanted_rx.borrow_and_update().clone();
+        let serves = self.serves(session);
+        let (has_renew, has_acks) = {
+            let ledger = lock(&self.shared.ledger);
+            (
+                ledger.has_renew_where(|tp| serves.contains(tp)),
+                ledger.has_where(|tp| serves.contains(tp)),
+            )
+        };
+        if !session.is_opening() && has_renew {
+            return self.send_acks(conn, session, version, true).await;
+        }
+        let budget = cfg
+            .max_in_flight
+            .saturating_sub(self.shared.in_flight.load(Ordering::Relaxed));
+        if budget > 0 && !wanted.is_empty() {
+            return self.fetch(conn, session, version, &wanted, budget).await;
+        }
+        if has_acks && !session.is_opening() {
+            return self.send_acks(conn, session, version, false).await;
+        }
+        if wanted.is_empty() {
+            let holding = lock(&self.shared.leaders)
+                .get(&self.leader)
+                .is_some_and(|st| !st.outstanding.is_empty());
+            if !session.is_opening() && !holding {
+                // Nothing assigned here any more and nothing held: close the session politely.
+                self.close_session(conn, session, version).await;
+            }
+            let mut rx = self.wanted_rx.clone();
+            tokio::select! {
+                _ = self.stop.cancelled() => {}
+                _ = rx.changed() => {}
+                _ = self.shared.wake.notified() => {}
+            }
+            return Step::Continue;
+        }
+        // At the in-flight bound with nothing to send: wait for a verdict, waking in time for
+        // auto-renew.
+        tokio::select! {
+            _ = self.shared.wake.notified() => {}
+            _ = self.stop.cancelled() => {}
+            _ = tokio::time::sleep(cfg.max_wait) => {}
+        }
+        Step::Continue
+    }
+
+    async fn fetch(
+        &mut self,
+        conn: &Arc<BrokerConnection>,
+        session: &mut ShareSession,
+        version: i16,
+        wanted: &BTreeSet<TopicIdPartition>,
+        budget: usize,
+    ) -> Step {
+        let cfg = &self.shared.config;
+        let acks = if session.is_opening() {
+            Vec::new()
+        } else {
+            let serves = self.serves(session);
+            lock(&self.shared.ledger).take(|tp| serves.contains(tp), false)
+        };
+        let part = match session.fetch_request(wanted, acks.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared.set_fatal(format!("share session state: {e}"));
+                return Step::Exit;
+            }
+        };
+        let max_records = cfg
+            .max_records
+            .min(i32::try_from(budget).unwrap_or(i32::MAX));
+        let req = ShareFetchRequest {
+            group_id: cfg.group.clone(),
+            member_id: self.shared.member_id.clone(),
+            share_session_epoch: part.epoch,
+            max_wait_ms: i32::try_from(cfg.max_wait.as_millis()).unwrap_or(i32::MAX),
+            min_bytes: cfg.min_bytes,
+            max_bytes: cfg.max_bytes,
+            max_records,
+            batch_size: cfg.batch_size.min(max_records),
+            share_acquire_mode: if version >= 2 && cfg.acquire_mode == AcquireMode::RecordLimit {
+                1
+            } else {
+                0
+            },
+            is_renew_ack: false,
+            topics: part.topics,
+            forgotten_topics: part.forgotten,
+        };
+        let carried_acks = !acks.is_empty();
+        if carried_acks {
+            self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
+        }
+        let resp = conn
+            .send_version(&req, version, conn.request_timeout() + cfg.max_wait)
+            .await;
+        let step = match resp {
+            Err(e) => {
+                session.on_response(None, true, None);
+                self.shared.session_lost(self.leader, &e.to_string());
+                Step::Reconnect
+            }
+            Ok(resp) => {
+                self.on_fetch_response(session, &part.wanted, &acks, resp)
+                    .await
+            }
+        };
+        if carried_acks {
+            self.shared.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.shared.acked.notify_waiters();
+        }
+        step
+    }
+
+    async fn on_fetch_response(
+        &mut self,
+        session: &mut ShareSession,
+        wanted: &BTreeSet<TopicIdPartition>,
+        acks: &[(TopicIdPartition, Vec<AckBatch>)],
+        resp: ShareFetchResponse,
+    ) -> Step {
+        let top = ResponseError::try_from_code(resp.error_code);
+        if session.on_response(top, false, Some(wanted)) == SessionOutcome::Reset {
+            self.report_acks(acks, top, resp.error_message.as_deref());
+            self.shared.session_lost(self.leader, &format!("{top:?}"));
+            return Step::Reconnect;
+        }
+        if let Some(err) = top {
+            let msg = resp.error_message.clone().unwrap_or_default();
+            self.report_acks(acks, top, Some(&msg));
+            return match classify(err) {
+                ErrorClass::Fatal => {
+                    self.shared.set_fatal(format!(
+                        "ShareFetch to broker {} failed with {err:?}: {msg}",
+                        self.leader
+                    ));
+                    Step::Exit
+                }
+                _ => {
+                    tracing::warn!(leader = self.leader, "ShareFetch: {err:?} {msg}");
+                    self.shared.remap.notify_one();
+                    self.backoff.wait().await;
+                    Step::Continue
+                }
+            };
+        }
+        self.backoff.reset();
+        if resp.acquisition_lock_timeout_ms > 0
+            && let Some(st) = lock(&self.shared.leaders).get_mut(&self.leader)
+        {
+            st.lock_timeout = Some(Duration::from_millis(
+                resp.acquisition_lock_timeout_ms as u64,
+            ));
+        }
+        // Per-partition acknowledgement results.
+        let ack_errors: HashMap<TopicIdPartition, (i16, Option<String>)> = resp
+            .responses
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(move |p| {
+                    (
+                        TopicIdPartition {
+                            topic_id: t.topic_id,
+                            partition: p.partition,
+                        },
+                        (
+                            p.acknowledge_error_code,
+                            p.acknowledge_error_message.clone(),
+                        ),
+                    )
+                })
             })
             .collect();
+        for (tp, batches) in acks {
+            let error = ack_errors.get(tp).and_then(|(code, msg)| {
+                ResponseError::try_from_code(*code).map(|e| (e, msg.clone().unwrap_or_default()))
+            });
+            self.shared.push_outcome(AckOutcome {
+                topic: self.shared.topic_name(tp),
+                partition: tp.partition,
+                batches: batches.clone(),
+                error,
+            });
+        }
+        let delivery = self.collect(&resp);
+        if (!delivery.records.is_empty() || !delivery.poison.is_empty())
+            && self.tx.send(delivery).await.is_err()
+        {
+            return Step::Exit;
+        }
+        Step::Continue
+    }
+
+    /// Reports acknowledgements that a whole request failed with.
+    fn report_acks(
+        &self,
+        acks: &[(TopicIdPartition, Vec<AckBatch>)],
+        err: Option<ResponseError>,
+        msg: Option<&str>,
+    ) {
+        let e = err.unwrap_or(ResponseError::NetworkException);
+        for (tp, batches) in acks {
+            self.shared.push_outcome(AckOutcome {
+                topic: self.shared.topic_name(tp),
+                partition: tp.partition,
+                batches: batches.clone(),
+                error: Some((e, msg.unwrap_or("").to_owned())),
+            });
+        }
+    }
+
+    /// Turns acquired ranges into deliveries, Gap acknowledgements and poison.
+    fn collect(&self, resp: &ShareFetchResponse) -> Delivery {
+        let mut delivery = Delivery::default();
+        let cap = self.shared.config.delivery_count_limit;
+        let now = Instant::now();
+        for t in &resp.responses {
+            for p in &t.partitions {
+                let tp = TopicIdPartition {
+                    topic_id: t.topic_id,
+                    partition: p.partition,
+                };
+                if p.error_code != 0 {
+                    tracing::warn!(partition = ?tp, "fetch error {}", CodeDisplay(p.error_code));
+                    if ResponseError::try_from_code(p.error_code)
+                        .is_some_and(|e| classify(e) == ErrorClass::RefreshMetadata)
+                    {
+                        // Leadership moved: the old leader's locks are gone; remap.
+                        self.shared.remap.notify_one();
+                    }
+                    continue;
+                }
+                if p.acquired.is_empty() {
+                    continue;
+                }
+                let topic = self.shared.topic_name(&tp);
+                let records = match decode_batches(p.records.clone()) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Undecodable data: release what we acquired so it is not stuck until
+                        // the lock expires, and say so.
+                        tracing::error!(topic = %topic, partition = p.partition, "cannot decode records, releasing them: {e}");
+                        let mut ledger = lock(&self.shared.ledger);
+                        for a in &p.acquired {
+                            for o in a.first_offset..=a.last_offset {
+                                let _ = ledger.record(tp, o, AckKind::Release);
+                            }
+                        }
+                        continue;
+                    }
+                };
+                let mut by_offset: HashMap<i64, ConsumedRecord> =
+                    records.into_iter().map(|r| (r.offset, r)).collect();
+                let mut leaders = lock(&self.shared.leaders);
+                let Some(st) = leaders.get_mut(&self.leader) else {
+                    continue;
+                };
+                let mut ledger = lock(&self.shared.ledger);
+                for a in &p.acquired {
+                    for o in a.first_offset..=a.last_offset {
+                        let Some(rec) = by_offset.remove(&o) else {
+                            let _ = ledger.record(tp, o, AckKind::Gap);
+                            self.shared.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        };
+                        let sr = ShareRecord {
+                            topic: topic.clone(),
+                            partition: tp,
+                            delivery_count: a.delivery_count,
+                            record: rec,
+                            session: st.session,
+                        };
+                        if cap.is_some_and(|c| a.delivery_count >= c) {
+                            let _ = ledger.record(tp, o, AckKind::Reject);
+                            self.shared.stats.poison.fetch_add(1, Ordering::Relaxed);
+                            delivery.poison.push(sr);
+                        } else {
+                            st.outstanding.insert((tp, o), now);
+                            self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                            self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                            delivery.records.push(sr);
+                        }
+                    }
+                }
+            }
+        }
+        delivery
+    }
+
+    /// Sends pending verdicts in a standalone ShareAcknowledge: used for renewals (which cannot
+    /// ride on a fetch) and while fetching is paused at the in-flight bound.
+    async fn send_acks(
+        &mut self,
+        conn: &Arc<BrokerConnection>,
+        session: &mut ShareSession,
+        version: i16,
+        renew: bool,
+    ) -> Step {
+        let serves = self.serves(session);
+        let acks = lock(&self.shared.ledger).take(|tp| serves.contains(tp), renew);
+        if acks.is_empty() {
+            return Step::Continue;
+        }
+        let renews = count_type(&acks, AckKind::Renew);
+        let (epoch, topics) = match session.ack_request(acks.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.shared.set_fatal(format!("share session state: {e}"));
+                return Step::Exit;
+            }
+        };
         let req = ShareAcknowledgeRequest {
-            group_id: shared.config.group.clone(),
-            member_id: shared.member_id.clone(),
-            share_session_epoch: FINAL_EPOCH,
-            is_renew_ack: false,
+            group_id: self.shared.config.group.clone(),
+            member_id: self.shared.member_id.clone(),
+            share_session_epoch: epoch,
+            is_renew_ack: renews > 0,
             topics,
         };
-        let v = conn
-            .version_for(
-                ApiKey::ShareAcknowledge,
-                VersionRange {
-                    min: 1,
-                    max: version,
-                },
-            )
+        let ack_version = conn
+            .version_for(ApiKey::ShareAcknowledge, SHARE_VERSIONS)
             .unwrap_or(version);
-        conn.send_version(&req, v, timeout)
+        self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
+        let step = match conn
+            .send_version(&req, ack_version, conn.request_timeout())
             .await
-            .map(|r| r.error_code)
-    };
-    match result {
-        Ok(0) => {}
-        Ok(code) => tracing::warn!(
-            "closing the share session: {}",
-            crate::kafka::error::CodeDisplay(code)
-        ),
-        Err(e) => tracing::warn!("closing the share session: {e}"),
+        {
+            Err(e) => {
+                session.on_response(None, true, None);
+                self.report_acks(&acks, None, Some(&e.to_string()));
+                self.shared.session_lost(self.leader, &e.to_string());
+                Step::Reconnect
+            }
+            Ok(resp) => {
+                let top = ResponseError::try_from_code(resp.error_code);
+                let outcome = session.on_response(top, false, None);
+                self.report_ack_response(
+                    &acks,
+                    top,
+                    resp.error_message.as_deref(),
+                    &resp.responses,
+                );
+                if resp.acquisition_lock_timeout_ms > 0
+                    && let Some(st) = lock(&self.shared.leaders).get_mut(&self.leader)
+                {
+                    st.lock_timeout = Some(Duration::from_millis(
+                        resp.acquisition_lock_timeout_ms as u64,
+                    ));
+                }
+                if top.is_none() && renews > 0 {
+                    self.shared
+                        .stats
+                        .renewed
+                        .fetch_add(renews, Ordering::Relaxed);
+                }
+                match (outcome, top) {
+                    (SessionOutcome::Reset, _) => {
+                        self.shared.session_lost(self.leader, &format!("{top:?}"));
+                        Step::Reconnect
+                    }
+                    (_, Some(e)) if classify(e) == ErrorClass::Fatal => {
+                        self.shared.set_fatal(format!(
+                            "ShareAcknowledge to broker {} failed with {e:?}: {}",
+                            self.leader,
+                            resp.error_message.as_deref().unwrap_or("")
+                        ));
+                        Step::Exit
+                    }
+                    _ => Step::Continue,
+                }
+            }
+        };
+        self.shared.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.acked.notify_waiters();
+        step
     }
-    session.closed();
+
+    /// Turns a ShareAcknowledge response into one outcome per partition sent.
+    fn report_ack_response(
+        &self,
+        acks: &[(TopicIdPartition, Vec<AckBatch>)],
+        top: Option<ResponseError>,
+        top_message: Option<&str>,
+        responses: &[super::wire::AckTopicResult],
+    ) {
+        let results: HashMap<TopicIdPartition, (i16, Option<String>)> = responses
+            .iter()
+            .flat_map(|t| {
+                t.partitions.iter().map(move |p| {
+                    (
+                        TopicIdPartition {
+                            topic_id: t.topic_id,
+                            partition: p.partition,
+                        },
+                        (p.error_code, p.error_message.clone()),
+                    )
+                })
+            })
+            .collect();
+        for (tp, batches) in acks {
+            let error = match top {
+                Some(e) => Some((e, top_message.unwrap_or("").to_owned())),
+                None => match results.get(tp) {
+                    Some((c, m)) => {
+                        ResponseError::try_from_code(*c).map(|e| (e, m.clone().unwrap_or_default()))
+                    }
+                    // A partition missing from the answer did not take effect (as Java treats it).
+                    None => Some((
+                        ResponseError::InvalidRecordState,
+                        "partition missing from the response".to_owned(),
+                    )),
+                },
+            };
+            self.shared.push_outcome(AckOutcome {
+                topic: self.shared.topic_name(tp),
+                partition: tp.partition,
+                batches: batches.clone(),
+                error,
+            });
+        }
+    }
+
+    /// Sends what is pending and closes the session (epoch -1): the broker then releases every
+    /// record this member still holds there, at once.
+    async fn close_session(
+        &mut self,
+        conn: &Arc<BrokerConnection>,
+        session: &mut ShareSession,
+        version: i16,
+    ) {
+        if session.is_opening() {
+            return;
+        }
+        let partitions = session.partitions().clone();
+        let acks = lock(&self.shared.ledger).take(|tp| partitions.contains(tp), false);
+        let timeout = conn.request_timeout();
+        self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
+        if acks.is_empty() {
+            let req = ShareFetchRequest {
+                group_id: self.shared.config.group.clone(),
+                member_id: self.shared.member_id.clone(),
+                share_session_epoch: FINAL_EPOCH,
+                ..Default::default()
+            };
+            match conn.send_version(&req, version, timeout).await {
+                Ok(r) if r.error_code != 0 => {
+                    tracing::warn!("closing the share session: {}", CodeDisplay(r.error_code))
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("closing the share session: {e}"),
+            }
+        } else {
+            let mut topics: Vec<TopicAcks> = Vec::new();
+            for (tp, batches) in &acks {
+                let p = PartitionAcks {
+                    partition: tp.partition,
+                    batches: batches.clone(),
+                };
+                match topics.last_mut() {
+                    Some(t) if t.topic_id == tp.topic_id => t.partitions.push(p),
+                    _ => topics.push(TopicAcks {
+                        topic_id: tp.topic_id,
+                        partitions: vec![p],
+                    }),
+                }
+            }
+            let req = ShareAcknowledgeRequest {
+                group_id: self.shared.config.group.clone(),
+                member_id: self.shared.member_id.clone(),
+                share_session_epoch: FINAL_EPOCH,
+                is_renew_ack: false,
+                topics,
+            };
+            let v = conn
+                .version_for(ApiKey::ShareAcknowledge, SHARE_VERSIONS)
+                .unwrap_or(version);
+            match conn.send_version(&req, v, timeout).await {
+                Ok(resp) => {
+                    let top = ResponseError::try_from_code(resp.error_code);
+                    self.report_ack_response(
+                        &acks,
+                        top,
+                        resp.error_message.as_deref(),
+                        &resp.responses,
+                    );
+                }
+                Err(e) => self.report_acks(&acks, None, Some(&e.to_string())),
+            }
+        }
+        self.shared.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.acked.notify_waiters();
+        // Whatever was delivered and not judged is released by the broker now.
+        let released = lock(&self.shared.leaders)
+            .get_mut(&self.leader)
+            .map(|st| std::mem::take(&mut st.outstanding).len())
+            .unwrap_or(0);
+        self.shared.in_flight.fetch_sub(
+            released.min(self.shared.in_flight.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        session.closed();
+    }
+}
+
+/// Offsets of `kind` among the batches.
+fn count_type(acks: &[(TopicIdPartition, Vec<AckBatch>)], kind: AckKind) -> u64 {
+    acks.iter()
+        .flat_map(|(_, b)| b.iter())
+        .map(|b| {
+            if b.types.len() == 1 {
+                if b.types[0] == kind.code() {
+                    (b.last_offset - b.first_offset + 1) as u64
+                } else {
+                    0
+                }
+            } else {
+                b.types.iter().filter(|t| **t == kind.code()).count() as u64
+            }
+        })
+        .sum()
 }

@@ -114,9 +114,21 @@ impl AckLedger {
 
     /// Whether any pending verdict is a Renew (such acks need a renew request).
     pub fn has_renew(&self) -> bool {
+        self.has_renew_where(|_| true)
+    }
+
+    /// Whether a pending verdict of the partitions `filter` accepts is a Renew.
+    pub fn has_renew_where<F: Fn(&TopicIdPartition) -> bool>(&self, filter: F) -> bool {
         self.pending
-            .values()
-            .any(|m| m.values().any(|k| *k == AckKind::Renew))
+            .iter()
+            .any(|(tp, m)| filter(tp) && m.values().any(|k| *k == AckKind::Renew))
+    }
+
+    /// Whether anything is pending for the partitions `filter` accepts.
+    pub fn has_where<F: Fn(&TopicIdPartition) -> bool>(&self, filter: F) -> bool {
+        self.pending
+            .iter()
+            .any(|(tp, m)| filter(tp) && !m.is_empty())
     }
 
     /// Removes and returns the batches of the given partitions (all when `filter` accepts all).
