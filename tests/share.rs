@@ -562,3 +562,52 @@ async fn the_engine_works_over_tls_with_scram() {
     c.close(Duration::from_secs(30)).await;
     assert_eq!(accepted.into_iter().collect::<HashSet<_>>(), ids);
 }
+
+#[tokio::test]
+async fn fetching_pauses_at_the_in_flight_bound_and_resumes_as_verdicts_go_out() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, ids) = topic_with_records(&client, 2, 60).await;
+    let group = fast_group(&client).await;
+    let mut config = start_config(&group, &[&topic]);
+    // Record-limit acquisition makes the bound exact (batch-optimized may overshoot one batch).
+    config.acquire_mode = sharehost::share::consumer::AcquireMode::RecordLimit;
+    config.max_in_flight = 7;
+    let c = ShareConsumer::start(client.clone(), config)
+        .await
+        .expect("start");
+    let mut held: Vec<ShareRecord> = Vec::new();
+    let mut accepted = HashSet::new();
+    let mut peak = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while accepted.len() < ids.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {}",
+            accepted.len(),
+            ids.len()
+        );
+        if let Some(d) = c.poll(Duration::from_millis(500)).await.expect("poll") {
+            held.extend(d.records);
+        }
+        peak = peak.max(c.in_flight());
+        assert!(
+            c.in_flight() <= 7,
+            "in flight {} exceeds the bound",
+            c.in_flight()
+        );
+        // Records queued for the next poll count as in flight too.
+        assert!(
+            c.in_flight() >= held.len(),
+            "every record the caller holds is counted as in flight"
+        );
+        // Judge the oldest few, so fetching must pause and resume many times.
+        for r in held.drain(..held.len().min(3)) {
+            c.acknowledge(&r, AckKind::Accept).expect("ack");
+            accepted.insert(value(&r));
+        }
+    }
+    c.close(Duration::from_secs(30)).await;
+    assert_eq!(peak, 7, "the bound was reached");
+    assert_eq!(accepted, ids);
+}
