@@ -228,6 +228,8 @@ struct Shared {
     outcomes: Mutex<VecDeque<AckOutcome>>,
     fatal: Mutex<Option<String>>,
     stats: ConsumerStats,
+    /// The "no v2 here" warning is said once per consumer, not once per reconnect.
+    v1_warned: std::sync::Once,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -360,6 +362,7 @@ impl ShareConsumer {
             outcomes: Mutex::new(VecDeque::new()),
             fatal: Mutex::new(None),
             stats: ConsumerStats::default(),
+            v1_warned: std::sync::Once::new(),
         });
         let (tx, rx) = mpsc::channel(16);
         let (assign_tx, assign_rx) = watch::channel(BTreeSet::new());
@@ -768,11 +771,13 @@ impl LeaderWorker {
                     return;
                 }
             };
-            if version < 2 && self.shared.config.auto_renew_after.is_some() {
-                tracing::warn!(
-                    leader = self.leader,
-                    "broker offers ShareFetch v1 only (Kafka < 4.2): renew and record-limit acquisition are unavailable"
-                );
+            if version < 2 {
+                self.shared.v1_warned.call_once(|| {
+                    tracing::warn!(
+                        leader = self.leader,
+                        "broker offers ShareFetch v1 only (Kafka < 4.2): renew and record-limit acquisition are unavailable"
+                    );
+                });
             }
             {
                 let mut leaders = lock(&self.shared.leaders);
