@@ -9,5 +9,6 @@
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
 pub mod kafka;
+pub mod manifest;
 pub mod runtime;
 pub mod share;

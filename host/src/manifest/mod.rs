@@ -1,0 +1,792 @@
+//! The manifest: what `sharehost run` and `sharehost check` read. TOML with unknown fields
+//! refused, every value checked, and every error pointing at the file, line and field.
+//!
+//! The reference with every field, its default and an example is `docs/manifest.md`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::kafka::{Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap};
+
+/// A manifest problem, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ManifestError {
+    /// The manifest file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column, when known.
+    pub column: Option<usize>,
+    /// The field in dotted form (`pipeline[0].batch_size`), when known.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let (Some(l), Some(c)) = (self.line, self.column) {
+            write!(f, ":{l}:{c}")?;
+        }
+        write!(f, ": ")?;
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Top-level TOML shape.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    cluster: RawCluster,
+    #[serde(default)]
+    admin: Option<RawAdmin>,
+    #[serde(default, rename = "pipeline")]
+    pipelines: Vec<RawPipeline>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    bootstrap: Spanned<String>,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    tls: Option<RawTls>,
+    #[serde(default)]
+    sasl: Option<Spanned<RawSasl>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    #[serde(default)]
+    ca_file: Option<Spanned<String>>,
+    #[serde(default)]
+    cert_file: Option<Spanned<String>>,
+    #[serde(default)]
+    key_file: Option<Spanned<String>>,
+    #[serde(default)]
+    server_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSasl {
+    mechanism: Spanned<String>,
+    username: Spanned<String>,
+    #[serde(default)]
+    password_env: Option<Spanned<String>>,
+    #[serde(default)]
+    password_file: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    #[serde(default)]
+    listen: Option<Spanned<String>>,
+    #[serde(default)]
+    token_env: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    name: Spanned<String>,
+    topics: Spanned<Vec<String>>,
+    group: Spanned<String>,
+    component: Spanned<String>,
+    #[serde(default)]
+    config: BTreeMap<String, String>,
+    #[serde(default)]
+    batch_size: Option<Spanned<i64>>,
+    #[serde(default)]
+    max_in_flight: Option<Spanned<i64>>,
+    #[serde(default)]
+    delivery_cap: Option<Spanned<i64>>,
+    #[serde(default)]
+    fault_policy: Option<Spanned<String>>,
+    #[serde(default)]
+    cpu_deadline_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    memory_limit_mib: Option<Spanned<i64>>,
+    #[serde(default)]
+    instance_mode: Option<Spanned<String>>,
+    #[serde(default)]
+    recycle_after: Option<Spanned<i64>>,
+    #[serde(default)]
+    concurrency: Option<Spanned<i64>>,
+    #[serde(default)]
+    dead_letter_topic: Option<Spanned<String>>,
+    #[serde(default)]
+    max_renewals: Option<Spanned<i64>>,
+    #[serde(default)]
+    auto_renew_after: Option<Spanned<f64>>,
+}
+
+/// Where the SASL password comes from (never the manifest itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// An environment variable's name.
+    Env(String),
+    /// A file whose content (trimmed) is the secret.
+    File(PathBuf),
+}
+
+/// SASL settings as written; the secret is read by [`ClusterSpec::sasl_settings`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaslSpec {
+    /// Mechanism.
+    pub mechanism: Mechanism,
+    /// User name.
+    pub username: String,
+    /// Where the password is.
+    pub password: SecretSource,
+}
+
+/// How to reach the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// Bootstrap list as written (already validated).
+    pub bootstrap: String,
+    /// Client id sent to the brokers.
+    pub client_id: String,
+    /// TLS settings (paths resolved against the manifest's folder).
+    pub tls: Option<TlsSettings>,
+    /// SASL settings.
+    pub sasl: Option<SaslSpec>,
+}
+
+impl ClusterSpec {
+    /// Reads the SASL secret from its environment variable or file.
+    pub fn sasl_settings(&self) -> Result<Option<SaslSettings>, String> {
+        let Some(s) = &self.sasl else { return Ok(None) };
+        let password = match &s.password {
+            SecretSource::Env(var) => std::env::var(var).map_err(|_| {
+                format!("cluster.sasl.password_env: environment variable {var} is not set")
+            })?,
+            SecretSource::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    format!(
+                        "cluster.sasl.password_file: cannot read {}: {e}",
+                        path.display()
+                    )
+                })?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+        };
+        Ok(Some(SaslSettings {
+            mechanism: s.mechanism,
+            username: s.username.clone(),
+            password: Secret::new(password),
+        }))
+    }
+}
+
+/// What happens to a batch whose plugin faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPolicy {
+    /// Give the records back for redelivery (the delivery cap catches a record that always
+    /// faults).
+    Release,
+    /// Reject them (and dead-letter them when a dead-letter topic is set).
+    Reject,
+}
+
+/// Instance reuse, as written in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceModeSpec {
+    /// One warm instance, recycled after `recycle_after` batches or any fault.
+    Reuse,
+    /// A fresh instance for every batch.
+    Fresh,
+}
+
+/// One pipeline: topics + share group + plugin + policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSpec {
+    /// Unique name (metrics, logs, admin URLs).
+    pub name: String,
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// Share group.
+    pub group: String,
+    /// Component file (resolved against the manifest's folder).
+    pub component: PathBuf,
+    /// Plugin configuration handed to `init`.
+    pub config: BTreeMap<String, String>,
+    /// Most records per plugin call.
+    pub batch_size: usize,
+    /// Most records acquired and not yet judged.
+    pub max_in_flight: usize,
+    /// Client-side delivery cap (see docs/share-engine.md).
+    pub delivery_cap: Option<i16>,
+    /// Verdict for the records of a faulted batch.
+    pub fault_policy: FaultPolicy,
+    /// CPU deadline of one plugin call.
+    pub cpu_deadline: Duration,
+    /// Memory cap of one plugin instance.
+    pub memory_limit: usize,
+    /// Instance reuse.
+    pub instance_mode: InstanceModeSpec,
+    /// Batches per instance in reuse mode.
+    pub recycle_after: u32,
+    /// Plugin instances working in parallel.
+    pub concurrency: usize,
+    /// Where rejected records go, if anywhere.
+    pub dead_letter_topic: Option<String>,
+    /// How often one record may ask for renew before it is released.
+    pub max_renewals: u32,
+    /// Renew records held past this fraction of the lock duration.
+    pub auto_renew_after: f64,
+}
+
+/// The admin HTTP listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminSpec {
+    /// Address to bind.
+    pub listen: String,
+    /// Environment variable with the bearer token mutating endpoints require.
+    pub token_env: Option<String>,
+}
+
+/// A validated manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The cluster.
+    pub cluster: ClusterSpec,
+    /// The admin listener.
+    pub admin: AdminSpec,
+    /// The pipelines, in file order.
+    pub pipelines: Vec<PipelineSpec>,
+}
+
+/// Defaults, in one place so docs/manifest.md and the code agree.
+pub mod defaults {
+    /// Records per plugin call.
+    pub const BATCH_SIZE: usize = 100;
+    /// Records acquired and not yet judged.
+    pub const MAX_IN_FLIGHT: usize = 1000;
+    /// CPU deadline of one call, in ms.
+    pub const CPU_DEADLINE_MS: u64 = 5000;
+    /// Memory cap of one instance, in MiB.
+    pub const MEMORY_LIMIT_MIB: usize = 64;
+    /// Batches per instance in reuse mode.
+    pub const RECYCLE_AFTER: u32 = 1000;
+    /// Parallel plugin instances.
+    pub const CONCURRENCY: usize = 1;
+    /// Renewals per record.
+    pub const MAX_RENEWALS: u32 = 3;
+    /// Fraction of the lock duration after which a running batch is renewed.
+    pub const AUTO_RENEW_AFTER: f64 = 0.5;
+    /// Admin listener.
+    pub const ADMIN_LISTEN: &str = "127.0.0.1:9464";
+}
+
+struct Ctx<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn position(&self, offset: usize) -> (usize, usize) {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before
+            .rfind('\n')
+            .map(|i| before.len() - i)
+            .unwrap_or(before.len() + 1);
+        (line, column)
+    }
+
+    fn err(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ManifestError {
+        let (line, column) = match span {
+            Some(s) => {
+                let (l, c) = self.position(s.start);
+                (Some(l), Some(c))
+            }
+            None => (None, None),
+        };
+        ManifestError {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    fn int<T: TryFrom<i64>>(
+        &self,
+        v: &Option<Spanned<i64>>,
+        field: &str,
+        range: std::ops::RangeInclusive<i64>,
+        default: T,
+    ) -> Result<T, ManifestError> {
+        let Some(v) = v else { return Ok(default) };
+        let n = *v.get_ref();
+        if !range.contains(&n) {
+            return Err(self.err(
+                Some(v.span()),
+                field,
+                format!(
+                    "must be between {} and {} (got {n})",
+                    range.start(),
+                    range.end()
+                ),
+            ));
+        }
+        T::try_from(n).map_err(|_| self.err(Some(v.span()), field, format!("{n} is out of range")))
+    }
+
+    fn path(&self, v: &Spanned<String>) -> PathBuf {
+        let p = Path::new(v.get_ref());
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.file.parent().unwrap_or(Path::new(".")).join(p)
+        }
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+impl Manifest {
+    /// Reads and validates a manifest file.
+    pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+            file: path.to_path_buf(),
+            line: None,
+            column: None,
+            field: None,
+            message: format!("cannot read the manifest: {e}"),
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Validates manifest text; `path` names it in errors and anchors relative paths.
+    pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
+        let cx = Ctx { file: path, text };
+        let raw: RawManifest = toml::from_str(text).map_err(|e| {
+            let (line, column) = e
+                .span()
+                .map(|s| cx.position(s.start))
+                .map(|(l, c)| (Some(l), Some(c)))
+                .unwrap_or((None, None));
+            // serde names unknown fields but not the field whose value has the wrong type: take
+            // the key written on the error's line.
+            let message = e.message().trim().to_owned();
+            let field = line
+                .and_then(|l| text.lines().nth(l - 1))
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| k.trim().to_owned())
+                .filter(|k| {
+                    !k.is_empty()
+                        && !message.contains(&format!("`{k}`"))
+                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+            ManifestError {
+                file: path.to_path_buf(),
+                line,
+                column,
+                field,
+                message,
+            }
+        })?;
+
+        // Cluster.
+        let c = &raw.cluster;
+        parse_bootstrap(c.bootstrap.get_ref())
+            .map_err(|e| cx.err(Some(c.bootstrap.span()), "cluster.bootstrap", e.to_string()))?;
+        let tls = c
+            .tls
+            .as_ref()
+            .map(|t| -> Result<TlsSettings, ManifestError> {
+                let file = |v: &Option<Spanned<String>>,
+                            field: &str|
+                 -> Result<Option<PathBuf>, ManifestError> {
+                    let Some(v) = v else { return Ok(None) };
+                    let p = cx.path(v);
+                    if !p.is_file() {
+                        return Err(cx.err(
+                            Some(v.span()),
+                            field,
+                            format!("file {} does not exist", p.display()),
+                        ));
+                    }
+                    Ok(Some(p))
+                };
+                let settings = TlsSettings {
+                    ca_file: file(&t.ca_file, "cluster.tls.ca_file")?,
+                    cert_file: file(&t.cert_file, "cluster.tls.cert_file")?,
+                    key_file: file(&t.key_file, "cluster.tls.key_file")?,
+                    server_name: t.server_name.clone(),
+                };
+                if settings.cert_file.is_some() != settings.key_file.is_some() {
+                    return Err(cx.err(None, "cluster.tls", "cert_file and key_file go together"));
+                }
+                Ok(settings)
+            });
+        let tls = tls.transpose()?;
+        let sasl = match &c.sasl {
+            None => None,
+            Some(s) => {
+                let span = s.span();
+                let s = s.get_ref();
+                let mechanism: Mechanism = s.mechanism.get_ref().parse().map_err(|e: String| {
+                    cx.err(Some(s.mechanism.span()), "cluster.sasl.mechanism", e)
+                })?;
+                if s.username.get_ref().is_empty() {
+                    return Err(cx.err(
+                        Some(s.username.span()),
+                        "cluster.sasl.username",
+                        "must not be empty",
+                    ));
+                }
+                let password = match (&s.password_env, &s.password_file) {
+                    (Some(e), None) if !e.get_ref().is_empty() => {
+                        SecretSource::Env(e.get_ref().clone())
+                    }
+                    (None, Some(f)) => SecretSource::File(cx.path(f)),
+                    _ => {
+                        return Err(cx.err(
+                            Some(span),
+                            "cluster.sasl",
+                            "set exactly one of password_env or password_file (secrets never go in the manifest)",
+                        ));
+                    }
+                };
+                Some(SaslSpec {
+                    mechanism,
+                    username: s.username.get_ref().clone(),
+                    password,
+                })
+            }
+        };
+        let cluster = ClusterSpec {
+            bootstrap: c.bootstrap.get_ref().clone(),
+            client_id: c
+                .client_id
+                .clone()
+                .unwrap_or_else(|| "sharehost".to_owned()),
+            tls,
+            sasl,
+        };
+
+        // Admin.
+        let admin = match &raw.admin {
+            None => AdminSpec {
+                listen: defaults::ADMIN_LISTEN.to_owned(),
+                token_env: None,
+            },
+            Some(a) => {
+                let listen = match &a.listen {
+                    Some(l) => {
+                        l.get_ref().parse::<std::net::SocketAddr>().map_err(|e| {
+                            cx.err(
+                                Some(l.span()),
+                                "admin.listen",
+                                format!("{:?} is not an address:port ({e})", l.get_ref()),
+                            )
+                        })?;
+                        l.get_ref().clone()
+                    }
+                    None => defaults::ADMIN_LISTEN.to_owned(),
+                };
+                AdminSpec {
+                    listen,
+                    token_env: a.token_env.as_ref().map(|t| t.get_ref().clone()),
+                }
+            }
+        };
+
+        // Pipelines.
+        if raw.pipelines.is_empty() {
+            return Err(cx.err(None, "pipeline", "the manifest defines no [[pipeline]]"));
+        }
+        let mut names = HashSet::new();
+        let mut pipelines = Vec::new();
+        for (i, p) in raw.pipelines.iter().enumerate() {
+            let f = |name: &str| format!("pipeline[{i}].{name}");
+            let name = p.name.get_ref().clone();
+            if !valid_name(&name) {
+                return Err(cx.err(
+                    Some(p.name.span()),
+                    f("name"),
+                    format!("{name:?} must be 1-64 letters, digits, '-' or '_'"),
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return Err(cx.err(
+                    Some(p.name.span()),
+                    f("name"),
+                    format!("another pipeline is already named {name:?}"),
+                ));
+            }
+            if p.topics.get_ref().is_empty() || p.topics.get_ref().iter().any(String::is_empty) {
+                return Err(cx.err(
+                    Some(p.topics.span()),
+                    f("topics"),
+                    "list at least one topic, none empty",
+                ));
+            }
+            if p.group.get_ref().is_empty() {
+                return Err(cx.err(Some(p.group.span()), f("group"), "must not be empty"));
+            }
+            let component = cx.path(&p.component);
+            if !component.is_file() {
+                return Err(cx.err(
+                    Some(p.component.span()),
+                    f("component"),
+                    format!("component file {} does not exist", component.display()),
+                ));
+            }
+            let batch_size: usize = cx.int(
+                &p.batch_size,
+                &f("batch_size"),
+                1..=10_000,
+                defaults::BATCH_SIZE,
+            )?;
+            let max_in_flight: usize = cx.int(
+                &p.max_in_flight,
+                &f("max_in_flight"),
+                1..=1_000_000,
+                defaults::MAX_IN_FLIGHT,
+            )?;
+            if max_in_flight < batch_size {
+                let span = p.max_in_flight.as_ref().map(|s| s.span());
+                return Err(cx.err(
+                    span,
+                    f("max_in_flight"),
+                    format!("must be at least batch_size ({batch_size}), got {max_in_flight}"),
+                ));
+            }
+            let delivery_cap = match &p.delivery_cap {
+                None => None,
+                Some(_) => Some(cx.int::<i16>(&p.delivery_cap, &f("delivery_cap"), 2..=25, 0)?),
+            };
+            let fault_policy = match p
+                .fault_policy
+                .as_ref()
+                .map(|s| (s.get_ref().as_str(), s.span()))
+            {
+                None | Some(("release", _)) => FaultPolicy::Release,
+                Some(("reject", _)) => FaultPolicy::Reject,
+                Some((other, span)) => {
+                    return Err(cx.err(
+                        Some(span),
+                        f("fault_policy"),
+                        format!("{other:?} is not one of \"release\", \"reject\""),
+                    ));
+                }
+            };
+            let instance_mode = match p
+                .instance_mode
+                .as_ref()
+                .map(|s| (s.get_ref().as_str(), s.span()))
+            {
+                None | Some(("reuse", _)) => InstanceModeSpec::Reuse,
+                Some(("fresh", _)) => InstanceModeSpec::Fresh,
+                Some((other, span)) => {
+                    return Err(cx.err(
+                        Some(span),
+                        f("instance_mode"),
+                        format!("{other:?} is not one of \"reuse\", \"fresh\""),
+                    ));
+                }
+            };
+            let cpu_ms: u64 = cx.int(
+                &p.cpu_deadline_ms,
+                &f("cpu_deadline_ms"),
+                1..=600_000,
+                defaults::CPU_DEADLINE_MS,
+            )?;
+            let mem_mib: usize = cx.int(
+                &p.memory_limit_mib,
+                &f("memory_limit_mib"),
+                1..=4096,
+                defaults::MEMORY_LIMIT_MIB,
+            )?;
+            let dead_letter_topic = match &p.dead_letter_topic {
+                Some(t) if t.get_ref().is_empty() => {
+                    return Err(cx.err(
+                        Some(t.span()),
+                        f("dead_letter_topic"),
+                        "must not be empty (leave it out for none)",
+                    ));
+                }
+                Some(t) if p.topics.get_ref().contains(t.get_ref()) => {
+                    return Err(cx.err(
+                        Some(t.span()),
+                        f("dead_letter_topic"),
+                        "must not be one of the pipeline's own topics",
+                    ));
+                }
+                Some(t) => Some(t.get_ref().clone()),
+                None => None,
+            };
+            let auto_renew_after = match &p.auto_renew_after {
+                None => defaults::AUTO_RENEW_AFTER,
+                Some(v) if (0.05..=0.95).contains(v.get_ref()) => *v.get_ref(),
+                Some(v) => {
+                    return Err(cx.err(
+                        Some(v.span()),
+                        f("auto_renew_after"),
+                        format!("must be between 0.05 and 0.95 (got {})", v.get_ref()),
+                    ));
+                }
+            };
+            pipelines.push(PipelineSpec {
+                name,
+                topics: p.topics.get_ref().clone(),
+                group: p.group.get_ref().clone(),
+                component,
+                config: p.config.clone(),
+                batch_size,
+                max_in_flight,
+                delivery_cap,
+                fault_policy,
+                cpu_deadline: Duration::from_millis(cpu_ms),
+                memory_limit: mem_mib << 20,
+                instance_mode,
+                recycle_after: cx.int(
+                    &p.recycle_after,
+                    &f("recycle_after"),
+                    1..=1_000_000,
+                    defaults::RECYCLE_AFTER,
+                )?,
+                concurrency: cx.int(
+                    &p.concurrency,
+                    &f("concurrency"),
+                    1..=64,
+                    defaults::CONCURRENCY,
+                )?,
+                dead_letter_topic,
+                max_renewals: cx.int(
+                    &p.max_renewals,
+                    &f("max_renewals"),
+                    0..=100,
+                    defaults::MAX_RENEWALS,
+                )?,
+                auto_renew_after,
+            });
+        }
+        Ok(Manifest {
+            path: path.to_path_buf(),
+            cluster,
+            admin,
+            pipelines,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sharehost-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("tmp");
+        std::fs::write(d.join("plugin.wasm"), b"not really").expect("write");
+        d
+    }
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(&dir().join("m.toml"), text)
+    }
+
+    const MINIMAL: &str = r#"
+[cluster]
+bootstrap = "127.0.0.1:9092"
+
+[[pipeline]]
+name = "orders"
+topics = ["orders"]
+group = "orders-g"
+component = "plugin.wasm"
+"#;
+
+    #[test]
+    fn a_minimal_manifest_gets_the_documented_defaults() {
+        let m = parse(MINIMAL).expect("valid");
+        let p = &m.pipelines[0];
+        assert_eq!(p.batch_size, defaults::BATCH_SIZE);
+        assert_eq!(p.max_in_flight, defaults::MAX_IN_FLIGHT);
+        assert_eq!(p.fault_policy, FaultPolicy::Release);
+        assert_eq!(p.instance_mode, InstanceModeSpec::Reuse);
+        assert_eq!(p.delivery_cap, None);
+        assert_eq!(
+            p.component,
+            dir().join("plugin.wasm"),
+            "relative to the manifest"
+        );
+        assert_eq!(m.admin.listen, "127.0.0.1:9464");
+        assert_eq!(m.cluster.client_id, "sharehost");
+    }
+
+    #[test]
+    fn unknown_fields_name_line_and_field() {
+        let text = MINIMAL.replace(
+            "group = \"orders-g\"",
+            "group = \"orders-g\"\nbatchsize = 10",
+        );
+        let e = parse(&text).expect_err("unknown field");
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.message.contains("unknown field `batchsize`"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_line_and_field() {
+        let text = MINIMAL.replace(
+            "group = \"orders-g\"",
+            "group = \"orders-g\"\nbatch_size = 0",
+        );
+        let e = parse(&text).expect_err("bad value");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}:9:14: pipeline[0].batch_size: must be between 1 and 10000 (got 0)",
+                dir().join("m.toml").display()
+            )
+        );
+    }
+
+    #[test]
+    fn sasl_secrets_come_from_the_environment_or_a_file() {
+        let text = MINIMAL.replace(
+            "bootstrap = \"127.0.0.1:9092\"",
+            "bootstrap = \"127.0.0.1:9092\"\nsasl = { mechanism = \"SCRAM-SHA-512\", username = \"u\", password_env = \"SHAREHOST_TEST_PW_UNSET\" }",
+        );
+        let m = parse(&text).expect("valid");
+        let e = m.cluster.sasl_settings().expect_err("unset");
+        assert!(e.contains("SHAREHOST_TEST_PW_UNSET"), "{e}");
+        let both = text.replace("password_env", "password_file = \"x\", password_env");
+        assert!(
+            parse(&both)
+                .expect_err("both")
+                .message
+                .contains("exactly one")
+        );
+    }
+}
