@@ -73,6 +73,10 @@ pub struct ShareConsumerConfig {
     /// is archived silently, so a cap at or above it would never see the record.
     /// `None` leaves poison handling to the broker alone.
     pub delivery_count_limit: Option<i16>,
+    /// When true (the default) the engine acknowledges capped records as Reject itself. When
+    /// false it hands them out in [`Delivery::poison`] still acquired, so the caller can first
+    /// dead-letter them and then Reject (or Release when dead-lettering failed).
+    pub reject_poison: bool,
     /// Renew records held longer than this fraction of the lock duration automatically (KIP-1222;
     /// needs ShareFetch v2). `None` renews only when the caller asks.
     pub auto_renew_after: Option<f64>,
@@ -92,6 +96,7 @@ impl ShareConsumerConfig {
             acquire_mode: AcquireMode::BatchOptimized,
             max_in_flight: 1000,
             delivery_count_limit: None,
+            reject_poison: true,
             auto_renew_after: None,
         }
     }
@@ -123,7 +128,8 @@ impl ShareRecord {
 pub struct Delivery {
     /// Records to judge.
     pub records: Vec<ShareRecord>,
-    /// Records the delivery cap rejected (their Reject is already queued), for dead-lettering.
+    /// Records at the delivery cap, for dead-lettering: already rejected by the engine, or
+    /// (with `reject_poison` off) still acquired and waiting for the caller's verdict.
     pub poison: Vec<ShareRecord>,
 }
 
@@ -1121,15 +1127,22 @@ impl LeaderWorker {
                             record: rec,
                             session: st.session,
                         };
-                        if cap.is_some_and(|c| a.delivery_count >= c) {
-                            let _ = ledger.record(tp, o, AckKind::Reject);
+                        let poison = cap.is_some_and(|c| a.delivery_count >= c);
+                        if poison {
                             self.shared.stats.poison.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if poison && self.shared.config.reject_poison {
+                            let _ = ledger.record(tp, o, AckKind::Reject);
                             delivery.poison.push(sr);
                         } else {
                             st.outstanding.insert((tp, o), now);
                             self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
-                            self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                            delivery.records.push(sr);
+                            if poison {
+                                delivery.poison.push(sr);
+                            } else {
+                                self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                                delivery.records.push(sr);
+                            }
                         }
                     }
                 }
