@@ -8,7 +8,10 @@
 //! The share-group engine (`share`), the plugin runtime (`runtime`), the manifest and the
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
+pub mod admin;
 pub mod kafka;
 pub mod manifest;
+pub mod metrics;
+pub mod pipeline;
 pub mod runtime;
 pub mod share;

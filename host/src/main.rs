@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod host;
+
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use kafka_protocol::messages::ApiKey;
@@ -26,6 +28,28 @@ enum Command {
     /// Run a plugin component offline on records given as JSON lines and print one JSON line
     /// per record (verdict and reason), then a summary line.
     TestPlugin(TestPluginArgs),
+    /// Run every pipeline of a manifest until SIGTERM or SIGINT (a second signal exits at once).
+    Run(RunArgs),
+    /// Validate a manifest and load and validate every component it names, without touching a
+    /// broker.
+    Check(CheckArgs),
+}
+
+/// `sharehost run MANIFEST`.
+#[derive(Args)]
+struct RunArgs {
+    /// The manifest (TOML), see docs/manifest.md.
+    manifest: PathBuf,
+    /// Log lines as JSON objects instead of readable text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+/// `sharehost check MANIFEST`.
+#[derive(Args)]
+struct CheckArgs {
+    /// The manifest (TOML), see docs/manifest.md.
+    manifest: PathBuf,
 }
 
 /// `sharehost test-plugin COMPONENT --input FILE.jsonl [--config k=v ...]`.
@@ -215,13 +239,24 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let (default_level, json) = match &cli.command {
+        Command::Run(a) => ("info", a.log_json),
+        _ => ("warn", false),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    if json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -233,6 +268,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Probe(args) => probe(args).await,
             Command::TestPlugin(args) => test_plugin(args).await,
+            Command::Run(args) => host::run(&args.manifest).await,
+            Command::Check(args) => host::check(&args.manifest).await,
         }
     });
     match result {

@@ -1,0 +1,252 @@
+//! `sharehost run` and `sharehost check`: the top-level wiring (anyhow lives here, at the edge).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use sharehost::admin::{self, AdminState};
+use sharehost::kafka::{ConnectionConfig, KafkaClient};
+use sharehost::manifest::Manifest;
+use sharehost::metrics::Metrics;
+use sharehost::pipeline::{Pipeline, short};
+use sharehost::runtime::{PluginRuntime, RuntimeConfig};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// How often component files are checked for replacement.
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SHAREHOST_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("sharehost").join("cwasm")
+}
+
+fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
+    let max_memory = manifest
+        .pipelines
+        .iter()
+        .map(|p| p.memory_limit)
+        .max()
+        .unwrap_or(64 << 20);
+    let instances: usize = manifest
+        .pipelines
+        .iter()
+        .map(|p| p.concurrency * 2 + 2)
+        .sum();
+    PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: max_memory,
+        max_instances: u32::try_from(instances.max(4)).unwrap_or(64),
+        cache_dir: Some(cache_dir()),
+        ..RuntimeConfig::default()
+    })
+    .context("cannot start the plugin runtime")
+}
+
+async fn load_pipelines(
+    manifest: &Manifest,
+    runtime: &PluginRuntime,
+    metrics: &Arc<Metrics>,
+) -> Result<Vec<Arc<Pipeline>>> {
+    let mut out = Vec::new();
+    for spec in &manifest.pipelines {
+        out.push(Pipeline::load(spec.clone(), runtime.clone(), metrics.clone()).await?);
+    }
+    Ok(out)
+}
+
+/// Validates the manifest and every component, without a broker.
+pub async fn check(path: &Path) -> Result<()> {
+    let manifest = Manifest::load(path)?;
+    manifest
+        .cluster
+        .sasl_settings()
+        .map_err(anyhow::Error::msg)?;
+    let runtime = plugin_runtime(&manifest)?;
+    let metrics = Arc::new(Metrics::new());
+    for p in load_pipelines(&manifest, &runtime, &metrics).await? {
+        println!(
+            "ok: pipeline {}: {} (version {})",
+            p.name(),
+            p.component().display(),
+            short(&p.active_hash())
+        );
+    }
+    println!("ok: {} is valid", path.display());
+    Ok(())
+}
+
+fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
+    let mut config = ConnectionConfig::new(manifest.cluster.client_id.clone());
+    if let Some(tls) = &manifest.cluster.tls {
+        config = config.with_tls(tls)?;
+    }
+    if let Some(sasl) = manifest
+        .cluster
+        .sasl_settings()
+        .map_err(anyhow::Error::msg)?
+    {
+        config = config.with_sasl(sasl);
+    }
+    Ok(config)
+}
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+/// Swaps every pipeline whose component file changed since `stamps` (the file watch), or every
+/// pipeline when `force` (SIGHUP).
+async fn reload_changed(
+    pipelines: &[Arc<Pipeline>],
+    stamps: &mut [Option<(SystemTime, u64)>],
+    force: bool,
+) {
+    for (i, p) in pipelines.iter().enumerate() {
+        let path = p.component();
+        let now = stamp(&path);
+        if now.is_none() || (!force && now == stamps[i]) {
+            continue;
+        }
+        stamps[i] = now;
+        // A failed swap is logged, counted and shown in /pipelines; the old version runs on.
+        let _ = p.swap(&path).await;
+    }
+}
+
+/// Runs every pipeline until a signal, then drains.
+pub async fn run(path: &Path) -> Result<()> {
+    let manifest = Manifest::load(path)?;
+    let runtime = plugin_runtime(&manifest)?;
+    let metrics = Arc::new(Metrics::new());
+    // Components are loaded and initialised before any group is joined.
+    let pipelines = load_pipelines(&manifest, &runtime, &metrics).await?;
+    let config = connection_config(&manifest)?;
+    let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
+    let token =
+        match &manifest.admin.token_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("admin.token_env: environment variable {var} is not set")
+            })?),
+            None => None,
+        };
+    let listener = tokio::net::TcpListener::bind(&manifest.admin.listen)
+        .await
+        .with_context(|| format!("admin.listen: cannot bind {}", manifest.admin.listen))?;
+    tracing::info!(
+        "admin endpoints on http://{}",
+        listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default()
+    );
+
+    let shutdown = CancellationToken::new();
+    let admin_state = Arc::new(AdminState {
+        pipelines: pipelines.clone(),
+        metrics: metrics.clone(),
+        token,
+        ready: false.into(),
+    });
+    let admin_stop = CancellationToken::new();
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        admin_state.clone(),
+        admin_stop.clone(),
+    ));
+
+    // Signals: the first SIGTERM/SIGINT drains, a second exits at once; SIGHUP reloads
+    // changed components.
+    let (hup_tx, mut hup_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    {
+        let shutdown = shutdown.clone();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                    _ = hup.recv() => { let _ = hup_tx.send(()); continue; }
+                }
+                if shutdown.is_cancelled() {
+                    eprintln!("second signal: exiting now");
+                    std::process::exit(130);
+                }
+                tracing::info!("signal received: draining (send it again to exit at once)");
+                shutdown.cancel();
+            }
+        });
+    }
+    {
+        let pipelines = pipelines.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut stamps: Vec<_> = pipelines.iter().map(|p| stamp(&p.component())).collect();
+            let mut tick = tokio::time::interval(WATCH_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => reload_changed(&pipelines, &mut stamps, false).await,
+                    Some(()) = hup_rx.recv() => {
+                        tracing::info!("SIGHUP: reloading every pipeline's component");
+                        reload_changed(&pipelines, &mut stamps, true).await;
+                    }
+                }
+            }
+        });
+    }
+
+    let mut tasks = JoinSet::new();
+    for p in &pipelines {
+        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
+    }
+    admin_state.ready.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                // One pipeline failing stops the host: the others drain too.
+                tracing::error!("{e}");
+                failures.push(e);
+                shutdown.cancel();
+            }
+            Err(e) => {
+                failures.push(format!("pipeline task panicked: {e}"));
+                shutdown.cancel();
+            }
+        }
+    }
+    for p in &pipelines {
+        let s = p.status();
+        let total = |f: fn(&sharehost::pipeline::VersionCounters) -> u64| {
+            s.versions.values().map(f).sum::<u64>()
+        };
+        println!(
+            "pipeline {}: accepted {}, rejected {}, released {}, dead-lettered {}, faults {}, versions {}",
+            s.name,
+            total(|c| c.accepted),
+            total(|c| c.rejected),
+            total(|c| c.released),
+            s.dead_lettered,
+            total(|c| c.faults),
+            s.versions.len()
+        );
+    }
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! The host's Prometheus metrics, in one registry passed down (never a global), encoded in the
+//! text format by `prometheus-client`.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label set: ordered (name, value) pairs.
+pub type Labels = Vec<(&'static str, String)>;
+
+fn guest_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s: plugin calls range from trivial to near their deadline.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_05, 2.0, 16,
+    ))
+}
+
+/// Every metric the host exports, per pipeline and (where it matters) per plugin version.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// Records by final verdict source: accept, release, reject, renew, dead_lettered, ...
+    pub records: Family<Labels, Counter>,
+    /// Plugin calls.
+    pub batches: Family<Labels, Counter>,
+    /// Plugin faults by kind.
+    pub faults: Family<Labels, Counter>,
+    /// Time spent in the guest per call.
+    pub guest_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Records renewed at the plugin's request.
+    pub renewals: Family<Labels, Counter>,
+    /// Records produced to the dead-letter topic.
+    pub dead_lettered: Family<Labels, Counter>,
+    /// Records acquired and not yet judged.
+    pub in_flight: Family<Labels, Gauge>,
+    /// Acknowledged offsets by result (ok / failed).
+    pub acks: Family<Labels, Gauge>,
+    /// Share sessions re-opened.
+    pub session_resets: Family<Labels, Gauge>,
+    /// Records released by the broker when a session ended.
+    pub released_by_broker: Family<Labels, Gauge>,
+    /// Hot-swaps by result (ok / failed).
+    pub swaps: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `sharehost_` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sharehost");
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            records: Family::default(),
+            batches: Family::default(),
+            faults: Family::default(),
+            guest_seconds: Family::new_with_constructor(guest_histogram),
+            renewals: Family::default(),
+            dead_lettered: Family::default(),
+            in_flight: Family::default(),
+            acks: Family::default(),
+            session_resets: Family::default(),
+            released_by_broker: Family::default(),
+            swaps: Family::default(),
+        };
+        registry.register(
+            "records",
+            "Records judged, by pipeline, plugin version and verdict",
+            m.records.clone(),
+        );
+        registry.register(
+            "batches",
+            "Plugin calls, by pipeline and plugin version",
+            m.batches.clone(),
+        );
+        registry.register(
+            "plugin_faults",
+            "Plugin faults, by pipeline, plugin version and kind",
+            m.faults.clone(),
+        );
+        registry.register(
+            "guest_seconds",
+            "Time spent in the guest per call",
+            m.guest_seconds.clone(),
+        );
+        registry.register(
+            "renewals",
+            "Records whose lock was renewed at the plugin's request",
+            m.renewals.clone(),
+        );
+        registry.register(
+            "dead_lettered",
+            "Records produced to the dead-letter topic",
+            m.dead_lettered.clone(),
+        );
+        registry.register(
+            "in_flight",
+            "Records acquired and not yet judged",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "acknowledged_offsets",
+            "Acknowledged offsets, by result",
+            m.acks.clone(),
+        );
+        registry.register(
+            "session_resets",
+            "Share sessions re-opened after errors",
+            m.session_resets.clone(),
+        );
+        registry.register(
+            "released_by_broker",
+            "Records the broker released when a session ended",
+            m.released_by_broker.clone(),
+        );
+        registry.register("swaps", "Plugin hot-swaps, by result", m.swaps.clone());
+        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
+        m
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}

@@ -1,0 +1,667 @@
+//! The one place where Kafka and Wasm meet: the share engine's records go to plugin instances in
+//! batches, verdicts come back, and this module decides what to acknowledge, what to dead-letter
+//! and what to present again. Hot-swap lives here too: a new plugin version is loaded, validated
+//! and initialised off the hot path and takes the next batch; batches in flight finish on the
+//! version they started with.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
+use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
+use crate::metrics::{Labels, Metrics};
+use crate::runtime::{InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, Verdict};
+use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
+use crate::share::ledger::{AckKind, TopicIdPartition};
+
+/// How long running batches may take to finish once shutdown starts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most extra plugin calls spent isolating poison records in a faulting batch.
+const MAX_ISOLATION_CALLS: usize = 16;
+
+/// Why a plugin version could not be made active.
+#[derive(Debug, thiserror::Error)]
+#[error("pipeline {pipeline}: cannot load {path}: {message}")]
+pub struct SwapError {
+    /// The pipeline.
+    pub pipeline: String,
+    /// The component that failed.
+    pub path: PathBuf,
+    /// Why.
+    pub message: String,
+}
+
+/// One loaded plugin version: `concurrency` instances of the same component.
+struct Version {
+    hash: String,
+    path: PathBuf,
+    instances: Mutex<Vec<Plugin>>,
+}
+
+/// Per-version counters shown by `GET /pipelines`.
+#[derive(Debug, Default, Serialize, Clone)]
+pub struct VersionCounters {
+    /// Records accepted.
+    pub accepted: u64,
+    /// Records released (by the plugin, the fault policy or renew exhaustion).
+    pub released: u64,
+    /// Records rejected.
+    pub rejected: u64,
+    /// Renewals granted.
+    pub renewed: u64,
+    /// Plugin faults.
+    pub faults: u64,
+    /// Plugin calls.
+    pub batches: u64,
+}
+
+/// What `GET /pipelines` shows for one pipeline.
+#[derive(Debug, Serialize, Clone)]
+pub struct PipelineStatus {
+    /// Pipeline name.
+    pub name: String,
+    /// starting, running, draining, stopped or failed.
+    pub state: String,
+    /// Content hash (sha256) of the active plugin version.
+    pub active_version: String,
+    /// Component path of the active version.
+    pub component: String,
+    /// Counters per plugin version hash.
+    pub versions: HashMap<String, VersionCounters>,
+    /// Records dead-lettered.
+    pub dead_lettered: u64,
+    /// Records acquired and not yet judged.
+    pub in_flight: u64,
+    /// Last hot-swap failure, if the last swap failed.
+    pub last_swap_error: Option<String>,
+}
+
+/// A running pipeline as the admin endpoints see it.
+pub struct Pipeline {
+    spec: PipelineSpec,
+    runtime: PluginRuntime,
+    metrics: Arc<Metrics>,
+    active: Mutex<Arc<Version>>,
+    swapping: tokio::sync::Mutex<()>,
+    state: Mutex<String>,
+    counters: Mutex<HashMap<String, VersionCounters>>,
+    dead_lettered: AtomicU64,
+    in_flight: AtomicU64,
+    last_swap_error: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn limits(spec: &PipelineSpec) -> PluginLimits {
+    PluginLimits {
+        max_memory: spec.memory_limit,
+        batch_deadline: spec.cpu_deadline,
+        instance_mode: match spec.instance_mode {
+            InstanceModeSpec::Reuse => InstanceMode::Reuse {
+                max_batches: spec.recycle_after,
+            },
+            InstanceModeSpec::Fresh => InstanceMode::FreshPerBatch,
+        },
+        ..PluginLimits::default()
+    }
+}
+
+async fn load_version(
+    runtime: &PluginRuntime,
+    spec: &PipelineSpec,
+    path: &Path,
+) -> Result<Version, SwapError> {
+    let config: Vec<(String, String)> = spec
+        .config
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut instances = Vec::with_capacity(spec.concurrency);
+    for _ in 0..spec.concurrency {
+        let plugin = runtime
+            .load(path, limits(spec), config.clone())
+            .await
+            .map_err(|e| SwapError {
+                pipeline: spec.name.clone(),
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        instances.push(plugin);
+    }
+    let hash = instances
+        .first()
+        .map(|p| p.content_hash().to_owned())
+        .unwrap_or_default();
+    Ok(Version {
+        hash,
+        path: path.to_owned(),
+        instances: Mutex::new(instances),
+    })
+}
+
+impl Pipeline {
+    /// Loads the pipeline's component (validated and initialised) without touching Kafka.
+    pub async fn load(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Pipeline>, SwapError> {
+        let version = load_version(&runtime, &spec, &spec.component).await?;
+        tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
+        Ok(Arc::new(Pipeline {
+            spec,
+            runtime,
+            metrics,
+            active: Mutex::new(Arc::new(version)),
+            swapping: tokio::sync::Mutex::new(()),
+            state: Mutex::new("starting".into()),
+            counters: Mutex::new(HashMap::new()),
+            dead_lettered: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            last_swap_error: Mutex::new(None),
+        }))
+    }
+
+    /// The pipeline's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The component path of the active version.
+    pub fn component(&self) -> PathBuf {
+        lock(&self.active).path.clone()
+    }
+
+    /// Content hash of the active version.
+    pub fn active_hash(&self) -> String {
+        lock(&self.active).hash.clone()
+    }
+
+    /// Status for `GET /pipelines`.
+    pub fn status(&self) -> PipelineStatus {
+        let active = lock(&self.active).clone();
+        PipelineStatus {
+            name: self.spec.name.clone(),
+            state: lock(&self.state).clone(),
+            active_version: active.hash.clone(),
+            component: active.path.display().to_string(),
+            versions: lock(&self.counters).clone(),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            last_swap_error: lock(&self.last_swap_error).clone(),
+        }
+    }
+
+    /// Loads `path` as the new version; it takes the next batch. A version that fails to load
+    /// or initialise leaves the old one running, and the failure is returned and remembered.
+    pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let labels: Labels = vec![("pipeline", self.spec.name.clone())];
+        match load_version(&self.runtime, &self.spec, path).await {
+            Ok(v) => {
+                let hash = v.hash.clone();
+                let old = std::mem::replace(&mut *lock(&self.active), Arc::new(v));
+                tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin hot-swapped");
+                *lock(&self.last_swap_error) = None;
+                let mut l = labels;
+                l.push(("result", "ok".into()));
+                self.metrics.swaps.get_or_create(&l).inc();
+                Ok(hash)
+            }
+            Err(e) => {
+                tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
+                *lock(&self.last_swap_error) = Some(e.to_string());
+                let mut l = labels;
+                l.push(("result", "failed".into()));
+                self.metrics.swaps.get_or_create(&l).inc();
+                Err(e)
+            }
+        }
+    }
+
+    fn set_state(&self, s: &str) {
+        *lock(&self.state) = s.to_owned();
+    }
+
+    fn count(&self, hash: &str, f: impl FnOnce(&mut VersionCounters)) {
+        f(lock(&self.counters).entry(hash.to_owned()).or_default());
+    }
+
+    fn labels(&self, hash: &str) -> Labels {
+        vec![
+            ("pipeline", self.spec.name.clone()),
+            ("version", short(hash).to_owned()),
+        ]
+    }
+
+    /// Runs the pipeline until `shutdown`: consume, judge, acknowledge, dead-letter; then drain:
+    /// stop fetching, let running batches finish (bounded), flush verdicts, release the rest,
+    /// close the sessions and leave the group.
+    pub async fn run(
+        self: Arc<Self>,
+        client: Arc<KafkaClient>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String> {
+        let spec = &self.spec;
+        let mut cfg = ShareConsumerConfig::new(
+            &spec.group,
+            &spec.topics.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        cfg.max_in_flight = spec.max_in_flight;
+        cfg.max_records = i32::try_from(spec.max_in_flight.min(10_000)).unwrap_or(500);
+        cfg.batch_size = i32::try_from(spec.batch_size).unwrap_or(500);
+        cfg.delivery_count_limit = spec.delivery_cap;
+        // With a dead-letter topic, capped records come to us still acquired, so they can be
+        // dead-lettered before their Reject goes out.
+        cfg.reject_poison = spec.dead_letter_topic.is_none();
+        cfg.auto_renew_after = Some(spec.auto_renew_after);
+        let consumer = Arc::new(
+            ShareConsumer::start(client.clone(), cfg)
+                .await
+                .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
+        );
+        self.set_state("running");
+        tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
+        let permits = Arc::new(Semaphore::new(spec.concurrency));
+        let (requeue_tx, mut requeue_rx) = mpsc::unbounded_channel::<ShareRecord>();
+        let renewals: Arc<Mutex<HashMap<(TopicIdPartition, i64), u32>>> = Arc::default();
+        let mut running = JoinSet::new();
+        let mut backlog: VecDeque<ShareRecord> = VecDeque::new();
+        let mut failure = None;
+        loop {
+            while let Ok(r) = requeue_rx.try_recv() {
+                backlog.push_back(r);
+            }
+            if backlog.is_empty() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    r = consumer.poll(Duration::from_millis(500)) => match r {
+                        Ok(Some(d)) => {
+                            if !d.poison.is_empty() {
+                                let this = self.clone();
+                                let (c, k) = (consumer.clone(), client.clone());
+                                running.spawn(async move { this.handle_poison(&c, &k, d.poison).await });
+                            }
+                            backlog.extend(d.records);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            failure = Some(format!("pipeline {}: {e}", spec.name));
+                            break;
+                        }
+                    },
+                    r = requeue_rx.recv() => if let Some(r) = r { backlog.push_back(r) },
+                }
+            }
+            self.publish_engine_stats(&consumer);
+            while let Some(Ok(())) = running.try_join_next() {}
+            if backlog.is_empty() {
+                continue;
+            }
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let take = backlog.len().min(spec.batch_size);
+            let batch: Vec<ShareRecord> = backlog.drain(..take).collect();
+            let this = self.clone();
+            let (c, k, rq, rn) = (
+                consumer.clone(),
+                client.clone(),
+                requeue_tx.clone(),
+                renewals.clone(),
+            );
+            running.spawn(async move {
+                this.judge(&c, &k, batch, &rq, &rn).await;
+                drop(permit);
+            });
+        }
+        // Drain: records not yet handed to a plugin are released at close; running batches
+        // get a bounded time to finish.
+        self.set_state("draining");
+        tracing::info!(pipeline = %spec.name, running = running.len(), unjudged = backlog.len(), "draining");
+        for r in backlog.drain(..) {
+            let _ = consumer.acknowledge(&r, AckKind::Release);
+        }
+        if tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(pipeline = %spec.name, "batches still running after {DRAIN_TIMEOUT:?}; their records are released");
+            running.abort_all();
+        }
+        while let Ok(r) = requeue_rx.try_recv() {
+            let _ = consumer.acknowledge(&r, AckKind::Release);
+        }
+        if !consumer.flush(Duration::from_secs(30)).await {
+            tracing::warn!(pipeline = %spec.name, "not every verdict was confirmed before close");
+        }
+        self.collect_outcomes(&consumer);
+        consumer.close(Duration::from_secs(30)).await;
+        self.publish_engine_stats(&consumer);
+        self.set_state(if failure.is_some() {
+            "failed"
+        } else {
+            "stopped"
+        });
+        tracing::info!(pipeline = %spec.name, "pipeline stopped");
+        match failure {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+
+    fn publish_engine_stats(&self, consumer: &ShareConsumer) {
+        let l: Labels = vec![("pipeline", self.spec.name.clone())];
+        let s = consumer.stats();
+        self.in_flight
+            .store(consumer.in_flight() as u64, Ordering::Relaxed);
+        self.metrics
+            .in_flight
+            .get_or_create(&l)
+            .set(consumer.in_flight() as i64);
+        self.metrics
+            .session_resets
+            .get_or_create(&l)
+            .set(s.session_resets.load(Ordering::Relaxed) as i64);
+        self.metrics
+            .released_by_broker
+            .get_or_create(&l)
+            .set(s.released_by_broker.load(Ordering::Relaxed) as i64);
+        for (result, v) in [("ok", &s.acks_ok), ("failed", &s.acks_failed)] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            self.metrics
+                .acks
+                .get_or_create(&l)
+                .set(v.load(Ordering::Relaxed) as i64);
+        }
+        self.collect_outcomes(consumer);
+    }
+
+    fn collect_outcomes(&self, consumer: &ShareConsumer) {
+        for o in consumer.take_outcomes() {
+            if let Some((e, msg)) = &o.error {
+                tracing::warn!(pipeline = %self.spec.name, topic = %o.topic, partition = o.partition, offsets = o.offsets(), "acknowledgement refused: {e:?} {msg}");
+            }
+        }
+    }
+
+    /// One batch: plugin call, verdicts, acknowledgements.
+    async fn judge(
+        &self,
+        consumer: &ShareConsumer,
+        client: &KafkaClient,
+        batch: Vec<ShareRecord>,
+        requeue: &mpsc::UnboundedSender<ShareRecord>,
+        renewals: &Mutex<HashMap<(TopicIdPartition, i64), u32>>,
+    ) {
+        let version = lock(&self.active).clone();
+        let Some(mut plugin) = lock(&version.instances).pop() else {
+            // Cannot happen (one permit per instance); release rather than lose anything.
+            for r in &batch {
+                let _ = consumer.acknowledge(r, AckKind::Release);
+            }
+            return;
+        };
+        let records: Vec<Record> = batch
+            .iter()
+            .map(|r| {
+                Record::from_consumed(
+                    r.topic.clone(),
+                    r.partition.partition,
+                    r.delivery_count,
+                    r.record.clone(),
+                )
+            })
+            .collect();
+        let labels = self.labels(&version.hash);
+        let started = Instant::now();
+        let policy = match self.spec.fault_policy {
+            FaultPolicy::Release => Verdict::Release,
+            FaultPolicy::Reject => Verdict::Reject(None),
+        };
+        // A faulting batch is split on fresh instances to find the poison record(s), so the
+        // innocent records are judged normally; records that fault alone get the policy verdict.
+        let (verdicts, faults) = plugin
+            .handle_isolating(&records, &policy, MAX_ISOLATION_CALLS)
+            .await;
+        if let Some(first) = faults.first() {
+            let (lo, hi) = (
+                batch.first().map(|r| r.record.offset),
+                batch.last().map(|r| r.record.offset),
+            );
+            tracing::warn!(
+                pipeline = %self.spec.name, version = %short(&version.hash), kind = %first.kind,
+                records = batch.len(), first_offset = ?lo, last_offset = ?hi, faults = faults.len(),
+                "plugin fault: {}", first.message
+            );
+            self.count(&version.hash, |c| c.faults += faults.len() as u64);
+            for f in &faults {
+                let mut l = labels.clone();
+                l.push(("kind", f.kind.as_str().into()));
+                self.metrics.faults.get_or_create(&l).inc();
+            }
+        }
+        let verdicts: Vec<Verdict> = match (&policy, faults.first()) {
+            (Verdict::Reject(_), Some(f)) => verdicts
+                .into_iter()
+                .map(|x| {
+                    if x == Verdict::Reject(None) {
+                        Verdict::Reject(Some(format!("plugin fault: {}", f.kind)))
+                    } else {
+                        x
+                    }
+                })
+                .collect(),
+            _ => verdicts,
+        };
+        let elapsed = started.elapsed();
+        lock(&version.instances).push(plugin);
+        self.metrics
+            .guest_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        self.metrics.batches.get_or_create(&labels).inc();
+        self.count(&version.hash, |c| c.batches += 1);
+
+        let mut rejects: Vec<(&ShareRecord, String)> = Vec::new();
+        for (r, v) in batch.iter().zip(verdicts) {
+            let kind = match v {
+                Verdict::Accept => AckKind::Accept,
+                Verdict::Release => AckKind::Release,
+                Verdict::Reject(reason) => {
+                    rejects.push((r, reason.unwrap_or_default()));
+                    continue;
+                }
+                Verdict::Renew => {
+                    let n = {
+                        let mut map = lock(renewals);
+                        let n = map.entry((r.partition, r.record.offset)).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if n <= self.spec.max_renewals {
+                        if matches!(consumer.acknowledge(r, AckKind::Renew), Ok(true)) {
+                            self.record(&version.hash, "renew");
+                            self.metrics.renewals.get_or_create(&labels).inc();
+                            self.count(&version.hash, |c| c.renewed += 1);
+                            let _ = requeue.send(r.clone());
+                        }
+                        continue;
+                    }
+                    // Out of renewals: give it back for another member or a later try.
+                    lock(renewals).remove(&(r.partition, r.record.offset));
+                    AckKind::Release
+                }
+            };
+            lock(renewals).remove(&(r.partition, r.record.offset));
+            self.ack(consumer, r, kind, &version.hash);
+        }
+        if !rejects.is_empty() {
+            self.reject(consumer, client, &rejects, &version.hash).await;
+        }
+    }
+
+    fn record(&self, hash: &str, verdict: &str) {
+        let mut l = self.labels(hash);
+        l.push(("verdict", verdict.into()));
+        self.metrics.records.get_or_create(&l).inc();
+    }
+
+    fn ack(&self, consumer: &ShareConsumer, r: &ShareRecord, kind: AckKind, hash: &str) {
+        match consumer.acknowledge(r, kind) {
+            Ok(true) => {
+                let name = match kind {
+                    AckKind::Accept => "accept",
+                    AckKind::Release => "release",
+                    AckKind::Reject => "reject",
+                    AckKind::Renew => "renew",
+                    AckKind::Gap => "gap",
+                };
+                self.record(hash, name);
+                self.count(hash, |c| match kind {
+                    AckKind::Accept => c.accepted += 1,
+                    AckKind::Release => c.released += 1,
+                    AckKind::Reject => c.rejected += 1,
+                    _ => {}
+                });
+            }
+            Ok(false) => {
+                tracing::debug!(pipeline = %self.spec.name, offset = r.record.offset, "verdict for a released record dropped")
+            }
+            Err(e) => {
+                tracing::error!(pipeline = %self.spec.name, offset = r.record.offset, "verdict refused: {e}")
+            }
+        }
+    }
+
+    /// Rejects records: dead-letters them first when a topic is configured; a record whose
+    /// dead-letter produce failed is released instead, never lost.
+    async fn reject(
+        &self,
+        consumer: &ShareConsumer,
+        client: &KafkaClient,
+        rejects: &[(&ShareRecord, String)],
+        hash: &str,
+    ) {
+        let Some(dlq) = &self.spec.dead_letter_topic else {
+            for (r, _) in rejects {
+                self.ack(consumer, r, AckKind::Reject, hash);
+            }
+            return;
+        };
+        let partitions = match client.topic(dlq) {
+            Some(t) => t.partitions.len().max(1),
+            None => {
+                let _ = client.refresh_metadata(std::slice::from_ref(dlq)).await;
+                client
+                    .topic(dlq)
+                    .map(|t| t.partitions.len().max(1))
+                    .unwrap_or(1)
+            }
+        };
+        let mut by_partition: HashMap<i32, Vec<(&ShareRecord, ProduceRecord)>> = HashMap::new();
+        for (r, reason) in rejects {
+            let dl = self.dead_letter(r, reason, hash);
+            let p = (r.partition.partition as usize % partitions) as i32;
+            by_partition.entry(p).or_default().push((r, dl));
+        }
+        let labels = self.labels(hash);
+        for (p, items) in by_partition {
+            let produce: Vec<ProduceRecord> = items.iter().map(|(_, d)| d.clone()).collect();
+            match client.produce(dlq, p, &produce, Compression::None).await {
+                Ok(_) => {
+                    self.dead_lettered
+                        .fetch_add(items.len() as u64, Ordering::Relaxed);
+                    self.metrics
+                        .dead_lettered
+                        .get_or_create(&labels)
+                        .inc_by(items.len() as u64);
+                    for (r, _) in &items {
+                        self.ack(consumer, r, AckKind::Reject, hash);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(pipeline = %self.spec.name, topic = %dlq, records = items.len(), "dead-letter produce failed, releasing the records instead: {e}");
+                    for (r, _) in &items {
+                        self.ack(consumer, r, AckKind::Release, hash);
+                    }
+                }
+            }
+        }
+    }
+
+    fn dead_letter(&self, r: &ShareRecord, reason: &str, hash: &str) -> ProduceRecord {
+        let h = |k: &str, v: String| Header {
+            key: k.to_owned(),
+            value: Some(Bytes::from(v)),
+        };
+        let mut headers = r.record.headers.clone();
+        headers.extend([
+            h("sharehost.original.topic", r.topic.to_string()),
+            h(
+                "sharehost.original.partition",
+                r.partition.partition.to_string(),
+            ),
+            h("sharehost.original.offset", r.record.offset.to_string()),
+            h("sharehost.delivery.count", r.delivery_count.to_string()),
+            h("sharehost.reason", reason.to_owned()),
+            h("sharehost.pipeline", self.spec.name.clone()),
+            h("sharehost.plugin", self.component().display().to_string()),
+            h("sharehost.plugin.version", hash.to_owned()),
+        ]);
+        ProduceRecord {
+            key: r.record.key.clone(),
+            value: r.record.value.clone(),
+            headers,
+            timestamp: Some(r.record.timestamp),
+        }
+    }
+
+    /// Records at the delivery cap: dead-letter (when configured) then Reject.
+    async fn handle_poison(
+        &self,
+        consumer: &ShareConsumer,
+        client: &KafkaClient,
+        poison: Vec<ShareRecord>,
+    ) {
+        let hash = self.active_hash();
+        if self.spec.dead_letter_topic.is_none() {
+            // The engine already rejected them.
+            for _ in &poison {
+                self.record(&hash, "reject");
+            }
+            self.count(&hash, |c| c.rejected += poison.len() as u64);
+            return;
+        }
+        let reasons: Vec<(&ShareRecord, String)> = poison
+            .iter()
+            .map(|r| {
+                (
+                    r,
+                    format!("delivery cap reached ({} deliveries)", r.delivery_count),
+                )
+            })
+            .collect();
+        self.reject(consumer, client, &reasons, &hash).await;
+    }
+}
+
+/// The first 12 hex digits of a content hash, for logs and metric labels.
+pub fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}
