@@ -1,0 +1,541 @@
+//! End to end through the `sharehost` binary against the real broker: verdict counts and dead
+//! letters, hot-swaps under load, and SIGTERM followed by a restart.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost_tests::{bootstrap, client, repo_root, unique};
+
+/// A running `sharehost run` with its admin address.
+struct Host {
+    child: Child,
+    admin: String,
+    stdout: Arc<std::sync::Mutex<String>>,
+}
+
+fn guest(name: &str) -> PathBuf {
+    let p = repo_root().join("target/guests").join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run dev/build-guests (dev/test does)",
+        p.display()
+    );
+    p
+}
+
+impl Host {
+    fn start(manifest: &Path) -> Host {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+            .arg("run")
+            .arg(manifest)
+            .env("SHAREHOST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sharehost");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[host] {line}");
+                if !sent && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
+                    let _ = tx.send(addr.trim().to_owned());
+                    sent = true;
+                }
+            }
+        });
+        let stdout = child.stdout.take().expect("stdout");
+        let out = Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(stdout).read_to_string(&mut s);
+            sink.lock().expect("lock").push_str(&s);
+        });
+        let admin = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the host announces its admin address");
+        Host {
+            child,
+            admin,
+            stdout: out,
+        }
+    }
+
+    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.admin).expect("admin connect");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write");
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read");
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let (code, body) = self.http("GET", "/pipelines", "");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON status")
+    }
+
+    /// Judged records (accepted + rejected + released) per version, summed.
+    fn judged(&self) -> u64 {
+        let s = self.status();
+        s[0]["versions"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .map(|c| {
+                        c["accepted"].as_u64().unwrap_or(0) + c["rejected"].as_u64().unwrap_or(0)
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    fn wait_judged(&self, at_least: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while self.judged() < at_least {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {at_least} judged: {}",
+                self.judged(),
+                self.status()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// SIGTERM, then wait for a clean exit; returns stdout.
+    fn stop(mut self) -> String {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok);
+        let status = self.child.wait().expect("wait");
+        assert!(
+            status.success(),
+            "sharehost exits 0 after SIGTERM, got {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        self.stdout.lock().expect("lock").clone()
+    }
+}
+
+fn write_manifest(
+    dir: &Path,
+    topic: &str,
+    group: &str,
+    dlq: &str,
+    component: &Path,
+    extra: &str,
+) -> PathBuf {
+    let text = format!(
+        r#"[cluster]
+bootstrap = "{}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "orders"
+topics = ["{topic}"]
+group = "{group}"
+component = "{}"
+config = {{ max-quantity = "100" }}
+batch_size = 50
+max_in_flight = 500
+delivery_cap = 4
+concurrency = 2
+dead_letter_topic = "{dlq}"
+{extra}
+"#,
+        bootstrap(),
+        component.display()
+    );
+    let path = dir.join("manifest.toml");
+    std::fs::write(&path, text).expect("write manifest");
+    path
+}
+
+fn order(i: usize) -> Bytes {
+    if i.is_multiple_of(10) {
+        Bytes::from(format!("{{broken order {i}"))
+    } else {
+        Bytes::from(format!(
+            r#"{{"id":"o{i}","sku":"A","quantity":{},"price":1.5}}"#,
+            i % 7 + 1
+        ))
+    }
+}
+
+async fn produce_orders(client: &KafkaClient, topic: &str, range: std::ops::Range<usize>) {
+    for chunk in range.collect::<Vec<_>>().chunks(100) {
+        let records: Vec<ProduceRecord> = chunk
+            .iter()
+            .map(|i| ProduceRecord {
+                key: Some(Bytes::from(format!("k{i}"))),
+                value: Some(order(*i)),
+                ..Default::default()
+            })
+            .collect();
+        let p = (chunk[0] / 100 % 3) as i32;
+        client
+            .produce(topic, p, &records, Compression::None)
+            .await
+            .expect("produce");
+    }
+}
+
+async fn setup(client: &KafkaClient) -> (String, String, String, PathBuf) {
+    let topic = unique("e2e");
+    let dlq = format!("{topic}-dlq");
+    client.create_topic(&topic, 3, 1, &[]).await.expect("topic");
+    client.create_topic(&dlq, 1, 1, &[]).await.expect("dlq");
+    let group = unique("e2e-group");
+    client
+        .alter_group_configs(
+            &group,
+            &[
+                ("share.auto.offset.reset", "earliest"),
+                ("share.heartbeat.interval.ms", "1000"),
+            ],
+        )
+        .await
+        .expect("group config");
+    let dir = std::env::temp_dir().join(unique("sharehost-e2e"));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    (topic, dlq, group, dir)
+}
+
+fn group_lag(group: &str) -> Vec<i64> {
+    let out = Command::new(repo_root().join("dev/kafka"))
+        .args([
+            "tool",
+            "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+            "--bootstrap-server",
+            &bootstrap(),
+        ])
+        .args(["--describe", "--group", group])
+        .output()
+        .expect("ShareGroupCommand");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(group))
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdict_counts_match_the_plugin_and_dead_letters_carry_their_provenance() {
+    let client = client().await;
+    let (topic, dlq, group, dir) = setup(&client).await;
+    let n = 600;
+    produce_orders(&client, &topic, 0..n).await;
+    let manifest = write_manifest(
+        &dir,
+        &topic,
+        &group,
+        &dlq,
+        &guest("order_validator.wasm"),
+        "",
+    );
+    let host = tokio::task::spawn_blocking(move || {
+        let host = Host::start(&manifest);
+        host.wait_judged(n as u64);
+        let status = host.status();
+        (host.stop(), status)
+    });
+    let (stdout, status) = host.await.expect("join");
+    let counters = status[0]["versions"]
+        .as_object()
+        .expect("versions")
+        .values()
+        .next()
+        .cloned()
+        .expect("one version");
+    let malformed = (0..n).filter(|i| i.is_multiple_of(10)).count() as u64;
+    assert_eq!(counters["rejected"].as_u64(), Some(malformed), "{status}");
+    assert_eq!(
+        counters["accepted"].as_u64(),
+        Some(n as u64 - malformed),
+        "{status}"
+    );
+    assert_eq!(status[0]["dead_lettered"].as_u64(), Some(malformed));
+    assert!(
+        stdout.contains(&format!(
+            "accepted {}, rejected {malformed}",
+            n as u64 - malformed
+        )),
+        "{stdout}"
+    );
+
+    // The dead-letter topic holds exactly the malformed records, with provenance headers.
+    let mut dead = Vec::new();
+    while dead.len() < malformed as usize {
+        let f = client
+            .fetch(&dlq, 0, dead.len() as i64, Duration::from_millis(500))
+            .await
+            .expect("fetch dlq");
+        dead.extend(f.records);
+    }
+    let fetched = client
+        .fetch(&dlq, 0, dead.len() as i64, Duration::from_millis(200))
+        .await
+        .expect("fetch dlq");
+    assert!(
+        fetched.records.is_empty(),
+        "nothing but the rejected records"
+    );
+    let mut seen = HashSet::new();
+    for d in &dead {
+        let h: HashMap<&str, String> = d
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.key.as_str(),
+                    String::from_utf8_lossy(h.value.as_deref().unwrap_or_default()).into_owned(),
+                )
+            })
+            .collect();
+        let value = String::from_utf8_lossy(d.value.as_deref().unwrap_or_default()).into_owned();
+        assert!(
+            value.starts_with("{broken order"),
+            "only malformed orders are dead-lettered: {value}"
+        );
+        assert_eq!(h.get("sharehost.original.topic"), Some(&topic));
+        assert!(
+            h.get("sharehost.original.offset")
+                .is_some_and(|o| o.parse::<i64>().is_ok())
+        );
+        assert!(h.contains_key("sharehost.original.partition"));
+        assert_eq!(
+            h.get("sharehost.delivery.count").map(String::as_str),
+            Some("1")
+        );
+        assert!(
+            h.get("sharehost.reason")
+                .is_some_and(|r| r.contains("not JSON")),
+            "{h:?}"
+        );
+        assert_eq!(
+            h.get("sharehost.pipeline").map(String::as_str),
+            Some("orders")
+        );
+        assert_eq!(h.get("sharehost.plugin.version").map(String::len), Some(64));
+        assert!(
+            seen.insert(value),
+            "each rejected record dead-lettered once"
+        );
+    }
+    assert!(
+        group_lag(&group).iter().all(|l| *l == 0),
+        "nothing left in flight"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
+    let client = Arc::new(client().await);
+    let (topic, dlq, group, dir) = setup(&client).await;
+    // The component path in the manifest is a copy the test replaces (the file watch), and the
+    // HTTP endpoint swaps to another file.
+    let live = dir.join("plugin.wasm");
+    std::fs::copy(guest("order_validator.wasm"), &live).expect("copy");
+    let manifest = write_manifest(&dir, &topic, &group, &dlq, &live, "");
+    let n = 3000;
+    produce_orders(&client, &topic, 0..500).await;
+    let host = tokio::task::spawn_blocking(move || Host::start(&manifest))
+        .await
+        .expect("join");
+    let host = Arc::new(host);
+    // Swap 1, through the file watch: the manifest's component file is replaced (atomically,
+    // as a deploy would) while records flow.
+    let h = host.clone();
+    tokio::task::spawn_blocking(move || h.wait_judged(200))
+        .await
+        .expect("join");
+    let first_version = host.status()[0]["active_version"]
+        .as_str()
+        .expect("hash")
+        .to_owned();
+    produce_orders(&client, &topic, 500..1500).await;
+    let staged = dir.join("plugin.wasm.new");
+    std::fs::copy(guest("accept_all.wasm"), &staged).expect("copy");
+    std::fs::rename(&staged, &live).expect("replace");
+    let h = host.clone();
+    let second_version = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = h.status()[0]["active_version"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if v != first_version {
+                return v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the file watch did not pick up the new component"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .expect("join");
+    // A component of the wrong world is refused and the active version keeps running.
+    let h = host.clone();
+    let bad = guest("fixture_missing_handle.wasm");
+    let (code, body) = tokio::task::spawn_blocking(move || {
+        h.http(
+            "POST",
+            "/pipelines/orders/swap",
+            &format!(r#"{{"path":"{}"}}"#, bad.display()),
+        )
+    })
+    .await
+    .expect("join");
+    assert_eq!(code, 422, "a broken version is refused: {body}");
+    assert_eq!(
+        host.status()[0]["active_version"].as_str(),
+        Some(second_version.as_str())
+    );
+    produce_orders(&client, &topic, 1500..2500).await;
+    // Swap 2, over HTTP, back to the validator.
+    let h = host.clone();
+    tokio::task::spawn_blocking(move || h.wait_judged(1000))
+        .await
+        .expect("join");
+    let validator = guest("order_validator.wasm");
+    let h = host.clone();
+    let (code, body) = tokio::task::spawn_blocking(move || {
+        h.http(
+            "POST",
+            "/pipelines/orders/swap",
+            &format!(r#"{{"path":"{}"}}"#, validator.display()),
+        )
+    })
+    .await
+    .expect("join");
+    assert_eq!(code, 200, "{body}");
+    produce_orders(&client, &topic, 2500..n).await;
+    let h = host.clone();
+    tokio::task::spawn_blocking(move || h.wait_judged(n as u64))
+        .await
+        .expect("join");
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    tokio::task::spawn_blocking(move || host.stop())
+        .await
+        .expect("join");
+    let versions = status[0]["versions"].as_object().expect("versions");
+    assert_eq!(
+        versions.len(),
+        2,
+        "two versions judged records (validator and accept-all): {status}"
+    );
+    let judged: u64 = versions
+        .values()
+        .map(|c| c["accepted"].as_u64().unwrap_or(0) + c["rejected"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        judged, n as u64,
+        "per-version counts add up to N: none lost, none judged twice: {status}"
+    );
+    assert!(
+        status[0]["last_swap_error"].is_null(),
+        "the later good swap cleared the error"
+    );
+    assert!(group_lag(&group).iter().all(|l| *l == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_then_a_restart_judges_every_record() {
+    let client = client().await;
+    let (topic, dlq, group, dir) = setup(&client).await;
+    let n = 2000;
+    produce_orders(&client, &topic, 0..n).await;
+    let manifest = write_manifest(
+        &dir,
+        &topic,
+        &group,
+        &dlq,
+        &guest("order_validator.wasm"),
+        "",
+    );
+    let m = manifest.clone();
+    let first = tokio::task::spawn_blocking(move || {
+        let host = Host::start(&m);
+        host.wait_judged(1);
+        let judged = host.judged();
+        (host.stop(), judged)
+    })
+    .await
+    .expect("join");
+    let m = manifest.clone();
+    let (second_out, _) = tokio::task::spawn_blocking(move || {
+        let host = Host::start(&m);
+        // Whatever the first run did not judge, the second one does.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let lag = group_lag(&group);
+            if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "records left after the restart: {lag:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        (host.stop(), ())
+    })
+    .await
+    .expect("join");
+    let parse = |out: &str, what: &str| -> u64 {
+        out.split(&format!("{what} "))
+            .nth(1)
+            .and_then(|r| r.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let total = |out: &str| parse(out, "accepted") + parse(out, "rejected");
+    let (first_out, _) = first;
+    let judged = total(&first_out) + total(&second_out);
+    assert!(
+        total(&first_out) > 0,
+        "the first run judged something before the signal: {first_out}"
+    );
+    assert!(
+        judged >= n as u64,
+        "every record judged across the two runs ({judged} of {n})"
+    );
+    println!(
+        "ledger: produced {n}, judged {judged}, duplicates {}",
+        judged - n as u64
+    );
+}
