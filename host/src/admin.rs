@@ -128,3 +128,41 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(token: Option<&str>) -> AdminState {
+        AdminState {
+            pipelines: Vec::new(),
+            metrics: Arc::new(Metrics::new()),
+            token: token.map(str::to_owned),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    fn headers(auth: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(a) = auth {
+            h.insert(header::AUTHORIZATION, a.parse().expect("header value"));
+        }
+        h
+    }
+
+    #[test]
+    fn mutating_endpoints_need_the_bearer_token_when_one_is_set() {
+        assert!(
+            authorized(&state(None), &headers(None)),
+            "no token configured: open"
+        );
+        let s = state(Some("s3cret"));
+        assert!(!authorized(&s, &headers(None)));
+        assert!(!authorized(&s, &headers(Some("Bearer wrong"))));
+        assert!(
+            !authorized(&s, &headers(Some("s3cret"))),
+            "the Bearer scheme is required"
+        );
+        assert!(authorized(&s, &headers(Some("Bearer s3cret"))));
+    }
+}
