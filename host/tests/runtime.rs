@@ -518,3 +518,33 @@ async fn plugin_verdicts(plugin: &mut Plugin, batch: &[Record]) -> Vec<Verdict> 
         BatchOutcome::Fault(f) => panic!("unexpected fault: {f:?}"),
     }
 }
+
+#[tokio::test]
+async fn isolating_a_faulted_batch_judges_the_innocent_records_normally() {
+    let rt = runtime();
+    let mut plugin = load(&rt, "fixture_panic").await;
+    let mut batch = good_batch();
+    batch.extend(poison_batch());
+    batch.push(record(30, "bad", &[]));
+    let (verdicts, faults) = plugin.handle_isolating(&batch, &Verdict::Release, 64).await;
+    assert_eq!(
+        verdicts,
+        vec![
+            Verdict::Accept,
+            Verdict::Accept,
+            Verdict::Accept,
+            Verdict::Release,
+            Verdict::Accept,
+            Verdict::Release,
+        ]
+    );
+    assert!(faults.iter().all(|f| f.kind == FaultKind::Panic));
+    assert!(
+        faults.len() >= 3,
+        "the batch, and each poison record: {faults:?}"
+    );
+
+    // With no budget for extra calls, the whole batch gets the policy.
+    let (verdicts, _) = plugin.handle_isolating(&batch, &Verdict::Release, 0).await;
+    assert!(verdicts.iter().all(|v| *v == Verdict::Release));
+}

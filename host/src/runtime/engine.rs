@@ -111,6 +111,9 @@ impl PluginRuntime {
     /// Refused before anything runs: unreadable file, not a component, an import not
     /// granted (named in the error), a missing or mistyped `init`/`handle` export. Then one
     /// instance is created and `init(config)` must succeed within the plugin's deadline.
+    ///
+    /// Compiling a component that is not in the cache takes tens of milliseconds of CPU on
+    /// the calling thread: load plugins at startup or on a dedicated task, not on a hot path.
     pub async fn load(
         &self,
         path: &Path,

@@ -261,6 +261,57 @@ impl Plugin {
         outcome
     }
 
+    /// Judges a batch like [`Plugin::handle`], but when the batch faults, splits it in halves
+    /// (recursively, on fresh instances) to find the poison records, so the innocent ones are
+    /// judged normally. Records that fault on their own get `policy`; the faults met on the
+    /// way are returned (the first is the whole batch's). At most `max_extra_calls` additional
+    /// calls are made (a spinning guest costs one deadline per call); ranges left unresolved
+    /// when the budget runs out get `policy` too.
+    pub async fn handle_isolating(
+        &mut self,
+        records: &[Record],
+        policy: &Verdict,
+        max_extra_calls: usize,
+    ) -> (Vec<Verdict>, Vec<Fault>) {
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; records.len()];
+        let mut faults = Vec::new();
+        let mut pending = vec![(0, records.len())];
+        let mut calls = 0usize;
+        while let Some((start, end)) = pending.pop() {
+            if start == end {
+                continue;
+            }
+            if calls > max_extra_calls {
+                verdicts[start..end].fill(Some(policy.clone()));
+                continue;
+            }
+            calls += 1;
+            match self.handle(&records[start..end]).await {
+                BatchOutcome::Verdicts(v) => {
+                    for (slot, v) in verdicts[start..end].iter_mut().zip(v) {
+                        *slot = Some(v);
+                    }
+                }
+                BatchOutcome::Fault(f) => {
+                    faults.push(f);
+                    if end - start == 1 {
+                        verdicts[start] = Some(policy.clone());
+                    } else {
+                        let mid = start + (end - start) / 2;
+                        // Pushed in reverse so the first half is judged first.
+                        pending.push((mid, end));
+                        pending.push((start, mid));
+                    }
+                }
+            }
+        }
+        let verdicts = verdicts
+            .into_iter()
+            .map(|v| v.unwrap_or_else(|| policy.clone()))
+            .collect();
+        (verdicts, faults)
+    }
+
     async fn call(&mut self, records: &[Record]) -> BatchOutcome {
         let n = records.len();
         let fault = |kind, message: String| {
