@@ -1,5 +1,5 @@
 //! The component glue, compiled only for wasm32: the generated bindings and the adapter from
-//! the flat wire batch to [`Record`] slices.
+//! the columnar wire batch to [`Record`] slices.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -23,7 +23,7 @@ pub mod bindings {
 }
 
 use bindings::sharehost::plugin::host::{self, Level as WireLevel};
-use bindings::sharehost::plugin::types::{Batch, Span, Verdict as WireVerdict};
+use bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
 
 thread_local! {
     /// The plugin value created by `init`; one per instance (components are single-threaded).
@@ -48,42 +48,53 @@ pub fn init<P: Plugin>(config: Vec<(String, String)>) -> Result<(), String> {
     Ok(())
 }
 
-fn slice(data: &[u8], span: Span) -> &[u8] {
-    let start = span.start as usize;
-    data.get(start..start.saturating_add(span.len as usize))
-        .unwrap_or(&[])
+/// The wire encoding of "null" in a span's start position (see `wit/plugin.wit`).
+const NULL_SPAN: u32 = u32::MAX;
+
+/// The bytes of span `i` (entries `2i`, `2i+1`) of `spans`; `None` for a null span. Spans
+/// outside `data` (a broken host) read as empty rather than panicking.
+fn span<'a>(data: &'a [u8], spans: &[u32], i: usize) -> Option<&'a [u8]> {
+    let start = *spans.get(2 * i)?;
+    if start == NULL_SPAN {
+        return None;
+    }
+    let len = spans.get(2 * i + 1).copied().unwrap_or(0) as usize;
+    let start = start as usize;
+    Some(data.get(start..start.saturating_add(len)).unwrap_or(&[]))
 }
 
-/// The `handle` export: views the flat batch as `Record`s and asks `P`.
+/// The `handle` export: views the columnar batch as `Record`s and asks `P`.
 pub fn handle<P: Plugin>(batch: Batch) -> Vec<WireVerdict> {
     let data = &batch.data[..];
-    let headers: Vec<Header<'_>> = batch
-        .headers
-        .iter()
+    let header_count = batch.header_spans.len() / 4;
+    let headers: Vec<Header<'_>> = (0..header_count)
         .map(|h| Header {
             // The host sends header keys that were valid UTF-8 Kafka strings.
-            key: std::str::from_utf8(slice(data, h.key)).unwrap_or(""),
-            value: h.value.map(|v| slice(data, v)),
+            key: span(data, &batch.header_spans, 2 * h)
+                .and_then(|k| std::str::from_utf8(k).ok())
+                .unwrap_or(""),
+            value: span(data, &batch.header_spans, 2 * h + 1),
         })
         .collect();
-    let records: Vec<Record<'_>> = batch
-        .records
-        .iter()
-        .map(|r| {
-            let hs = r.headers_start as usize;
+    let n = batch.offsets.len();
+    let records: Vec<Record<'_>> = (0..n)
+        .map(|i| {
+            let first = batch.header_ranges.get(2 * i).copied().unwrap_or(0) as usize;
+            let count = batch.header_ranges.get(2 * i + 1).copied().unwrap_or(0) as usize;
             Record {
                 topic: batch
-                    .topics
-                    .get(r.topic as usize)
+                    .topic_index
+                    .get(i)
+                    .and_then(|t| batch.topics.get(*t as usize))
                     .map_or("", String::as_str),
-                partition: r.partition,
-                offset: r.offset,
-                timestamp: r.timestamp,
-                delivery_count: r.delivery_count,
-                key: r.key.map(|s| slice(data, s)),
-                value: r.value.map(|s| slice(data, s)),
+                partition: batch.partitions.get(i).copied().unwrap_or(0),
+                offset: batch.offsets.get(i).copied().unwrap_or(0),
+                timestamp: batch.timestamps.get(i).copied().unwrap_or(0),
+                delivery_count: batch.delivery_counts.get(i).copied().unwrap_or(1),
+                key: span(data, &batch.key_spans, i),
+                value: span(data, &batch.value_spans, i),
                 headers: headers
-                    .get(hs..hs.saturating_add(r.headers_len as usize))
+                    .get(first..first.saturating_add(count))
                     .unwrap_or(&[]),
             }
         })

@@ -1,6 +1,6 @@
 //! Plugin runtime benchmark: ns/record of a guest call across batch sizes and value sizes,
 //! accept-all vs a value-reading guest vs the same logic in native Rust, reused vs fresh
-//! instance, compile vs load from the precompiled cache, and the flat batch layout against
+//! instance, compile vs load from the precompiled cache, and the columnar batch layout against
 //! the naive `list<record>` layout.
 //!
 //! Run (after `dev/build-guests`): `cargo bench -p sharehost --bench runtime`
@@ -336,9 +336,9 @@ mod naive {
             .await
             .expect("instantiate");
         println!(
-            "\n### Batch layout: naive `list<record>` vs flat (accept-all guest, reused instance, ns/record)\n"
+            "\n### Batch layout: naive `list<record>` vs columnar (accept-all guest, reused instance, ns/record)\n"
         );
-        println!("| records × value | naive list<record> | flat (sharehost:plugin) |");
+        println!("| records × value | naive list<record> | columnar (sharehost:plugin) |");
         println!("|---|---|---|");
         let rt = PluginRuntime::new(RuntimeConfig::default()).expect("runtime");
         let mut flat = load(

@@ -142,7 +142,7 @@ async fn good_batch_gets_one_verdict_per_record_in_order() {
 }
 
 #[tokio::test]
-async fn records_reach_the_guest_intact_through_the_flat_batch() {
+async fn records_reach_the_guest_intact_through_the_columnar_batch() {
     // The router reads headers and keys; the value reader reads values. Mixed topics,
     // null keys/values and null headers all cross the boundary.
     let rt = runtime();

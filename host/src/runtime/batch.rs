@@ -1,11 +1,12 @@
-//! What a plugin judges ([`Record`]) and how a batch crosses the sandbox boundary: flattened
-//! into one byte arena plus a typed index (see `wit/plugin.wit` and docs/wit.md for why).
+//! What a plugin judges ([`Record`]) and how a batch crosses the sandbox boundary: integer
+//! columns plus one byte buffer (see `wit/plugin.wit` and docs/wit.md for why: each column
+//! is lowered into the guest as one block copy).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::bindings::sharehost::plugin::types::{Batch, HeaderEntry, RecordEntry, Span};
+use super::bindings::sharehost::plugin::types::Batch;
 use crate::kafka::{ConsumedRecord, Header};
 
 /// One record as the runtime hands it to a plugin. Owns cheap, reference-counted pieces
@@ -52,6 +53,9 @@ impl Record {
     }
 }
 
+/// The wire encoding of "null" in a span's start position (see `wit/plugin.wit`).
+pub(crate) const NULL_SPAN: u32 = u32::MAX;
+
 /// The reusable wire batch: its vectors keep their capacity between calls, so steady-state
 /// encoding allocates nothing on the host.
 pub(crate) struct WireBatch {
@@ -63,43 +67,65 @@ impl Default for WireBatch {
         Self {
             batch: Batch {
                 topics: Vec::new(),
-                records: Vec::new(),
-                headers: Vec::new(),
+                topic_index: Vec::new(),
+                partitions: Vec::new(),
+                offsets: Vec::new(),
+                timestamps: Vec::new(),
+                delivery_counts: Vec::new(),
+                key_spans: Vec::new(),
+                value_spans: Vec::new(),
+                header_ranges: Vec::new(),
+                header_spans: Vec::new(),
                 data: Vec::new(),
             },
         }
     }
 }
 
-/// Why a batch cannot be encoded: the wire format uses 32-bit offsets.
+/// Why a batch cannot be encoded: the wire format uses 32-bit positions.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BatchTooLarge;
 
 impl WireBatch {
-    /// Refills the wire batch from `records`. Fails only when the batch's bytes exceed 4 GiB,
-    /// which no plugin memory could hold anyway.
+    /// Refills the wire batch from `records`. Fails only when the batch's bytes (or header
+    /// count) exceed what 32-bit positions can address, which no plugin memory could hold.
     pub(crate) fn fill(&mut self, records: &[Record]) -> Result<(), BatchTooLarge> {
         let b = &mut self.batch;
         b.topics.clear();
-        b.records.clear();
-        b.headers.clear();
+        b.topic_index.clear();
+        b.partitions.clear();
+        b.offsets.clear();
+        b.timestamps.clear();
+        b.delivery_counts.clear();
+        b.key_spans.clear();
+        b.value_spans.clear();
+        b.header_ranges.clear();
+        b.header_spans.clear();
         b.data.clear();
-        let bytes: usize = records
-            .iter()
-            .map(|r| {
-                r.key.as_ref().map_or(0, Bytes::len)
-                    + r.value.as_ref().map_or(0, Bytes::len)
-                    + r.headers
-                        .iter()
-                        .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len))
-                        .sum::<usize>()
-            })
-            .sum();
-        if u32::try_from(bytes).is_err() {
+        let mut bytes = 0usize;
+        let mut headers = 0usize;
+        for r in records {
+            bytes += r.key.as_ref().map_or(0, Bytes::len) + r.value.as_ref().map_or(0, Bytes::len);
+            for h in &r.headers {
+                bytes += h.key.len() + h.value.as_ref().map_or(0, Bytes::len);
+            }
+            headers += r.headers.len();
+        }
+        // Positions are u32 and u32::MAX is the null marker.
+        if bytes >= NULL_SPAN as usize || headers >= (u32::MAX / 4) as usize {
             return Err(BatchTooLarge);
         }
+        let n = records.len();
         b.data.reserve(bytes);
-        b.records.reserve(records.len());
+        b.topic_index.reserve(n);
+        b.partitions.reserve(n);
+        b.offsets.reserve(n);
+        b.timestamps.reserve(n);
+        b.delivery_counts.reserve(n);
+        b.key_spans.reserve(2 * n);
+        b.value_spans.reserve(2 * n);
+        b.header_ranges.reserve(2 * n);
+        b.header_spans.reserve(4 * headers);
         // Consecutive records usually share a topic: compare with the last one first (pointer,
         // then name) and search the (short) topic list only on a change.
         let mut last: Option<(&Arc<str>, u32)> = None;
@@ -118,37 +144,32 @@ impl WireBatch {
                     i
                 }
             };
-            let headers_start = b.headers.len();
+            b.topic_index.push(topic);
+            b.partitions.push(r.partition);
+            b.offsets.push(r.offset);
+            b.timestamps.push(r.timestamp);
+            b.delivery_counts.push(r.delivery_count);
+            push_span(&mut b.data, &mut b.key_spans, r.key.as_deref());
+            push_span(&mut b.data, &mut b.value_spans, r.value.as_deref());
+            b.header_ranges
+                .extend_from_slice(&[(b.header_spans.len() / 4) as u32, r.headers.len() as u32]);
             for h in &r.headers {
-                let key = push(&mut b.data, h.key.as_bytes());
-                let value = h.value.as_deref().map(|v| push(&mut b.data, v));
-                b.headers.push(HeaderEntry { key, value });
+                push_span(&mut b.data, &mut b.header_spans, Some(h.key.as_bytes()));
+                push_span(&mut b.data, &mut b.header_spans, h.value.as_deref());
             }
-            let key = r.key.as_deref().map(|k| push(&mut b.data, k));
-            let value = r.value.as_deref().map(|v| push(&mut b.data, v));
-            b.records.push(RecordEntry {
-                topic,
-                partition: r.partition,
-                offset: r.offset,
-                timestamp: r.timestamp,
-                delivery_count: r.delivery_count,
-                key,
-                value,
-                headers_start: headers_start as u32,
-                headers_len: r.headers.len() as u32,
-            });
         }
         Ok(())
     }
 }
 
-/// Appends `bytes` to the arena and returns their span. The caller checked that the whole
-/// batch fits in `u32`, so the casts cannot truncate.
-fn push(data: &mut Vec<u8>, bytes: &[u8]) -> Span {
-    let start = data.len() as u32;
-    data.extend_from_slice(bytes);
-    Span {
-        start,
-        len: bytes.len() as u32,
+/// Appends `bytes` (if any) to the arena and their (start, length) to `spans`; `None` is
+/// encoded as start [`NULL_SPAN`]. The caller checked that the batch fits in `u32`.
+fn push_span(data: &mut Vec<u8>, spans: &mut Vec<u32>, bytes: Option<&[u8]>) {
+    match bytes {
+        Some(bytes) => {
+            spans.extend_from_slice(&[data.len() as u32, bytes.len() as u32]);
+            data.extend_from_slice(bytes);
+        }
+        None => spans.extend_from_slice(&[NULL_SPAN, 0]),
     }
 }

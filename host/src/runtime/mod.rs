@@ -10,8 +10,8 @@
 //!   (`validate.rs`), an `InstancePre`, and a warm or fresh instance per batch. Every call runs
 //!   under a memory cap, a CPU deadline and bounds on verdicts and logs; anything a guest does
 //!   wrong becomes a [`BatchOutcome::Fault`], never a host crash.
-//! - [`Record`] and the flat wire batch (`batch.rs`): what a plugin judges, and how it crosses
-//!   the sandbox boundary in one buffer.
+//! - [`Record`] and the columnar wire batch (`batch.rs`): what a plugin judges, and how it
+//!   crosses the sandbox boundary as a few integer columns plus one byte buffer.
 //! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
 //! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
 //!
