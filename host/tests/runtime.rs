@@ -13,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use sharehost::kafka::{ConsumedRecord, Header};
 use sharehost::runtime::{
-    BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits, PluginRuntime, Record,
-    RuntimeConfig, Verdict,
+    AllocatorKind, BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits,
+    PluginRuntime, Record, RuntimeConfig, Verdict,
 };
 
 /// Path of a built guest; fails with the fix when the guests were not built.
@@ -547,4 +547,36 @@ async fn isolating_a_faulted_batch_judges_the_innocent_records_normally() {
     // With no budget for extra calls, the whole batch gets the policy.
     let (verdicts, _) = plugin.handle_isolating(&batch, &Verdict::Release, 0).await;
     assert!(verdicts.iter().all(|v| *v == Verdict::Release));
+}
+
+#[tokio::test]
+async fn on_demand_allocation_runs_plugins_too() {
+    let rt = PluginRuntime::new(RuntimeConfig {
+        pooling: false,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    assert_eq!(rt.allocator(), AllocatorKind::OnDemand);
+    let mut plugin = load(&rt, "fixture_echo").await;
+    assert!(plugin.handle(&good_batch()).await.fault().is_none());
+    let mut bomb = load(&rt, "fixture_memory_bomb").await;
+    assert_eq!(
+        bomb.handle(&poison_batch()).await.fault().map(|f| f.kind),
+        Some(FaultKind::OutOfMemory),
+        "the memory cap holds without the pool as well"
+    );
+}
+
+#[tokio::test]
+async fn a_pool_too_large_for_the_address_space_falls_back() {
+    // 1 million instances x 2 memories x (4 GiB + guard) cannot be reserved on any 64-bit
+    // machine; the runtime steps down (compact pool or on-demand) instead of failing.
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 1_000_000,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    assert_ne!(rt.allocator(), AllocatorKind::Pooling);
+    let mut plugin = load(&rt, "fixture_echo").await;
+    assert!(plugin.handle(&good_batch()).await.fault().is_none());
 }

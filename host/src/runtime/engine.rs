@@ -20,8 +20,14 @@ use super::validate;
 /// Which instance allocator the engine ended up with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocatorKind {
-    /// Pre-reserved slots sized to the plugin memory limit: instantiation is a few µs.
+    /// Pre-reserved slots with wasmtime's default 4 GiB reservation per memory (+ guard):
+    /// instantiation is a few µs and the compiled code needs no explicit bounds checks.
+    /// Growth is capped at the plugin memory limit.
     Pooling,
+    /// Pre-reserved slots whose reservation is the plugin memory limit itself: far less
+    /// address space (e.g. 64 MiB instead of 4 GiB per slot) at the price of explicit bounds
+    /// checks in compiled code. Used when the full-size pool cannot be reserved.
+    PoolingCompact,
     /// Memory mapped per instance: used when the pool's address space could not be reserved
     /// (e.g. small virtual address spaces, `ulimit -v`), or when pooling is switched off.
     OnDemand,
@@ -205,27 +211,48 @@ impl PluginRuntime {
     }
 }
 
+/// The pooling allocator's limits for `config`. With `compact`, each memory reserves only the
+/// plugin memory limit (plus a small guard) instead of 4 GiB plus a 32 MiB guard.
+fn pooling_config(config: &RuntimeConfig, compact: bool) -> Config {
+    let mut c = base_config();
+    let n = config.max_instances.max(1);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(n)
+        // A Rust component has one main module plus a few small shim modules.
+        .total_core_instances(n.saturating_mul(8))
+        .total_memories(n.saturating_mul(2))
+        .total_tables(n.saturating_mul(8))
+        .total_stacks(n)
+        .max_memory_size(config.max_plugin_memory)
+        // Keep a little of each slot resident so recycled instances fault in less.
+        .linear_memory_keep_resident(1 << 20);
+    if compact {
+        c.memory_reservation(config.max_plugin_memory as u64)
+            .memory_guard_size(64 << 10)
+            .memory_reservation_for_growth(0);
+    }
+    c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    c
+}
+
+/// Builds the engine, trying in order: the full-size pool, the compact pool, on-demand
+/// allocation. Each step down is logged; the chosen one is reported by
+/// [`PluginRuntime::allocator`]. The precompiled cache keys on the engine configuration, so
+/// artifacts of one step are never loaded by another.
 fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), RuntimeError> {
     if config.pooling {
-        let mut c = base_config();
-        let n = config.max_instances.max(1);
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(n)
-            // A Rust component has one main module plus a few small shim modules.
-            .total_core_instances(n.saturating_mul(8))
-            .total_memories(n.saturating_mul(2))
-            .total_tables(n.saturating_mul(8))
-            .total_stacks(n)
-            .max_memory_size(config.max_plugin_memory)
-            // Keep a little of each slot resident so recycled instances fault in less.
-            .linear_memory_keep_resident(1 << 20);
-        c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        match Engine::new(&c) {
-            Ok(e) => return Ok((e, AllocatorKind::Pooling)),
-            Err(e) => tracing::warn!(
-                error = %format!("{e:#}"),
-                "pooling allocator unavailable (address space?); falling back to on-demand allocation"
-            ),
+        for (compact, kind) in [
+            (false, AllocatorKind::Pooling),
+            (true, AllocatorKind::PoolingCompact),
+        ] {
+            match Engine::new(&pooling_config(config, compact)) {
+                Ok(e) => return Ok((e, kind)),
+                Err(e) => tracing::warn!(
+                    allocator = ?kind,
+                    error = %format!("{e:#}"),
+                    "cannot reserve the instance pool (address space?); trying a smaller one"
+                ),
+            }
         }
     }
     let mut c = base_config();
