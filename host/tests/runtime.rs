@@ -237,6 +237,22 @@ async fn wrong_verdict_count_is_a_fault() {
 }
 
 #[tokio::test]
+async fn a_flood_of_verdicts_is_refused_before_it_is_lifted() {
+    let rt = runtime();
+    let mut plugin = load(&rt, "fixture_wrong_count").await;
+    let outcome = plugin
+        .handle(&[record(1, "fine", &[]), record(2, "flood", &[])])
+        .await;
+    let fault = outcome.fault().expect("a fault");
+    assert_eq!(fault.kind, FaultKind::WrongVerdictCount);
+    assert_eq!(fault.message, "100002 verdicts for 2 records");
+    assert_eq!(
+        plugin.handle(&good_batch()).await,
+        BatchOutcome::Verdicts(vec![Verdict::Accept; 2])
+    );
+}
+
+#[tokio::test]
 async fn log_flood_is_bounded_and_judged_normally() {
     let rt = runtime();
     // A generous deadline: this test is about bounding output, not about time.

@@ -20,15 +20,6 @@ use wasmtime::component::Component;
 
 use super::error::RuntimeError;
 
-/// Where a component came from, for logs and benchmarks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    /// Compiled now (no cache, or a miss).
-    Compiled,
-    /// Mapped from the cache.
-    Cached,
-}
-
 /// The cache directory plus the engine fingerprint its file names embed.
 pub(crate) struct Cache {
     dir: PathBuf,
@@ -100,36 +91,34 @@ impl Cache {
             .join(format!("{content_hash}-{}.cwasm", self.engine_tag))
     }
 
-    /// Loads the component from the cache, or compiles it and stores the artifact.
-    /// A cache entry wasmtime refuses (e.g. truncated by a crash) is replaced.
-    pub(crate) fn get_or_compile(
-        &self,
-        engine: &Engine,
-        bytes: &[u8],
-        content_hash: &str,
-    ) -> Result<(Component, Origin), String> {
+    /// Maps the component from the cache, if this host stored it before. An entry wasmtime
+    /// refuses (e.g. truncated by a crash) is deleted and reported as a miss.
+    pub(crate) fn get(&self, engine: &Engine, content_hash: &str) -> Option<Component> {
         let path = self.path_for(content_hash);
-        if path.is_file() {
-            match sharehost_trusted_cwasm::load_host_precompiled(engine, &path) {
-                Ok(c) => return Ok((c, Origin::Cached)),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "discarding an unusable cache entry");
-                    let _ = std::fs::remove_file(&path);
-                }
+        if !path.is_file() {
+            return None;
+        }
+        match sharehost_trusted_cwasm::load_host_precompiled(engine, &path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "discarding an unusable cache entry");
+                let _ = std::fs::remove_file(&path);
+                None
             }
         }
-        let artifact = engine
-            .precompile_component(bytes)
-            .map_err(|e| format!("{e:#}"))?;
-        if let Err(e) = self.store(&path, &artifact) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the precompiled cache; continuing without it");
-            return Component::new(engine, bytes)
-                .map(|c| (c, Origin::Compiled))
-                .map_err(|e| format!("{e:#}"));
-        }
-        sharehost_trusted_cwasm::load_host_precompiled(engine, &path)
-            .map(|c| (c, Origin::Compiled))
+    }
+
+    /// Stores a compiled (and already validated) component. A failure is logged, not fatal:
+    /// the next load compiles again.
+    pub(crate) fn put(&self, component: &Component, content_hash: &str) {
+        let path = self.path_for(content_hash);
+        let result = component
+            .serialize()
             .map_err(|e| format!("{e:#}"))
+            .and_then(|bytes| self.store(&path, &bytes).map_err(|e| e.to_string()));
+        if let Err(e) = result {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the precompiled cache; continuing without it");
+        }
     }
 
     /// Writes an artifact atomically: a temporary file in the same directory, then a rename,

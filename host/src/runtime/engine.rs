@@ -10,7 +10,7 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
 use super::bindings;
-use super::cache::{self, Cache, Origin};
+use super::cache::{self, Cache};
 use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
 use super::host::StoreState;
@@ -67,6 +67,15 @@ impl Drop for RuntimeInner {
             let _ = t.join();
         }
     }
+}
+
+/// Where a component came from, for the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Compiled now (no cache, or a miss).
+    Compiled,
+    /// Mapped from the cache.
+    Cached,
 }
 
 fn base_config() -> Config {
@@ -153,14 +162,20 @@ impl PluginRuntime {
             path: path.to_owned(),
             message,
         };
-        let (component, origin) = match &inner.cache {
-            Some(c) => c
-                .get_or_compile(&inner.engine, &bytes, &hash)
-                .map_err(compile_err)?,
-            None => (
-                Component::new(&inner.engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?,
-                Origin::Compiled,
-            ),
+        let cached = inner
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(&inner.engine, &hash));
+        let origin = if cached.is_some() {
+            Origin::Cached
+        } else {
+            Origin::Compiled
+        };
+        let component = match cached {
+            Some(c) => c,
+            None => {
+                Component::new(&inner.engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?
+            }
         };
         let forbidden = validate::forbidden_imports(&inner.engine, &component);
         if !forbidden.is_empty() {
@@ -174,6 +189,10 @@ impl PluginRuntime {
                 path: path.to_owned(),
                 message,
             });
+        }
+        // Only components that passed validation are cached.
+        if let (Some(cache), Origin::Compiled) = (&inner.cache, origin) {
+            cache.put(&component, &hash);
         }
         Ok((component, hash, origin))
     }

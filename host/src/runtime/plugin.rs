@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::Component;
+use wasmtime::component::{Component, Func, WasmList};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::batch::{Record, WireBatch};
-use super::bindings::sharehost::plugin::types::Verdict as WireVerdict;
+use super::bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
 use super::bindings::{self, PluginPre};
 use super::config::{InstanceMode, PluginLimits};
 use super::engine::PluginRuntime;
@@ -137,7 +137,9 @@ pub struct PluginStats {
 /// A warm instance and how many batches it has served.
 struct Warm {
     store: Store<StoreState>,
-    bindings: bindings::Plugin,
+    /// The `handle` export, called with a result type that lets the host check the verdict
+    /// count before lifting anything (the generated binding would lift the whole list).
+    handle: Func,
     batches: u32,
 }
 
@@ -338,16 +340,20 @@ impl Plugin {
         let deadline = self.limits.batch_deadline;
         warm.store.data_mut().begin_call(Instant::now() + deadline);
         warm.store.set_epoch_deadline(1);
-        let result = tokio::time::timeout(
-            deadline + OUTER_TIMEOUT_GRACE,
-            warm.bindings.call_handle(&mut warm.store, &self.wire.batch),
-        )
+        let handle = warm.handle;
+        let batch = &self.wire.batch;
+        let store = &mut warm.store;
+        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, async {
+            let typed = handle.typed::<(&Batch,), (WasmList<WireVerdict>,)>(&*store)?;
+            let (list,) = typed.call_async(&mut *store, (batch,)).await?;
+            Ok::<_, wasmtime::Error>(list)
+        })
         .await;
         let drained = warm.store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
-        let verdicts = match result {
-            Ok(Ok(v)) => v,
+        let list = match result {
+            Ok(Ok(list)) => list,
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, warm.store.data(), &stderr);
                 return fault(kind, message);
@@ -359,12 +365,21 @@ impl Plugin {
                 );
             }
         };
-        if verdicts.len() != n {
+        // Checked before lifting: a guest returning millions of verdicts costs the host
+        // nothing but this comparison.
+        if list.len() != n {
             return fault(
                 FaultKind::WrongVerdictCount,
-                format!("{} verdicts for {n} records", verdicts.len()),
+                format!("{} verdicts for {n} records", list.len()),
             );
         }
+        let lifted = list
+            .iter::<StoreState>(&mut warm.store)
+            .and_then(|items| items.collect::<wasmtime::Result<Vec<WireVerdict>>>());
+        let verdicts = match lifted {
+            Ok(v) => v,
+            Err(e) => return fault(FaultKind::Trap, format!("unreadable verdicts: {e:#}")),
+        };
         let max_reason = self.limits.max_reason_bytes;
         let verdicts = verdicts
             .into_iter()
@@ -421,18 +436,26 @@ impl Plugin {
             records: 0,
         };
         let setup = async {
-            let bindings = self.pre.instantiate_async(&mut store).await?;
+            let instance = self
+                .pre
+                .instance_pre()
+                .instantiate_async(&mut store)
+                .await?;
+            let bindings = bindings::Plugin::new(&mut store, &instance)?;
+            let handle = instance
+                .get_func(&mut store, "handle")
+                .ok_or_else(|| wasmtime::format_err!("export `handle` disappeared"))?;
             let r = bindings.call_init(&mut store, &self.config).await?;
-            Ok::<_, wasmtime::Error>((bindings, r))
+            Ok::<_, wasmtime::Error>((handle, r))
         };
         let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, setup).await;
         let drained = store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
         match result {
-            Ok(Ok((bindings, Ok(())))) => Ok(Warm {
+            Ok(Ok((handle, Ok(())))) => Ok(Warm {
                 store,
-                bindings,
+                handle,
                 batches: 0,
             }),
             Ok(Ok((_, Err(message)))) => Err(init_fault(
