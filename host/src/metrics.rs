@@ -45,6 +45,8 @@ pub struct Metrics {
     pub released_by_broker: Family<Labels, Gauge>,
     /// Hot-swaps by result (ok / failed).
     pub swaps: Family<Labels, Counter>,
+    /// Assignment changes (share-group rebalances) seen by the pipeline's member.
+    pub rebalances: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -70,6 +72,7 @@ impl Metrics {
             session_resets: Family::default(),
             released_by_broker: Family::default(),
             swaps: Family::default(),
+            rebalances: Family::default(),
         };
         registry.register(
             "records",
@@ -122,6 +125,11 @@ impl Metrics {
             m.released_by_broker.clone(),
         );
         registry.register("swaps", "Plugin hot-swaps, by result", m.swaps.clone());
+        registry.register(
+            "rebalances",
+            "Assignment changes seen by the pipeline's member",
+            m.rebalances.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m
     }

@@ -176,6 +176,8 @@ pub struct ConsumerStats {
     pub acks_failed: AtomicU64,
     /// Records renewed (lock extended).
     pub renewed: AtomicU64,
+    /// Times the coordinator changed this member's assignment (share-group rebalances).
+    pub assignment_changes: AtomicU64,
 }
 
 /// Why the consumer stopped or refused a call.
@@ -602,6 +604,10 @@ async fn heartbeat_loop(
             }
         };
         if *assign_tx.borrow() != *membership.assignment() {
+            shared
+                .stats
+                .assignment_changes
+                .fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 group = membership.group(),
                 partitions = membership.assignment().len(),
