@@ -378,6 +378,10 @@ impl Pipeline {
             .get_or_create(&l)
             .set(s.session_resets.load(Ordering::Relaxed) as i64);
         self.metrics
+            .rebalances
+            .get_or_create(&l)
+            .set(s.assignment_changes.load(Ordering::Relaxed) as i64);
+        self.metrics
             .released_by_broker
             .get_or_create(&l)
             .set(s.released_by_broker.load(Ordering::Relaxed) as i64);
