@@ -49,6 +49,40 @@
 //! `crate-type = ["cdylib"]` (see `docs/plugin-guide.md`), then try it offline with
 //! `sharehost test-plugin target/wasm32-wasip2/release/NAME.wasm --input records.jsonl`.
 //!
+//! # A wrong signature is a compile error
+//!
+//! `export!` only accepts types that implement [`Plugin`]; anything else fails with
+//! "`NotAPlugin` is not a sharehost plugin" and a note listing the two methods to write:
+//!
+//! ```compile_fail
+//! pub struct NotAPlugin;
+//!
+//! impl NotAPlugin {
+//!     // Looks right, but is not the trait's method: no `impl Plugin for NotAPlugin`.
+//!     pub fn handle(&mut self, _value: &[u8]) -> bool {
+//!         true
+//!     }
+//! }
+//!
+//! sharehost_guest::export!(NotAPlugin);
+//! ```
+//!
+//! ```compile_fail
+//! use sharehost_guest::{Config, Plugin, Record, Verdict};
+//!
+//! pub struct WrongReturn;
+//!
+//! impl Plugin for WrongReturn {
+//!     fn init(_config: &Config) -> Result<Self, String> {
+//!         Ok(WrongReturn)
+//!     }
+//!     // error[E0053]: method `handle` has an incompatible type for trait
+//!     fn handle(&mut self, _record: &Record<'_>) -> bool {
+//!         true
+//!     }
+//! }
+//! ```
+//!
 //! # What the sandbox allows
 //! No files, no network, no environment variables; stdout and stderr are captured and
 //! logged by the host (bounded). Use [`log`] for structured messages. Every batch runs under
