@@ -210,10 +210,12 @@ async fn main() {
         ..RuntimeConfig::default()
     })
     .expect("runtime");
-    if std::env::var_os("SHAREHOST_BENCH_PROFILE").is_some() {
-        // A single hot loop for `perf record`: accept-all, 500 × 100 B, reused instance.
+    if let Some(n) = std::env::var_os("SHAREHOST_BENCH_PROFILE") {
+        // A single hot loop for `perf record`: accept-all, N × 100 B (N = the variable's
+        // value, 500 when it is not a number), reused instance.
+        let n = n.to_str().and_then(|s| s.parse().ok()).unwrap_or(500);
         let mut plugin = load(&rt, "accept_all", reuse).await;
-        let records = batch(500, 100);
+        let records = batch(n, 100);
         let until = Instant::now() + Duration::from_secs(5);
         while Instant::now() < until {
             black_box(plugin.handle(&records).await);

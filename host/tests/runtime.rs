@@ -340,6 +340,7 @@ async fn bytes_that_are_not_a_component_are_refused() {
         .await
         .expect_err("must be refused");
     assert!(matches!(missing, LoadError::Read { .. }), "{missing}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -474,6 +475,7 @@ async fn precompiled_cache_is_written_once_and_reused() {
             .mode();
         assert_eq!(mode & 0o777, 0o700, "the cache directory is private");
     }
+    let _ = std::fs::remove_dir_all(cache.parent().unwrap_or(&cache));
 }
 
 #[tokio::test]
@@ -497,6 +499,7 @@ async fn corrupt_cache_entry_is_replaced_not_trusted() {
     let mut again = load(&rt, "accept_all").await;
     assert!(again.handle(&good_batch()).await.fault().is_none());
     assert!(std::fs::metadata(&entry).expect("rewritten").len() > 1000);
+    let _ = std::fs::remove_dir_all(cache.parent().unwrap_or(&cache));
 }
 
 #[tokio::test]
