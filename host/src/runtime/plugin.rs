@@ -477,6 +477,14 @@ impl Plugin {
     }
 }
 
+/// Longest fault message kept (a deep recursion's wasm backtrace can run to megabytes).
+const MAX_FAULT_MESSAGE: usize = 512;
+
+/// The cause of a failed call without wasmtime's wasm backtrace context, bounded.
+fn cause(e: &wasmtime::Error) -> String {
+    truncate(e.root_cause().to_string(), MAX_FAULT_MESSAGE)
+}
+
 /// Maps a failed call onto a fault kind, most specific evidence first.
 fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind, String) {
     if state.timed_out {
@@ -486,21 +494,21 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         );
     }
     if state.limiter.hit {
-        return (FaultKind::OutOfMemory, format!("{e:#}"));
+        return (FaultKind::OutOfMemory, cause(e));
     }
-    let trap = e.downcast_ref::<Trap>().copied();
     if let Some(at) = stderr.find("panicked at") {
         // Rust's panic hook prints "thread '…' panicked at FILE:LINE:COL:\nMESSAGE".
         let text = stderr[at..].trim();
         let text = text.split("\nnote: run with").next().unwrap_or(text);
-        let mut text = text.chars().take(1024).collect::<String>();
-        text = text.replace('\n', " ");
-        return (FaultKind::Panic, text);
+        return (
+            FaultKind::Panic,
+            truncate(text.replace('\n', " "), MAX_FAULT_MESSAGE),
+        );
     }
-    match trap {
-        Some(Trap::StackOverflow) => (FaultKind::StackOverflow, format!("{e:#}")),
-        Some(Trap::Interrupt) => (FaultKind::Timeout, format!("{e:#}")),
-        _ => (FaultKind::Trap, format!("{e:#}")),
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => (FaultKind::StackOverflow, cause(e)),
+        Some(Trap::Interrupt) => (FaultKind::Timeout, cause(e)),
+        _ => (FaultKind::Trap, cause(e)),
     }
 }
 
