@@ -859,6 +859,12 @@ impl LeaderWorker {
             self.close_session(conn, session, version).await;
             return Step::Exit;
         }
+        // Register for wake-ups before looking at the state: a verdict recorded between the
+        // checks below and the wait would otherwise be missed until the fallback timer fires.
+        let shared = self.shared.clone();
+        let wake = shared.wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
         self.schedule_auto_renew();
         let wanted = self.wanted_rx.borrow_and_update().clone();
         let serves = self.serves(session);
@@ -893,14 +899,14 @@ impl LeaderWorker {
             tokio::select! {
                 _ = self.stop.cancelled() => {}
                 _ = rx.changed() => {}
-                _ = self.shared.wake.notified() => {}
+                _ = &mut wake => {}
             }
             return Step::Continue;
         }
         // At the in-flight bound with nothing to send: wait for a verdict, waking in time for
         // auto-renew.
         tokio::select! {
-            _ = self.shared.wake.notified() => {}
+            _ = &mut wake => {}
             _ = self.stop.cancelled() => {}
             _ = tokio::time::sleep(cfg.max_wait) => {}
         }
