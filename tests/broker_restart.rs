@@ -2,7 +2,6 @@
 //! and the client recovers once the broker is back. Its own test binary, because stopping the
 //! broker would disturb tests running beside it (cargo runs test binaries one after another).
 
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,15 +9,7 @@ use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::{BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::{StrBytes, VersionRange};
 use sharehost::kafka::{Compression, KafkaError, OffsetSpec, ProduceRecord};
-use sharehost_tests::{bootstrap, client, init_logging, repo_root, unique};
-
-fn harness(cmd: &str) {
-    let status = Command::new(repo_root().join("dev/kafka"))
-        .arg(cmd)
-        .status()
-        .expect("run dev/kafka");
-    assert!(status.success(), "dev/kafka {cmd} failed");
-}
+use sharehost_tests::{bootstrap, client, harness, init_logging, unique};
 
 #[tokio::test]
 async fn a_broker_stopped_mid_request_gives_an_error_and_the_client_recovers() {

@@ -3,7 +3,6 @@
 //! binary because it stops the shared test broker.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,15 +11,7 @@ use bytes::Bytes;
 use sharehost::kafka::{Compression, ProduceRecord};
 use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
 use sharehost::share::ledger::AckKind;
-use sharehost_tests::{client, init_logging, repo_root, unique};
-
-fn harness(cmd: &str) {
-    let status = Command::new(repo_root().join("dev/kafka"))
-        .arg(cmd)
-        .status()
-        .expect("run dev/kafka");
-    assert!(status.success(), "dev/kafka {cmd} failed");
-}
+use sharehost_tests::{client, fresh_group, harness, init_logging, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_survives_a_broker_restart_and_loses_nothing() {
@@ -48,17 +39,7 @@ async fn the_engine_survives_a_broker_restart_and_loses_nothing() {
             .await
             .expect("produce");
     }
-    let group = unique("group");
-    client
-        .alter_group_configs(
-            &group,
-            &[
-                ("share.auto.offset.reset", "earliest"),
-                ("share.heartbeat.interval.ms", "1000"),
-            ],
-        )
-        .await
-        .expect("group config");
+    let group = fresh_group(&client, None).await;
     let mut config = ShareConsumerConfig::new(&group, &[&topic]);
     config.max_records = 20;
     config.batch_size = 20;

@@ -1,7 +1,6 @@
 //! The share consumer engine against the real broker.
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +8,7 @@ use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use sharehost::share::ledger::AckKind;
-use sharehost_tests::{client, init_logging, repo_root, unique};
+use sharehost_tests::{client, fresh_group, group_lag, init_logging, unique};
 
 /// Creates a topic with `partitions` partitions and `per_partition` records in each; values
 /// name their partition and index so the test can check exactly-once delivery.
@@ -41,30 +40,6 @@ async fn topic_with_records(
             .expect("produce");
     }
     (topic, ids)
-}
-
-/// A group that starts from the earliest offset and heartbeats every second (the harness lowers
-/// the broker minimum so tests do not wait 5 s for an assignment).
-async fn fast_group(client: &KafkaClient) -> String {
-    group_with_lock(client, None).await
-}
-
-/// Like [`fast_group`], with the record lock duration set (the harness allows 1 s and up).
-async fn group_with_lock(client: &KafkaClient, lock_ms: Option<u32>) -> String {
-    let group = unique("group");
-    let lock = lock_ms.map(|l| l.to_string());
-    let mut configs = vec![
-        ("share.auto.offset.reset", "earliest"),
-        ("share.heartbeat.interval.ms", "1000"),
-    ];
-    if let Some(l) = &lock {
-        configs.push(("share.record.lock.duration.ms", l.as_str()));
-    }
-    client
-        .alter_group_configs(&group, &configs)
-        .await
-        .expect("group config");
-    group
 }
 
 fn value(r: &ShareRecord) -> String {
@@ -116,38 +91,12 @@ async fn accept_all(consumer: &ShareConsumer, want: usize, accepted: &mut Vec<St
     }
 }
 
-/// The group's lag per partition, from Apache's own ShareGroupCommand.
-fn group_lag(group: &str) -> Vec<i64> {
-    let out = Command::new(repo_root().join("dev/kafka"))
-        .args([
-            "tool",
-            "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
-            "--bootstrap-server",
-            &sharehost_tests::bootstrap(),
-            "--describe",
-            "--group",
-            group,
-        ])
-        .output()
-        .expect("run ShareGroupCommand");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "ShareGroupCommand failed: {text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text.lines()
-        .filter(|l| l.starts_with(group))
-        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
-        .collect()
-}
-
 #[tokio::test]
 async fn one_member_gets_every_record_exactly_once_and_leaves_nothing_in_flight() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 3, 100).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let consumer =
         ShareConsumer::start(client.clone(), ShareConsumerConfig::new(&group, &[&topic]))
             .await
@@ -172,7 +121,7 @@ async fn two_members_in_one_group_accept_each_record_once_and_miss_none() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 4, 150).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let a = ShareConsumer::start(client.clone(), ShareConsumerConfig::new(&group, &[&topic]))
         .await
         .expect("a");
@@ -214,7 +163,7 @@ async fn release_redelivers_with_a_higher_delivery_count_and_reject_archives() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, _) = topic_with_records(&client, 1, 2).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
         .expect("start");
@@ -263,7 +212,7 @@ async fn a_record_without_a_verdict_comes_back_after_its_lock_expires() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, _) = topic_with_records(&client, 1, 1).await;
-    let group = group_with_lock(&client, Some(1500)).await;
+    let group = fresh_group(&client, Some(1500)).await;
     let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
         .expect("start");
@@ -285,7 +234,7 @@ async fn hold_past_the_lock(auto: bool) {
     let client = Arc::new(client().await);
     let (topic, _) = topic_with_records(&client, 1, 1).await;
     let lock_ms = 1500;
-    let group = group_with_lock(&client, Some(lock_ms)).await;
+    let group = fresh_group(&client, Some(lock_ms)).await;
     let mut config = start_config(&group, &[&topic]);
     if auto {
         config.auto_renew_after = Some(0.4);
@@ -358,7 +307,7 @@ async fn the_delivery_cap_rejects_a_poison_record_before_the_handler_sees_it() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, _) = topic_with_records(&client, 1, 1).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let mut config = start_config(&group, &[&topic]);
     config.delivery_count_limit = Some(3);
     let c = ShareConsumer::start(client.clone(), config)
@@ -405,7 +354,7 @@ async fn graceful_close_releases_unjudged_records_at_once() {
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 1, 20).await;
     // A one-minute lock: only the close can hand the records over within the test's deadline.
-    let group = group_with_lock(&client, Some(60_000)).await;
+    let group = fresh_group(&client, Some(60_000)).await;
     let a = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
         .expect("a");
@@ -443,7 +392,7 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 2, 50).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
         .expect("start");
@@ -489,7 +438,7 @@ async fn a_member_that_leaves_and_a_new_one_that_joins_share_the_work() {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 2, 60).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let mut accepted = Vec::new();
     let first = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
@@ -516,7 +465,7 @@ async fn one_consumer_subscribes_to_several_topics() {
     let client = Arc::new(client().await);
     let (t1, ids1) = topic_with_records(&client, 2, 25).await;
     let (t2, ids2) = topic_with_records(&client, 1, 25).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let c = ShareConsumer::start(client.clone(), start_config(&group, &[&t1, &t2]))
         .await
         .expect("start");
@@ -553,7 +502,7 @@ async fn the_engine_works_over_tls_with_scram() {
         .expect("SASL_SSL client"),
     );
     let (topic, ids) = topic_with_records(&client, 2, 30).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let c = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
         .await
         .expect("start");
@@ -568,7 +517,7 @@ async fn fetching_pauses_at_the_in_flight_bound_and_resumes_as_verdicts_go_out()
     init_logging();
     let client = Arc::new(client().await);
     let (topic, ids) = topic_with_records(&client, 2, 60).await;
-    let group = fast_group(&client).await;
+    let group = fresh_group(&client, None).await;
     let mut config = start_config(&group, &[&topic]);
     // Record-limit acquisition makes the bound exact (batch-optimized may overshoot one batch).
     config.acquire_mode = sharehost::share::consumer::AcquireMode::RecordLimit;

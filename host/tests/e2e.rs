@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::{bootstrap, client, repo_root, unique};
+use sharehost_tests::{bootstrap, client, group_lag, repo_root, unique};
 
 /// A running `sharehost run` with its admin address.
 struct Host {
@@ -215,38 +215,10 @@ async fn setup(client: &KafkaClient) -> (String, String, String, PathBuf) {
     let dlq = format!("{topic}-dlq");
     client.create_topic(&topic, 3, 1, &[]).await.expect("topic");
     client.create_topic(&dlq, 1, 1, &[]).await.expect("dlq");
-    let group = unique("e2e-group");
-    client
-        .alter_group_configs(
-            &group,
-            &[
-                ("share.auto.offset.reset", "earliest"),
-                ("share.heartbeat.interval.ms", "1000"),
-            ],
-        )
-        .await
-        .expect("group config");
+    let group = sharehost_tests::fresh_group(client, None).await;
     let dir = std::env::temp_dir().join(unique("sharehost-e2e"));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     (topic, dlq, group, dir)
-}
-
-fn group_lag(group: &str) -> Vec<i64> {
-    let out = Command::new(repo_root().join("dev/kafka"))
-        .args([
-            "tool",
-            "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
-            "--bootstrap-server",
-            &bootstrap(),
-        ])
-        .args(["--describe", "--group", group])
-        .output()
-        .expect("ShareGroupCommand");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with(group))
-        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -538,4 +510,48 @@ async fn sigterm_mid_stream_then_a_restart_judges_every_record() {
         "ledger: produced {n}, judged {judged}, duplicates {}",
         judged - n as u64
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_asks_for_renew_gets_its_records_again_until_it_judges_them() {
+    let client = client().await;
+    let (topic, dlq, group, dir) = setup(&client).await;
+    // Every 10th order is malformed, but slow-renew only counts work: it judges `budget` (10)
+    // records per call and renews the rest, which must come back to it.
+    let n = 300;
+    produce_orders(&client, &topic, 0..n).await;
+    let manifest = write_manifest(
+        &dir,
+        &topic,
+        &group,
+        &dlq,
+        &guest("slow_renew.wasm"),
+        "max_renewals = 50",
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let host = Host::start(&manifest);
+        host.wait_judged(n as u64);
+        let status = host.status();
+        host.stop();
+        status
+    })
+    .await
+    .expect("join");
+    let counters = status[0]["versions"]
+        .as_object()
+        .expect("versions")
+        .values()
+        .next()
+        .cloned()
+        .expect("one version");
+    assert_eq!(
+        counters["accepted"].as_u64(),
+        Some(n as u64),
+        "every record judged in the end: {status}"
+    );
+    assert!(
+        counters["renewed"].as_u64().unwrap_or(0) >= (n as u64) / 2,
+        "most records were renewed at least once: {status}"
+    );
+    assert!(group_lag(&group).iter().all(|l| *l == 0));
 }

@@ -5,6 +5,7 @@
 
 use std::net::TcpStream;
 use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use sharehost::kafka::{
@@ -121,4 +122,58 @@ pub fn init_logging() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// Runs a `dev/kafka` command (stop-broker, start-broker, ...) and fails the test if it fails.
+pub fn harness(cmd: &str) {
+    let status = Command::new(repo_root().join("dev/kafka"))
+        .arg(cmd)
+        .status()
+        .expect("run dev/kafka");
+    assert!(status.success(), "dev/kafka {cmd} failed");
+}
+
+/// A fresh share group that starts at the earliest offset and heartbeats every second (the
+/// harness lowers the broker minimum so tests do not wait 5 s for an assignment), with the
+/// record lock duration set when given (the harness allows 1 s and up).
+pub async fn fresh_group(client: &KafkaClient, lock_ms: Option<u32>) -> String {
+    let group = unique("group");
+    let lock = lock_ms.map(|l| l.to_string());
+    let mut configs = vec![
+        ("share.auto.offset.reset", "earliest"),
+        ("share.heartbeat.interval.ms", "1000"),
+    ];
+    if let Some(l) = &lock {
+        configs.push(("share.record.lock.duration.ms", l.as_str()));
+    }
+    client
+        .alter_group_configs(&group, &configs)
+        .await
+        .unwrap_or_else(|e| panic!("group config: {e}"));
+    group
+}
+
+/// The group's lag per partition, from Apache's own ShareGroupCommand (records not yet
+/// acknowledged, accepted or archived).
+pub fn group_lag(group: &str) -> Vec<i64> {
+    let out = Command::new(repo_root().join("dev/kafka"))
+        .args([
+            "tool",
+            "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
+            "--bootstrap-server",
+            &bootstrap(),
+        ])
+        .args(["--describe", "--group", group])
+        .output()
+        .expect("run ShareGroupCommand");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ShareGroupCommand failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .filter(|l| l.starts_with(group))
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect()
 }
