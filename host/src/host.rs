@@ -103,20 +103,22 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     Some((m.modified().ok()?, m.len()))
 }
 
-/// Swaps every pipeline whose component file changed since `stamps` (the file watch), or every
-/// pipeline when `force` (SIGHUP).
-async fn reload_changed(
-    pipelines: &[Arc<Pipeline>],
-    stamps: &mut [Option<(SystemTime, u64)>],
-    force: bool,
-) {
+/// What the file watch last saw of a pipeline's active component.
+type Seen = (PathBuf, Option<(SystemTime, u64)>);
+
+/// Swaps every pipeline whose component file changed since `seen` (the file watch), or every
+/// pipeline when `force` (SIGHUP). A pipeline whose active path changed (an HTTP swap) is not
+/// reloaded again: its new file just becomes the one watched.
+async fn reload_changed(pipelines: &[Arc<Pipeline>], seen: &mut [Seen], force: bool) {
     for (i, p) in pipelines.iter().enumerate() {
         let path = p.component();
         let now = stamp(&path);
-        if now.is_none() || (!force && now == stamps[i]) {
+        let moved = seen[i].0 != path;
+        let unchanged = now == seen[i].1;
+        seen[i] = (path.clone(), now);
+        if now.is_none() || (!force && (moved || unchanged)) {
             continue;
         }
-        stamps[i] = now;
         // A failed swap is logged, counted and shown in /pipelines; the old version runs on.
         let _ = p.swap(&path).await;
     }
@@ -191,7 +193,14 @@ pub async fn run(path: &Path) -> Result<()> {
         let pipelines = pipelines.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut stamps: Vec<_> = pipelines.iter().map(|p| stamp(&p.component())).collect();
+            let mut stamps: Vec<Seen> = pipelines
+                .iter()
+                .map(|p| {
+                    let path = p.component();
+                    let now = stamp(&path);
+                    (path, now)
+                })
+                .collect();
             let mut tick = tokio::time::interval(WATCH_INTERVAL);
             loop {
                 tokio::select! {

@@ -420,6 +420,15 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
         .await
         .expect("join");
     let status = host.status();
+    let (_, metrics) = host.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("sharehost_swaps_total{pipeline=\"orders\",result=\"ok\"} 2"),
+        "exactly two swaps took effect (no reload echoes): {metrics}"
+    );
+    assert!(
+        metrics.contains("sharehost_swaps_total{pipeline=\"orders\",result=\"failed\"} 1"),
+        "{metrics}"
+    );
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     tokio::task::spawn_blocking(move || host.stop())
         .await
