@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -726,9 +725,4 @@ impl KafkaClient {
 /// True when `e` says a topic already exists (tests create topics idempotently).
 pub fn is_topic_exists(e: &KafkaError) -> bool {
     e.code() == Some(ResponseError::TopicAlreadyExists)
-}
-
-/// A value is bytes; a helper for callers building records from strings.
-pub fn bytes(s: impl Into<String>) -> Bytes {
-    Bytes::from(s.into())
 }
