@@ -7,38 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use sharehost::kafka::{Compression, ProduceRecord};
 use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
 use sharehost::share::ledger::AckKind;
-use sharehost_tests::{client, fresh_group, harness, init_logging, unique};
+use sharehost_tests::{client, fresh_group, harness, init_logging, topic_with_records};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_survives_a_broker_restart_and_loses_nothing() {
     init_logging();
     let client = Arc::new(client().await);
-    let topic = unique("restart-engine");
-    client
-        .create_topic(&topic, 2, 1, &[])
-        .await
-        .expect("create topic");
-    let mut ids = HashSet::new();
-    for p in 0..2 {
-        let records: Vec<ProduceRecord> = (0..100)
-            .map(|i| {
-                let id = format!("{p}-{i}");
-                ids.insert(id.clone());
-                ProduceRecord {
-                    value: Some(Bytes::from(id)),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        client
-            .produce(&topic, p, &records, Compression::None)
-            .await
-            .expect("produce");
-    }
+    let (topic, ids) = topic_with_records(&client, 2, 100).await;
     let group = fresh_group(&client, None).await;
     let mut config = ShareConsumerConfig::new(&group, &[&topic]);
     config.max_records = 20;

@@ -4,43 +4,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost::kafka::KafkaClient;
 use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use sharehost::share::ledger::AckKind;
-use sharehost_tests::{client, fresh_group, group_lag, init_logging, unique};
-
-/// Creates a topic with `partitions` partitions and `per_partition` records in each; values
-/// name their partition and index so the test can check exactly-once delivery.
-async fn topic_with_records(
-    client: &KafkaClient,
-    partitions: i32,
-    per_partition: usize,
-) -> (String, HashSet<String>) {
-    let topic = unique("share");
-    client
-        .create_topic(&topic, partitions, 1, &[])
-        .await
-        .expect("create topic");
-    let mut ids = HashSet::new();
-    for p in 0..partitions {
-        let records: Vec<ProduceRecord> = (0..per_partition)
-            .map(|i| {
-                let id = format!("{p}-{i}");
-                ids.insert(id.clone());
-                ProduceRecord {
-                    value: Some(Bytes::from(id)),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        client
-            .produce(&topic, p, &records, Compression::Lz4)
-            .await
-            .expect("produce");
-    }
-    (topic, ids)
-}
+use sharehost_tests::{client, fresh_group, group_lag, init_logging, topic_with_records};
 
 fn value(r: &ShareRecord) -> String {
     String::from_utf8_lossy(r.record.value.as_deref().unwrap_or_default()).into_owned()

@@ -145,6 +145,26 @@ impl Host {
     }
 }
 
+/// Runs the host until `n` records are judged, then stops it; returns its stdout and the last
+/// `/pipelines` status.
+async fn run_until_judged(manifest: PathBuf, n: u64) -> (String, serde_json::Value) {
+    tokio::task::spawn_blocking(move || {
+        let host = Host::start(&manifest);
+        host.wait_judged(n);
+        let status = host.status();
+        (host.stop(), status)
+    })
+    .await
+    .expect("join")
+}
+
+/// The counters of the only plugin version that judged records.
+fn only_version(status: &serde_json::Value) -> serde_json::Value {
+    let versions = status[0]["versions"].as_object().expect("versions");
+    assert_eq!(versions.len(), 1, "one plugin version: {status}");
+    versions.values().next().cloned().expect("one version")
+}
+
 fn write_manifest(
     dir: &Path,
     topic: &str,
@@ -235,20 +255,8 @@ async fn verdict_counts_match_the_plugin_and_dead_letters_carry_their_provenance
         &guest("order_validator.wasm"),
         "",
     );
-    let host = tokio::task::spawn_blocking(move || {
-        let host = Host::start(&manifest);
-        host.wait_judged(n as u64);
-        let status = host.status();
-        (host.stop(), status)
-    });
-    let (stdout, status) = host.await.expect("join");
-    let counters = status[0]["versions"]
-        .as_object()
-        .expect("versions")
-        .values()
-        .next()
-        .cloned()
-        .expect("one version");
+    let (stdout, status) = run_until_judged(manifest, n as u64).await;
+    let counters = only_version(&status);
     let malformed = (0..n).filter(|i| i.is_multiple_of(10)).count() as u64;
     assert_eq!(counters["rejected"].as_u64(), Some(malformed), "{status}");
     assert_eq!(
@@ -537,22 +545,8 @@ async fn a_plugin_that_asks_for_renew_gets_its_records_again_until_it_judges_the
         &guest("slow_renew.wasm"),
         "max_renewals = 50",
     );
-    let status = tokio::task::spawn_blocking(move || {
-        let host = Host::start(&manifest);
-        host.wait_judged(n as u64);
-        let status = host.status();
-        host.stop();
-        status
-    })
-    .await
-    .expect("join");
-    let counters = status[0]["versions"]
-        .as_object()
-        .expect("versions")
-        .values()
-        .next()
-        .cloned()
-        .expect("one version");
+    let (_, status) = run_until_judged(manifest, n as u64).await;
+    let counters = only_version(&status);
     assert_eq!(
         counters["accepted"].as_u64(),
         Some(n as u64),

@@ -3,13 +3,16 @@
 //!
 //! A test that needs the broker and cannot reach it FAILS with instructions; it never skips.
 
+use std::collections::HashSet;
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use bytes::Bytes;
 use sharehost::kafka::{
-    ConnectionConfig, KafkaClient, Mechanism, SaslSettings, Secret, TlsSettings,
+    Compression, ConnectionConfig, KafkaClient, Mechanism, ProduceRecord, SaslSettings, Secret,
+    TlsSettings,
 };
 
 /// The plain-text bootstrap address (`SHAREHOST_BOOTSTRAP`, default the harness's 127.0.0.1:9092).
@@ -176,4 +179,36 @@ pub fn group_lag(group: &str) -> Vec<i64> {
         .filter(|l| l.starts_with(group))
         .filter_map(|l| l.split_whitespace().last()?.parse().ok())
         .collect()
+}
+
+/// Creates a topic with `partitions` partitions and `per_partition` records in each; values
+/// name their partition and index so the test can check exactly-once delivery.
+pub async fn topic_with_records(
+    client: &KafkaClient,
+    partitions: i32,
+    per_partition: usize,
+) -> (String, HashSet<String>) {
+    let topic = unique("topic");
+    client
+        .create_topic(&topic, partitions, 1, &[])
+        .await
+        .expect("create topic");
+    let mut ids = HashSet::new();
+    for p in 0..partitions {
+        let records: Vec<ProduceRecord> = (0..per_partition)
+            .map(|i| {
+                let id = format!("{p}-{i}");
+                ids.insert(id.clone());
+                ProduceRecord {
+                    value: Some(Bytes::from(id)),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        client
+            .produce(&topic, p, &records, Compression::Lz4)
+            .await
+            .expect("produce");
+    }
+    (topic, ids)
 }
