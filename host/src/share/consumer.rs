@@ -1022,35 +1022,19 @@ impl LeaderWorker {
             ));
         }
         // Per-partition acknowledgement results.
-        let ack_errors: HashMap<TopicIdPartition, (i16, Option<String>)> = resp
-            .responses
-            .iter()
-            .flat_map(|t| {
-                t.partitions.iter().map(move |p| {
-                    (
-                        TopicIdPartition {
-                            topic_id: t.topic_id,
-                            partition: p.partition,
-                        },
-                        (
-                            p.acknowledge_error_code,
-                            p.acknowledge_error_message.clone(),
-                        ),
-                    )
-                })
-            })
-            .collect();
-        for (tp, batches) in acks {
-            let error = ack_errors.get(tp).and_then(|(code, msg)| {
-                ResponseError::try_from_code(*code).map(|e| (e, msg.clone().unwrap_or_default()))
-            });
-            self.shared.push_outcome(AckOutcome {
-                topic: self.shared.topic_name(tp),
-                partition: tp.partition,
-                batches: batches.clone(),
-                error,
-            });
-        }
+        let results = by_partition(
+            resp.responses
+                .iter()
+                .map(|t| (t.topic_id, t.partitions.as_slice())),
+            |p| {
+                (
+                    p.partition,
+                    p.acknowledge_error_code,
+                    p.acknowledge_error_message.clone(),
+                )
+            },
+        );
+        self.report_results(acks, None, None, &results);
         let delivery = self.collect(&resp);
         if (!delivery.records.is_empty() || !delivery.poison.is_empty())
             && self.tx.send(delivery).await.is_err()
@@ -1258,20 +1242,25 @@ impl LeaderWorker {
         top_message: Option<&str>,
         responses: &[super::wire::AckTopicResult],
     ) {
-        let results: HashMap<TopicIdPartition, (i16, Option<String>)> = responses
-            .iter()
-            .flat_map(|t| {
-                t.partitions.iter().map(move |p| {
-                    (
-                        TopicIdPartition {
-                            topic_id: t.topic_id,
-                            partition: p.partition,
-                        },
-                        (p.error_code, p.error_message.clone()),
-                    )
-                })
-            })
-            .collect();
+        let results = by_partition(
+            responses
+                .iter()
+                .map(|t| (t.topic_id, t.partitions.as_slice())),
+            |p| (p.partition, p.error_code, p.error_message.clone()),
+        );
+        self.report_results(acks, top, top_message, &results);
+    }
+
+    /// One outcome per partition sent: the top-level error when there is one, else the
+    /// partition's own result; a partition missing from the answer did not take effect (as the
+    /// Java client treats it).
+    fn report_results(
+        &self,
+        acks: &[(TopicIdPartition, Vec<AckBatch>)],
+        top: Option<ResponseError>,
+        top_message: Option<&str>,
+        results: &HashMap<TopicIdPartition, (i16, Option<String>)>,
+    ) {
         for (tp, batches) in acks {
             let error = match top {
                 Some(e) => Some((e, top_message.unwrap_or("").to_owned())),
@@ -1375,6 +1364,26 @@ impl LeaderWorker {
         );
         session.closed();
     }
+}
+
+/// Per-partition (error code, message) of a response, keyed by partition.
+fn by_partition<'a, P: 'a>(
+    topics: impl Iterator<Item = (uuid::Uuid, &'a [P])>,
+    field: impl Fn(&P) -> (i32, i16, Option<String>),
+) -> HashMap<TopicIdPartition, (i16, Option<String>)> {
+    topics
+        .flat_map(|(topic_id, parts)| parts.iter().map(move |p| (topic_id, p)))
+        .map(|(topic_id, p)| {
+            let (partition, code, message) = field(p);
+            (
+                TopicIdPartition {
+                    topic_id,
+                    partition,
+                },
+                (code, message),
+            )
+        })
+        .collect()
 }
 
 /// Offsets of `kind` among the batches.
