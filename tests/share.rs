@@ -365,29 +365,46 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
         .expect("start");
     let first = next_records(&c).await;
     // Judge half of the first delivery, then lose the connection before those verdicts go out.
+    let mut values: std::collections::HashMap<(i32, i64), String> = Default::default();
     for r in first.iter().take(first.len() / 2) {
+        values.insert((r.partition.partition, r.record.offset), value(r));
         c.acknowledge(r, AckKind::Accept).expect("ack");
     }
     c.disconnect_for_testing();
-    let mut accepted = HashSet::new();
+    // A record counts as accepted only when the broker confirmed its Accept: verdicts that
+    // were pending when the session died come back as failed outcomes, and their records are
+    // redelivered and judged again.
+    let mut confirmed = HashSet::new();
+    let mut failed_outcomes = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while accepted.len() < ids.len() {
+    while confirmed.len() < ids.len() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "only {} of {} after the cut",
-            accepted.len(),
+            "only {} of {} confirmed after the cut",
+            confirmed.len(),
             ids.len()
         );
-        let Some(d) = c.poll(Duration::from_secs(1)).await.expect("poll") else {
-            continue;
-        };
-        for r in &d.records {
-            if c.acknowledge(r, AckKind::Accept).expect("ack") {
-                accepted.insert(value(r));
+        if let Some(d) = c.poll(Duration::from_millis(300)).await.expect("poll") {
+            for r in &d.records {
+                values.insert((r.partition.partition, r.record.offset), value(r));
+                c.acknowledge(r, AckKind::Accept).expect("ack");
+            }
+        }
+        c.flush(Duration::from_secs(10)).await;
+        for o in c.take_outcomes() {
+            if o.error.is_some() {
+                failed_outcomes += 1;
+                continue;
+            }
+            for b in &o.batches {
+                for off in b.first_offset..=b.last_offset {
+                    if let Some(v) = values.get(&(o.partition, off)) {
+                        confirmed.insert(v.clone());
+                    }
+                }
             }
         }
     }
-    assert!(c.flush(Duration::from_secs(30)).await);
     let stats = c.stats();
     assert!(
         stats
@@ -396,7 +413,12 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
             >= 1,
         "the session was re-opened"
     );
+    assert!(
+        failed_outcomes >= 1,
+        "the verdicts lost with the session were reported, not swallowed"
+    );
     c.close(Duration::from_secs(30)).await;
+    assert_eq!(confirmed, ids);
     assert_eq!(group_lag(&group), vec![0, 0], "nothing lost, nothing left");
 }
 

@@ -289,7 +289,25 @@ impl Shared {
             .filter(|(_, l)| **l == leader)
             .map(|(tp, _)| *tp)
             .collect();
-        let dropped_verdicts = lock(&self.ledger).drop_where(|tp| partitions.contains(tp));
+        // Verdicts not sent yet cannot be any more: report each as not applied (the Java client
+        // completes them with NETWORK_EXCEPTION); the broker redelivers those records.
+        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let dropped_verdicts: usize = dropped
+            .iter()
+            .flat_map(|(_, b)| b.iter())
+            .map(|b| (b.last_offset - b.first_offset + 1) as usize)
+            .sum();
+        for (tp, batches) in dropped {
+            self.push_outcome(AckOutcome {
+                topic: self.topic_name(&tp),
+                partition: tp.partition,
+                batches,
+                error: Some((
+                    ResponseError::NetworkException,
+                    format!("share session ended before the acknowledgement was sent ({why})"),
+                )),
+            });
+        }
         let outstanding = {
             let mut leaders = lock(&self.leaders);
             let st = leaders.entry(leader).or_default();
@@ -966,6 +984,8 @@ impl LeaderWorker {
         let step = match resp {
             Err(e) => {
                 session.on_response(None, true, None);
+                // The piggybacked verdicts died with the request: report them.
+                self.report_acks(&acks, None, Some(&e.to_string()));
                 self.shared.session_lost(self.leader, &e.to_string());
                 Step::Reconnect
             }
