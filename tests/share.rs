@@ -200,7 +200,8 @@ async fn hold_past_the_lock(auto: bool) {
     init_logging();
     let client = Arc::new(client().await);
     let (topic, _) = topic_with_records(&client, 1, 1).await;
-    let lock_ms = 1500;
+    // Long enough that a renewal delayed by a busy machine still lands before the lock ends.
+    let lock_ms = 3000;
     let group = fresh_group(&client, Some(lock_ms)).await;
     let mut config = start_config(&group, &[&topic]);
     if auto {
