@@ -579,8 +579,9 @@ impl Pipeline {
             }
         };
         let mut by_partition: HashMap<i32, Vec<(&ShareRecord, ProduceRecord)>> = HashMap::new();
+        let plugin = self.component().display().to_string();
         for (r, reason) in rejects {
-            let dl = self.dead_letter(r, reason, hash);
+            let dl = self.dead_letter(r, reason, &plugin, hash);
             let p = (r.partition.partition as usize % partitions) as i32;
             by_partition.entry(p).or_default().push((r, dl));
         }
@@ -609,7 +610,13 @@ impl Pipeline {
         }
     }
 
-    fn dead_letter(&self, r: &ShareRecord, reason: &str, hash: &str) -> ProduceRecord {
+    fn dead_letter(
+        &self,
+        r: &ShareRecord,
+        reason: &str,
+        plugin: &str,
+        hash: &str,
+    ) -> ProduceRecord {
         let h = |k: &str, v: String| Header {
             key: k.to_owned(),
             value: Some(Bytes::from(v)),
@@ -625,7 +632,7 @@ impl Pipeline {
             h("sharehost.delivery.count", r.delivery_count.to_string()),
             h("sharehost.reason", reason.to_owned()),
             h("sharehost.pipeline", self.spec.name.clone()),
-            h("sharehost.plugin", self.component().display().to_string()),
+            h("sharehost.plugin", plugin.to_owned()),
             h("sharehost.plugin.version", hash.to_owned()),
         ]);
         ProduceRecord {

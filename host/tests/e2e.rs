@@ -11,23 +11,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::{bootstrap, client, group_lag, repo_root, unique};
+use sharehost_tests::{bootstrap, client, group_lag, guest, unique};
 
 /// A running `sharehost run` with its admin address.
 struct Host {
     child: Child,
     admin: String,
     stdout: Arc<std::sync::Mutex<String>>,
-}
-
-fn guest(name: &str) -> PathBuf {
-    let p = repo_root().join("target/guests").join(name);
-    assert!(
-        p.is_file(),
-        "{} is missing: run dev/build-guests (dev/test does)",
-        p.display()
-    );
-    p
 }
 
 impl Host {
@@ -247,14 +237,7 @@ async fn verdict_counts_match_the_plugin_and_dead_letters_carry_their_provenance
     let (topic, dlq, group, dir) = setup(&client).await;
     let n = 600;
     produce_orders(&client, &topic, 0..n).await;
-    let manifest = write_manifest(
-        &dir,
-        &topic,
-        &group,
-        &dlq,
-        &guest("order_validator.wasm"),
-        "",
-    );
+    let manifest = write_manifest(&dir, &topic, &group, &dlq, &guest("order_validator"), "");
     let (stdout, status) = run_until_judged(manifest, n as u64).await;
     let counters = only_version(&status);
     let malformed = (0..n).filter(|i| i.is_multiple_of(10)).count() as u64;
@@ -345,7 +328,7 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
     // The component path in the manifest is a copy the test replaces (the file watch), and the
     // HTTP endpoint swaps to another file.
     let live = dir.join("plugin.wasm");
-    std::fs::copy(guest("order_validator.wasm"), &live).expect("copy");
+    std::fs::copy(guest("order_validator"), &live).expect("copy");
     let manifest = write_manifest(&dir, &topic, &group, &dlq, &live, "");
     let n = 3000;
     produce_orders(&client, &topic, 0..500).await;
@@ -365,7 +348,7 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
         .to_owned();
     produce_orders(&client, &topic, 500..1500).await;
     let staged = dir.join("plugin.wasm.new");
-    std::fs::copy(guest("accept_all.wasm"), &staged).expect("copy");
+    std::fs::copy(guest("accept_all"), &staged).expect("copy");
     std::fs::rename(&staged, &live).expect("replace");
     let h = host.clone();
     let second_version = tokio::task::spawn_blocking(move || {
@@ -389,7 +372,7 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
     .expect("join");
     // A component of the wrong world is refused and the active version keeps running.
     let h = host.clone();
-    let bad = guest("fixture_missing_handle.wasm");
+    let bad = guest("fixture_missing_handle");
     let (code, body) = tokio::task::spawn_blocking(move || {
         h.http(
             "POST",
@@ -410,7 +393,7 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
     tokio::task::spawn_blocking(move || h.wait_judged(1000))
         .await
         .expect("join");
-    let validator = guest("order_validator.wasm");
+    let validator = guest("order_validator");
     let h = host.clone();
     let (code, body) = tokio::task::spawn_blocking(move || {
         h.http(
@@ -468,14 +451,7 @@ async fn sigterm_mid_stream_then_a_restart_judges_every_record() {
     let (topic, dlq, group, dir) = setup(&client).await;
     let n = 2000;
     produce_orders(&client, &topic, 0..n).await;
-    let manifest = write_manifest(
-        &dir,
-        &topic,
-        &group,
-        &dlq,
-        &guest("order_validator.wasm"),
-        "",
-    );
+    let manifest = write_manifest(&dir, &topic, &group, &dlq, &guest("order_validator"), "");
     let m = manifest.clone();
     let first = tokio::task::spawn_blocking(move || {
         let host = Host::start(&m);
@@ -542,7 +518,7 @@ async fn a_plugin_that_asks_for_renew_gets_its_records_again_until_it_judges_the
         &topic,
         &group,
         &dlq,
-        &guest("slow_renew.wasm"),
+        &guest("slow_renew"),
         "max_renewals = 50",
     );
     let (_, status) = run_until_judged(manifest, n as u64).await;

@@ -5,7 +5,7 @@
 //! poison batch, checks the fault and the policy verdicts, then sends a good batch to the same
 //! `Plugin` and checks it is judged normally (by a fresh instance).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -16,19 +16,7 @@ use sharehost::runtime::{
     AllocatorKind, BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits,
     PluginRuntime, Record, RuntimeConfig, Verdict,
 };
-
-/// Path of a built guest; fails with the fix when the guests were not built.
-fn guest(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/guests")
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "guest component {} is missing: run dev/build-guests first",
-        path.display()
-    );
-    path
-}
+use sharehost_tests::guest;
 
 fn runtime() -> PluginRuntime {
     PluginRuntime::new(RuntimeConfig {

@@ -1,19 +1,9 @@
 //! `sharehost test-plugin`: offline runs of a component on JSON-lines records.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-fn guest(name: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/guests")
-        .join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "guest component {} is missing: run dev/build-guests first",
-        path.display()
-    );
-    path
-}
+use sharehost_tests::guest;
 
 fn input(tag: &str, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!(

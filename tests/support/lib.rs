@@ -212,3 +212,17 @@ pub async fn topic_with_records(
     }
     (topic, ids)
 }
+
+/// Path of a guest component built by `dev/build-guests` (name without `.wasm`); fails with
+/// the fix when the guests were not built.
+pub fn guest(name: &str) -> PathBuf {
+    let path = repo_root()
+        .join("target/guests")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "guest component {} is missing: run dev/build-guests first (dev/test does)",
+        path.display()
+    );
+    path
+}

@@ -982,13 +982,7 @@ impl LeaderWorker {
             .send_version(&req, version, conn.request_timeout() + cfg.max_wait)
             .await;
         let step = match resp {
-            Err(e) => {
-                session.on_response(None, true, None);
-                // The piggybacked verdicts died with the request: report them.
-                self.report_acks(&acks, None, Some(&e.to_string()));
-                self.shared.session_lost(self.leader, &e.to_string());
-                Step::Reconnect
-            }
+            Err(e) => self.request_failed(session, &acks, &e),
             Ok(resp) => {
                 self.on_fetch_response(session, &part.wanted, &acks, resp)
                     .await
@@ -1062,6 +1056,21 @@ impl LeaderWorker {
             return Step::Exit;
         }
         Step::Continue
+    }
+
+    /// A request got no response: the session died with the connection, so the verdicts it
+    /// carried are reported as failed and everything the session held is released by the broker.
+    fn request_failed(
+        &self,
+        session: &mut ShareSession,
+        acks: &[(TopicIdPartition, Vec<AckBatch>)],
+        e: &KafkaError,
+    ) -> Step {
+        session.on_response(None, true, None);
+        let why = e.to_string();
+        self.report_acks(acks, None, Some(&why));
+        self.shared.session_lost(self.leader, &why);
+        Step::Reconnect
     }
 
     /// Reports acknowledgements that a whole request failed with.
@@ -1204,12 +1213,7 @@ impl LeaderWorker {
             .send_version(&req, ack_version, conn.request_timeout())
             .await
         {
-            Err(e) => {
-                session.on_response(None, true, None);
-                self.report_acks(&acks, None, Some(&e.to_string()));
-                self.shared.session_lost(self.leader, &e.to_string());
-                Step::Reconnect
-            }
+            Err(e) => self.request_failed(session, &acks, &e),
             Ok(resp) => {
                 let top = ResponseError::try_from_code(resp.error_code);
                 let outcome = session.on_response(top, false, None);
