@@ -10,6 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+pub mod ledger;
+
 use sharehost::kafka::{
     Compression, ConnectionConfig, KafkaClient, Mechanism, ProduceRecord, SaslSettings, Secret,
     TlsSettings,

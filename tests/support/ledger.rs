@@ -1,0 +1,181 @@
+//! The independent record ledger of the fault-injection suite: the ids a test produced, against
+//! the ids that ended accepted, rejected or dead-lettered as seen by an observer outside the
+//! engine (a plugin logging what it judged, the dead-letter topic, the broker's confirmed
+//! acknowledgements). It proves nothing was lost and counts the duplicates at-least-once allows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// What happened to every produced record in one fault scenario.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    name: String,
+    produced: BTreeSet<String>,
+    accepted: BTreeMap<String, u32>,
+    rejected: BTreeMap<String, u32>,
+    dead_lettered: BTreeMap<String, u32>,
+}
+
+impl Ledger {
+    /// A ledger for scenario `name` over the ids the test produced.
+    pub fn new(name: &str, produced: impl IntoIterator<Item = String>) -> Ledger {
+        Ledger {
+            name: name.to_owned(),
+            produced: produced.into_iter().collect(),
+            ..Ledger::default()
+        }
+    }
+
+    /// Records that `id` was accepted once more.
+    pub fn accepted(&mut self, id: impl Into<String>) {
+        *self.accepted.entry(id.into()).or_default() += 1;
+    }
+
+    /// Records that `id` was rejected once more (a final verdict, dead-lettered or not).
+    pub fn rejected(&mut self, id: impl Into<String>) {
+        *self.rejected.entry(id.into()).or_default() += 1;
+    }
+
+    /// Records that `id` was found in the dead-letter topic once more.
+    pub fn dead_lettered(&mut self, id: impl Into<String>) {
+        *self.dead_lettered.entry(id.into()).or_default() += 1;
+    }
+
+    /// How many distinct ids were produced.
+    pub fn produced(&self) -> usize {
+        self.produced.len()
+    }
+
+    /// Produced ids with no final fate: neither accepted, rejected nor dead-lettered.
+    pub fn lost(&self) -> Vec<&str> {
+        self.produced
+            .iter()
+            .filter(|id| {
+                !self.accepted.contains_key(*id)
+                    && !self.rejected.contains_key(*id)
+                    && !self.dead_lettered.contains_key(*id)
+            })
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Ids that were judged or dead-lettered but never produced (a decoding or test bug).
+    pub fn unknown(&self) -> Vec<&str> {
+        self.accepted
+            .keys()
+            .chain(self.rejected.keys())
+            .chain(self.dead_lettered.keys())
+            .filter(|id| !self.produced.contains(*id))
+            .map(String::as_str)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// Final verdicts beyond the first for the same id (accepted or rejected again after a
+    /// redelivery), plus dead-letter copies beyond the first.
+    pub fn duplicates(&self) -> u64 {
+        let judged: BTreeSet<&String> = self.accepted.keys().chain(self.rejected.keys()).collect();
+        let verdicts = judged
+            .into_iter()
+            .map(|id| {
+                let n = self.accepted.get(id).copied().unwrap_or(0)
+                    + self.rejected.get(id).copied().unwrap_or(0);
+                u64::from(n.saturating_sub(1))
+            })
+            .sum::<u64>();
+        let copies = self
+            .dead_lettered
+            .values()
+            .map(|n| u64::from(n.saturating_sub(1)))
+            .sum::<u64>();
+        verdicts + copies
+    }
+
+    /// Distinct ids accepted.
+    pub fn accepted_ids(&self) -> usize {
+        self.accepted.len()
+    }
+
+    /// Distinct ids rejected.
+    pub fn rejected_ids(&self) -> usize {
+        self.rejected.len()
+    }
+
+    /// Distinct ids in the dead-letter topic.
+    pub fn dead_lettered_ids(&self) -> usize {
+        self.dead_lettered.len()
+    }
+
+    /// Prints the ledger line and fails the test when a record was lost or an unknown id showed
+    /// up. Every fault test ends here.
+    pub fn check(&self) {
+        println!("{self}");
+        let lost = self.lost();
+        assert!(
+            lost.is_empty(),
+            "{}: {} records lost, first: {:?}",
+            self.name,
+            lost.len(),
+            &lost[..lost.len().min(10)]
+        );
+        let unknown = self.unknown();
+        assert!(
+            unknown.is_empty(),
+            "{}: ids never produced: {:?}",
+            self.name,
+            &unknown[..unknown.len().min(10)]
+        );
+    }
+}
+
+impl fmt::Display for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ledger {}: produced {}, accepted {}, rejected {}, dead-lettered {}, duplicates {}, lost {}",
+            self.name,
+            self.produced.len(),
+            self.accepted.len(),
+            self.rejected.len(),
+            self.dead_lettered.len(),
+            self.duplicates(),
+            self.lost().len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: u32) -> Vec<String> {
+        (0..n).map(|i| i.to_string()).collect()
+    }
+
+    #[test]
+    fn counts_lost_duplicates_and_unknown_ids() {
+        let mut l = Ledger::new("t", ids(4));
+        l.accepted("0");
+        l.accepted("0");
+        l.rejected("1");
+        l.dead_lettered("1");
+        l.dead_lettered("2");
+        l.accepted("9");
+        assert_eq!(l.lost(), vec!["3"]);
+        assert_eq!(l.duplicates(), 1);
+        assert_eq!(l.unknown(), vec!["9"]);
+        assert_eq!(
+            l.to_string(),
+            "ledger t: produced 4, accepted 2, rejected 1, dead-lettered 2, duplicates 1, lost 1"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "1 records lost")]
+    fn check_fails_on_a_lost_record() {
+        let mut l = Ledger::new("t", ids(2));
+        l.accepted("0");
+        l.check();
+    }
+}
