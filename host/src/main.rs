@@ -252,9 +252,11 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init();
     } else {
+        // Colours only on a terminal: a log piped to a file or a collector stays plain text.
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
     let runtime = match tokio::runtime::Runtime::new() {
