@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+pub mod host;
 pub mod ledger;
 
 use sharehost::kafka::{
@@ -142,6 +143,16 @@ pub fn harness(cmd: &str) {
 /// harness lowers the broker minimum so tests do not wait 5 s for an assignment), with the
 /// record lock duration set when given (the harness allows 1 s and up).
 pub async fn fresh_group(client: &KafkaClient, lock_ms: Option<u32>) -> String {
+    fresh_group_with(client, lock_ms, &[]).await
+}
+
+/// [`fresh_group`] with more group configs, e.g. a short `share.session.timeout.ms` so a
+/// killed member's partitions move on quickly.
+pub async fn fresh_group_with(
+    client: &KafkaClient,
+    lock_ms: Option<u32>,
+    extra: &[(&str, &str)],
+) -> String {
     let group = unique("group");
     let lock = lock_ms.map(|l| l.to_string());
     let mut configs = vec![
@@ -151,6 +162,7 @@ pub async fn fresh_group(client: &KafkaClient, lock_ms: Option<u32>) -> String {
     if let Some(l) = &lock {
         configs.push(("share.record.lock.duration.ms", l.as_str()));
     }
+    configs.extend_from_slice(extra);
     client
         .alter_group_configs(&group, &configs)
         .await
@@ -227,4 +239,75 @@ pub fn guest(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Waits until the broker reports nothing left for `group` (lag 0 on every partition: each
+/// record accepted, rejected or archived), polling Apache's ShareGroupCommand, which has no
+/// way to be notified.
+pub fn wait_until_drained(group: &str) {
+    let deadline = std::time::Instant::now() + host::PATIENCE;
+    loop {
+        let lag = group_lag(group);
+        if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group} still has records left: lag {lag:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Produces the decimal ids of `ids` as record values into `topic`, 100 per batch, batches
+/// round-robin over `partitions`; returns the ids (what the fault tests' ledgers start from).
+pub async fn produce_ids(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+    ids: std::ops::Range<u64>,
+) -> Vec<String> {
+    let all: Vec<String> = ids.map(|i| i.to_string()).collect();
+    for (n, chunk) in all.chunks(100).enumerate() {
+        let records: Vec<ProduceRecord> = chunk
+            .iter()
+            .map(|id| ProduceRecord {
+                value: Some(Bytes::from(id.clone())),
+                ..Default::default()
+            })
+            .collect();
+        let p = i32::try_from(n).unwrap_or(0) % partitions;
+        client
+            .produce(topic, p, &records, Compression::Lz4)
+            .await
+            .unwrap_or_else(|e| panic!("produce to {topic}: {e}"));
+    }
+    all
+}
+
+/// Every record value in `topic` (partitions `0..partitions`) up to its current end, as text:
+/// how the fault tests read a dead-letter topic.
+pub async fn topic_values(client: &KafkaClient, topic: &str, partitions: i32) -> Vec<String> {
+    use sharehost::kafka::OffsetSpec;
+    let mut values = Vec::new();
+    for p in 0..partitions {
+        let end = client
+            .list_offset(topic, p, OffsetSpec::Latest)
+            .await
+            .unwrap_or_else(|e| panic!("end offset of {topic}-{p}: {e}"));
+        let mut next = 0;
+        while next < end {
+            let f = client
+                .fetch(topic, p, next, Duration::from_millis(500))
+                .await
+                .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
+            for r in &f.records {
+                next = next.max(r.offset + 1);
+                values.push(
+                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned(),
+                );
+            }
+        }
+    }
+    values
 }

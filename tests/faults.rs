@@ -1,0 +1,393 @@
+//! The fault-injection suite: the `sharehost` binary, a real broker, and the faults users meet —
+//! a broker restart mid-stream, a host killed mid-batch and restarted, the TCP connection cut,
+//! one of three hosts killed, a plugin that traps every tenth batch, hot-swaps under load.
+//!
+//! Each scenario keeps an independent ledger: the ids it produced, against the ids the ledger
+//! plugin (tests/fixtures/guests/ledger) reports judging through the host's log, and the ids
+//! found in the dead-letter topic; and the broker must end with nothing left for the group
+//! (ShareGroupCommand lag 0). Each prints `ledger NAME: produced, accepted, rejected,
+//! dead-lettered, duplicates, lost` and fails if anything was lost.
+//!
+//! Part of the host package's tests (it needs the `sharehost` binary Cargo builds for them), kept
+//! here with the other broker tests. `SHAREHOST_FAULT_SCALE=N` multiplies every scenario's record
+//! count (`dev/faults` runs the long version).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sharehost::kafka::KafkaClient;
+use sharehost_tests::host::{HostProcess, Seen, Watch};
+use sharehost_tests::ledger::Ledger;
+use sharehost_tests::{
+    bootstrap, client, fresh_group_with, guest, harness, produce_ids, topic_values, unique,
+    wait_until_drained,
+};
+use tokio::sync::RwLock;
+
+/// Scenarios share the broker; the one that restarts it runs alone.
+static BROKER: RwLock<()> = RwLock::const_new(());
+
+const PARTITIONS: i32 = 6;
+
+fn scale() -> u64 {
+    std::env::var("SHAREHOST_FAULT_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|s| *s >= 1)
+        .unwrap_or(1)
+}
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+/// One scenario's topic, dead-letter topic, group and produced ids.
+struct Scenario {
+    name: &'static str,
+    client: Arc<KafkaClient>,
+    topic: String,
+    dlq: String,
+    group: String,
+    dir: PathBuf,
+    ids: Vec<String>,
+}
+
+impl Scenario {
+    /// A fresh topic of `records` ids (times the scale), its dead-letter topic, and a group
+    /// with a `lock_ms` record lock and a 6 s member session (so a killed host's partitions
+    /// move on quickly).
+    async fn new(name: &'static str, records: u64, lock_ms: u32) -> Scenario {
+        Scenario::with_records(name, 0..records * scale(), lock_ms).await
+    }
+
+    /// [`Scenario::new`] with the ids produced up front chosen by the caller.
+    async fn with_records(name: &'static str, ids: std::ops::Range<u64>, lock_ms: u32) -> Scenario {
+        let client = Arc::new(client().await);
+        let topic = unique(name);
+        let dlq = format!("{topic}-dlq");
+        client
+            .create_topic(&topic, PARTITIONS, 1, &[])
+            .await
+            .expect("create topic");
+        client
+            .create_topic(&dlq, 1, 1, &[])
+            .await
+            .expect("create dead-letter topic");
+        let group = fresh_group_with(
+            &client,
+            Some(lock_ms),
+            &[("share.session.timeout.ms", "6000")],
+        )
+        .await;
+        let ids = produce_ids(&client, &topic, PARTITIONS, ids).await;
+        let dir = std::env::temp_dir().join(unique("sharehost-faults"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Scenario {
+            name,
+            client,
+            topic,
+            dlq,
+            group,
+            dir,
+            ids,
+        }
+    }
+
+    /// Produces more ids while the scenario runs.
+    async fn produce(&mut self, ids: std::ops::Range<u64>) {
+        let more = produce_ids(&self.client, &self.topic, PARTITIONS, ids).await;
+        self.ids.extend(more);
+    }
+
+    /// A manifest of one pipeline running `component` with the ledger plugin's `plugin_config`
+    /// (TOML inline-table entries), every 7th id rejected and dead-lettered.
+    fn manifest(&self, bootstrap: &str, component: &Path, plugin_config: &str) -> PathBuf {
+        let text = format!(
+            r#"[cluster]
+bootstrap = "{bootstrap}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "ledger"
+topics = ["{topic}"]
+group = "{group}"
+component = "{component}"
+config = {{ reject-every = "7", {plugin_config} }}
+batch_size = 50
+max_in_flight = 500
+delivery_cap = 4
+concurrency = 2
+dead_letter_topic = "{dlq}"
+"#,
+            topic = self.topic,
+            group = self.group,
+            dlq = self.dlq,
+            component = component.display(),
+        );
+        let path = self.dir.join(format!("{}.toml", unique("manifest")));
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// The broker has nothing left for the group, then the ledger over what every host's plugin
+    /// reported and what the dead-letter topic holds; prints it and fails on a lost record.
+    async fn ledger(&self, seen: &[Seen]) -> Ledger {
+        let group = self.group.clone();
+        tokio::task::spawn_blocking(move || wait_until_drained(&group))
+            .await
+            .expect("join");
+        let mut ledger = Ledger::new(self.name, self.ids.iter().cloned());
+        for s in seen {
+            s.record(&mut ledger);
+        }
+        let dead = topic_values(&self.client, &self.dlq, 1).await;
+        for id in &dead {
+            ledger.dead_lettered(id.clone());
+        }
+        ledger.check();
+        let rejected: std::collections::BTreeSet<&String> =
+            seen.iter().flat_map(|s| &s.rejected).collect();
+        for id in rejected {
+            assert!(
+                dead.contains(id),
+                "{}: rejected id {id} is in the dead-letter topic",
+                self.name
+            );
+        }
+        ledger
+    }
+}
+
+/// Runs blocking process work (start, wait, kill) off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("join")
+}
+
+/// A copy of a component with a custom section appended: the same plugin, a different content
+/// hash, i.e. a new version for a hot-swap.
+fn new_version(component: &Path, tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(component).expect("read component");
+    let name = b"sharehost-test-version";
+    let payload = tag.as_bytes();
+    let len = 1 + name.len() + payload.len();
+    assert!(len < 128 && name.len() < 128, "one-byte LEB128 sizes");
+    bytes.push(0); // custom section
+    bytes.push(u8::try_from(len).expect("small"));
+    bytes.push(u8::try_from(name.len()).expect("small"));
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn faults_of(status: &serde_json::Value) -> u64 {
+    status[0]["versions"]
+        .as_object()
+        .map(|m| m.values().map(|c| c["faults"].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
+    let _shared = BROKER.read().await;
+    let s = Scenario::new("trap-every-tenth", 3000, 30_000).await;
+    let manifest = s.manifest(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"trap-every = "10""#,
+    );
+    let watch = Watch::default();
+    let host =
+        blocking(move || HostProcess::start_watched(sharehost(), &manifest, "host", &watch)).await;
+    let host = Arc::new(host);
+    let h = host.clone();
+    let n = s.ids.len();
+    let seen = blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen_at_end) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(&[seen_at_end]).await;
+    assert!(
+        faults_of(&status) >= 3,
+        "the plugin trapped on every tenth call of an instance: {status}"
+    );
+    assert_eq!(
+        ledger.duplicates(),
+        0,
+        "a trap is contained: the faulted batch is judged once, on a fresh instance"
+    );
+    assert!(seen.calls > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_swaps_under_load_lose_nothing() {
+    let _shared = BROKER.read().await;
+    let chunk = 500 * scale();
+    let mut s = Scenario::with_records("hot-swap", 0..2 * chunk, 30_000).await;
+    let v1 = s.dir.join("ledger-v1.wasm");
+    let v2 = s.dir.join("ledger-v2.wasm");
+    let original = guest("fixture_ledger");
+    std::fs::write(&v1, new_version(&original, "v1")).expect("write v1");
+    std::fs::write(&v2, new_version(&original, "v2")).expect("write v2");
+    let manifest = s.manifest(&bootstrap(), &v1, r#"pause-ms = "20""#);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    // Each swap is asked for while records of the old version are still being judged, and new
+    // records arrive after it: both versions work, and the hand-over happens under load.
+    for (i, next) in [&v2, &v1, &v2, &v1].into_iter().enumerate() {
+        let (h, path) = (host.clone(), next.clone());
+        let busy = s.ids.len() - usize::try_from(chunk / 2).unwrap_or(0);
+        let (code, body) = blocking(move || {
+            h.wait_for("records judged before the next swap", |seen| {
+                seen.judged() >= busy
+            });
+            h.http(
+                "POST",
+                "/pipelines/ledger/swap",
+                &format!(r#"{{"path":"{}"}}"#, path.display()),
+            )
+        })
+        .await;
+        assert_eq!(code, 200, "swap {} took effect: {body}", i + 1);
+        let next_ids = (2 + i as u64) * chunk..(3 + i as u64) * chunk;
+        s.produce(next_ids).await;
+    }
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let status = host.status();
+    let (_, metrics) = host.http("GET", "/metrics", "");
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(&[seen]).await;
+    let versions = status[0]["versions"].as_object().expect("versions");
+    assert_eq!(versions.len(), 2, "both versions judged records: {status}");
+    assert!(
+        versions
+            .values()
+            .all(|c| c["batches"].as_u64().unwrap_or(0) > 0),
+        "{status}"
+    );
+    assert!(
+        metrics.contains(r#"sharehost_swaps_total{pipeline="ledger",result="ok"} 4"#),
+        "four swaps: {metrics}"
+    );
+    assert_eq!(
+        ledger.duplicates(),
+        0,
+        "a swap hands over between batches: nothing judged twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_mid_batch_and_restarted_loses_nothing() {
+    let _shared = BROKER.read().await;
+    // A 2 s lock: what the killed host held comes back quickly.
+    let s = Scenario::new("host-sigkill", 2000, 2000).await;
+    let manifest = s.manifest(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "100""#,
+    );
+    let m = manifest.clone();
+    let first = blocking(move || {
+        let host = HostProcess::start(sharehost(), &m, "first");
+        // Woken by the 5th `ledger begin`: that call is in its 100 ms pause when the kill lands.
+        host.wait_for("five plugin calls begun", |s| s.calls >= 5);
+        host.kill()
+    })
+    .await;
+    assert!(
+        first.judged() > 0 && first.judged() < s.ids.len(),
+        "killed mid-stream"
+    );
+    let watch = Watch::default();
+    let second =
+        blocking(move || HostProcess::start_watched(sharehost(), &manifest, "second", &watch))
+            .await;
+    let second = Arc::new(second);
+    let (h, ids) = (second.clone(), s.ids.clone());
+    let first_seen = first.clone();
+    blocking(move || {
+        h.wait_for("every id judged across both runs", |seen| {
+            let mut all = first_seen.distinct();
+            all.extend(seen.distinct());
+            all.len() >= ids.len()
+        })
+    })
+    .await;
+    let second = Arc::try_unwrap(second).ok().expect("sole owner");
+    let (_, second_seen) = blocking(move || second.stop()).await;
+    s.ledger(&[first, second_seen]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_in_one_group_one_killed_lose_nothing() {
+    let _shared = BROKER.read().await;
+    let s = Arc::new(Scenario::new("three-hosts-one-killed", 6000, 2000).await);
+    let manifest = s.manifest(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "100""#,
+    );
+    let watch = Watch::default();
+    let (m, w) = (manifest.clone(), watch.clone());
+    let hosts = blocking(move || {
+        ["host-1", "host-2", "host-3"]
+            .map(|name| HostProcess::start_watched(sharehost(), &m, name, &w))
+    })
+    .await;
+    let [h1, h2, h3] = hosts;
+    let victim_seen = blocking(move || {
+        // All three take part before one dies: the group spread the partitions.
+        for h in [&h1, &h2, &h3] {
+            h.wait_for("each host judging", |s| s.calls >= 2);
+        }
+        h2.wait_for("host-2 begins another call", |s| s.calls >= 3);
+        (h1, h2.kill(), h3)
+    })
+    .await;
+    let (h1, killed, h3) = victim_seen;
+    let (h1, h3) = (Arc::new(h1), Arc::new(h3));
+    let (a, b, sc, k) = (h1.clone(), h3.clone(), s.clone(), killed.clone());
+    blocking(move || {
+        let ids = sc.ids.len();
+        watch.wait_until("the survivors judge every remaining id", || {
+            let (sa, sb) = (a.seen(), b.seen());
+            let mut all = k.distinct();
+            all.extend(sa.distinct());
+            all.extend(sb.distinct());
+            all.len() >= ids
+        });
+    })
+    .await;
+    let h1 = Arc::try_unwrap(h1).ok().expect("sole owner");
+    let h3 = Arc::try_unwrap(h3).ok().expect("sole owner");
+    let (seen1, seen3) = blocking(move || (h1.stop().1, h3.stop().1)).await;
+    assert!(
+        seen1.judged() > 0 && seen3.judged() > 0 && killed.judged() > 0,
+        "all three hosts judged records"
+    );
+    s.ledger(&[seen1, killed, seen3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_stream_loses_nothing() {
+    // Restarting the broker disturbs every other scenario: this one runs alone.
+    let _alone = BROKER.write().await;
+    let s = Scenario::new("broker-restart", 3000, 30_000).await;
+    let manifest = s.manifest(&bootstrap(), &guest("fixture_ledger"), r#"pause-ms = "20""#);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || {
+        h.wait_for("a quarter judged", |seen| seen.judged() >= n / 4);
+        harness("stop-broker");
+        harness("start-broker");
+        h.wait_for("every id judged after the restart", |seen| {
+            seen.distinct().len() >= n
+        });
+    })
+    .await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+}

@@ -1,0 +1,359 @@
+//! A `sharehost run` child process for the end-to-end and fault-injection tests: started with a
+//! manifest, watched through its log (admin address, and the ids the ledger plugin reports), and
+//! ended the way the test needs (SIGTERM drains, SIGKILL is a crash).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::ledger::Ledger;
+
+/// How long a test waits for something a host should do before failing (a hang guard, not a
+/// speed check: every wait ends as soon as its condition holds).
+pub const PATIENCE: Duration = Duration::from_secs(180);
+
+/// What a host's log has shown so far.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// Ids the ledger plugin accepted, one entry per verdict (a redelivered id repeats).
+    pub accepted: Vec<String>,
+    /// Ids the ledger plugin rejected, one entry per verdict.
+    pub rejected: Vec<String>,
+    /// Plugin calls the ledger plugin started (`ledger begin`).
+    pub calls: u64,
+    /// The log has ended: the process exited or was killed.
+    pub ended: bool,
+}
+
+impl Seen {
+    /// Verdicts seen, accepted or rejected.
+    pub fn judged(&self) -> usize {
+        self.accepted.len() + self.rejected.len()
+    }
+
+    /// The distinct ids judged (accepted or rejected).
+    pub fn distinct(&self) -> std::collections::HashSet<&str> {
+        self.accepted
+            .iter()
+            .chain(&self.rejected)
+            .map(String::as_str)
+            .collect()
+    }
+
+    /// Adds these verdicts to `ledger`.
+    pub fn record(&self, ledger: &mut Ledger) {
+        for id in &self.accepted {
+            ledger.accepted(id.clone());
+        }
+        for id in &self.rejected {
+            ledger.rejected(id.clone());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wakes tests waiting on what one or several hosts report: every ledger report of every host
+/// started with the same `Watch` bumps it, so a test can wait for a condition over all of them
+/// without polling.
+#[derive(Debug, Clone, Default)]
+pub struct Watch(Arc<(Mutex<u64>, Condvar)>);
+
+impl Watch {
+    fn bump(&self) {
+        *lock(&self.0.0) += 1;
+        self.0.1.notify_all();
+    }
+
+    /// Blocks until `cond` holds, re-checking after every report; fails the test, saying `what`
+    /// was awaited, after [`PATIENCE`]. `cond` may also fail the test itself (e.g. when a host
+    /// it depends on has ended).
+    pub fn wait_until(&self, what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut reports = lock(&self.0.0);
+        loop {
+            // Checked while holding the counter: a report that lands after the check bumps it,
+            // so the wait below returns at once instead of missing it.
+            if cond() {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "gave up waiting for {what}");
+            let seen_so_far = *reports;
+            reports = self
+                .0
+                .1
+                .wait_timeout_while(reports, left, |n| *n == seen_so_far)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Reads `ledger accepted=1,2,3`-style lists out of one log line.
+fn ids_after<'a>(line: &'a str, marker: &str) -> impl Iterator<Item = &'a str> {
+    line.split_once(marker)
+        .map(|(_, rest)| {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == ','))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+}
+
+/// A running `sharehost run MANIFEST`.
+pub struct HostProcess {
+    name: String,
+    child: Child,
+    admin: String,
+    seen: Arc<Mutex<Seen>>,
+    watch: Watch,
+    stdout: Arc<Mutex<String>>,
+    stdout_reader: Option<std::thread::JoinHandle<()>>,
+    log_reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HostProcess {
+    /// Starts `bin run manifest` (log level info) and waits until it announces its admin
+    /// address. `name` tags its log lines in the test output.
+    pub fn start(bin: &Path, manifest: &Path, name: &str) -> HostProcess {
+        HostProcess::start_watched(bin, manifest, name, &Watch::default())
+    }
+
+    /// [`HostProcess::start`], with its ledger reports also waking `watch`.
+    pub fn start_watched(bin: &Path, manifest: &Path, name: &str, watch: &Watch) -> HostProcess {
+        let mut child = Command::new(bin)
+            .arg("run")
+            .arg(manifest)
+            .env("SHAREHOST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let shared = seen.clone();
+        let bell = watch.clone();
+        let tag = name.to_owned();
+        let log_reader = std::thread::spawn(move || {
+            let mut announced = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let ledger_line = ["ledger begin", "ledger accepted=", "ledger rejected="]
+                    .iter()
+                    .any(|m| line.contains(m));
+                if !ledger_line {
+                    eprintln!("[{tag}] {line}");
+                }
+                if !announced && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
+                    let _ = tx.send(addr.trim().to_owned());
+                    announced = true;
+                }
+                if ledger_line {
+                    let mut s = lock(&shared);
+                    if line.contains("ledger begin") {
+                        s.calls += 1;
+                    }
+                    s.accepted
+                        .extend(ids_after(&line, "ledger accepted=").map(str::to_owned));
+                    s.rejected
+                        .extend(ids_after(&line, "ledger rejected=").map(str::to_owned));
+                    drop(s);
+                    bell.bump();
+                }
+            }
+            lock(&shared).ended = true;
+            bell.bump();
+        });
+        let stdout = child.stdout.take().expect("piped stdout");
+        let out = Arc::new(Mutex::new(String::new()));
+        let sink = out.clone();
+        let stdout_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(stdout).read_to_string(&mut s);
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push_str(&s);
+        });
+        let admin = match rx.recv_timeout(PATIENCE) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("{name} did not announce its admin address (see its log above)");
+            }
+        };
+        HostProcess {
+            name: name.to_owned(),
+            child,
+            admin,
+            seen,
+            watch: watch.clone(),
+            stdout: out,
+            stdout_reader: Some(stdout_reader),
+            log_reader: Some(log_reader),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// One HTTP/1.1 request to the admin listener; returns status code and body.
+    pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.admin)
+            .unwrap_or_else(|e| panic!("{}: admin connect {}: {e}", self.name, self.admin));
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("write admin request");
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read admin response");
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = resp
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// `GET /pipelines`.
+    pub fn status(&self) -> serde_json::Value {
+        let (code, body) = self.http("GET", "/pipelines", "");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON status")
+    }
+
+    /// Records judged (accepted + rejected) by the first pipeline, summed over versions.
+    pub fn judged(&self) -> u64 {
+        let s = self.status();
+        s[0]["versions"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .map(|c| {
+                        c["accepted"].as_u64().unwrap_or(0) + c["rejected"].as_u64().unwrap_or(0)
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Waits until the admin counters show `at_least` judged records (for plugins other than
+    /// the ledger, which report nothing in the log).
+    pub fn wait_judged(&self, at_least: u64) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.judged() < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "{}: only {} of {at_least} judged: {}",
+                self.name,
+                self.judged(),
+                self.status()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// What the ledger plugin has reported so far.
+    pub fn seen(&self) -> Seen {
+        lock(&self.seen).clone()
+    }
+
+    /// Blocks until the ledger plugin's reports satisfy `cond` (woken by every report); fails
+    /// the test, saying `what` was awaited, if the host's log ends or it hangs first.
+    pub fn wait_for(&self, what: &str, cond: impl Fn(&Seen) -> bool) -> Seen {
+        self.watch.wait_until(what, || {
+            let s = self.seen();
+            assert!(
+                cond(&s) || !s.ended,
+                "{}: the host's log ended while waiting for {what}",
+                self.name
+            );
+            cond(&s)
+        });
+        self.seen()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill {sig} {}", self.child.id());
+    }
+
+    fn finish(&mut self) -> Seen {
+        if let Some(r) = self.log_reader.take() {
+            let _ = r.join();
+        }
+        if let Some(r) = self.stdout_reader.take() {
+            let _ = r.join();
+        }
+        self.seen()
+    }
+
+    /// SIGTERM (drain), then waits for a clean exit; returns stdout (the run summary) and the
+    /// final ledger reports.
+    pub fn stop(mut self) -> (String, Seen) {
+        self.signal("-TERM");
+        let status = self.child.wait().expect("wait for sharehost");
+        assert!(
+            status.success(),
+            "{}: sharehost exits 0 after SIGTERM, got {status}",
+            self.name
+        );
+        let seen = self.finish();
+        let out = self
+            .stdout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        (out, seen)
+    }
+
+    /// SIGKILL: a crash, no draining; returns what the plugin had reported up to then.
+    pub fn kill(mut self) -> Seen {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+        self.finish()
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        // A failing test must not leave a host consuming behind it.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ids_after;
+
+    #[test]
+    fn reads_id_lists_out_of_log_lines() {
+        let line = r#"2026-11-30T10:00:00Z  INFO sharehost::runtime::host: ledger accepted=1,20,300 plugin="p""#;
+        assert_eq!(
+            ids_after(line, "ledger accepted=").collect::<Vec<_>>(),
+            ["1", "20", "300"]
+        );
+        assert_eq!(ids_after(line, "ledger rejected=").count(), 0);
+    }
+}
