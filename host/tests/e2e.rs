@@ -2,147 +2,28 @@
 //! letters, hot-swaps under load, and SIGTERM followed by a restart.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost_tests::host::HostProcess;
 use sharehost_tests::{bootstrap, client, group_lag, guest, unique};
 
-/// A running `sharehost run` with its admin address.
-struct Host {
-    child: Child,
-    admin: String,
-    stdout: Arc<std::sync::Mutex<String>>,
-}
-
-impl Host {
-    fn start(manifest: &Path) -> Host {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sharehost"))
-            .arg("run")
-            .arg(manifest)
-            .env("SHAREHOST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start sharehost");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[host] {line}");
-                if !sent && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
-                    let _ = tx.send(addr.trim().to_owned());
-                    sent = true;
-                }
-            }
-        });
-        let stdout = child.stdout.take().expect("stdout");
-        let out = Arc::new(std::sync::Mutex::new(String::new()));
-        let sink = out.clone();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = BufReader::new(stdout).read_to_string(&mut s);
-            sink.lock().expect("lock").push_str(&s);
-        });
-        let admin = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the host announces its admin address");
-        Host {
-            child,
-            admin,
-            stdout: out,
-        }
-    }
-
-    fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let mut s = TcpStream::connect(&self.admin).expect("admin connect");
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .expect("write");
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).expect("read");
-        let status = resp
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = resp
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let (code, body) = self.http("GET", "/pipelines", "");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("JSON status")
-    }
-
-    /// Judged records (accepted + rejected + released) per version, summed.
-    fn judged(&self) -> u64 {
-        let s = self.status();
-        s[0]["versions"]
-            .as_object()
-            .map(|m| {
-                m.values()
-                    .map(|c| {
-                        c["accepted"].as_u64().unwrap_or(0) + c["rejected"].as_u64().unwrap_or(0)
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-
-    fn wait_judged(&self, at_least: u64) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        while self.judged() < at_least {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {} of {at_least} judged: {}",
-                self.judged(),
-                self.status()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// SIGTERM, then wait for a clean exit; returns stdout.
-    fn stop(mut self) -> String {
-        let pid = self.child.id().to_string();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok);
-        let status = self.child.wait().expect("wait");
-        assert!(
-            status.success(),
-            "sharehost exits 0 after SIGTERM, got {status}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-        self.stdout.lock().expect("lock").clone()
-    }
+/// Starts `sharehost run MANIFEST`.
+fn start(manifest: &Path) -> HostProcess {
+    HostProcess::start(Path::new(env!("CARGO_BIN_EXE_sharehost")), manifest, "host")
 }
 
 /// Runs the host until `n` records are judged, then stops it; returns its stdout and the last
 /// `/pipelines` status.
 async fn run_until_judged(manifest: PathBuf, n: u64) -> (String, serde_json::Value) {
     tokio::task::spawn_blocking(move || {
-        let host = Host::start(&manifest);
+        let host = start(&manifest);
         host.wait_judged(n);
         let status = host.status();
-        (host.stop(), status)
+        (host.stop().0, status)
     })
     .await
     .expect("join")
@@ -332,7 +213,7 @@ async fn two_hot_swaps_under_load_lose_nothing_and_judge_nothing_twice() {
     let manifest = write_manifest(&dir, &topic, &group, &dlq, &live, "");
     let n = 3000;
     produce_orders(&client, &topic, 0..500).await;
-    let host = tokio::task::spawn_blocking(move || Host::start(&manifest))
+    let host = tokio::task::spawn_blocking(move || start(&manifest))
         .await
         .expect("join");
     let host = Arc::new(host);
@@ -454,30 +335,19 @@ async fn sigterm_mid_stream_then_a_restart_judges_every_record() {
     let manifest = write_manifest(&dir, &topic, &group, &dlq, &guest("order_validator"), "");
     let m = manifest.clone();
     let first = tokio::task::spawn_blocking(move || {
-        let host = Host::start(&m);
+        let host = start(&m);
         host.wait_judged(1);
         let judged = host.judged();
-        (host.stop(), judged)
+        (host.stop().0, judged)
     })
     .await
     .expect("join");
     let m = manifest.clone();
     let (second_out, _) = tokio::task::spawn_blocking(move || {
-        let host = Host::start(&m);
+        let host = start(&m);
         // Whatever the first run did not judge, the second one does.
-        let deadline = std::time::Instant::now() + Duration::from_secs(120);
-        loop {
-            let lag = group_lag(&group);
-            if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "records left after the restart: {lag:?}"
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        (host.stop(), ())
+        sharehost_tests::wait_until_drained(&group);
+        (host.stop().0, ())
     })
     .await
     .expect("join");
