@@ -371,6 +371,10 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
         values.insert((r.partition.partition, r.record.offset), value(r));
         c.acknowledge(r, AckKind::Accept).expect("ack");
     }
+    // The unjudged half is still held; once the session dies, it no longer is.
+    let mut unjudged: Vec<_> = first.iter().skip(first.len() / 2).cloned().collect();
+    let unjudged_count = unjudged.len();
+    assert_eq!(c.retain_held(&mut unjudged), 0, "all held before the cut");
     c.disconnect_for_testing();
     // A record counts as accepted only when the broker confirmed its Accept: verdicts that
     // were pending when the session died come back as failed outcomes, and their records are
@@ -406,6 +410,11 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
             }
         }
     }
+    assert_eq!(
+        c.retain_held(&mut unjudged),
+        unjudged_count,
+        "records of the dead session are no longer held (the broker released them)"
+    );
     let stats = c.stats();
     assert!(
         stats

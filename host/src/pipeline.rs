@@ -314,7 +314,16 @@ impl Pipeline {
                 p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
             let take = backlog.len().min(spec.batch_size);
-            let batch: Vec<ShareRecord> = backlog.drain(..take).collect();
+            let mut batch: Vec<ShareRecord> = backlog.drain(..take).collect();
+            // Records whose session died while they waited (a lost connection, a restarted
+            // broker) are back with the broker already: judging them would only make duplicates.
+            let stale = consumer.retain_held(&mut batch);
+            if stale > 0 {
+                tracing::debug!(pipeline = %spec.name, records = stale, "skipped records released with their share session");
+            }
+            if batch.is_empty() {
+                continue;
+            }
             let this = self.clone();
             let (c, k, rq, rn) = (
                 consumer.clone(),

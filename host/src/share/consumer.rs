@@ -459,6 +459,32 @@ impl ShareConsumer {
         }
     }
 
+    /// Drops the records whose share session has ended since they were delivered (the broker
+    /// released them and will deliver them again), so a caller about to hand a batch to slow or
+    /// costly work does not judge records whose verdicts could no longer land. Returns how many
+    /// were dropped. One pass under the engine's locks for the whole batch.
+    pub fn retain_held(&self, records: &mut Vec<ShareRecord>) -> usize {
+        let before = records.len();
+        // Never both locks at once: every other path takes them one at a time.
+        let owners: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            records
+                .iter()
+                .map(|r| route.get(&r.partition).copied())
+                .collect()
+        };
+        let leaders = lock(&self.shared.leaders);
+        let mut owner = owners.into_iter();
+        records.retain(|r| {
+            owner
+                .next()
+                .flatten()
+                .and_then(|l| leaders.get(&l))
+                .is_some_and(|st| st.session == r.session && st.outstanding.contains_key(&r.key()))
+        });
+        before - records.len()
+    }
+
     /// Records a verdict for a delivered record; it goes out with the next request to the
     /// record's leader. Renew extends the lock and leaves the record with the caller, who must
     /// still give it a final verdict. Returns `false` when the record's session has ended (the
