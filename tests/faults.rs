@@ -18,9 +18,10 @@ use std::sync::Arc;
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
+use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
-    bootstrap, client, fresh_group_with, guest, harness, produce_ids, topic_values, unique,
-    wait_until_drained,
+    bootstrap, client, fresh_group_with, guest, harness, produce_ids, proxied_listener,
+    topic_values, unique, wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -368,6 +369,35 @@ async fn three_hosts_in_one_group_one_killed_lose_nothing() {
         "all three hosts judged records"
     );
     s.ledger(&[seen1, killed, seen3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_connections_between_host_and_broker_lose_nothing() {
+    let _shared = BROKER.read().await;
+    let s = Scenario::new("cut-connections", 3000, 30_000).await;
+    // Every connection of the host (bootstrap, partition leaders, coordinator) goes through the
+    // proxy: the broker advertises the proxy's address on this listener.
+    let (listen, target) = proxied_listener();
+    let proxy = Proxy::start(&listen, &target).await;
+    let manifest = s.manifest(&listen, &guest("fixture_ledger"), r#"pause-ms = "20""#);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let n = s.ids.len();
+    let mut cut = 0;
+    for part in [4, 2] {
+        let h = host.clone();
+        blocking(move || h.wait_for("records judged", |seen| seen.judged() >= n / part)).await;
+        cut += proxy.cut_all();
+    }
+    let h = host.clone();
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+    assert!(cut >= 2, "connections were open when cut ({cut})");
+    assert!(
+        proxy.accepted() > cut,
+        "the host reconnected through the proxy after the cuts"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

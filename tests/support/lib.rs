@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 pub mod host;
 pub mod ledger;
+pub mod proxy;
 
 use sharehost::kafka::{
     Compression, ConnectionConfig, KafkaClient, Mechanism, ProduceRecord, SaslSettings, Secret,
@@ -117,6 +118,32 @@ impl SaslSsl {
                 password: Secret::new(password),
             })
     }
+}
+
+/// Where the harness broker's `PROXIED` listener really listens, and the address it advertises
+/// instead (where a test's [`proxy::Proxy`] must listen), from `proxied.env` in the harness
+/// state dir. Fails the test when the broker was started without it.
+pub fn proxied_listener() -> (String, String) {
+    let dir = std::env::var("SHAREHOST_KAFKA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target/kafka"));
+    let file = dir.join("proxied.env");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "this test needs the broker's PROXIED listener: {} is unreadable ({e}); start the broker with `dev/kafka up`",
+            file.display()
+        )
+    });
+    let get = |k: &str| {
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .find(|(key, _)| key.trim() == k)
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("{} lacks {k}", file.display()))
+    };
+    let target = get("KAFKA_PROXIED_TARGET");
+    require_reachable(&target);
+    (get("KAFKA_PROXIED_BOOTSTRAP"), target)
 }
 
 /// Installs a test log subscriber once (RUST_LOG-style filter from `SHAREHOST_LOG`).
