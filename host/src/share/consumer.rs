@@ -215,6 +215,17 @@ struct LeaderState {
     renew_supported: bool,
 }
 
+impl LeaderState {
+    /// Forgets the outstanding records of `partitions` (their leadership moved away, so their
+    /// locks went with it); returns how many there were.
+    fn release(&mut self, partitions: &BTreeSet<TopicIdPartition>) -> usize {
+        let before = self.outstanding.len();
+        self.outstanding
+            .retain(|(tp, _), _| !partitions.contains(tp));
+        before - self.outstanding.len()
+    }
+}
+
 struct Shared {
     client: Arc<KafkaClient>,
     config: ShareConsumerConfig,
@@ -328,6 +339,55 @@ impl Shared {
             released,
             "share session ended ({why}); the broker releases what it held"
         );
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
+    }
+
+    /// The leadership of `partitions` moved away from `leader` while its session lives on: the
+    /// old leader can take no verdict for them any more, so the records held from there leave
+    /// the in-flight count, and verdicts not sent yet are reported as not applied. The new
+    /// leader delivers those records again.
+    fn partitions_moved(&self, leader: i32, partitions: &BTreeSet<TopicIdPartition>) {
+        // Outstanding records first: a concurrent `acknowledge` either finished (its verdict is
+        // in the ledger, taken below) or finds its record gone and reports it moot.
+        let outstanding = lock(&self.leaders)
+            .get_mut(&leader)
+            .map_or(0, |st| st.release(partitions));
+        self.in_flight.fetch_sub(
+            outstanding.min(self.in_flight.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let mut dropped_verdicts = 0;
+        for (tp, batches) in dropped {
+            dropped_verdicts += batches
+                .iter()
+                .map(|b| (b.last_offset - b.first_offset + 1) as usize)
+                .sum::<usize>();
+            self.push_outcome(AckOutcome {
+                topic: self.topic_name(&tp),
+                partition: tp.partition,
+                batches,
+                error: Some((
+                    ResponseError::NotLeaderOrFollower,
+                    format!(
+                        "the partition's leadership moved away from broker {leader} before the acknowledgement was sent"
+                    ),
+                )),
+            });
+        }
+        let released = (dropped_verdicts + outstanding) as u64;
+        self.stats
+            .released_by_broker
+            .fetch_add(released, Ordering::Relaxed);
+        if released > 0 {
+            tracing::warn!(
+                leader,
+                released,
+                partitions = partitions.len(),
+                "partition leadership moved; records held from the old leader come back from the new one"
+            );
+        }
         self.wake.notify_waiters();
         self.acked.notify_waiters();
     }
@@ -717,13 +777,18 @@ async fn fetch_supervisor(
             // partition: refresh, and look again shortly.
             let _ = shared.client.refresh_metadata(&shared.config.topics).await;
         }
-        {
+        let moved = {
             let mut route = lock(&shared.route);
+            let moved = moved_away(&route, &by_leader);
             for (l, set) in &by_leader {
                 for tp in set {
                     route.insert(*tp, *l);
                 }
             }
+            moved
+        };
+        for (old, partitions) in &moved {
+            shared.partitions_moved(*old, partitions);
         }
         for (leader, set) in &by_leader {
             match leaders.get(leader) {
@@ -862,10 +927,15 @@ impl LeaderWorker {
         }
     }
 
+    /// The partitions whose verdicts this leader's requests carry: see [`served`].
     fn serves(&self, session: &ShareSession) -> BTreeSet<TopicIdPartition> {
-        let mut s = self.wanted_rx.borrow().clone();
-        s.extend(session.partitions().iter().copied());
-        s
+        let wanted = self.wanted_rx.borrow().clone();
+        served(
+            self.leader,
+            &wanted,
+            session.partitions(),
+            &lock(&self.shared.route),
+        )
     }
 
     /// Queues Renew for records held past the auto-renew threshold.
@@ -1316,7 +1386,13 @@ impl LeaderWorker {
                 Some(e) => Some((e, top_message.unwrap_or("").to_owned())),
                 None => match results.get(tp) {
                     Some((c, m)) => {
-                        ResponseError::try_from_code(*c).map(|e| (e, m.clone().unwrap_or_default()))
+                        let e = ResponseError::try_from_code(*c);
+                        if e.is_some_and(|e| classify(e) == ErrorClass::RefreshMetadata) {
+                            // The partition moved (a leader that only acknowledges never sees
+                            // a fetch error): find its leader.
+                            self.shared.remap.notify_one();
+                        }
+                        e.map(|e| (e, m.clone().unwrap_or_default()))
                     }
                     // A partition missing from the answer did not take effect (as Java treats it).
                     None => Some((
@@ -1345,7 +1421,7 @@ impl LeaderWorker {
         if session.is_opening() {
             return;
         }
-        let partitions = session.partitions().clone();
+        let partitions = self.serves(session);
         let acks = lock(&self.shared.ledger).take(|tp| partitions.contains(tp), false);
         let timeout = conn.request_timeout();
         self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
@@ -1452,4 +1528,99 @@ fn count_type(acks: &[(TopicIdPartition, Vec<AckBatch>)], kind: AckKind) -> u64 
             }
         })
         .sum()
+}
+
+/// The partitions whose verdicts `leader`'s requests carry: those it should serve now, plus
+/// those still in its session (their verdicts ride on the request that forgets them), but never
+/// one routed to another leader: its leadership moved, the old leader would refuse the verdicts
+/// and the new leader's session owns the partition now.
+fn served(
+    leader: i32,
+    wanted: &BTreeSet<TopicIdPartition>,
+    in_session: &BTreeSet<TopicIdPartition>,
+    route: &HashMap<TopicIdPartition, i32>,
+) -> BTreeSet<TopicIdPartition> {
+    wanted
+        .iter()
+        .chain(in_session)
+        .filter(|tp| route.get(tp).is_none_or(|l| *l == leader))
+        .copied()
+        .collect()
+}
+
+/// Partitions a new mapping gives to another leader than `route` does, grouped by the leader
+/// they leave.
+fn moved_away(
+    route: &HashMap<TopicIdPartition, i32>,
+    by_leader: &BTreeMap<i32, BTreeSet<TopicIdPartition>>,
+) -> BTreeMap<i32, BTreeSet<TopicIdPartition>> {
+    let mut moved: BTreeMap<i32, BTreeSet<TopicIdPartition>> = BTreeMap::new();
+    for (leader, partitions) in by_leader {
+        for tp in partitions {
+            if let Some(old) = route.get(tp)
+                && old != leader
+            {
+                moved.entry(*old).or_default().insert(*tp);
+            }
+        }
+    }
+    moved
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(partition: i32) -> TopicIdPartition {
+        TopicIdPartition {
+            topic_id: uuid::Uuid::from_u128(7),
+            partition,
+        }
+    }
+
+    fn set(ps: &[i32]) -> BTreeSet<TopicIdPartition> {
+        ps.iter().map(|p| tp(*p)).collect()
+    }
+
+    #[test]
+    fn a_moved_partition_is_served_by_its_new_leader_only() {
+        // Partition 0 moved from leader 1 to leader 2; leader 1's session still lists it
+        // until its next fetch forgets it. Partition 1 was unassigned but still leads on 1.
+        let route: HashMap<TopicIdPartition, i32> = [(tp(0), 2), (tp(1), 1), (tp(2), 1)].into();
+        let old = served(1, &set(&[2]), &set(&[0, 1, 2]), &route);
+        assert_eq!(
+            old,
+            set(&[1, 2]),
+            "the old leader keeps only what it still leads"
+        );
+        let new = served(2, &set(&[0]), &BTreeSet::new(), &route);
+        assert_eq!(new, set(&[0]));
+        // A partition nobody routed yet (first assignment) is served by whoever wants it.
+        assert_eq!(served(3, &set(&[9]), &BTreeSet::new(), &route), set(&[9]));
+    }
+
+    #[test]
+    fn moves_are_found_per_old_leader() {
+        let route: HashMap<TopicIdPartition, i32> = [(tp(0), 1), (tp(1), 1), (tp(2), 3)].into();
+        let by_leader: BTreeMap<i32, BTreeSet<TopicIdPartition>> =
+            [(2, set(&[0, 1])), (3, set(&[2, 4]))].into();
+        let moved = moved_away(&route, &by_leader);
+        assert_eq!(
+            moved,
+            [(1, set(&[0, 1]))].into(),
+            "new partitions and stayers are no moves"
+        );
+    }
+
+    #[test]
+    fn releasing_moved_partitions_forgets_only_their_records() {
+        let now = Instant::now();
+        let mut st = LeaderState::default();
+        for (p, o) in [(0, 5), (0, 6), (1, 5)] {
+            st.outstanding.insert((tp(p), o), now);
+        }
+        assert_eq!(st.release(&set(&[0])), 2);
+        assert_eq!(st.outstanding.len(), 1);
+        assert!(st.outstanding.contains_key(&(tp(1), 5)));
+    }
 }
