@@ -874,6 +874,15 @@ impl LeaderWorker {
             if self.stop.is_cancelled() {
                 return;
             }
+            if self.wanted_rx.borrow_and_update().is_empty() {
+                // Nothing to serve here (its partitions moved, perhaps because this broker is
+                // down) and no session to keep: wait for work instead of reconnecting.
+                tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    r = self.wanted_rx.changed() => if r.is_err() { return },
+                }
+                continue;
+            }
             let conn = match self.shared.client.dedicated_connection(self.leader).await {
                 Ok(c) => c,
                 Err(e) => {
