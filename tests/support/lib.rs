@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+pub mod cluster;
 pub mod host;
 pub mod ledger;
 pub mod proxy;
@@ -26,15 +27,18 @@ pub fn bootstrap() -> String {
     addr
 }
 
-/// Panics with instructions when nothing listens at `addr`.
-pub fn require_reachable(addr: &str) {
-    let reachable = addr
-        .split(',')
+/// Whether anything listens at one of the comma-separated addresses.
+pub fn is_reachable(addr: &str) -> bool {
+    addr.split(',')
         .filter_map(|a| std::net::ToSocketAddrs::to_socket_addrs(a.trim()).ok())
         .flatten()
-        .any(|sa| TcpStream::connect_timeout(&sa, Duration::from_secs(2)).is_ok());
+        .any(|sa| TcpStream::connect_timeout(&sa, Duration::from_secs(2)).is_ok())
+}
+
+/// Panics with instructions when nothing listens at `addr`.
+pub fn require_reachable(addr: &str) {
     assert!(
-        reachable,
+        is_reachable(addr),
         "this test needs the Kafka broker at {addr}, which is not reachable: start it with `dev/kafka up --sasl-ssl` \
          (the test command `dev/test` does this itself)"
     );
@@ -200,12 +204,17 @@ pub async fn fresh_group_with(
 /// The group's lag per partition, from Apache's own ShareGroupCommand (records not yet
 /// acknowledged, accepted or archived).
 pub fn group_lag(group: &str) -> Vec<i64> {
+    group_lag_at(&bootstrap(), group)
+}
+
+/// [`group_lag`] on the cluster at `bootstrap` (the three-node one, say).
+pub fn group_lag_at(bootstrap: &str, group: &str) -> Vec<i64> {
     let out = Command::new(repo_root().join("dev/kafka"))
         .args([
             "tool",
             "org.apache.kafka.tools.consumer.group.ShareGroupCommand",
             "--bootstrap-server",
-            &bootstrap(),
+            bootstrap,
         ])
         .args(["--describe", "--group", group])
         .output()

@@ -1,0 +1,100 @@
+//! The three-node cluster of `dev/kafka up --brokers 3`: where it is, and the harness commands
+//! that stop, restart and move leadership on it.
+//!
+//! A test that needs the cluster and cannot reach it FAILS with instructions; it never skips.
+//! Before any node is stopped, the harness state dir is checked to really hold the cluster at
+//! the test's bootstrap, so a test can never stop a broker other tests are using.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use sharehost::kafka::{ConnectionConfig, KafkaClient};
+
+use crate::{is_reachable, repo_root};
+
+/// The cluster's default client addresses: `dev/kafka up --brokers 3` with the default base
+/// port puts node N on 9092 + 10·(N-1).
+pub const DEFAULT_CLUSTER_BOOTSTRAP: &str = "127.0.0.1:9092,127.0.0.1:9102,127.0.0.1:9112";
+
+const HOW: &str = "start it with `dev/kafka up --brokers 3` (beside another broker: \
+     `KAFKA_PORT=29092 KAFKA_CONTROLLER_PORT=29093 KAFKA_SASL_SSL_PORT=29094 \
+     SHAREHOST_KAFKA_DIR=$PWD/target/kafka-cluster dev/kafka up --brokers 3`, then run the test with \
+     `SHAREHOST_CLUSTER_BOOTSTRAP=127.0.0.1:29092 SHAREHOST_CLUSTER_DIR=$PWD/target/kafka-cluster`)";
+
+/// The state dir of the cluster's harness (`SHAREHOST_CLUSTER_DIR`, else what `dev/kafka`
+/// itself would use: `SHAREHOST_KAFKA_DIR` or `target/kafka`).
+pub fn cluster_dir() -> PathBuf {
+    std::env::var("SHAREHOST_CLUSTER_DIR")
+        .or_else(|_| std::env::var("SHAREHOST_KAFKA_DIR"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target/kafka"))
+}
+
+/// The cluster's bootstrap addresses (`SHAREHOST_CLUSTER_BOOTSTRAP`, default
+/// [`DEFAULT_CLUSTER_BOOTSTRAP`]). Fails the test with instructions when the cluster is not
+/// reachable, not fully up, or not the one the harness state dir describes.
+pub fn cluster_bootstrap() -> String {
+    let addr = std::env::var("SHAREHOST_CLUSTER_BOOTSTRAP")
+        .unwrap_or_else(|_| DEFAULT_CLUSTER_BOOTSTRAP.to_owned());
+    assert!(
+        is_reachable(&addr),
+        "this test needs the three-node Kafka cluster at {addr}, which is not reachable: {HOW}"
+    );
+    let (ok, status) = run_harness(&["status"]);
+    let listed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("bootstrap: "))
+        .unwrap_or_default()
+        .to_owned();
+    let nodes = status.lines().filter(|l| l.starts_with("node ")).count();
+    assert!(
+        ok && nodes >= 3,
+        "this test needs every node of a three-node cluster running, but `dev/kafka status` for {} says:\n{status}\n{HOW}",
+        cluster_dir().display()
+    );
+    let ours = addr
+        .split(',')
+        .all(|a| listed.split(',').any(|l| l.trim() == a.trim()));
+    assert!(
+        ours,
+        "SHAREHOST_CLUSTER_BOOTSTRAP is {addr}, but the harness in {} runs the cluster at {listed}: \
+         the test would stop the wrong brokers. Point SHAREHOST_CLUSTER_DIR at the cluster's state dir.",
+        cluster_dir().display()
+    );
+    addr
+}
+
+/// A connected plain-text client for the cluster.
+pub async fn cluster_client() -> KafkaClient {
+    let addr = cluster_bootstrap();
+    match KafkaClient::connect(&addr, ConnectionConfig::new("sharehost-cluster-tests")).await {
+        Ok(c) => c,
+        Err(e) => panic!("cannot connect to the test cluster at {addr}: {e}"),
+    }
+}
+
+/// Runs `dev/kafka ARGS` on the cluster's state dir; returns whether it succeeded and its
+/// stdout.
+fn run_harness(args: &[&str]) -> (bool, String) {
+    let out = Command::new(repo_root().join("dev/kafka"))
+        .args(args)
+        .env("SHAREHOST_KAFKA_DIR", cluster_dir())
+        .output()
+        .expect("run dev/kafka");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Runs a `dev/kafka` command on the cluster (`stop-broker 2`, `move-leader T 0 3`, ...),
+/// failing the test if it fails; returns what it printed.
+pub fn cluster_harness(args: &[&str]) -> String {
+    let (ok, text) = run_harness(args);
+    assert!(ok, "dev/kafka {} failed:\n{text}", args.join(" "));
+    text
+}
