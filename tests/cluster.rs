@@ -5,8 +5,10 @@
 //!
 //! Each scenario produces records with ids in three waves: before the fault, while it lasts (a
 //! node down or a partition newly led elsewhere), and after the node is back. A record counts
-//! as accepted only when the broker confirmed its Accept (`take_outcomes`), and the broker's own
-//! view (ShareGroupCommand lag) must be zero at the end.
+//! as accepted only when the broker confirmed its Accept (`take_outcomes`), or, for an Accept
+//! whose request died with its broker (so the answer never came), when the record never comes
+//! back and the broker's own view (ShareGroupCommand lag) shows nothing left. That lag must be
+//! zero at the end in any case.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kafka_protocol::ResponseError;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use sharehost::share::ledger::AckKind;
@@ -49,40 +52,51 @@ enum Fault {
     StopCoordinator(&'static str),
 }
 
-/// Produces `per_partition` records to every partition; ids are `wave-partition-index`.
+/// Produces the records `range` of `wave` to partition `p`; ids are `wave-partition-index`.
+async fn produce_to(
+    client: &KafkaClient,
+    topic: &str,
+    wave: &str,
+    p: i32,
+    range: std::ops::Range<usize>,
+) -> Vec<String> {
+    let ids: Vec<String> = range.map(|i| format!("{wave}-{p}-{i}")).collect();
+    let records: Vec<ProduceRecord> = ids
+        .iter()
+        .map(|id| ProduceRecord {
+            value: Some(Bytes::from(id.clone())),
+            ..Default::default()
+        })
+        .collect();
+    client
+        .produce(topic, p, &records, Compression::Lz4)
+        .await
+        .unwrap_or_else(|e| panic!("produce {wave} to partition {p}: {e}"));
+    ids
+}
+
+/// Produces the records `range` of `wave` to every partition.
 async fn produce(
     client: &KafkaClient,
     topic: &str,
     wave: &str,
-    per_partition: std::ops::Range<usize>,
+    range: std::ops::Range<usize>,
 ) -> Vec<String> {
     let mut ids = Vec::new();
     for p in 0..PARTITIONS {
-        let records: Vec<ProduceRecord> = per_partition
-            .clone()
-            .map(|i| {
-                let id = format!("{wave}-{p}-{i}");
-                ids.push(id.clone());
-                ProduceRecord {
-                    value: Some(Bytes::from(id)),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        client
-            .produce(topic, p, &records, Compression::Lz4)
-            .await
-            .unwrap_or_else(|e| panic!("produce {wave} to partition {p}: {e}"));
+        ids.extend(produce_to(client, topic, wave, p, range.clone()).await);
     }
     ids
 }
 
-/// Produces a round each [`ROUND_EVERY`] until `stop` says so, at most [`BACKLOG`] records
-/// ahead of the confirmed count, so records flow for exactly as long as the fault lasts;
-/// returns the ids.
+/// Produces a round to partition `p` each [`ROUND_EVERY`] until `stop` says so, keeping the
+/// stream at most [`BACKLOG`] records ahead of the confirmed count, so records flow for exactly
+/// as long as the fault lasts; returns the ids. One task per partition, so a partition without
+/// a leader for a while does not hold up the others.
 fn spawn_stream(
     client: Arc<KafkaClient>,
     topic: String,
+    p: i32,
     mut confirmed: watch::Receiver<usize>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<Vec<String>> {
@@ -91,13 +105,14 @@ fn spawn_stream(
         let start = *confirmed.borrow();
         let mut round = 0;
         let mut every = tokio::time::interval(ROUND_EVERY);
+        let partitions = PARTITIONS as usize;
         loop {
             tokio::select! {
                 _ = every.tick() => {}
                 _ = stop.wait_for(|s| *s) => return ids,
             }
             tokio::select! {
-                r = confirmed.wait_for(|c| ids.len() < c.saturating_sub(start) + BACKLOG) => {
+                r = confirmed.wait_for(|c| ids.len() * partitions < c.saturating_sub(start) + BACKLOG) => {
                     if r.is_err() {
                         return ids;
                     }
@@ -107,15 +122,8 @@ fn spawn_stream(
             if *stop.borrow() {
                 return ids;
             }
-            ids.extend(
-                produce(
-                    &client,
-                    &topic,
-                    "stream",
-                    round * ROUND..(round + 1) * ROUND,
-                )
-                .await,
-            );
+            let range = round * ROUND..(round + 1) * ROUND;
+            ids.extend(produce_to(&client, &topic, "stream", p, range).await);
             round += 1;
         }
     })
@@ -223,6 +231,10 @@ async fn scenario(name: &str, fault: Fault) {
         .expect("start");
 
     let mut accepts: Vec<String> = Vec::new();
+    // Offsets whose Accept the broker confirmed, to tell a record accepted twice from an id
+    // written twice (a produce retried after its answer was lost stores a second copy).
+    let mut accepted_offsets: HashSet<(i32, i64)> = HashSet::new();
+    let mut accepted_twice = 0usize;
     let mut values: HashMap<(i32, i64), String> = HashMap::new();
     let mut confirmed: HashSet<String> = HashSet::new();
     let (confirmed_tx, confirmed_rx) = watch::channel(0usize);
@@ -233,14 +245,22 @@ async fn scenario(name: &str, fault: Fault) {
     let mut affected: Vec<i32> = Vec::new();
     let mut held: Vec<ShareRecord> = Vec::new();
     let mut steps: Option<tokio::task::JoinHandle<()>> = None;
-    let mut stream: Option<(watch::Sender<bool>, tokio::task::JoinHandle<Vec<String>>)> = None;
+    // The producer tasks during the fault, and what stops them.
+    let (stop_streams, stop_rx) = watch::channel(false);
+    let mut streams: Vec<tokio::task::JoinHandle<Vec<String>>> = Vec::new();
+    // Accepts whose request died with its broker: it may have applied them (then the records
+    // never come back) or not (then they are delivered again). Only the broker can settle them.
+    let mut in_doubt: HashSet<String> = HashSet::new();
+    let mut settled: Vec<String> = Vec::new();
+    let mut lag_check: Option<tokio::task::JoinHandle<Vec<i64>>> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     loop {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{name}: only {} of {} records confirmed in phase {phase:?}",
+            "{name}: only {} of {} records confirmed in phase {phase:?} ({} accepts in doubt)",
             confirmed.len(),
-            produced.len()
+            produced.len(),
+            in_doubt.len()
         );
         if let Some(d) = c
             .poll(Duration::from_millis(200))
@@ -268,8 +288,17 @@ async fn scenario(name: &str, fault: Fault) {
         }
         // Only what the broker confirmed counts as accepted.
         for o in c.take_outcomes() {
-            if o.error.is_some() {
+            if let Some((e, _)) = &o.error {
                 refused += o.offsets();
+                if *e == ResponseError::NetworkException {
+                    for b in &o.batches {
+                        for off in b.first_offset..=b.last_offset {
+                            if let Some(id) = values.get(&(o.partition, off)) {
+                                in_doubt.insert(id.clone());
+                            }
+                        }
+                    }
+                }
                 continue;
             }
             for b in &o.batches {
@@ -282,6 +311,9 @@ async fn scenario(name: &str, fault: Fault) {
                     });
                     accepts.push(id.clone());
                     confirmed.insert(id.clone());
+                    if !accepted_offsets.insert((o.partition, off)) {
+                        accepted_twice += 1;
+                    }
                 }
             }
         }
@@ -291,17 +323,36 @@ async fn scenario(name: &str, fault: Fault) {
         {
             h.await.expect("the fault's harness steps");
         }
+        if lag_check.as_ref().is_some_and(|h| h.is_finished())
+            && let Some(h) = lag_check.take()
+        {
+            let lag = h.await.expect("ShareGroupCommand");
+            let open: Vec<String> = produced
+                .iter()
+                .filter(|id| !confirmed.contains(*id))
+                .cloned()
+                .collect();
+            if lag.len() == PARTITIONS as usize
+                && lag.iter().all(|l| *l == 0)
+                && open.iter().all(|id| in_doubt.contains(id))
+            {
+                // Nothing is left at the broker, and it only ever got Accept from us.
+                settled = open;
+                break;
+            }
+        }
         match phase {
             Phase::BeforeFault if confirmed.len() >= produced.len() / 4 => {
                 client
                     .refresh_metadata(std::slice::from_ref(&topic))
                     .await
                     .expect("metadata");
-                let (stop, stop_rx) = watch::channel(false);
-                stream = Some((
-                    stop,
-                    spawn_stream(client.clone(), topic.clone(), confirmed_rx.clone(), stop_rx),
-                ));
+                streams = (0..PARTITIONS)
+                    .map(|p| {
+                        let (c, t) = (client.clone(), topic.clone());
+                        spawn_stream(c, t, p, confirmed_rx.clone(), stop_rx.clone())
+                    })
+                    .collect();
                 let (hit, fault_steps) = fault_steps(fault, &topic, &client, coordinator);
                 affected = hit;
                 steps = Some(spawn_steps(fault_steps));
@@ -313,20 +364,30 @@ async fn scenario(name: &str, fault: Fault) {
                         moot += 1;
                     }
                 }
-                if let Some((stop, h)) = stream.take() {
-                    stop.send_replace(true);
-                    let during = h.await.expect("the producer during the fault");
-                    assert!(
-                        !during.is_empty(),
-                        "{name}: records flowed during the fault"
-                    );
-                    println!("{name}: {} records produced during the fault", during.len());
-                    produced.extend(during);
+                stop_streams.send_replace(true);
+                let mut during = Vec::new();
+                for h in streams.drain(..) {
+                    during.extend(h.await.expect("the producer during the fault"));
                 }
+                assert!(
+                    !during.is_empty(),
+                    "{name}: records flowed during the fault"
+                );
+                println!("{name}: {} records produced during the fault", during.len());
+                produced.extend(during);
                 produced.extend(produce(&client, &topic, "after", 0..WAVE).await);
                 phase = Phase::Draining;
             }
             Phase::Draining if confirmed.len() >= produced.len() => break,
+            Phase::Draining
+                if lag_check.is_none()
+                    && produced
+                        .iter()
+                        .all(|id| confirmed.contains(id) || in_doubt.contains(id)) =>
+            {
+                let (b, g) = (bootstrap.clone(), group.clone());
+                lag_check = Some(tokio::task::spawn_blocking(move || group_lag_at(&b, &g)));
+            }
             _ => {}
         }
     }
@@ -356,8 +417,23 @@ async fn scenario(name: &str, fault: Fault) {
         stats.assignment_changes.load(Ordering::Relaxed),
     );
     c.close(Duration::from_secs(30)).await;
+    println!(
+        "{name}: {} accepts in doubt (their request died with the broker), {} of them never \
+         came back and are settled by the broker (lag 0: it applied them)",
+        in_doubt.len(),
+        settled.len()
+    );
+    let mut offsets_of: HashMap<&String, usize> = HashMap::new();
+    for id in values.values() {
+        *offsets_of.entry(id).or_default() += 1;
+    }
+    println!(
+        "{name}: {} ids stored at two offsets by a retried produce (each copy a record of its \
+         own), {accepted_twice} offsets confirmed accepted twice",
+        offsets_of.values().filter(|n| **n > 1).count()
+    );
     let mut ledger = Ledger::new(name, produced);
-    for id in accepts {
+    for id in accepts.into_iter().chain(settled) {
         ledger.accepted(id);
     }
     ledger.check();

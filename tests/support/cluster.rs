@@ -18,15 +18,16 @@ pub const DEFAULT_CLUSTER_BOOTSTRAP: &str = "127.0.0.1:9092,127.0.0.1:9102,127.0
 
 const HOW: &str = "start it with `dev/kafka up --brokers 3` (beside another broker: \
      `KAFKA_PORT=29092 KAFKA_CONTROLLER_PORT=29093 KAFKA_SASL_SSL_PORT=29094 \
-     SHAREHOST_KAFKA_DIR=$PWD/target/kafka-cluster dev/kafka up --brokers 3`, then run the test with \
-     `SHAREHOST_CLUSTER_BOOTSTRAP=127.0.0.1:29092 SHAREHOST_CLUSTER_DIR=$PWD/target/kafka-cluster`)";
+     SHAREHOST_KAFKA_DIR=target/kafka-cluster dev/kafka up --brokers 3`, then run the test with \
+     `SHAREHOST_CLUSTER_BOOTSTRAP=127.0.0.1:29092 SHAREHOST_CLUSTER_DIR=target/kafka-cluster`)";
 
 /// The state dir of the cluster's harness (`SHAREHOST_CLUSTER_DIR`, else what `dev/kafka`
-/// itself would use: `SHAREHOST_KAFKA_DIR` or `target/kafka`).
+/// itself would use: `SHAREHOST_KAFKA_DIR` or `target/kafka`). A relative path is taken from
+/// the repository root (tests run in their package directory).
 pub fn cluster_dir() -> PathBuf {
     std::env::var("SHAREHOST_CLUSTER_DIR")
         .or_else(|_| std::env::var("SHAREHOST_KAFKA_DIR"))
-        .map(PathBuf::from)
+        .map(|d| repo_root().join(d))
         .unwrap_or_else(|_| repo_root().join("target/kafka"))
 }
 
