@@ -81,23 +81,11 @@ pub struct SaslSsl {
 impl SaslSsl {
     /// Reads the harness's `sasl-ssl.env`; fails the test when the listener is not running.
     pub fn from_harness() -> SaslSsl {
-        let dir = std::env::var("SHAREHOST_KAFKA_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| repo_root().join("target/kafka"));
-        let file = dir.join("sasl-ssl.env");
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-            panic!(
-                "this test needs the SASL_SSL listener: {} is unreadable ({e}); start the broker with `dev/kafka up --sasl-ssl`",
-                file.display()
-            )
-        });
-        let get = |k: &str| {
-            text.lines()
-                .filter_map(|l| l.split_once('='))
-                .find(|(key, _)| key.trim() == k)
-                .map(|(_, v)| v.trim().trim_matches('"').to_owned())
-                .unwrap_or_else(|| panic!("{} lacks {k}", file.display()))
-        };
+        let get = harness_env(
+            "sasl-ssl.env",
+            "the SASL_SSL listener",
+            "dev/kafka up --sasl-ssl",
+        );
         let s = SaslSsl {
             bootstrap: get("KAFKA_SASL_SSL_BOOTSTRAP"),
             ca_file: PathBuf::from(get("KAFKA_CA_FILE")),
@@ -124,27 +112,38 @@ impl SaslSsl {
     }
 }
 
+/// A `KEY=value` file the harness writes into its state dir (`SHAREHOST_KAFKA_DIR`, default
+/// `target/kafka`), as a lookup that fails the test naming the file and the missing key; a
+/// missing file fails it saying what needs `needs` and which command provides it.
+fn harness_env(name: &str, needs: &str, command: &str) -> impl Fn(&str) -> String {
+    let dir = std::env::var("SHAREHOST_KAFKA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target/kafka"));
+    let file = dir.join(name);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "this test needs {needs}: {} is unreadable ({e}); start the broker with `{command}`",
+            file.display()
+        )
+    });
+    move |k: &str| {
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .find(|(key, _)| key.trim() == k)
+            .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+            .unwrap_or_else(|| panic!("{} lacks {k}", file.display()))
+    }
+}
+
 /// Where the harness broker's `PROXIED` listener really listens, and the address it advertises
 /// instead (where a test's [`proxy::Proxy`] must listen), from `proxied.env` in the harness
 /// state dir. Fails the test when the broker was started without it.
 pub fn proxied_listener() -> (String, String) {
-    let dir = std::env::var("SHAREHOST_KAFKA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| repo_root().join("target/kafka"));
-    let file = dir.join("proxied.env");
-    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-        panic!(
-            "this test needs the broker's PROXIED listener: {} is unreadable ({e}); start the broker with `dev/kafka up`",
-            file.display()
-        )
-    });
-    let get = |k: &str| {
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .find(|(key, _)| key.trim() == k)
-            .map(|(_, v)| v.trim().to_owned())
-            .unwrap_or_else(|| panic!("{} lacks {k}", file.display()))
-    };
+    let get = harness_env(
+        "proxied.env",
+        "the broker's PROXIED listener",
+        "dev/kafka up",
+    );
     let target = get("KAFKA_PROXIED_TARGET");
     require_reachable(&target);
     (get("KAFKA_PROXIED_BOOTSTRAP"), target)
