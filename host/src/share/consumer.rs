@@ -844,6 +844,8 @@ async fn leader_loop(
         tx,
         stop,
         backoff: Backoff::new(BackoffConfig::default()),
+        acks_waiting_since: None,
+        dry_since: None,
     };
     worker.run().await;
     lock(&worker.shared.leaders).remove(&leader);
@@ -856,7 +858,23 @@ struct LeaderWorker {
     tx: mpsc::Sender<Delivery>,
     stop: CancellationToken,
     backoff: Backoff,
+    /// Since when verdicts have been waiting at the in-flight bound for the next fetch.
+    acks_waiting_since: Option<Instant>,
+    /// When a fetch that went out while records were in flight brought nothing: the next one
+    /// waits until there are verdicts to carry, nothing is in flight any more, or `max_wait`
+    /// has passed since.
+    dry_since: Option<Instant>,
 }
+
+/// How long verdicts wait at the in-flight bound for the next fetch to carry them before they
+/// go out in a ShareAcknowledge of their own.
+///
+/// Over the bound (a batch-optimized delivery overshoots it), each trickle of verdicts used to
+/// go out at once in its own ShareAcknowledge: a round trip during which the next fetch cannot
+/// leave, and one more share-state write on the broker. Verdicts bring the in-flight count back
+/// under the bound, and then they ride on the fetch that goes out; only a handler slow enough
+/// to hold them this long gets them sent alone.
+const ACK_LINGER: Duration = Duration::from_millis(50);
 
 /// Where one request left the session.
 enum Step {
@@ -1004,12 +1022,45 @@ impl LeaderWorker {
         let budget = cfg
             .max_in_flight
             .saturating_sub(self.shared.in_flight.load(Ordering::Relaxed));
-        if budget > 0 && !wanted.is_empty() {
-            return self.fetch(conn, session, version, &wanted, budget).await;
+        // While the caller still holds records of this leader, a fetch does not long-poll:
+        // the verdicts it makes meanwhile would wait behind it, and when this member holds the
+        // broker's per-partition lock limit the broker has nothing to give until it gets them
+        // (a MaxWait-long stall). When such a fetch brings nothing, the wait happens here
+        // instead, where a verdict cuts it short: the next fetch goes out with the first
+        // verdicts, or after `max_wait` (records whose lock expired come back, other partitions
+        // fill up).
+        let prefetch = lock(&self.shared.leaders)
+            .get(&self.leader)
+            .is_some_and(|st| !st.outstanding.is_empty());
+        if !prefetch {
+            self.dry_since = None;
+        }
+        let dry_until = self
+            .dry_since
+            .map(|t| t + cfg.max_wait)
+            .filter(|until| *until > Instant::now());
+        if budget > 0 && !wanted.is_empty() && (dry_until.is_none() || has_acks) {
+            self.acks_waiting_since = None;
+            return self
+                .fetch(conn, session, version, &wanted, budget, prefetch)
+                .await;
         }
         if has_acks && !session.is_opening() {
-            return self.send_acks(conn, session, version, false).await;
+            let now = Instant::now();
+            let since = *self.acks_waiting_since.get_or_insert(now);
+            // Nothing assigned here any more: no fetch will carry them.
+            if wanted.is_empty() || now.duration_since(since) >= ACK_LINGER {
+                self.acks_waiting_since = None;
+                return self.send_acks(conn, session, version, false).await;
+            }
+            tokio::select! {
+                _ = &mut wake => {}
+                _ = self.stop.cancelled() => {}
+                _ = tokio::time::sleep_until(since + ACK_LINGER) => {}
+            }
+            return Step::Continue;
         }
+        self.acks_waiting_since = None;
         if wanted.is_empty() {
             let holding = lock(&self.shared.leaders)
                 .get(&self.leader)
@@ -1026,12 +1077,13 @@ impl LeaderWorker {
             }
             return Step::Continue;
         }
-        // At the in-flight bound with nothing to send: wait for a verdict, waking in time for
-        // auto-renew.
+        // At the in-flight bound, or dry, with nothing to send: wait for a verdict, waking in
+        // time for auto-renew (and for the end of the dry wait).
+        let until = dry_until.unwrap_or_else(|| Instant::now() + cfg.max_wait);
         tokio::select! {
             _ = &mut wake => {}
             _ = self.stop.cancelled() => {}
-            _ = tokio::time::sleep(cfg.max_wait) => {}
+            _ = tokio::time::sleep_until(until) => {}
         }
         Step::Continue
     }
@@ -1043,8 +1095,14 @@ impl LeaderWorker {
         version: i16,
         wanted: &BTreeSet<TopicIdPartition>,
         budget: usize,
+        prefetch: bool,
     ) -> Step {
         let cfg = &self.shared.config;
+        let max_wait = if prefetch {
+            Duration::ZERO
+        } else {
+            cfg.max_wait
+        };
         let acks = if session.is_opening() {
             Vec::new()
         } else {
@@ -1065,7 +1123,7 @@ impl LeaderWorker {
             group_id: cfg.group.clone(),
             member_id: self.shared.member_id.clone(),
             share_session_epoch: part.epoch,
-            max_wait_ms: i32::try_from(cfg.max_wait.as_millis()).unwrap_or(i32::MAX),
+            max_wait_ms: i32::try_from(max_wait.as_millis()).unwrap_or(i32::MAX),
             min_bytes: cfg.min_bytes,
             max_bytes: cfg.max_bytes,
             max_records,
@@ -1084,11 +1142,20 @@ impl LeaderWorker {
             self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
         }
         let resp = conn
-            .send_version(&req, version, conn.request_timeout() + cfg.max_wait)
+            .send_version(&req, version, conn.request_timeout() + max_wait)
             .await;
         let step = match resp {
-            Err(e) => self.request_failed(session, &acks, &e),
+            Err(e) => {
+                self.dry_since = None;
+                self.request_failed(session, &acks, &e)
+            }
             Ok(resp) => {
+                let nothing = resp
+                    .responses
+                    .iter()
+                    .flat_map(|t| t.partitions.iter())
+                    .all(|p| p.acquired.is_empty());
+                self.dry_since = (prefetch && nothing).then(Instant::now);
                 self.on_fetch_response(session, &part.wanted, &acks, resp)
                     .await
             }
