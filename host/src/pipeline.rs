@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
-use crate::runtime::{InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, Verdict};
+use crate::runtime::{
+    Fault, FaultKind, InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, Verdict,
+};
 use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
 
@@ -40,11 +42,77 @@ pub struct SwapError {
     pub message: String,
 }
 
-/// One loaded plugin version: `concurrency` instances of the same component.
+/// A trusted batch handler compiled into the process, in place of a Wasm component. It runs
+/// through exactly the same pipeline (batching, verdicts, acknowledgements, dead letters,
+/// metrics), so embedding code can use the pipeline without a sandbox, and the benchmark
+/// (`host/examples/pipeline_bench.rs`) can measure what the sandbox alone costs.
+pub trait NativeHandler: Send + Sync {
+    /// A short name for logs, metrics labels and `GET /pipelines` (e.g. `accept-all`).
+    fn name(&self) -> &str;
+    /// Judges one batch: exactly one verdict per record, in record order (any other count
+    /// counts as a `wrong_verdict_count` fault and the batch gets the fault policy).
+    fn handle(&self, records: &[Record]) -> Vec<Verdict>;
+}
+
+/// What judges a batch: a sandboxed plugin instance, or a trusted native handler.
+enum Handler {
+    Wasm(Box<Plugin>),
+    Native(Arc<dyn NativeHandler>),
+}
+
+impl Handler {
+    /// Verdicts for `records` plus the faults met, as [`Plugin::handle_isolating`] returns them.
+    async fn judge(&mut self, records: &[Record], policy: &Verdict) -> (Vec<Verdict>, Vec<Fault>) {
+        match self {
+            Handler::Wasm(plugin) => {
+                plugin
+                    .handle_isolating(records, policy, MAX_ISOLATION_CALLS)
+                    .await
+            }
+            Handler::Native(h) => {
+                let verdicts = h.handle(records);
+                if verdicts.len() == records.len() {
+                    return (verdicts, Vec::new());
+                }
+                let fault = Fault {
+                    kind: FaultKind::WrongVerdictCount,
+                    message: format!(
+                        "native handler {} returned {} verdicts for {} records",
+                        h.name(),
+                        verdicts.len(),
+                        records.len()
+                    ),
+                    records: records.len(),
+                };
+                (vec![policy.clone(); records.len()], vec![fault])
+            }
+        }
+    }
+}
+
+/// One loaded plugin version: `concurrency` instances of the same component (or handles on
+/// the same native handler).
 struct Version {
     hash: String,
     path: PathBuf,
-    instances: Mutex<Vec<Plugin>>,
+    instances: Mutex<Vec<Handler>>,
+}
+
+impl Version {
+    /// A native handler as a version: its "hash" and "path" name it (`native:NAME`), so logs,
+    /// metrics and `GET /pipelines` show what runs.
+    fn native(handler: Arc<dyn NativeHandler>, concurrency: usize) -> Version {
+        let id = format!("native:{}", handler.name());
+        Version {
+            hash: id.clone(),
+            path: PathBuf::from(id),
+            instances: Mutex::new(
+                (0..concurrency)
+                    .map(|_| Handler::Native(handler.clone()))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// Per-version counters shown by `GET /pipelines`.
@@ -143,6 +211,10 @@ async fn load_version(
         .first()
         .map(|p| p.content_hash().to_owned())
         .unwrap_or_default();
+    let instances = instances
+        .into_iter()
+        .map(|p| Handler::Wasm(Box::new(p)))
+        .collect();
     Ok(Version {
         hash,
         path: path.to_owned(),
@@ -159,7 +231,29 @@ impl Pipeline {
     ) -> Result<Arc<Pipeline>, SwapError> {
         let version = load_version(&runtime, &spec, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
-        Ok(Arc::new(Pipeline {
+        Ok(Self::with_version(spec, runtime, metrics, version))
+    }
+
+    /// A pipeline whose batches go to a trusted native handler instead of `spec.component`
+    /// (which is not loaded). A hot-swap still loads a Wasm component in its place.
+    pub fn native(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        handler: Arc<dyn NativeHandler>,
+    ) -> Arc<Pipeline> {
+        let version = Version::native(handler, spec.concurrency);
+        tracing::info!(pipeline = %spec.name, version = %version.hash, "native handler in place of a plugin");
+        Self::with_version(spec, runtime, metrics, version)
+    }
+
+    fn with_version(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        version: Version,
+    ) -> Arc<Pipeline> {
+        Arc::new(Pipeline {
             spec,
             runtime,
             metrics,
@@ -170,7 +264,7 @@ impl Pipeline {
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             last_swap_error: Mutex::new(None),
-        }))
+        })
     }
 
     /// The pipeline's name.
@@ -423,7 +517,7 @@ impl Pipeline {
         renewals: &Mutex<HashMap<(TopicIdPartition, i64), u32>>,
     ) {
         let version = lock(&self.active).clone();
-        let Some(mut plugin) = lock(&version.instances).pop() else {
+        let Some(mut handler) = lock(&version.instances).pop() else {
             // Cannot happen (one permit per instance); release rather than lose anything.
             for r in &batch {
                 let _ = consumer.acknowledge(r, AckKind::Release);
@@ -449,9 +543,7 @@ impl Pipeline {
         };
         // A faulting batch is split on fresh instances to find the poison record(s), so the
         // innocent records are judged normally; records that fault alone get the policy verdict.
-        let (verdicts, faults) = plugin
-            .handle_isolating(&records, &policy, MAX_ISOLATION_CALLS)
-            .await;
+        let (verdicts, faults) = handler.judge(&records, &policy).await;
         if let Some(first) = faults.first() {
             let (lo, hi) = (
                 batch.first().map(|r| r.record.offset),
@@ -483,7 +575,7 @@ impl Pipeline {
             _ => verdicts,
         };
         let elapsed = started.elapsed();
-        lock(&version.instances).push(plugin);
+        lock(&version.instances).push(handler);
         self.metrics
             .guest_seconds
             .get_or_create(&labels)

@@ -1,0 +1,168 @@
+//! `pipeline_bench`: `sharehost run` with a native accept-all handler in place of every
+//! pipeline's Wasm component (issue 6, head-to-head benchmark).
+//!
+//! It reads the same manifest as `sharehost run`, builds the same plugin runtime, serves the
+//! same admin endpoints and drains the same way on SIGTERM, and runs every pipeline through
+//! the same [`Pipeline`] code; only the batch handler differs (a native function that accepts
+//! every record instead of a call into the sandbox). `dev/bench` runs it next to
+//! `sharehost run` with `target/guests/accept_all.wasm`, so their ratio is the cost of the
+//! sandbox alone.
+//!
+//! Usage: `pipeline_bench MANIFEST` (plaintext, TLS and SASL as the manifest says). Logging
+//! goes to stderr, filtered by `SHAREHOST_LOG` (default `warn`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result, bail};
+use sharehost::admin::{self, AdminState};
+use sharehost::kafka::{ConnectionConfig, KafkaClient};
+use sharehost::manifest::Manifest;
+use sharehost::metrics::Metrics;
+use sharehost::pipeline::{NativeHandler, Pipeline};
+use sharehost::runtime::{PluginRuntime, Record, RuntimeConfig, Verdict};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// The native twin of `examples/accept-all`: accepts every record without looking at it.
+struct AcceptAll;
+
+impl NativeHandler for AcceptAll {
+    fn name(&self) -> &str {
+        "accept-all"
+    }
+
+    fn handle(&self, records: &[Record]) -> Vec<Verdict> {
+        vec![Verdict::Accept; records.len()]
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let mut args = std::env::args_os().skip(1);
+    let (Some(path), None) = (args.next(), args.next()) else {
+        bail!("usage: pipeline_bench MANIFEST");
+    };
+    // The same runtime flavour as the `sharehost` binary (multi-threaded, one worker per core).
+    tokio::runtime::Runtime::new()
+        .context("starting the async runtime")?
+        .block_on(run(PathBuf::from(path)))
+}
+
+async fn run(path: PathBuf) -> Result<()> {
+    let manifest = Manifest::load(&path)?;
+    // Built as `sharehost run` builds it, so both processes carry the same runtime (pool
+    // reservation, epoch ticker thread) and differ only in the handler.
+    let runtime = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: manifest
+            .pipelines
+            .iter()
+            .map(|p| p.memory_limit)
+            .max()
+            .unwrap_or(64 << 20),
+        max_instances: u32::try_from(
+            manifest
+                .pipelines
+                .iter()
+                .map(|p| p.concurrency * 2 + 2)
+                .sum::<usize>()
+                .max(4),
+        )
+        .unwrap_or(64),
+        ..RuntimeConfig::default()
+    })
+    .context("cannot start the plugin runtime")?;
+    let metrics = Arc::new(Metrics::new());
+    let handler: Arc<dyn NativeHandler> = Arc::new(AcceptAll);
+    let pipelines: Vec<Arc<Pipeline>> = manifest
+        .pipelines
+        .iter()
+        .map(|spec| {
+            Pipeline::native(
+                spec.clone(),
+                runtime.clone(),
+                metrics.clone(),
+                handler.clone(),
+            )
+        })
+        .collect();
+
+    let mut config = ConnectionConfig::new(manifest.cluster.client_id.clone());
+    if let Some(tls) = &manifest.cluster.tls {
+        config = config.with_tls(tls)?;
+    }
+    if let Some(sasl) = manifest
+        .cluster
+        .sasl_settings()
+        .map_err(anyhow::Error::msg)?
+    {
+        config = config.with_sasl(sasl);
+    }
+    let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
+    let listener = tokio::net::TcpListener::bind(&manifest.admin.listen)
+        .await
+        .with_context(|| format!("admin.listen: cannot bind {}", manifest.admin.listen))?;
+    let admin_state = Arc::new(AdminState {
+        pipelines: pipelines.clone(),
+        metrics,
+        token: None,
+        ready: false.into(),
+    });
+    let admin_stop = CancellationToken::new();
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        admin_state.clone(),
+        admin_stop.clone(),
+    ));
+
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            shutdown.cancel();
+        });
+    }
+    let mut tasks = JoinSet::new();
+    for p in &pipelines {
+        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
+    }
+    admin_state.ready.store(true, Ordering::Relaxed);
+    let mut failures = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failures.push(e);
+                shutdown.cancel();
+            }
+            Err(e) => {
+                failures.push(format!("pipeline task panicked: {e}"));
+                shutdown.cancel();
+            }
+        }
+    }
+    for p in &pipelines {
+        let s = p.status();
+        let accepted: u64 = s.versions.values().map(|c| c.accepted).sum();
+        println!("pipeline {}: accepted {accepted}", s.name);
+    }
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(())
+}
