@@ -584,73 +584,98 @@ impl Pipeline {
         self.count(&version.hash, |c| c.batches += 1);
 
         let mut rejects: Vec<(&ShareRecord, String)> = Vec::new();
-        for (r, v) in batch.iter().zip(verdicts) {
-            let kind = match v {
-                Verdict::Accept => AckKind::Accept,
-                Verdict::Release => AckKind::Release,
-                Verdict::Reject(reason) => {
-                    rejects.push((r, reason.unwrap_or_default()));
-                    continue;
-                }
-                Verdict::Renew => {
-                    let n = {
-                        let mut map = lock(renewals);
-                        let n = map.entry((r.partition, r.record.offset)).or_insert(0);
-                        *n += 1;
-                        *n
-                    };
-                    if n <= self.spec.max_renewals {
-                        if matches!(consumer.acknowledge(r, AckKind::Renew), Ok(true)) {
-                            self.record(&version.hash, "renew");
-                            self.metrics.renewals.get_or_create(&labels).inc();
-                            self.count(&version.hash, |c| c.renewed += 1);
-                            let _ = requeue.send(r.clone());
-                        }
+        let mut finals: Vec<(&ShareRecord, AckKind)> = Vec::with_capacity(batch.len());
+        {
+            let mut renewed = lock(renewals);
+            for (r, v) in batch.iter().zip(verdicts) {
+                let key = (r.partition, r.record.offset);
+                let kind = match v {
+                    Verdict::Accept => AckKind::Accept,
+                    Verdict::Release => AckKind::Release,
+                    Verdict::Reject(reason) => {
+                        rejects.push((r, reason.unwrap_or_default()));
                         continue;
                     }
-                    // Out of renewals: give it back for another member or a later try.
-                    lock(renewals).remove(&(r.partition, r.record.offset));
-                    AckKind::Release
+                    Verdict::Renew => {
+                        let n = renewed.entry(key).or_insert(0);
+                        *n += 1;
+                        if *n <= self.spec.max_renewals {
+                            if matches!(consumer.acknowledge(r, AckKind::Renew), Ok(true)) {
+                                self.record(&version.hash, "renew");
+                                self.metrics.renewals.get_or_create(&labels).inc();
+                                self.count(&version.hash, |c| c.renewed += 1);
+                                let _ = requeue.send(r.clone());
+                            }
+                            continue;
+                        }
+                        // Out of renewals: give it back for another member or a later try.
+                        AckKind::Release
+                    }
+                };
+                // The map only holds records a plugin renewed: usually empty.
+                if !renewed.is_empty() {
+                    renewed.remove(&key);
                 }
-            };
-            lock(renewals).remove(&(r.partition, r.record.offset));
-            self.ack(consumer, r, kind, &version.hash);
+                finals.push((r, kind));
+            }
         }
+        self.ack_all(consumer, &finals, &version.hash);
         if !rejects.is_empty() {
             self.reject(consumer, client, &rejects, &version.hash).await;
         }
     }
 
     fn record(&self, hash: &str, verdict: &str) {
-        let mut l = self.labels(hash);
-        l.push(("verdict", verdict.into()));
-        self.metrics.records.get_or_create(&l).inc();
+        self.record_n(hash, verdict, 1);
     }
 
-    fn ack(&self, consumer: &ShareConsumer, r: &ShareRecord, kind: AckKind, hash: &str) {
-        match consumer.acknowledge(r, kind) {
-            Ok(true) => {
-                let name = match kind {
-                    AckKind::Accept => "accept",
-                    AckKind::Release => "release",
-                    AckKind::Reject => "reject",
-                    AckKind::Renew => "renew",
-                    AckKind::Gap => "gap",
-                };
-                self.record(hash, name);
-                self.count(hash, |c| match kind {
-                    AckKind::Accept => c.accepted += 1,
-                    AckKind::Release => c.released += 1,
-                    AckKind::Reject => c.rejected += 1,
-                    _ => {}
-                });
+    fn record_n(&self, hash: &str, verdict: &str, n: u64) {
+        let mut l = self.labels(hash);
+        l.push(("verdict", verdict.into()));
+        self.metrics.records.get_or_create(&l).inc_by(n);
+    }
+
+    /// Hands verdicts to the engine in one call, and counts the ones it took once per kind
+    /// (not once per record: each count costs label allocations and locks).
+    fn ack_all(&self, consumer: &ShareConsumer, verdicts: &[(&ShareRecord, AckKind)], hash: &str) {
+        if verdicts.is_empty() {
+            return;
+        }
+        const KINDS: [(AckKind, &str); 5] = [
+            (AckKind::Accept, "accept"),
+            (AckKind::Release, "release"),
+            (AckKind::Reject, "reject"),
+            (AckKind::Renew, "renew"),
+            (AckKind::Gap, "gap"),
+        ];
+        let mut taken = [0u64; KINDS.len()];
+        for ((r, kind), result) in verdicts.iter().zip(consumer.acknowledge_all(verdicts)) {
+            match result {
+                Ok(true) => {
+                    if let Some(i) = KINDS.iter().position(|(k, _)| k == kind) {
+                        taken[i] += 1;
+                    }
+                }
+                Ok(false) => {
+                    tracing::debug!(pipeline = %self.spec.name, offset = r.record.offset, "verdict for a released record dropped")
+                }
+                Err(e) => {
+                    tracing::error!(pipeline = %self.spec.name, offset = r.record.offset, "verdict refused: {e}")
+                }
             }
-            Ok(false) => {
-                tracing::debug!(pipeline = %self.spec.name, offset = r.record.offset, "verdict for a released record dropped")
+        }
+        for ((_, name), n) in KINDS.iter().zip(taken) {
+            if n > 0 {
+                self.record_n(hash, name, n);
             }
-            Err(e) => {
-                tracing::error!(pipeline = %self.spec.name, offset = r.record.offset, "verdict refused: {e}")
-            }
+        }
+        let [accepted, released, rejected, ..] = taken;
+        if accepted + released + rejected > 0 {
+            self.count(hash, |c| {
+                c.accepted += accepted;
+                c.released += released;
+                c.rejected += rejected;
+            });
         }
     }
 
@@ -664,9 +689,8 @@ impl Pipeline {
         hash: &str,
     ) {
         let Some(dlq) = &self.spec.dead_letter_topic else {
-            for (r, _) in rejects {
-                self.ack(consumer, r, AckKind::Reject, hash);
-            }
+            let all: Vec<_> = rejects.iter().map(|(r, _)| (*r, AckKind::Reject)).collect();
+            self.ack_all(consumer, &all, hash);
             return;
         };
         let partitions = match client.topic(dlq) {
@@ -697,15 +721,13 @@ impl Pipeline {
                         .dead_lettered
                         .get_or_create(&labels)
                         .inc_by(items.len() as u64);
-                    for (r, _) in &items {
-                        self.ack(consumer, r, AckKind::Reject, hash);
-                    }
+                    let all: Vec<_> = items.iter().map(|(r, _)| (*r, AckKind::Reject)).collect();
+                    self.ack_all(consumer, &all, hash);
                 }
                 Err(e) => {
                     tracing::error!(pipeline = %self.spec.name, topic = %dlq, records = items.len(), "dead-letter produce failed, releasing the records instead: {e}");
-                    for (r, _) in &items {
-                        self.ack(consumer, r, AckKind::Release, hash);
-                    }
+                    let all: Vec<_> = items.iter().map(|(r, _)| (*r, AckKind::Release)).collect();
+                    self.ack_all(consumer, &all, hash);
                 }
             }
         }

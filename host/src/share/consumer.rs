@@ -550,39 +550,78 @@ impl ShareConsumer {
     /// still give it a final verdict. Returns `false` when the record's session has ended (the
     /// broker released it already and will redeliver it), so the verdict is moot.
     pub fn acknowledge(&self, record: &ShareRecord, kind: AckKind) -> Result<bool, ShareError> {
-        if kind == AckKind::Gap {
-            return Err(ShareError::Invalid(
-                "Gap is for offsets without a record; the engine sends it itself".into(),
-            ));
-        }
-        let leader = lock(&self.shared.route).get(&record.partition).copied();
-        {
+        self.acknowledge_all(&[(record, kind)])
+            .pop()
+            .unwrap_or(Ok(false))
+    }
+
+    /// Records verdicts for many records at once, as [`ShareConsumer::acknowledge`] does for
+    /// one: the same result per record, in order. Cheaper per record (the bookkeeping locks are
+    /// taken once, and the leader tasks are woken once), so a handler that judges batches
+    /// should hand its verdicts over this way.
+    pub fn acknowledge_all(
+        &self,
+        verdicts: &[(&ShareRecord, AckKind)],
+    ) -> Vec<Result<bool, ShareError>> {
+        let leaders_of: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            verdicts
+                .iter()
+                .map(|(r, _)| route.get(&r.partition).copied())
+                .collect()
+        };
+        let (mut recorded, mut finals) = (false, 0);
+        let results = {
             let mut leaders = lock(&self.shared.leaders);
-            let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
-                return Ok(false);
-            };
-            if st.session != record.session || !st.outstanding.contains_key(&record.key()) {
-                return Ok(false);
-            }
-            if kind == AckKind::Renew {
-                if !st.renew_supported {
-                    return Err(ShareError::Invalid(
-                        "the broker offers ShareFetch v1 only (Kafka < 4.2): renew is unavailable"
-                            .into(),
-                    ));
-                }
-            } else {
-                st.outstanding.remove(&record.key());
-            }
-            lock(&self.shared.ledger)
-                .record(record.partition, record.record.offset, kind)
-                .map_err(|e| ShareError::Invalid(e.to_string()))?;
+            let mut ledger = lock(&self.shared.ledger);
+            verdicts
+                .iter()
+                .zip(leaders_of)
+                .map(|((record, kind), leader)| {
+                    let kind = *kind;
+                    if kind == AckKind::Gap {
+                        return Err(ShareError::Invalid(
+                            "Gap is for offsets without a record; the engine sends it itself"
+                                .into(),
+                        ));
+                    }
+                    let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                        return Ok(false);
+                    };
+                    if st.session != record.session {
+                        return Ok(false);
+                    }
+                    if kind == AckKind::Renew {
+                        if !st.outstanding.contains_key(&record.key()) {
+                            return Ok(false);
+                        }
+                        if !st.renew_supported {
+                            return Err(ShareError::Invalid(
+                                "the broker offers ShareFetch v1 only (Kafka < 4.2): renew is unavailable"
+                                    .into(),
+                            ));
+                        }
+                    } else if st.outstanding.remove(&record.key()).is_none() {
+                        return Ok(false);
+                    }
+                    ledger
+                        .record(record.partition, record.record.offset, kind)
+                        .map_err(|e| ShareError::Invalid(e.to_string()))?;
+                    recorded = true;
+                    if kind != AckKind::Renew {
+                        finals += 1;
+                    }
+                    Ok(true)
+                })
+                .collect()
+        };
+        if finals > 0 {
+            self.shared.in_flight.fetch_sub(finals, Ordering::Relaxed);
         }
-        if kind != AckKind::Renew {
-            self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if recorded {
+            self.shared.wake.notify_waiters();
         }
-        self.shared.wake.notify_waiters();
-        Ok(true)
+        results
     }
 
     /// Acknowledgement outcomes received since the last call (piggybacked, standalone and on
