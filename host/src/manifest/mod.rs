@@ -276,8 +276,11 @@ pub struct Manifest {
 pub mod defaults {
     /// Records per plugin call.
     pub const BATCH_SIZE: usize = 100;
-    /// Records acquired and not yet judged.
-    pub const MAX_IN_FLIGHT: usize = 1000;
+    /// Records acquired and not yet judged. Several producer batches' worth, so the next
+    /// fetch leaves while the plugin works and each fetch carries more than one batch (with
+    /// 1000, 100 B records took about three times the requests and broker CPU; see
+    /// docs/benchmarks.md).
+    pub const MAX_IN_FLIGHT: usize = 5000;
     /// CPU deadline of one call, in ms.
     pub const CPU_DEADLINE_MS: u64 = 5000;
     /// Memory cap of one instance, in MiB.
