@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::io::Write as _;
 
 /// What happened to every produced record in one fault scenario.
 #[derive(Debug, Clone, Default)]
@@ -108,7 +109,7 @@ impl Ledger {
     }
 
     /// Prints the ledger line and fails the test when a record was lost or an unknown id showed
-    /// up. Every fault test ends here.
+    /// up; a passing ledger is also appended to `target/ledgers.txt`. Every fault test ends here.
     pub fn check(&self) {
         println!("{self}");
         let lost = self.lost();
@@ -126,6 +127,16 @@ impl Ledger {
             self.name,
             &unknown[..unknown.len().min(10)]
         );
+        // The test harness hides a passing test's output: the line also goes to a file that
+        // dev/test prints at the end.
+        let file = crate::repo_root().join("target/ledgers.txt");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+        {
+            let _ = writeln!(f, "{self}");
+        }
     }
 }
 
