@@ -21,7 +21,9 @@
 //!
 //! The group should start from the earliest offset: pass `--earliest` (sets
 //! `share.auto.offset.reset=earliest` on the group before joining) or set it beforehand with
-//! `dev/kafka share-earliest GROUP`. `dev/bench-share` runs this against Apache's client.
+//! `dev/kafka share-earliest GROUP`. The issue-3 `dev/bench-share` ran this against Apache's
+//! client (docs/benchmarks.md, earlier component benchmarks); `dev/bench` now compares the real
+//! host instead, and this stays for looking at the engine alone.
 //!
 //! Logging goes to stderr, filtered by `SHAREHOST_LOG` (default `warn`).
 
