@@ -799,3 +799,66 @@ impl Pipeline {
 pub fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Accepts every record, or answers one verdict short when told to.
+    struct Native {
+        short: bool,
+    }
+
+    impl NativeHandler for Native {
+        fn name(&self) -> &str {
+            "test"
+        }
+
+        fn handle(&self, records: &[Record]) -> Vec<Verdict> {
+            let n = records.len() - usize::from(self.short);
+            vec![Verdict::Accept; n]
+        }
+    }
+
+    fn records(n: i64) -> Vec<Record> {
+        (0..n)
+            .map(|offset| Record {
+                topic: Arc::from("t"),
+                partition: 0,
+                offset,
+                timestamp: 0,
+                delivery_count: 1,
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_native_handler_judges_like_a_plugin_and_a_wrong_count_is_a_fault() {
+        let batch = records(3);
+        let mut good = Handler::Native(Arc::new(Native { short: false }));
+        let (verdicts, faults) = good.judge(&batch, &Verdict::Release).await;
+        assert_eq!(verdicts, vec![Verdict::Accept; 3]);
+        assert!(faults.is_empty());
+
+        let mut bad = Handler::Native(Arc::new(Native { short: true }));
+        let (verdicts, faults) = bad.judge(&batch, &Verdict::Release).await;
+        assert_eq!(
+            verdicts,
+            vec![Verdict::Release; 3],
+            "the whole batch gets the fault policy"
+        );
+        assert_eq!(faults.len(), 1);
+        assert_eq!(faults[0].kind, FaultKind::WrongVerdictCount);
+        assert!(faults[0].message.contains("2 verdicts for 3 records"));
+    }
+
+    #[test]
+    fn a_native_version_is_named_after_its_handler() {
+        let v = Version::native(Arc::new(Native { short: false }), 2);
+        assert_eq!(v.hash, "native:test");
+        assert_eq!(lock(&v.instances).len(), 2);
+    }
+}
