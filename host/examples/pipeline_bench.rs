@@ -17,11 +17,11 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
 use sharehost::admin::{self, AdminState};
-use sharehost::kafka::{ConnectionConfig, KafkaClient};
+use sharehost::kafka::KafkaClient;
 use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{NativeHandler, Pipeline};
-use sharehost::runtime::{PluginRuntime, Record, RuntimeConfig, Verdict};
+use sharehost::runtime::{PluginRuntime, Record, Verdict};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -60,25 +60,8 @@ async fn run(path: PathBuf) -> Result<()> {
     let manifest = Manifest::load(&path)?;
     // Built as `sharehost run` builds it, so both processes carry the same runtime (pool
     // reservation, epoch ticker thread) and differ only in the handler.
-    let runtime = PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: manifest
-            .pipelines
-            .iter()
-            .map(|p| p.memory_limit)
-            .max()
-            .unwrap_or(64 << 20),
-        max_instances: u32::try_from(
-            manifest
-                .pipelines
-                .iter()
-                .map(|p| p.concurrency * 2 + 2)
-                .sum::<usize>()
-                .max(4),
-        )
-        .unwrap_or(64),
-        ..RuntimeConfig::default()
-    })
-    .context("cannot start the plugin runtime")?;
+    let runtime =
+        PluginRuntime::new(manifest.runtime_config()).context("cannot start the plugin runtime")?;
     let metrics = Arc::new(Metrics::new());
     let handler: Arc<dyn NativeHandler> = Arc::new(AcceptAll);
     let pipelines: Vec<Arc<Pipeline>> = manifest
@@ -94,17 +77,10 @@ async fn run(path: PathBuf) -> Result<()> {
         })
         .collect();
 
-    let mut config = ConnectionConfig::new(manifest.cluster.client_id.clone());
-    if let Some(tls) = &manifest.cluster.tls {
-        config = config.with_tls(tls)?;
-    }
-    if let Some(sasl) = manifest
+    let config = manifest
         .cluster
-        .sasl_settings()
-        .map_err(anyhow::Error::msg)?
-    {
-        config = config.with_sasl(sasl);
-    }
+        .connection_config()
+        .map_err(anyhow::Error::msg)?;
     let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
     let listener = tokio::net::TcpListener::bind(&manifest.admin.listen)
         .await

@@ -30,22 +30,9 @@ fn cache_dir() -> PathBuf {
 }
 
 fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
-    let max_memory = manifest
-        .pipelines
-        .iter()
-        .map(|p| p.memory_limit)
-        .max()
-        .unwrap_or(64 << 20);
-    let instances: usize = manifest
-        .pipelines
-        .iter()
-        .map(|p| p.concurrency * 2 + 2)
-        .sum();
     PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: max_memory,
-        max_instances: u32::try_from(instances.max(4)).unwrap_or(64),
         cache_dir: Some(cache_dir()),
-        ..RuntimeConfig::default()
+        ..manifest.runtime_config()
     })
     .context("cannot start the plugin runtime")
 }
@@ -84,18 +71,10 @@ pub async fn check(path: &Path) -> Result<()> {
 }
 
 fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
-    let mut config = ConnectionConfig::new(manifest.cluster.client_id.clone());
-    if let Some(tls) = &manifest.cluster.tls {
-        config = config.with_tls(tls)?;
-    }
-    if let Some(sasl) = manifest
+    manifest
         .cluster
-        .sasl_settings()
-        .map_err(anyhow::Error::msg)?
-    {
-        config = config.with_sasl(sasl);
-    }
-    Ok(config)
+        .connection_config()
+        .map_err(anyhow::Error::msg)
 }
 
 fn stamp(path: &Path) -> Option<(SystemTime, u64)> {

@@ -11,7 +11,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::kafka::{Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap};
+use crate::kafka::{
+    ConnectionConfig, Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap,
+};
+use crate::runtime::RuntimeConfig;
 
 /// A manifest problem, located in its file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -167,6 +170,19 @@ pub struct ClusterSpec {
 }
 
 impl ClusterSpec {
+    /// The connection settings every broker connection of the host uses (client id, TLS, SASL
+    /// with its secret read now), built in one place for `sharehost run` and the benchmark host.
+    pub fn connection_config(&self) -> Result<ConnectionConfig, String> {
+        let mut config = ConnectionConfig::new(self.client_id.clone());
+        if let Some(tls) = &self.tls {
+            config = config.with_tls(tls).map_err(|e| e.to_string())?;
+        }
+        if let Some(sasl) = self.sasl_settings()? {
+            config = config.with_sasl(sasl);
+        }
+        Ok(config)
+    }
+
     /// Reads the SASL secret from its environment variable or file.
     pub fn sasl_settings(&self) -> Result<Option<SaslSettings>, String> {
         let Some(s) = &self.sasl else { return Ok(None) };
@@ -376,6 +392,24 @@ fn valid_name(s: &str) -> bool {
 }
 
 impl Manifest {
+    /// Plugin runtime settings sized for every pipeline here: the largest memory limit, and
+    /// instances for each pipeline's workers plus a hot-swap's new set, so `sharehost run` and
+    /// the benchmark host reserve the same. The precompiled cache is the caller's choice.
+    pub fn runtime_config(&self) -> RuntimeConfig {
+        let max_plugin_memory = self
+            .pipelines
+            .iter()
+            .map(|p| p.memory_limit)
+            .max()
+            .unwrap_or(64 << 20);
+        let instances: usize = self.pipelines.iter().map(|p| p.concurrency * 2 + 2).sum();
+        RuntimeConfig {
+            max_plugin_memory,
+            max_instances: u32::try_from(instances.max(4)).unwrap_or(64),
+            ..RuntimeConfig::default()
+        }
+    }
+
     /// Reads and validates a manifest file.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
         let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
