@@ -22,7 +22,6 @@ use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{NativeHandler, Pipeline};
 use sharehost::runtime::{PluginRuntime, Record, Verdict};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// The native twin of `examples/accept-all`: accepts every record without looking at it.
@@ -111,25 +110,8 @@ async fn run(path: PathBuf) -> Result<()> {
             shutdown.cancel();
         });
     }
-    let mut tasks = JoinSet::new();
-    for p in &pipelines {
-        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
-    }
     admin_state.ready.store(true, Ordering::Relaxed);
-    let mut failures = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                failures.push(e);
-                shutdown.cancel();
-            }
-            Err(e) => {
-                failures.push(format!("pipeline task panicked: {e}"));
-                shutdown.cancel();
-            }
-        }
-    }
+    let failures = sharehost::pipeline::run_all(&pipelines, client, shutdown).await;
     for p in &pipelines {
         let s = p.status();
         let accepted: u64 = s.versions.values().map(|c| c.accepted).sum();

@@ -12,7 +12,6 @@ use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{Pipeline, short};
 use sharehost::runtime::{PluginRuntime, RuntimeConfig};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// How often component files are checked for replacement.
@@ -194,27 +193,8 @@ pub async fn run(path: &Path) -> Result<()> {
         });
     }
 
-    let mut tasks = JoinSet::new();
-    for p in &pipelines {
-        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
-    }
     admin_state.ready.store(true, Ordering::Relaxed);
-    let mut failures = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                // One pipeline failing stops the host: the others drain too.
-                tracing::error!("{e}");
-                failures.push(e);
-                shutdown.cancel();
-            }
-            Err(e) => {
-                failures.push(format!("pipeline task panicked: {e}"));
-                shutdown.cancel();
-            }
-        }
-    }
+    let failures = sharehost::pipeline::run_all(&pipelines, client, shutdown).await;
     for p in &pipelines {
         let s = p.status();
         let total = |f: fn(&sharehost::pipeline::VersionCounters) -> u64| {

@@ -795,6 +795,32 @@ impl Pipeline {
     }
 }
 
+/// Runs every pipeline until `shutdown`, as one host: the first pipeline to fail (or panic)
+/// cancels `shutdown`, so the others drain too. Returns the failures, empty when every pipeline
+/// drained cleanly.
+pub async fn run_all(
+    pipelines: &[Arc<Pipeline>],
+    client: Arc<KafkaClient>,
+    shutdown: CancellationToken,
+) -> Vec<String> {
+    let mut tasks = JoinSet::new();
+    for p in pipelines {
+        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
+    }
+    let mut failures = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let failure = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(e) => format!("pipeline task panicked: {e}"),
+        };
+        tracing::error!("{failure}");
+        failures.push(failure);
+        shutdown.cancel();
+    }
+    failures
+}
+
 /// The first 12 hex digits of a content hash, for logs and metric labels.
 pub fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
