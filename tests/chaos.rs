@@ -1,0 +1,819 @@
+//! A randomized fault schedule (a Jepsen-style nemesis): three `sharehost run` hosts in one share
+//! group on the three-node cluster of `dev/kafka up --brokers 3`, every host connection through
+//! loopback proxies, ids produced at a steady rate, and a schedule drawn from a seeded PRNG of
+//!
+//! - broker SIGKILL and broker SIGTERM (`dev/kafka kill-broker` / `stop-broker`), each followed
+//!   a few seconds later by its restart (`start-broker`, then a wait until every partition is
+//!   fully replicated again). Never more than one broker is down at a time, and the next broker
+//!   fault waits for the restarted node to be back in every ISR: with replication 3 and
+//!   min.insync.replicas 2 every partition keeps a leader and accepts writes throughout;
+//! - host SIGKILL, followed a few seconds later by a restart with the same manifest (at most one
+//!   host down at a time);
+//! - every host↔broker connection cut at once through the proxies;
+//! - a partition's leadership moved to another node (`dev/kafka move-leader`, only while every
+//!   broker is up);
+//! - a hot-swap of one host's plugin (`POST /pipelines/ledger/swap`) between two versions of the
+//!   ledger fixture (the same plugin with a different custom section, so a different hash).
+//!
+//! It prints the seed and the whole schedule first, each action as it happens, and at the end the
+//! independent ledger (the ids produced against what the ledger plugin reports judging through
+//! every host's log, and the dead-letter topic). It fails when a record was lost or when the
+//! group does not drain (ShareGroupCommand lag 0) once everything is healed. The same seed gives
+//! the same schedule, so a failure can be replayed:
+//! `CHAOS_SEED=S CHAOS_SECONDS=N cargo test -p sharehost --test chaos -- --nocapture`
+//! (what `dev/chaos --seed S` runs, on a cluster of its own).
+//!
+//! Env: `CHAOS_SECONDS` (default 60: the test command's short run), `CHAOS_SEED` (default a fresh
+//! random seed, printed), `CHAOS_RATE` (ids produced per second, default 100; at most
+//! rate × seconds ids in all), and the cluster's `SHAREHOST_CLUSTER_BOOTSTRAP` /
+//! `SHAREHOST_CLUSTER_DIR` as for tests/cluster.rs. The test FAILS when the cluster is not
+//! reachable; it never skips.
+//!
+//! Part of the host package's tests (it needs the `sharehost` binary Cargo builds for them), kept
+//! here with the other broker tests.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost_tests::cluster::{cluster_bootstrap, cluster_client, cluster_dir};
+use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
+use sharehost_tests::ledger::Ledger;
+use sharehost_tests::proxy::Proxy;
+use sharehost_tests::{fresh_group_with, group_lag_at, guest, repo_root, topic_values, unique};
+use tokio::sync::watch;
+
+/// Nodes of the cluster (`dev/kafka` node N has node id N).
+const BROKERS: u8 = 3;
+/// `sharehost run` processes in the share group.
+const HOSTS: usize = 3;
+const PARTITIONS: i32 = 6;
+/// Time between two faults the schedule draws (milliseconds, inclusive range).
+const GAP_MS: std::ops::RangeInclusive<u64> = 4_000..=12_000;
+/// How long a killed or stopped broker stays down before its restart.
+const BROKER_DOWN_MS: std::ops::RangeInclusive<u64> = 5_000..=20_000;
+/// How long a killed host stays down before its restart.
+const HOST_DOWN_MS: std::ops::RangeInclusive<u64> = 2_000..=10_000;
+/// Ids per produce request; requests go round-robin over the partitions.
+const PRODUCE_BATCH: u64 = 20;
+
+/// One thing the nemesis does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// SIGKILL broker node N (`dev/kafka kill-broker N`).
+    KillBroker(u8),
+    /// SIGTERM broker node N and wait for it to exit (`dev/kafka stop-broker N`).
+    StopBroker(u8),
+    /// Restart node N, then wait until no partition is under-replicated.
+    StartBroker(u8),
+    /// SIGKILL host H (no draining: a crash).
+    KillHost(usize),
+    /// Start host H again with the same manifest.
+    StartHost(usize),
+    /// Cut every connection through the proxies (hosts reconnect through them).
+    CutConnections,
+    /// Move the leadership of a partition to a node (a no-op when it already leads).
+    MoveLeader { partition: i32, to: u8 },
+    /// Hot-swap host H's plugin to the other version.
+    Swap(usize),
+}
+
+impl Action {
+    /// The action's kind, for the per-kind counts.
+    fn kind(&self) -> &'static str {
+        match self {
+            Action::KillBroker(_) => "broker SIGKILL",
+            Action::StopBroker(_) => "broker SIGTERM",
+            Action::StartBroker(_) => "broker restart",
+            Action::KillHost(_) => "host SIGKILL",
+            Action::StartHost(_) => "host restart",
+            Action::CutConnections => "connection cut",
+            Action::MoveLeader { .. } => "leader move",
+            Action::Swap(_) => "hot-swap",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::KillBroker(n) => write!(f, "SIGKILL broker {n}"),
+            Action::StopBroker(n) => write!(f, "SIGTERM broker {n}"),
+            Action::StartBroker(n) => write!(f, "restart broker {n}"),
+            Action::KillHost(h) => write!(f, "SIGKILL host-{h}"),
+            Action::StartHost(h) => write!(f, "restart host-{h}"),
+            Action::CutConnections => write!(f, "cut every proxied connection"),
+            Action::MoveLeader { partition, to } => {
+                write!(
+                    f,
+                    "move the leadership of partition {partition} to node {to}"
+                )
+            }
+            Action::Swap(h) => write!(f, "hot-swap the plugin of host-{h}"),
+        }
+    }
+}
+
+/// An action and when it is due, from the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Step {
+    at: Duration,
+    action: Action,
+}
+
+fn ms(range: &std::ops::RangeInclusive<u64>, rng: &mut StdRng) -> Duration {
+    Duration::from_millis(rng.random_range(range.clone()))
+}
+
+/// The seeded schedule of a run of `length`: a fault every [`GAP_MS`], drawn uniformly among
+/// the kinds the current state allows, each broker or host fault followed by its restart, and
+/// everything still down restarted at the end. Pure: the same seed and length give the same
+/// schedule (with the `rand` version Cargo.lock pins).
+fn schedule(seed: u64, length: Duration) -> Vec<Step> {
+    #[derive(Clone, Copy)]
+    enum Kind {
+        KillBroker,
+        StopBroker,
+        KillHost,
+        Cut,
+        Move,
+        Swap,
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut steps = Vec::new();
+    // What is down, and when its restart is due.
+    let mut broker_down: Option<(u8, Duration)> = None;
+    let mut host_down: Option<(usize, Duration)> = None;
+    let mut t = Duration::ZERO;
+    loop {
+        t += ms(&GAP_MS, &mut rng);
+        let mut due = Vec::new();
+        if let Some((n, at)) = broker_down
+            && at <= t
+        {
+            due.push(Step {
+                at,
+                action: Action::StartBroker(n),
+            });
+            broker_down = None;
+        }
+        if let Some((h, at)) = host_down
+            && at <= t
+        {
+            due.push(Step {
+                at,
+                action: Action::StartHost(h),
+            });
+            host_down = None;
+        }
+        due.sort_by_key(|s| s.at);
+        steps.extend(due);
+        if t >= length {
+            break;
+        }
+        let mut kinds = vec![Kind::Cut, Kind::Swap];
+        if broker_down.is_none() {
+            kinds.extend([Kind::KillBroker, Kind::StopBroker, Kind::Move]);
+        }
+        if host_down.is_none() {
+            kinds.push(Kind::KillHost);
+        }
+        let up_hosts: Vec<usize> = (0..HOSTS)
+            .filter(|h| host_down.is_none_or(|(d, _)| d != *h))
+            .collect();
+        let action = match kinds[rng.random_range(0..kinds.len())] {
+            kind @ (Kind::KillBroker | Kind::StopBroker) => {
+                let n = rng.random_range(1..=BROKERS);
+                broker_down = Some((n, t + ms(&BROKER_DOWN_MS, &mut rng)));
+                if matches!(kind, Kind::KillBroker) {
+                    Action::KillBroker(n)
+                } else {
+                    Action::StopBroker(n)
+                }
+            }
+            Kind::KillHost => {
+                let h = rng.random_range(0..HOSTS);
+                host_down = Some((h, t + ms(&HOST_DOWN_MS, &mut rng)));
+                Action::KillHost(h)
+            }
+            Kind::Cut => Action::CutConnections,
+            Kind::Move => Action::MoveLeader {
+                partition: rng.random_range(0..PARTITIONS),
+                to: rng.random_range(1..=BROKERS),
+            },
+            Kind::Swap => Action::Swap(up_hosts[rng.random_range(0..up_hosts.len())]),
+        };
+        steps.push(Step { at: t, action });
+    }
+    // Heal: whatever is still down comes back (after the run's length if its restart falls there).
+    let mut heal: Vec<Step> = broker_down
+        .map(|(n, at)| Step {
+            at,
+            action: Action::StartBroker(n),
+        })
+        .into_iter()
+        .chain(host_down.map(|(h, at)| Step {
+            at,
+            action: Action::StartHost(h),
+        }))
+        .collect();
+    heal.sort_by_key(|s| s.at);
+    steps.extend(heal);
+    steps
+}
+
+/// Actions per kind, in a fixed order (for the summary line and docs/reliability.md).
+fn counts(steps: &[Step]) -> BTreeMap<&'static str, usize> {
+    let mut c = BTreeMap::new();
+    for s in steps {
+        *c.entry(s.action.kind()).or_default() += 1;
+    }
+    c
+}
+
+fn counts_line(steps: &[Step]) -> String {
+    counts(steps)
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?} is not a whole number: {e}")),
+    )
+}
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+/// A copy of a component with a custom section appended: the same plugin, a different content
+/// hash, i.e. a new version for a hot-swap.
+fn new_version(component: &Path, tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(component).expect("read component");
+    let name = b"sharehost-test-version";
+    let payload = tag.as_bytes();
+    let len = 1 + name.len() + payload.len();
+    assert!(len < 128, "one-byte LEB128 sizes");
+    bytes.push(0); // custom section
+    bytes.push(u8::try_from(len).expect("small"));
+    bytes.push(u8::try_from(name.len()).expect("small"));
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// Runs `dev/kafka ARGS` on the cluster's state dir; returns whether it succeeded and its
+/// output (the caller decides whether a failure fails the test).
+fn harness(args: &[&str]) -> (bool, String) {
+    let out = Command::new(repo_root().join("dev/kafka"))
+        .args(args)
+        .env("SHAREHOST_KAFKA_DIR", cluster_dir())
+        .output()
+        .expect("run dev/kafka");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn harness_ok(args: &[&str]) -> String {
+    let (ok, text) = harness(args);
+    assert!(ok, "dev/kafka {} failed:\n{text}", args.join(" "));
+    text
+}
+
+/// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's
+/// TopicCommand lists them.
+fn under_replicated(bootstrap: &str) -> Vec<String> {
+    let (ok, text) = harness(&[
+        "tool",
+        "org.apache.kafka.tools.TopicCommand",
+        "--bootstrap-server",
+        bootstrap,
+        "--describe",
+        "--under-replicated-partitions",
+    ]);
+    if !ok {
+        return vec![format!("TopicCommand failed: {text}")];
+    }
+    text.lines()
+        .filter(|l| l.contains("Partition:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Polls (TopicCommand has no way to notify) until no partition is under-replicated.
+fn wait_fully_replicated(bootstrap: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let urp = under_replicated(bootstrap);
+        if urp.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "partitions still under-replicated after a broker restart: {urp:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Produces ids `0, 1, 2, ...` at `rate` per second (batches of [`PRODUCE_BATCH`], round-robin
+/// over the partitions) until `stop` or `max` ids; a produce that fails (a broker down, a
+/// leader moving) is retried with the same ids, so an id may be in the topic twice but is
+/// produced once. Returns the ids the broker acknowledged.
+fn spawn_producer(
+    client: Arc<KafkaClient>,
+    topic: String,
+    rate: u64,
+    max: u64,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let every = Duration::from_millis(1000 * PRODUCE_BATCH / rate.max(1));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = 0u64;
+        let mut batch = 0i32;
+        while next < max {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let chunk: Vec<String> = (next..(next + PRODUCE_BATCH).min(max))
+                .map(|i| i.to_string())
+                .collect();
+            let records: Vec<ProduceRecord> = chunk
+                .iter()
+                .map(|id| ProduceRecord {
+                    value: Some(Bytes::from(id.clone())),
+                    ..Default::default()
+                })
+                .collect();
+            let p = batch % PARTITIONS;
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                match client.produce(&topic, p, &records, Compression::Lz4).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        assert!(
+                            Instant::now() < deadline,
+                            "produce to {topic}-{p} kept failing: {e}"
+                        );
+                        println!("chaos: produce to partition {p} failed ({e}); retrying");
+                        // A backoff before the retry, not a synchronisation.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+            next += chunk.len() as u64;
+            ids.extend(chunk);
+            batch += 1;
+        }
+        ids
+    })
+}
+
+/// The hosts, the proxies and what is down: the state the schedule acts on.
+struct Nemesis {
+    bootstrap: String,
+    topic: String,
+    manifest: PathBuf,
+    versions: [PathBuf; 2],
+    proxies: Vec<Arc<Proxy>>,
+    hosts: Vec<Option<HostProcess>>,
+    /// Which of `versions` each host runs now.
+    version: Vec<usize>,
+    /// How many times each host was started (names its log lines).
+    starts: Vec<u32>,
+    /// What killed hosts had reported up to their death.
+    dead: Vec<Seen>,
+    watch: Watch,
+    broker_down: Option<u8>,
+}
+
+impl Nemesis {
+    fn start_host(&mut self, h: usize) {
+        self.starts[h] += 1;
+        let name = format!("host-{h}.{}", self.starts[h]);
+        self.hosts[h] = Some(HostProcess::start_watched(
+            sharehost(),
+            &self.manifest,
+            &name,
+            &self.watch,
+        ));
+        self.version[h] = 0;
+    }
+
+    fn host(&self, h: usize) -> &HostProcess {
+        self.hosts[h]
+            .as_ref()
+            .unwrap_or_else(|| panic!("the schedule acts on host-{h}, which is down"))
+    }
+
+    /// Carries out one action; returns what it did, for the log.
+    fn apply(&mut self, action: Action) -> String {
+        match action {
+            Action::KillBroker(n) | Action::StopBroker(n) => {
+                assert!(self.broker_down.is_none(), "one broker down at a time");
+                let cmd = if matches!(action, Action::KillBroker(_)) {
+                    "kill-broker"
+                } else {
+                    "stop-broker"
+                };
+                self.broker_down = Some(n);
+                harness_ok(&[cmd, &n.to_string()]);
+                format!("node {n} down")
+            }
+            Action::StartBroker(n) => {
+                harness_ok(&["start-broker", &n.to_string()]);
+                self.broker_down = None;
+                wait_fully_replicated(&self.bootstrap);
+                format!("node {n} up and back in every ISR")
+            }
+            Action::KillHost(h) => {
+                let host = self.hosts[h]
+                    .take()
+                    .unwrap_or_else(|| panic!("host-{h} is already down"));
+                let seen = host.kill();
+                let judged = seen.judged();
+                self.dead.push(seen);
+                format!("host-{h} had reported {judged} verdicts")
+            }
+            Action::StartHost(h) => {
+                self.start_host(h);
+                format!("host-{h} running again")
+            }
+            Action::CutConnections => {
+                let cut: usize = self.proxies.iter().map(|p| p.cut_all()).sum();
+                format!("{cut} connections cut")
+            }
+            Action::MoveLeader { partition, to } => {
+                let (ok, text) = harness(&[
+                    "move-leader",
+                    &self.topic,
+                    &partition.to_string(),
+                    &to.to_string(),
+                ]);
+                assert!(ok, "dev/kafka move-leader {partition} {to} failed:\n{text}");
+                text.lines().last().unwrap_or_default().to_owned()
+            }
+            Action::Swap(h) => {
+                let next = 1 - self.version[h];
+                let path = self.versions[next].display().to_string();
+                let (code, body) = self.host(h).http(
+                    "POST",
+                    "/pipelines/ledger/swap",
+                    &format!(r#"{{"path":"{path}"}}"#),
+                );
+                assert_eq!(
+                    code,
+                    200,
+                    "swap of host-{h} to v{} took effect: {body}",
+                    next + 1
+                );
+                self.version[h] = next;
+                format!("host-{h} runs v{} now", next + 1)
+            }
+        }
+    }
+
+    /// Everything every host incarnation reported so far (the dead ones, and the live ones
+    /// now); fails when a live host's log ended (it exited by itself).
+    fn seen(&self) -> Vec<Seen> {
+        let mut all = self.dead.clone();
+        for (h, host) in self.hosts.iter().enumerate() {
+            if let Some(host) = host {
+                let s = host.seen();
+                assert!(!s.ended, "host-{h} exited by itself (see its log above)");
+                all.push(s);
+            }
+        }
+        all
+    }
+}
+
+impl Drop for Nemesis {
+    fn drop(&mut self) {
+        // A failing run must not leave a broker of a shared cluster down behind it.
+        if let Some(n) = self.broker_down.take() {
+            let _ = harness(&["start-broker", &n.to_string()]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing() {
+    let seconds = env_u64("CHAOS_SECONDS").unwrap_or(60);
+    let rate = env_u64("CHAOS_RATE").unwrap_or(100).max(1);
+    let seed = env_u64("CHAOS_SEED").unwrap_or_else(|| rand::rng().random());
+    let length = Duration::from_secs(seconds);
+    let plan = schedule(seed, length);
+    println!(
+        "chaos: seed {seed}, {seconds} s, {rate} ids/s, {} actions ({})",
+        plan.len(),
+        counts_line(&plan)
+    );
+    println!(
+        "chaos: replay with CHAOS_SEED={seed} CHAOS_SECONDS={seconds} CHAOS_RATE={rate} cargo test -p sharehost --test chaos -- --nocapture"
+    );
+    for s in &plan {
+        println!("chaos: plan +{:>7.1}s  {}", s.at.as_secs_f64(), s.action);
+    }
+
+    let bootstrap = cluster_bootstrap();
+    let client = Arc::new(cluster_client().await);
+    let topic = unique("chaos");
+    let dlq = format!("{topic}-dlq");
+    client
+        .create_topic(&topic, PARTITIONS, 3, &[])
+        .await
+        .expect("create topic");
+    client
+        .create_topic(&dlq, 1, 3, &[])
+        .await
+        .expect("create dead-letter topic");
+    let group =
+        fresh_group_with(&client, Some(3000), &[("share.session.timeout.ms", "6000")]).await;
+
+    // One proxy per node: node N's PROXIED listener binds its client port + 6 and advertises
+    // client port + 5 (dev/kafka), where the proxy listens.
+    let mut proxies = Vec::new();
+    let mut listens = Vec::new();
+    for addr in bootstrap.split(',') {
+        let (host, port) = addr
+            .trim()
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .unwrap_or_else(|| panic!("bootstrap entry {addr:?} is not host:port"));
+        let listen = format!("{host}:{}", port + 5);
+        let target = format!("{host}:{}", port + 6);
+        proxies.push(Arc::new(Proxy::start(&listen, &target).await));
+        listens.push(listen);
+    }
+    assert_eq!(
+        proxies.len(),
+        usize::from(BROKERS),
+        "one bootstrap address per node: {bootstrap}"
+    );
+
+    let dir = std::env::temp_dir().join(unique("sharehost-chaos"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let original = guest("fixture_ledger");
+    let versions = [dir.join("ledger-v1.wasm"), dir.join("ledger-v2.wasm")];
+    for (i, v) in versions.iter().enumerate() {
+        std::fs::write(v, new_version(&original, &format!("v{}", i + 1))).expect("write version");
+    }
+    let manifest = dir.join("chaos.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"[cluster]
+bootstrap = "{bootstrap}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "ledger"
+topics = ["{topic}"]
+group = "{group}"
+component = "{component}"
+config = {{ reject-every = "7", pause-ms = "10" }}
+batch_size = 50
+max_in_flight = 500
+delivery_cap = 4
+concurrency = 2
+dead_letter_topic = "{dlq}"
+"#,
+            bootstrap = listens.join(","),
+            component = versions[0].display(),
+        ),
+    )
+    .expect("write manifest");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let producer = spawn_producer(client.clone(), topic.clone(), rate, rate * seconds, stop_rx);
+
+    let mut nemesis = Nemesis {
+        bootstrap: bootstrap.clone(),
+        topic: topic.clone(),
+        manifest,
+        versions,
+        proxies: proxies.clone(),
+        hosts: (0..HOSTS).map(|_| None).collect(),
+        version: vec![0; HOSTS],
+        starts: vec![0; HOSTS],
+        dead: Vec::new(),
+        watch: Watch::default(),
+        broker_down: None,
+    };
+    let started = Instant::now();
+    let (nemesis, wall) = tokio::task::spawn_blocking(move || {
+        for h in 0..HOSTS {
+            nemesis.start_host(h);
+        }
+        let t0 = Instant::now();
+        for step in &plan {
+            if let Some(wait) = step.at.checked_sub(t0.elapsed()) {
+                // Keeping to the schedule's clock, not waiting for an event.
+                std::thread::sleep(wait);
+            }
+            let at = t0.elapsed();
+            let result = nemesis.apply(step.action);
+            println!(
+                "chaos: +{:>7.1}s (planned +{:.1}s, took {:.1}s)  {}: {result}",
+                at.as_secs_f64(),
+                step.at.as_secs_f64(),
+                (t0.elapsed() - at).as_secs_f64(),
+                step.action
+            );
+        }
+        // Whatever the schedule's length, the load lasts at least that long.
+        if let Some(wait) = length.checked_sub(t0.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        (nemesis, t0.elapsed())
+    })
+    .await
+    .expect("nemesis");
+    let _ = stop_tx.send(true);
+    let ids = producer.await.expect("producer");
+    println!(
+        "chaos: schedule done in {:.1}s, {} ids produced; waiting for the group to drain",
+        wall.as_secs_f64(),
+        ids.len()
+    );
+
+    // Healed: every broker up and in sync, every host running. The broker must end with nothing
+    // left for the group, then the hosts drain and stop and the ledger is read.
+    let (g, b) = (group.clone(), bootstrap.clone());
+    let nemesis = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let _ = nemesis.seen(); // fails at once if a host died by itself
+            let lag = group_lag_at(&b, &g);
+            if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "group {g} did not drain after the schedule healed everything: lag {lag:?}"
+            );
+            // ShareGroupCommand cannot notify: poll it.
+            std::thread::sleep(Duration::from_millis(1000));
+        }
+        nemesis
+    })
+    .await
+    .expect("drain");
+    let mut nemesis = nemesis;
+    let hosts: Vec<HostProcess> = nemesis.hosts.iter_mut().filter_map(Option::take).collect();
+    let mut seen = std::mem::take(&mut nemesis.dead);
+    seen.extend(
+        tokio::task::spawn_blocking(move || {
+            hosts.into_iter().map(|h| h.stop().1).collect::<Vec<_>>()
+        })
+        .await
+        .expect("stop hosts"),
+    );
+    drop(nemesis);
+
+    let plan = schedule(seed, length);
+    let mut ledger = Ledger::new(
+        &format!("chaos seed {seed}, {seconds} s, {} actions", plan.len()),
+        ids.iter().cloned(),
+    );
+    for s in &seen {
+        s.record(&mut ledger);
+    }
+    let dead = topic_values(&client, &dlq, 1).await;
+    for id in &dead {
+        ledger.dead_lettered(id.clone());
+    }
+    println!("chaos: seed {seed}, actions: {}", counts_line(&plan));
+    println!(
+        "chaos: wall {:.1}s (schedule {:.1}s)",
+        started.elapsed().as_secs_f64(),
+        wall.as_secs_f64()
+    );
+    let dead: HashSet<&String> = dead.iter().collect();
+    let rejected: BTreeSet<&String> = seen.iter().flat_map(|s| &s.rejected).collect();
+    // A rejected record's dead letter is its only copy once the broker archives it: one that
+    // never reached the dead-letter topic is lost too, even though the plugin judged it.
+    let missing: Vec<&String> = rejected
+        .into_iter()
+        .filter(|id| !dead.contains(id))
+        .collect();
+    println!(
+        "chaos: rejected but never dead-lettered: {}{}",
+        missing.len(),
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!(" (first {:?})", &missing[..missing.len().min(10)])
+        }
+    );
+    ledger.check();
+    assert!(
+        missing.is_empty(),
+        "{} rejected ids never reached the dead-letter topic (seed {seed}), first: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    assert!(
+        proxies.iter().map(|p| p.accepted()).sum::<usize>() > 0,
+        "the hosts connected through the proxies"
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_schedule() {
+    let length = Duration::from_secs(600);
+    for seed in [0, 1, 42, u64::MAX] {
+        assert_eq!(
+            schedule(seed, length),
+            schedule(seed, length),
+            "seed {seed}"
+        );
+    }
+    assert_ne!(schedule(1, length), schedule(2, length));
+}
+
+#[test]
+fn a_schedule_keeps_one_broker_and_one_host_down_at_most_and_heals_everything() {
+    let length = Duration::from_secs(600);
+    let mut kinds = BTreeSet::new();
+    for seed in 0..300 {
+        let plan = schedule(seed, length);
+        let mut broker_down: Option<u8> = None;
+        let mut host_down: Option<usize> = None;
+        let mut last = Duration::ZERO;
+        for s in &plan {
+            assert!(s.at >= last, "seed {seed}: steps in time order");
+            last = s.at;
+            kinds.insert(s.action.kind());
+            match s.action {
+                Action::KillBroker(n) | Action::StopBroker(n) => {
+                    assert_eq!(
+                        broker_down, None,
+                        "seed {seed}: a second broker down at {s:?}"
+                    );
+                    assert!((1..=BROKERS).contains(&n));
+                    broker_down = Some(n);
+                }
+                Action::StartBroker(n) => {
+                    assert_eq!(
+                        broker_down,
+                        Some(n),
+                        "seed {seed}: restart of a running broker"
+                    );
+                    broker_down = None;
+                }
+                Action::MoveLeader { partition, to } => {
+                    assert_eq!(
+                        broker_down, None,
+                        "seed {seed}: a leader move with a broker down"
+                    );
+                    assert!((0..PARTITIONS).contains(&partition) && (1..=BROKERS).contains(&to));
+                }
+                Action::KillHost(h) => {
+                    assert_eq!(host_down, None, "seed {seed}: a second host down at {s:?}");
+                    host_down = Some(h);
+                }
+                Action::StartHost(h) => {
+                    assert_eq!(host_down, Some(h), "seed {seed}: restart of a running host");
+                    host_down = None;
+                }
+                Action::Swap(h) => {
+                    assert_ne!(host_down, Some(h), "seed {seed}: a swap on a dead host");
+                }
+                Action::CutConnections => {}
+            }
+        }
+        assert_eq!(
+            (broker_down, host_down),
+            (None, None),
+            "seed {seed}: healed at the end"
+        );
+    }
+    assert_eq!(kinds.len(), 8, "every kind of action is drawn: {kinds:?}");
+}
