@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
-use super::bindings;
 use super::cache::{self, Cache};
 use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
@@ -97,7 +96,7 @@ impl PluginRuntime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        bindings::Plugin::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s)
+        super::host::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(Cache::open(&engine, dir)?),

@@ -1,5 +1,13 @@
 //! What a guest can reach: the bounded `log` import, an empty WASI context whose stdout and
 //! stderr are captured into bounded buffers, and the per-store state the limits live in.
+//!
+//! Every granted host call is bounded in what one call may cost, because epochs only
+//! interrupt guest code, never a host call in progress: `log` reads at most 4 KiB of its
+//! message ([`LogMessage`]), random bytes come at most
+//! [`MAX_RANDOM_BYTES_PER_CALL`] per call, stdout/stderr writes accept at most the 16 KiB
+//! their `check-write` permits, and no call may carry more than [`HOSTCALL_FUEL`] bytes
+//! from the guest. A guest that wants more must call again, and between calls its deadline
+//! applies.
 
 use std::io;
 use std::pin::Pin;
@@ -10,15 +18,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
 use wasmtime::ResourceLimiter;
-use wasmtime::component::ResourceTable;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::sharehost::plugin::host::{Host, Level};
+use super::bindings::sharehost::plugin::host::Level;
+use sharehost_bounded_lift::LogMessage;
 
-/// Longest single log message kept; the rest of it is cut (and marked).
-pub(crate) const MAX_LOG_MESSAGE: usize = 4 << 10;
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
 pub(crate) const MAX_LOG_MESSAGES_PER_BATCH: u32 = 256;
 /// Log bytes a guest may emit per batch.
@@ -27,6 +35,33 @@ pub(crate) const MAX_LOG_BYTES_PER_BATCH: usize = 64 << 10;
 pub(crate) const MAX_STDIO_BYTES_PER_BATCH: usize = 16 << 10;
 /// Table elements an instance may grow to; Rust guests need a few hundred.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Largest `get-random-bytes` (and insecure) request served in one call: generated in well
+/// under a millisecond even in a debug build, where wasmtime-wasi's own 64 MiB default took
+/// about 15 s, a host call no deadline could interrupt. Larger requests trap.
+pub(crate) const MAX_RANDOM_BYTES_PER_CALL: u64 = 64 << 10;
+/// Most bytes one host call may carry from the guest into the host (wasmtime's "hostcall
+/// fuel", 128 MiB by default). The grants need far less: stdout/stderr writes are permitted
+/// 16 KiB at a time, and `log` and the verdicts are read by the host's own bounded lifts,
+/// which never draw on it. A call over it traps.
+pub(crate) const HOSTCALL_FUEL: usize = 1 << 20;
+
+/// The interface names the plugin contract's imports are defined under (any 0.1.x guest
+/// links against them: wasmtime matches 0.x versions by minor).
+const HOST_INSTANCE: &str = "sharehost:plugin/host@0.1.0";
+const TYPES_INSTANCE: &str = "sharehost:plugin/types@0.1.0";
+
+/// Defines the contract's imports in `linker`: `log` reads its message through the bounded
+/// lift instead of the generated binding's, which copies the whole string first.
+pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    linker.instance(TYPES_INSTANCE)?;
+    linker.instance(HOST_INSTANCE)?.func_wrap(
+        "log",
+        |mut store: StoreContextMut<'_, StoreState>, (level, message): (Level, LogMessage)| {
+            store.data_mut().log(level, message);
+            Ok(())
+        },
+    )
+}
 
 /// Everything one store (one instance) owns. Dropped with the store, so nothing a guest
 /// did survives a recycle.
@@ -59,6 +94,7 @@ impl StoreState {
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .allow_blocking_current_thread(false)
+            .max_random_size(MAX_RANDOM_BYTES_PER_CALL)
             .build();
         Self {
             wasi,
@@ -185,21 +221,21 @@ pub(crate) struct LogBudget {
     pub(crate) dropped: u64,
 }
 
-impl Host for StoreState {
-    fn log(&mut self, level: Level, message: String) {
+impl StoreState {
+    /// The `log` import: tagged with the plugin's name, bounded per message (by the lift)
+    /// and per batch.
+    fn log(&mut self, level: Level, message: LogMessage) {
         let budget = &mut self.log;
         if budget.messages >= MAX_LOG_MESSAGES_PER_BATCH || budget.bytes >= MAX_LOG_BYTES_PER_BATCH
         {
             budget.dropped += 1;
             return;
         }
-        let mut message = message;
-        if message.len() > MAX_LOG_MESSAGE {
-            let mut cut = MAX_LOG_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
+        let LogMessage {
+            text: mut message,
+            truncated,
+        } = message;
+        if truncated {
             message.push_str("…[truncated]");
         }
         budget.messages += 1;
@@ -214,8 +250,6 @@ impl Host for StoreState {
         }
     }
 }
-
-impl super::bindings::sharehost::plugin::types::Host for StoreState {}
 
 /// A bounded in-memory sink for a guest's stdout or stderr. Writes past the bound succeed
 /// (so a chatty guest never fails or panics on a print) but the bytes are dropped and counted.

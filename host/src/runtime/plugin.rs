@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasmtime::component::{Component, Func, WasmList};
+use wasmtime::component::{Component, Func};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::batch::{Record, WireBatch};
@@ -13,7 +13,10 @@ use super::bindings::{self, PluginPre};
 use super::config::{InstanceMode, PluginLimits};
 use super::engine::PluginRuntime;
 use super::error::LoadError;
-use super::host::{Drained, StoreState};
+use super::host::{Drained, HOSTCALL_FUEL, StoreState};
+use sharehost_bounded_lift::{
+    LiftedVerdict, VerdictBounds, VerdictLiftError, VerdictList, with_verdict_bounds,
+};
 
 /// Extra wall time granted beyond the deadline before the call is abandoned from the
 /// outside. Epochs stop a spinning guest; this backstop stops one blocked in a host call
@@ -33,6 +36,17 @@ pub enum Verdict {
     Renew,
 }
 
+impl From<LiftedVerdict> for Verdict {
+    fn from(v: LiftedVerdict) -> Self {
+        match v {
+            LiftedVerdict::Accept => Self::Accept,
+            LiftedVerdict::Release => Self::Release,
+            LiftedVerdict::Reject(reason) => Self::Reject(reason),
+            LiftedVerdict::Renew => Self::Renew,
+        }
+    }
+}
+
 /// Why a batch got no verdicts from the plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultKind {
@@ -48,6 +62,9 @@ pub enum FaultKind {
     StackOverflow,
     /// The guest returned a different number of verdicts than records.
     WrongVerdictCount,
+    /// The guest returned a verdict list the host cannot read (out of its memory, an
+    /// unknown verdict, a reason that is not valid text).
+    UnreadableVerdicts,
     /// A fresh instance could not be created or its `init` failed.
     InitFailed,
     /// The batch could not be handed to the guest (larger than the 4 GiB wire format).
@@ -64,6 +81,7 @@ impl FaultKind {
             Self::OutOfMemory => "out_of_memory",
             Self::StackOverflow => "stack_overflow",
             Self::WrongVerdictCount => "wrong_verdict_count",
+            Self::UnreadableVerdicts => "unreadable_verdicts",
             Self::InitFailed => "init_failed",
             Self::BatchTooLarge => "batch_too_large",
         }
@@ -137,8 +155,9 @@ pub struct PluginStats {
 /// A warm instance and how many batches it has served.
 struct Warm {
     store: Store<StoreState>,
-    /// The `handle` export, called with a result type that lets the host check the verdict
-    /// count before lifting anything (the generated binding would lift the whole list).
+    /// The `handle` export, called with the host's own result type ([`VerdictList`]) that
+    /// checks the verdict count before reading any verdict and reads reasons only up to their
+    /// bound (the generated binding would copy the whole list, every reason in full).
     handle: Func,
     batches: u32,
 }
@@ -343,17 +362,23 @@ impl Plugin {
         let handle = warm.handle;
         let batch = &self.wire.batch;
         let store = &mut warm.store;
-        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, async {
-            let typed = handle.typed::<(&Batch,), (WasmList<WireVerdict>,)>(&*store)?;
+        let bounds = VerdictBounds {
+            records: n,
+            max_reason_bytes: self.limits.max_reason_bytes,
+        };
+        // The verdicts are lifted into owned values inside the call: wasmtime runs the
+        // guest's post-return (which frees the list and its reasons) before it returns.
+        let call = with_verdict_bounds(bounds, async {
+            let typed = handle.typed::<(&Batch,), (VerdictList<WireVerdict>,)>(&*store)?;
             let (list,) = typed.call_async(&mut *store, (batch,)).await?;
             Ok::<_, wasmtime::Error>(list)
-        })
-        .await;
+        });
+        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, call).await;
         let drained = warm.store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
-        let list = match result {
-            Ok(Ok(list)) => list,
+        let verdicts = match result {
+            Ok(Ok(list)) => list.verdicts.into_iter().map(Verdict::from).collect(),
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, warm.store.data(), &stderr);
                 return fault(kind, message);
@@ -365,33 +390,6 @@ impl Plugin {
                 );
             }
         };
-        // Checked before lifting: a guest returning millions of verdicts costs the host
-        // nothing but this comparison.
-        if list.len() != n {
-            return fault(
-                FaultKind::WrongVerdictCount,
-                format!("{} verdicts for {n} records", list.len()),
-            );
-        }
-        let lifted = list
-            .iter::<StoreState>(&mut warm.store)
-            .and_then(|items| items.collect::<wasmtime::Result<Vec<WireVerdict>>>());
-        let verdicts = match lifted {
-            Ok(v) => v,
-            Err(e) => return fault(FaultKind::Trap, format!("unreadable verdicts: {e:#}")),
-        };
-        let max_reason = self.limits.max_reason_bytes;
-        let verdicts = verdicts
-            .into_iter()
-            .map(|v| match v {
-                WireVerdict::Accept => Verdict::Accept,
-                WireVerdict::Release => Verdict::Release,
-                WireVerdict::Renew => Verdict::Renew,
-                WireVerdict::Reject(reason) => {
-                    Verdict::Reject(reason.map(|r| truncate(r, max_reason)))
-                }
-            })
-            .collect();
         warm.batches += 1;
         if let InstanceMode::Reuse { max_batches } = self.limits.instance_mode
             && warm.batches < max_batches
@@ -415,6 +413,7 @@ impl Plugin {
             StoreState::new(self.name.clone(), self.limits.max_memory),
         );
         store.limiter(|s| &mut s.limiter);
+        store.set_hostcall_fuel(HOSTCALL_FUEL);
         store.epoch_deadline_callback(|mut ctx| {
             let state = ctx.data_mut();
             if Instant::now() >= state.deadline {
@@ -487,6 +486,19 @@ fn cause(e: &wasmtime::Error) -> String {
 
 /// Maps a failed call onto a fault kind, most specific evidence first.
 fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind, String) {
+    // The guest returned, and the host refused what it returned.
+    match e.downcast_ref::<VerdictLiftError>() {
+        Some(l @ VerdictLiftError::WrongCount { .. }) => {
+            return (FaultKind::WrongVerdictCount, l.to_string());
+        }
+        Some(l @ VerdictLiftError::Unreadable(_)) => {
+            return (
+                FaultKind::UnreadableVerdicts,
+                truncate(l.to_string(), MAX_FAULT_MESSAGE),
+            );
+        }
+        None => {}
+    }
     if state.timed_out {
         return (
             FaultKind::Timeout,
