@@ -307,11 +307,26 @@ impl BrokerConnection {
     where
         T: kafka_protocol::protocol::Decodable + kafka_protocol::protocol::HeaderVersion,
     {
-        frame::decode_response(frame, api, version).map_err(|e| KafkaError::Decode {
-            broker: self.broker().clone(),
-            api,
-            version,
-            reason: e.to_string(),
+        frame::decode_response(frame, api, version).map_err(|e| {
+            // A response that does not decode means the stream cannot be trusted any more
+            // (a corrupt or hostile peer): drop the connection, so that the next request opens
+            // a new one, instead of reading more frames from it.
+            let reason = format!("{e:#}");
+            tracing::warn!(
+                broker = %self.broker(),
+                ?api,
+                version,
+                "dropping the connection: cannot decode the response: {reason}"
+            );
+            self.close(&format!(
+                "undecodable {api:?} v{version} response: {reason}"
+            ));
+            KafkaError::Decode {
+                broker: self.broker().clone(),
+                api,
+                version,
+                reason,
+            }
         })
     }
 }

@@ -95,7 +95,7 @@ pub enum KafkaError {
         reason: String,
     },
 
-    /// A response could not be decoded.
+    /// A response could not be decoded; the connection that carried it has been dropped.
     #[error("cannot decode {api:?} v{version} response from {broker}: {reason}")]
     Decode {
         /// The broker that sent it.
@@ -183,9 +183,13 @@ impl KafkaError {
     /// codes go through [`classify`], everything else is fatal.
     pub fn class(&self) -> ErrorClass {
         match self {
+            // A response we cannot decode is treated like a broken transport: the connection
+            // that carried it is dropped (see `BrokerConnection`) and the request retried on a
+            // new one, so a corrupt or hostile broker costs a reconnect, never the host.
             KafkaError::Connect { .. }
             | KafkaError::Timeout { .. }
             | KafkaError::ConnectionLost { .. }
+            | KafkaError::Decode { .. }
             | KafkaError::NoBroker(_) => ErrorClass::Retry,
             KafkaError::Broker { code, .. } => classify(*code),
             KafkaError::UnknownTopic(_) => ErrorClass::RefreshMetadata,
@@ -193,8 +197,7 @@ impl KafkaError {
             | KafkaError::Tls { .. }
             | KafkaError::Auth { .. }
             | KafkaError::UnsupportedVersion { .. }
-            | KafkaError::Encode { .. }
-            | KafkaError::Decode { .. } => ErrorClass::Fatal,
+            | KafkaError::Encode { .. } => ErrorClass::Fatal,
         }
     }
 

@@ -6,6 +6,8 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::bounded;
+
 /// Default largest response frame we accept. Fetch responses are bounded by MaxBytes (we ask
 /// for far less), so anything bigger is a corrupt or hostile length prefix.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 100 * 1024 * 1024;
@@ -71,6 +73,12 @@ pub fn peek_correlation_id(frame: &[u8]) -> Option<i32> {
 }
 
 /// Strips the response header (whose version depends on the API and version) and decodes the body.
+///
+/// The one place every response the host receives is decoded: the body first goes through
+/// [`bounded::check_body`], which refuses any length that claims more than the bytes left, so
+/// kafka-protocol (which allocates from those lengths before reading the elements) never sees a
+/// lying one. The header needs no check: it holds only the correlation id and tagged fields,
+/// which kafka-protocol reads with bounded reads.
 pub fn decode_response<R: Decodable + HeaderVersion>(
     mut frame: Bytes,
     api: ApiKey,
@@ -78,6 +86,7 @@ pub fn decode_response<R: Decodable + HeaderVersion>(
 ) -> anyhow::Result<R> {
     let header_version = api.response_header_version(version);
     ResponseHeader::decode(&mut frame, header_version)?;
+    bounded::check_body(api, version, &frame)?;
     let body = R::decode(&mut frame, version)?;
     if frame.has_remaining() {
         anyhow::bail!("{} unexpected trailing bytes", frame.remaining());
@@ -215,6 +224,26 @@ mod tests {
             read_frame(&mut b, 1 << 20).await,
             Err(FrameError::Closed { mid_frame: true })
         ));
+    }
+
+    /// A Metadata v12 response whose broker array claims 0x7fff_fffe entries and carries three
+    /// bytes. kafka-protocol alone reserves tens of gigabytes for it and the process aborts;
+    /// through `decode_response` it is an error naming the lie.
+    #[test]
+    fn a_response_with_a_lying_array_length_is_a_decode_error_not_an_abort() {
+        let mut frame = BytesMut::new();
+        frame.put_i32(9); // correlation id
+        frame.put_u8(0); // header v1: no tagged fields
+        frame.put_i32(0); // throttle_time_ms
+        frame.put_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]); // compact array length 0x7fffffff
+        frame.put_slice(&[0, 0, 0]);
+        let err = decode_response::<kafka_protocol::messages::MetadataResponse>(
+            frame.freeze(),
+            ApiKey::Metadata,
+            12,
+        )
+        .expect_err("a lying length must be refused");
+        assert!(err.to_string().contains("array claims"), "{err}");
     }
 
     #[test]

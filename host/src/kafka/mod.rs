@@ -2,6 +2,8 @@
 //!
 //! - [`addr`]: broker addresses and the bootstrap list.
 //! - [`frame`]: length-prefixed frames with a size limit.
+//! - [`bounded`]: the pre-pass that checks every length in a response before kafka-protocol
+//!   allocates for it.
 //! - [`messenger`]: one multiplexed, cancel-safe connection (correlation ids, reader/writer tasks).
 //! - [`connection`]: TCP/TLS + ApiVersions + SASL, then typed requests at negotiated versions.
 //! - [`versions`]: what a broker speaks and the version choice.
@@ -12,6 +14,7 @@
 
 pub mod addr;
 pub mod backoff;
+pub mod bounded;
 pub mod client;
 pub mod connection;
 pub mod error;
