@@ -123,15 +123,20 @@ pub fn decode_batches(mut data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsErr
         if data.len() < 12 + batch_len as usize {
             break; // partial trailing batch
         }
-        // Offset 57 of a v2 batch: its record count (the decoder checks magic and CRC itself).
+        // Offset 57 of a v2 batch: its record count (the decoder checks magic and CRC itself);
+        // its base offset is at 0, its first timestamp at 27.
         let record_count = data
             .get(57..61)
             .map_or(0, |b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        let base = Bases {
+            offset: be_i64(&data, 0).unwrap_or(0),
+            timestamp: be_i64(&data, 27).unwrap_or(0),
+        };
         let set = RecordBatchDecoder::decode_with_custom_compression(
             &mut data,
             Some(|records: &mut Bytes, compression: Compression| {
                 let plain = decompress(records, compression)?;
-                check_counts(&plain, record_count)?;
+                check_counts(&plain, record_count, base)?;
                 Ok(plain)
             }),
         )
@@ -157,6 +162,52 @@ pub fn decode_batches(mut data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsErr
         }
     }
     Ok(out)
+}
+
+/// The offsets the complete batches in `data` cover, one `(base offset, last offset)` per batch
+/// in the order they come, as their headers state them (last offset = base + last offset
+/// delta). A trailing partial batch, which [`decode_batches`] skips, covers nothing; so does a
+/// batch whose header is nonsense (negative delta, overflow).
+///
+/// Why: a share fetch can only have acquired offsets that its data covers, so the engine uses
+/// these spans to bound the acquired ranges a broker claims (see `share::consumer`).
+pub fn batch_spans(data: &[u8]) -> Vec<(i64, i64)> {
+    let mut spans = Vec::new();
+    let mut rest = data;
+    while rest.len() >= 12 {
+        let Ok(len) = usize::try_from(i32::from_be_bytes([rest[8], rest[9], rest[10], rest[11]]))
+        else {
+            break;
+        };
+        let Some(batch) = rest.get(..12 + len) else {
+            break; // partial trailing batch
+        };
+        let base = be_i64(batch, 0);
+        let delta = batch
+            .get(23..27)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        if let (Some(base), Some(delta)) = (base, delta)
+            && let Ok(delta) = u32::try_from(delta)
+            && let Some(last) = base.checked_add(i64::from(delta))
+        {
+            spans.push((base, last));
+        }
+        rest = &rest[12 + len..];
+    }
+    spans
+}
+
+/// A big-endian i64 at `at`, if the bytes are there.
+fn be_i64(data: &[u8], at: usize) -> Option<i64> {
+    let b: [u8; 8] = data.get(at..at + 8)?.try_into().ok()?;
+    Some(i64::from_be_bytes(b))
+}
+
+/// A batch's base offset and first timestamp, to which each record adds its deltas.
+#[derive(Debug, Clone, Copy)]
+struct Bases {
+    offset: i64,
+    timestamp: i64,
 }
 
 /// Fewest bytes one record takes in a v2 batch: its length, attributes, timestamp delta, offset
@@ -185,9 +236,14 @@ fn decompress(records: &mut Bytes, compression: Compression) -> anyhow::Result<B
 /// and an allocation that large fails and aborts the whole process. A batch of 72 bytes with a
 /// correct CRC could do that (found by fuzzing, see docs/reliability.md).
 ///
+/// Also refuses a record whose timestamp or offset delta overflows the batch's base: kafka-protocol
+/// adds them with a plain `+`, which panics in a debug build and wraps to a nonsense timestamp or
+/// offset in a release one. No honest producer gets there (it would be a timestamp some 292
+/// million years from 1970), so it is an error naming the record, in every build.
+///
 /// Walks the records only as far as they are well formed: the decoder stops with an error at the
 /// first malformed one, before it reserves anything for the records after it.
-fn check_counts(records: &[u8], record_count: i32) -> Result<(), RecordsError> {
+fn check_counts(records: &[u8], record_count: i32, base: Bases) -> Result<(), RecordsError> {
     let Ok(count) = usize::try_from(record_count) else {
         return Ok(()); // negative: the decoder refuses it
     };
@@ -198,7 +254,7 @@ fn check_counts(records: &[u8], record_count: i32) -> Result<(), RecordsError> {
         )));
     }
     let mut rest = records;
-    for _ in 0..count {
+    for i in 0..count {
         let Some(size) = varint(&mut rest).and_then(|n| usize::try_from(n).ok()) else {
             return Ok(());
         };
@@ -211,8 +267,22 @@ fn check_counts(records: &[u8], record_count: i32) -> Result<(), RecordsError> {
             return Ok(());
         }
         record = &record[1..];
-        if varlong(&mut record).is_none() || varint(&mut record).is_none() {
+        let (Some(ts_delta), Some(offset_delta)) = (varlong(&mut record), varint(&mut record))
+        else {
             return Ok(());
+        };
+        if base.timestamp.checked_add(ts_delta).is_none() {
+            return Err(RecordsError(format!(
+                "record {i} of the batch at offset {}: timestamp delta {ts_delta} overflows the \
+                 batch's first timestamp {}",
+                base.offset, base.timestamp
+            )));
+        }
+        if base.offset.checked_add(i64::from(offset_delta)).is_none() {
+            return Err(RecordsError(format!(
+                "record {i} of the batch at offset {}: offset delta {offset_delta} overflows it",
+                base.offset
+            )));
         }
         for _ in 0..2 {
             let Some(len) = varint(&mut record) else {
@@ -392,6 +462,69 @@ mod tests {
         batch[8..12].copy_from_slice(&len.to_be_bytes());
         let err = decode_batches(with_crc(batch)).expect_err("must be refused");
         assert!(err.to_string().contains("header count"), "{err}");
+    }
+
+    #[test]
+    fn a_timestamp_delta_that_overflows_the_base_is_an_error_not_a_panic() {
+        // Two records with timestamps 0 and 5 (deltas 0 and 5); the batch's first timestamp
+        // (offset 27) then moved to i64::MAX - 2: base + 5 overflows. kafka-protocol adds them
+        // with `+`, which panicked in debug builds.
+        let two = [0, 5].map(|t| ProduceRecord {
+            timestamp: Some(t),
+            ..Default::default()
+        });
+        let mut batch = encode_batch(&two, Compression::None)
+            .expect("encode")
+            .to_vec();
+        batch[27..35].copy_from_slice(&(i64::MAX - 2).to_be_bytes());
+        let err = decode_batches(with_crc(batch)).expect_err("must be refused");
+        assert!(
+            err.to_string().contains("timestamp delta 5 overflows"),
+            "{err}"
+        );
+        // At the edge it still decodes: base i64::MAX - 5 plus 5 is i64::MAX.
+        let mut batch = encode_batch(&two, Compression::None)
+            .expect("encode")
+            .to_vec();
+        batch[27..35].copy_from_slice(&(i64::MAX - 5).to_be_bytes());
+        let back = decode_batches(with_crc(batch)).expect("decodes");
+        assert_eq!(back[1].timestamp, i64::MAX);
+    }
+
+    #[test]
+    fn an_offset_delta_that_overflows_the_base_offset_is_an_error_not_a_panic() {
+        let two = [0, 5].map(|t| ProduceRecord {
+            timestamp: Some(t),
+            ..Default::default()
+        });
+        let mut batch = encode_batch(&two, Compression::None)
+            .expect("encode")
+            .to_vec();
+        batch[0..8].copy_from_slice(&i64::MAX.to_be_bytes()); // base offset (not under the CRC)
+        let err = decode_batches(Bytes::from(batch)).expect_err("must be refused");
+        assert!(
+            err.to_string().contains("offset delta 1 overflows"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn batch_spans_cover_complete_batches_only() {
+        let mut two = BytesMut::new();
+        let mut first = encode_batch(&sample(3), Compression::None)
+            .expect("encode")
+            .to_vec();
+        first[0..8].copy_from_slice(&100i64.to_be_bytes());
+        two.extend_from_slice(&first);
+        let second = encode_batch(&sample(2), Compression::Lz4).expect("encode");
+        two.extend_from_slice(&second);
+        assert_eq!(batch_spans(&two), vec![(100, 102), (0, 1)]);
+        // The second batch cut short: only the first counts.
+        assert_eq!(batch_spans(&two[..two.len() - 1]), vec![(100, 102)]);
+        // A negative last offset delta covers nothing.
+        first[23..27].copy_from_slice(&(-1i32).to_be_bytes());
+        assert_eq!(batch_spans(&first), vec![]);
+        assert!(batch_spans(&[]).is_empty());
     }
 
     #[test]

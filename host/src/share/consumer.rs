@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kafka::backoff::{Backoff, BackoffConfig};
 use crate::kafka::error::CodeDisplay;
-use crate::kafka::records::decode_batches;
+use crate::kafka::records::{batch_spans, decode_batches};
 use crate::kafka::{
     BrokerConnection, ConsumedRecord, ErrorClass, KafkaClient, KafkaError, classify,
 };
@@ -1327,33 +1327,66 @@ impl LeaderWorker {
                     continue;
                 }
                 let topic = self.shared.topic_name(&tp);
+                let ranges: Vec<(i64, i64)> = p
+                    .acquired
+                    .iter()
+                    .map(|a| (a.first_offset, a.last_offset))
+                    .collect();
                 let records = match decode_batches(p.records.clone()) {
                     Ok(r) => r,
                     Err(e) => {
                         // Undecodable data: release what we acquired so it is not stuck until
-                        // the lock expires, and say so.
+                        // the lock expires, and say so (within the same bound as below: a
+                        // huge claimed range is not walked, the lock timeout returns the rest).
                         tracing::error!(topic = %topic, partition = p.partition, "cannot decode records, releasing them: {e}");
+                        let plan = plan_unrecorded(&ranges, &[], |_| false, MAX_UNRECORDED_OFFSETS);
                         let mut ledger = lock(&self.shared.ledger);
-                        for a in &p.acquired {
-                            for o in a.first_offset..=a.last_offset {
-                                let _ = ledger.record(tp, o, AckKind::Release);
-                            }
+                        for o in plan.release {
+                            let _ = ledger.record(tp, o, AckKind::Release);
                         }
                         continue;
                     }
                 };
-                let mut by_offset: HashMap<i64, ConsumedRecord> =
+                let mut by_offset: BTreeMap<i64, ConsumedRecord> =
                     records.into_iter().map(|r| (r.offset, r)).collect();
+                let plan = plan_unrecorded(
+                    &ranges,
+                    &batch_spans(&p.records),
+                    |o| by_offset.contains_key(&o),
+                    MAX_UNRECORDED_OFFSETS,
+                );
+                if !plan.release.is_empty() || plan.left_alone > 0 {
+                    tracing::warn!(
+                        topic = %topic,
+                        partition = p.partition,
+                        released = plan.release.len(),
+                        left_to_lock_timeout = plan.left_alone,
+                        "the broker acquired offsets its response has no batches for: releasing them"
+                    );
+                }
                 let mut leaders = lock(&self.shared.leaders);
                 let Some(st) = leaders.get_mut(&self.leader) else {
                     continue;
                 };
                 let mut ledger = lock(&self.shared.ledger);
+                for o in plan.gaps {
+                    let _ = ledger.record(tp, o, AckKind::Gap);
+                    self.shared.stats.gaps.fetch_add(1, Ordering::Relaxed);
+                }
+                for o in plan.release {
+                    let _ = ledger.record(tp, o, AckKind::Release);
+                }
                 for a in &p.acquired {
-                    for o in a.first_offset..=a.last_offset {
+                    if a.first_offset > a.last_offset {
+                        continue;
+                    }
+                    // Only the records the response carries are walked, not the range itself.
+                    let present: Vec<i64> = by_offset
+                        .range(a.first_offset..=a.last_offset)
+                        .map(|(o, _)| *o)
+                        .collect();
+                    for o in present {
                         let Some(rec) = by_offset.remove(&o) else {
-                            let _ = ledger.record(tp, o, AckKind::Gap);
-                            self.shared.stats.gaps.fetch_add(1, Ordering::Relaxed);
                             continue;
                         };
                         let sr = ShareRecord {
@@ -1682,9 +1715,141 @@ fn moved_away(
     moved
 }
 
+/// Most offsets without a record (Gaps, and offsets released because the response has no batch
+/// for them) the engine records for one partition of one response. An honest broker acquires
+/// only offsets its response covers, mostly with records; a hostile one can claim
+/// `first..=i64::MAX`, and walking that offset by offset would stall the engine and fill the
+/// ledger. Offsets beyond the bound are left alone: the broker's acquisition lock returns them
+/// after its timeout, and the next fetch acquires them again, so nothing is lost; a compacted
+/// partition with more gaps than this in one response is acknowledged over several fetches.
+pub const MAX_UNRECORDED_OFFSETS: usize = 1 << 16;
+
+/// What the engine does with the acquired offsets of one partition's response that have no
+/// record (records themselves are delivered separately).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Unrecorded {
+    /// Inside a batch of the response but without a record (compaction, a transaction marker):
+    /// acknowledged as Gap, as before.
+    gaps: Vec<i64>,
+    /// Acquired but outside every complete batch of the response (a lying broker, or a batch
+    /// cut short at the byte limit): released, so they are delivered again, never Gap-acked
+    /// (which would archive records we never saw).
+    release: Vec<i64>,
+    /// Offsets past the budget: not walked, left to the acquisition lock timeout.
+    left_alone: u64,
+}
+
+/// Splits acquired `ranges` (first, last) by the `spans` of the response's complete batches,
+/// recording at most `budget` offsets without a record (see [`MAX_UNRECORDED_OFFSETS`]). Work
+/// is bounded by the budget plus the records present, whatever the ranges claim.
+fn plan_unrecorded(
+    ranges: &[(i64, i64)],
+    spans: &[(i64, i64)],
+    has_record: impl Fn(i64) -> bool,
+    budget: usize,
+) -> Unrecorded {
+    let mut spans = spans.to_vec();
+    spans.sort_unstable();
+    let mut out = Unrecorded::default();
+    let mut left = budget;
+    // Walks `from..=to`, sending each offset without a record to `gap` or release.
+    let mut walk = |from: i64, to: i64, gap: bool, out: &mut Unrecorded| {
+        let mut o = from;
+        loop {
+            if !has_record(o) {
+                if left == 0 {
+                    out.left_alone = out
+                        .left_alone
+                        .saturating_add(to.abs_diff(o).saturating_add(1));
+                    return;
+                }
+                left -= 1;
+                if gap {
+                    out.gaps.push(o);
+                } else {
+                    out.release.push(o);
+                }
+            }
+            match o.checked_add(1) {
+                Some(next) if next <= to => o = next,
+                _ => return,
+            }
+        }
+    };
+    for &(first, last) in ranges {
+        if first > last {
+            continue;
+        }
+        let mut cursor = Some(first);
+        for &(start, end) in &spans {
+            let Some(c) = cursor else { break };
+            if end < c {
+                continue;
+            }
+            if start > last {
+                break;
+            }
+            if start > c {
+                walk(c, start - 1, false, &mut out);
+            }
+            let from = start.max(c);
+            let to = end.min(last);
+            walk(from, to, true, &mut out);
+            cursor = to.checked_add(1).filter(|n| *n <= last);
+        }
+        if let Some(c) = cursor {
+            walk(c, last, false, &mut out);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_acquired_range_is_not_walked_offset_by_offset() {
+        // A broker claims 0..=i64::MAX with one 10-offset batch holding records 0-4: the batch's
+        // other offsets are Gaps, a bounded number of the rest is released, the rest left to
+        // the lock timeout. The old loop walked all 2^63 offsets into the ledger.
+        let plan = plan_unrecorded(&[(0, i64::MAX)], &[(0, 9)], |o| o < 5, 100);
+        assert_eq!(plan.gaps, (5..=9).collect::<Vec<_>>());
+        assert_eq!(plan.release, (10..105).collect::<Vec<_>>());
+        assert_eq!(plan.left_alone, (i64::MAX - 105 + 1) as u64);
+    }
+
+    #[test]
+    fn honest_acquired_ranges_gap_only_offsets_their_batches_cover() {
+        // Compaction left offset 3 without a record; a transaction marker batch covers 10.
+        let plan = plan_unrecorded(&[(0, 10)], &[(0, 9), (10, 10)], |o| o != 3 && o != 10, 64);
+        assert_eq!(
+            plan,
+            Unrecorded {
+                gaps: vec![3, 10],
+                release: vec![],
+                left_alone: 0
+            }
+        );
+        // A batch cut short at the byte limit (11-14 acquired, no complete batch): released,
+        // never Gap-acked, so those records are delivered again.
+        let plan = plan_unrecorded(&[(0, 14)], &[(0, 9)], |o| o <= 9, 64);
+        assert_eq!(plan.gaps, Vec::<i64>::new());
+        assert_eq!(plan.release, vec![10, 11, 12, 13, 14]);
+        // At the very top of the offset space nothing overflows.
+        let top = plan_unrecorded(
+            &[(i64::MAX - 1, i64::MAX)],
+            &[(i64::MAX - 1, i64::MAX)],
+            |_| false,
+            64,
+        );
+        assert_eq!(top.gaps, vec![i64::MAX - 1, i64::MAX]);
+        // Reversed and empty ranges are nothing.
+        assert_eq!(
+            plan_unrecorded(&[(5, 4)], &[(0, 9)], |_| false, 64),
+            Unrecorded::default()
+        );
+    }
 
     fn tp(partition: i32) -> TopicIdPartition {
         TopicIdPartition {
