@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 pub mod cluster;
+pub mod fake_broker;
 pub mod host;
 pub mod ledger;
 pub mod proxy;
