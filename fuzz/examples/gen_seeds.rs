@@ -1,6 +1,8 @@
 //! Writes the seed inputs of every fuzz target into `fuzz/seeds/<target>/`: real encoded frames,
 //! ShareFetch/ShareAcknowledge responses (v1, v2) with record batches in every codec, record
-//! batches, and the example manifests, each with the selector prefix its target expects.
+//! batches, the responses decoded with kafka-protocol (Metadata, FindCoordinator,
+//! ShareGroupHeartbeat, Produce, Fetch) at several versions plus a lying array length each, and
+//! the example manifests, each with the selector prefix its target expects.
 //!
 //! Run from the repository root after changing an input layout (any toolchain; the root target
 //! dir reuses the workspace's debug build, a fresh one would compile wasmtime again):
@@ -12,10 +14,11 @@ use std::path::{Path, PathBuf};
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, BrokerId, FindCoordinatorResponse, MetadataResponse,
-    ResponseHeader, ShareGroupHeartbeatResponse, TopicName, api_versions_response::ApiVersion,
-    find_coordinator_response::Coordinator, metadata_response::MetadataResponseBroker,
-    metadata_response::MetadataResponsePartition, metadata_response::MetadataResponseTopic,
+    ApiKey, ApiVersionsResponse, BrokerId, FetchResponse, FindCoordinatorResponse,
+    MetadataResponse, ProduceResponse, ResponseHeader, ShareGroupHeartbeatResponse, TopicName,
+    api_versions_response::ApiVersion, fetch_response, find_coordinator_response::Coordinator,
+    metadata_response::MetadataResponseBroker, metadata_response::MetadataResponsePartition,
+    metadata_response::MetadataResponseTopic, produce_response, share_group_heartbeat_response,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
@@ -28,6 +31,7 @@ use sharehost::share::wire::{
 };
 use sharehost_fuzz::batch_layout::CODECS;
 use sharehost_fuzz::frame_layout::{self, Api};
+use sharehost_fuzz::response;
 use sharehost_fuzz::share_layout::selector_byte;
 use uuid::Uuid;
 
@@ -354,6 +358,182 @@ fn frame_seeds() -> Result<Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
+/// A response frame without its length prefix (header + body), as `decode_response` takes it.
+fn unprefixed<T: Encodable>(api: ApiKey, version: i16, body: &T) -> Result<Vec<u8>> {
+    Ok(response_frame(api, version, body)?[4..].to_vec())
+}
+
+/// Seeds of one response target: `[selector, frame]` at each of `versions`, plus a frame whose
+/// first array claims 0x7fff_fffe elements with a few bytes after it (`lying_at`: the bytes of
+/// the body before that array, at the last version).
+fn response_target_seeds<T: Encodable>(
+    api: ApiKey,
+    all: std::ops::RangeInclusive<i16>,
+    versions: &[i16],
+    msg: impl Fn(i16) -> T,
+    lying_at: &[u8],
+) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for &v in versions {
+        let sel = response::version_byte(&all, v);
+        out.push((
+            format!("v{v}"),
+            prefixed(&[sel], &unprefixed(api, v, &msg(v))?),
+        ));
+    }
+    let last = *versions.last().ok_or("no versions")?;
+    let mut lying = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(7)
+        .encode(&mut lying, api.response_header_version(last))
+        .map_err(|e| e.to_string())?;
+    lying.put_slice(lying_at);
+    if api.response_header_version(last) >= 1 {
+        lying.put_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]); // compact length 0x7fffffff
+    } else {
+        lying.put_i32(0x7fff_fffe);
+    }
+    lying.put_slice(b"abc");
+    out.push((
+        format!("lying-array-length-v{last}"),
+        prefixed(&[response::version_byte(&all, last)], &lying),
+    ));
+    Ok(out)
+}
+
+fn response_seeds() -> Result<Vec<(&'static str, Vec<(String, Vec<u8>)>)>> {
+    let metadata = |v: i16| {
+        MetadataResponse::default()
+            .with_brokers(vec![
+                MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(1))
+                    .with_host(StrBytes::from_static_str("127.0.0.1"))
+                    .with_port(9092)
+                    .with_rack(Some(StrBytes::from_static_str("rack-a"))),
+            ])
+            .with_cluster_id((v >= 2).then(|| StrBytes::from_static_str("c-1")))
+            .with_controller_id(BrokerId(1))
+            .with_topics(vec![
+                MetadataResponseTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("orders"))))
+                    .with_topic_id(Uuid::from_u128(7))
+                    .with_partitions(vec![
+                        MetadataResponsePartition::default()
+                            .with_partition_index(0)
+                            .with_leader_id(BrokerId(1))
+                            .with_replica_nodes(vec![BrokerId(1), BrokerId(2)])
+                            .with_isr_nodes(vec![BrokerId(1)]),
+                    ]),
+            ])
+    };
+    let coordinator = |v: i16| {
+        if v < 4 {
+            FindCoordinatorResponse::default()
+                .with_node_id(BrokerId(1))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(9092)
+        } else {
+            FindCoordinatorResponse::default().with_coordinators(vec![
+                Coordinator::default()
+                    .with_key(StrBytes::from_static_str("orders-validators"))
+                    .with_node_id(BrokerId(1))
+                    .with_host(StrBytes::from_static_str("127.0.0.1"))
+                    .with_port(9092),
+            ])
+        }
+    };
+    let heartbeat = ShareGroupHeartbeatResponse::default()
+        .with_member_id(Some(StrBytes::from_static_str("m-1")))
+        .with_member_epoch(3)
+        .with_heartbeat_interval_ms(5000)
+        .with_assignment(Some(
+            share_group_heartbeat_response::Assignment::default().with_topic_partitions(vec![
+                share_group_heartbeat_response::TopicPartitions::default()
+                    .with_topic_id(Uuid::from_u128(7))
+                    .with_partitions(vec![0, 1, 2]),
+            ]),
+        ));
+    let produce = ProduceResponse::default().with_responses(vec![
+        produce_response::TopicProduceResponse::default()
+            .with_name(TopicName(StrBytes::from_static_str("orders")))
+            .with_partition_responses(vec![
+                produce_response::PartitionProduceResponse::default()
+                    .with_index(0)
+                    .with_base_offset(42),
+            ]),
+    ]);
+    let fetch = FetchResponse::default().with_responses(vec![
+        fetch_response::FetchableTopicResponse::default()
+            .with_topic(TopicName(StrBytes::from_static_str("orders")))
+            .with_partitions(vec![
+                fetch_response::PartitionData::default()
+                    .with_partition_index(0)
+                    .with_high_watermark(3)
+                    .with_records(Some(batch(3, Compression::Lz4)?)),
+                fetch_response::PartitionData::default()
+                    .with_partition_index(1)
+                    .with_aborted_transactions(Some(vec![
+                        fetch_response::AbortedTransaction::default()
+                            .with_producer_id(kafka_protocol::messages::ProducerId(5)),
+                    ]))
+                    .with_records(Some(control_batch()?)),
+            ]),
+    ]);
+    Ok(vec![
+        (
+            "metadata_response",
+            response_target_seeds(
+                ApiKey::Metadata,
+                0..=13,
+                &[1, 9, 10, 12, 13],
+                metadata,
+                &[0; 4],
+            )?,
+        ),
+        (
+            "find_coordinator_response",
+            response_target_seeds(
+                ApiKey::FindCoordinator,
+                0..=6,
+                &[2, 3, 4, 6],
+                coordinator,
+                &[0; 4],
+            )?,
+        ),
+        (
+            "share_group_heartbeat_response",
+            response_target_seeds(
+                ApiKey::ShareGroupHeartbeat,
+                1..=1,
+                &[1],
+                |_| heartbeat.clone(),
+                // throttle, error, null message, member id "m", epoch, interval, assignment
+                &[0, 0, 0, 0, 0, 0, 0, 2, b'm', 0, 0, 0, 1, 0, 0, 0, 1, 1],
+            )?,
+        ),
+        (
+            "produce_response",
+            response_target_seeds(
+                ApiKey::Produce,
+                3..=13,
+                &[3, 8, 9, 12],
+                |_| produce.clone(),
+                &[],
+            )?,
+        ),
+        (
+            "fetch_response",
+            response_target_seeds(
+                ApiKey::Fetch,
+                4..=18,
+                &[4, 11, 12, 16],
+                |_| fetch.clone(),
+                &[0; 10],
+            )?,
+        ),
+    ])
+}
+
 fn share_seeds() -> Result<Vec<(&'static str, Vec<u8>)>> {
     let fetch = fetch_response()?;
     let mut out = Vec::new();
@@ -464,10 +644,10 @@ fn manifest_seeds(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
-fn write(dir: &Path, seeds: Vec<(&str, Vec<u8>)>) -> Result<()> {
+fn write<N: AsRef<Path>>(dir: &Path, seeds: Vec<(N, Vec<u8>)>) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for (name, bytes) in seeds {
-        let p = dir.join(name);
+        let p = dir.join(name.as_ref());
         std::fs::write(&p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
@@ -481,6 +661,9 @@ fn main() -> Result<()> {
     write(&seeds.join("share_fetch_response"), share_seeds()?)?;
     write(&seeds.join("record_batch"), batch_seeds()?)?;
     write(&seeds.join("manifest"), manifest_seeds(root)?)?;
+    for (target, list) in response_seeds()? {
+        write(&seeds.join(target), list)?;
+    }
     println!("seeds written to {}", seeds.display());
     Ok(())
 }
