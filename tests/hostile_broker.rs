@@ -191,3 +191,135 @@ async fn lying_find_coordinator_produce_and_fetch_responses_cost_a_reconnect_not
         );
     }
 }
+
+/// The share engine against a broker that lies twice: its first ShareGroupHeartbeat response
+/// claims 2^31 assigned topics (the decoder used to abort the host), and its first ShareFetch
+/// acquires `0..=i64::MAX` with three records (the engine used to walk all 2^63 offsets into its
+/// ledger). The member logs the first, rejoins on a new connection and keeps heartbeating; the
+/// second delivers the three records, and the offsets no batch covers are released within a
+/// bound instead of walked.
+#[tokio::test]
+async fn a_share_member_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
+    use kafka_protocol::messages::ShareGroupHeartbeatResponse;
+    use kafka_protocol::messages::share_group_heartbeat_response::{Assignment, TopicPartitions};
+    use kafka_protocol::protocol::Encodable;
+    use sharehost::kafka::records::encode_batch;
+    use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
+    use sharehost::share::wire::{
+        AcquiredRange, FetchPartitionData, FetchTopicResponse, ShareAcknowledgeResponse,
+        ShareFetchResponse,
+    };
+    use sharehost_tests::fake_broker::TOPIC_ID;
+
+    fn encode<T: Encodable>(msg: &T, version: i16) -> Vec<u8> {
+        let mut b = bytes::BytesMut::new();
+        msg.encode(&mut b, version).expect("encode");
+        b.to_vec()
+    }
+
+    let (logs, _guard) = capture_logs();
+    let records: Vec<ProduceRecord> = (0..3)
+        .map(|i| ProduceRecord {
+            value: Some(bytes::Bytes::from(format!("r{i}"))),
+            ..Default::default()
+        })
+        .collect();
+    let batch = encode_batch(&records, Compression::None).expect("batch");
+    let broker = FakeBroker::start(move |seen| match (seen.api, seen.nth) {
+        // throttle, error, null message, null member id, epoch, interval, assignment present,
+        // then the topic-partitions array: 0x7fff_fffe entries, three bytes.
+        (ApiKey::ShareGroupHeartbeat, 0) => {
+            let mut before = vec![0u8; 4 + 2];
+            before.extend([0, 0]);
+            before.extend([0u8; 8]);
+            before.push(1);
+            Answer::Body(lying_array_body(true, &before))
+        }
+        (ApiKey::ShareGroupHeartbeat, _) => Answer::Body(encode(
+            &ShareGroupHeartbeatResponse::default()
+                .with_member_epoch(i32::try_from(seen.nth).unwrap_or(1))
+                .with_heartbeat_interval_ms(200)
+                .with_assignment(Some(Assignment::default().with_topic_partitions(vec![
+                    TopicPartitions::default()
+                        .with_topic_id(TOPIC_ID)
+                        .with_partitions(vec![0]),
+                ]))),
+            seen.version,
+        )),
+        (ApiKey::ShareFetch, n) => {
+            let partition = if n == 0 {
+                FetchPartitionData {
+                    partition: 0,
+                    records: batch.clone(),
+                    acquired: vec![AcquiredRange {
+                        first_offset: 0,
+                        last_offset: i64::MAX,
+                        delivery_count: 1,
+                    }],
+                    ..Default::default()
+                }
+            } else {
+                FetchPartitionData::default()
+            };
+            Answer::Body(encode(
+                &ShareFetchResponse {
+                    acquisition_lock_timeout_ms: 30_000,
+                    responses: vec![FetchTopicResponse {
+                        topic_id: TOPIC_ID,
+                        partitions: vec![partition],
+                    }],
+                    ..Default::default()
+                },
+                seen.version,
+            ))
+        }
+        (ApiKey::ShareAcknowledge, _) => {
+            Answer::Body(encode(&ShareAcknowledgeResponse::default(), seen.version))
+        }
+        _ => Answer::Honest,
+    });
+    let client = Arc::new(
+        KafkaClient::connect(&broker.addr(), config())
+            .await
+            .expect("connect"),
+    );
+    let mut cfg = ShareConsumerConfig::new("hostile-group", &[TOPIC]);
+    cfg.max_wait = Duration::from_millis(100);
+    let consumer = ShareConsumer::start(client, cfg).await.expect("start");
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {got:?} delivered; logs: {}",
+            logs.text()
+        );
+        if let Some(d) = consumer
+            .poll(Duration::from_secs(1))
+            .await
+            .expect("the member is still running")
+        {
+            got.extend(d.records.iter().map(|r| r.record.offset));
+        }
+    }
+    assert_eq!(got, vec![0, 1, 2]);
+    // The lying heartbeat cost its connection; the member heartbeats on a new one.
+    broker.wait_until("a heartbeat on a new connection", |requests, _, _| {
+        let on: Vec<usize> = requests
+            .iter()
+            .filter(|r| r.api == ApiKey::ShareGroupHeartbeat)
+            .map(|r| r.connection)
+            .collect();
+        on.len() >= 2 && on[1] != on[0]
+    });
+    let text = logs.text();
+    assert!(
+        text.contains("api=ShareGroupHeartbeat") && text.contains("dropping the connection"),
+        "logs: {text}"
+    );
+    assert!(
+        text.contains("the broker acquired offsets its response has no batches for"),
+        "logs: {text}"
+    );
+    consumer.close(Duration::from_secs(5)).await;
+}
