@@ -33,10 +33,9 @@ pub mod frame_layout {
     /// The first byte that selects `limit`: the production default.
     pub const DEFAULT_LIMIT: u8 = 0;
 
-    /// Which response body each frame is decoded as, after the reader hands it out: only the
-    /// share messages, whose decoders are ours. (kafka-protocol's decoders for the other
-    /// responses abort the process on a lying array length, see docs/reliability.md; decoding
-    /// them here would only find that again.)
+    /// Which response body each frame is decoded as, after the reader hands it out: the share
+    /// messages, whose decoders are ours. The responses decoded with kafka-protocol have
+    /// targets of their own (see [`crate::response`]).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Api {
         /// ShareFetch v1.

@@ -1728,31 +1728,32 @@ pub const MAX_UNRECORDED_OFFSETS: usize = 1 << 16;
 /// record (records themselves are delivered separately).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Unrecorded {
-    /// Inside a batch of the response but without a record (compaction, a transaction marker):
-    /// acknowledged as Gap, as before.
+    /// Up to the last offset the response's complete batches cover, without a record
+    /// (compaction, a transaction marker, a batch removed whole): acknowledged as Gap, as the
+    /// Java client does. The broker read the log there and found nothing.
     gaps: Vec<i64>,
-    /// Acquired but outside every complete batch of the response (a lying broker, or a batch
-    /// cut short at the byte limit): released, so they are delivered again, never Gap-acked
-    /// (which would archive records we never saw).
+    /// Past the last offset the response covers (a batch cut short at the byte limit, or a
+    /// lying broker): released, so they are delivered again; never Gap-acked, which would
+    /// archive records nobody saw.
     release: Vec<i64>,
     /// Offsets past the budget: not walked, left to the acquisition lock timeout.
     left_alone: u64,
 }
 
-/// Splits acquired `ranges` (first, last) by the `spans` of the response's complete batches,
-/// recording at most `budget` offsets without a record (see [`MAX_UNRECORDED_OFFSETS`]). Work
-/// is bounded by the budget plus the records present, whatever the ranges claim.
+/// Splits acquired `ranges` (first, last) at the last offset the `spans` of the response's
+/// complete batches cover, recording at most `budget` offsets without a record (see
+/// [`MAX_UNRECORDED_OFFSETS`]). Work is bounded by the budget plus the records present,
+/// whatever the ranges claim.
 fn plan_unrecorded(
     ranges: &[(i64, i64)],
     spans: &[(i64, i64)],
     has_record: impl Fn(i64) -> bool,
     budget: usize,
 ) -> Unrecorded {
-    let mut spans = spans.to_vec();
-    spans.sort_unstable();
+    let covered_to = spans.iter().map(|&(_, end)| end).max();
     let mut out = Unrecorded::default();
     let mut left = budget;
-    // Walks `from..=to`, sending each offset without a record to `gap` or release.
+    // Walks `from..=to`, sending each offset without a record to the gaps or the releases.
     let mut walk = |from: i64, to: i64, gap: bool, out: &mut Unrecorded| {
         let mut o = from;
         loop {
@@ -1780,25 +1781,13 @@ fn plan_unrecorded(
         if first > last {
             continue;
         }
-        let mut cursor = Some(first);
-        for &(start, end) in &spans {
-            let Some(c) = cursor else { break };
-            if end < c {
-                continue;
+        match covered_to {
+            Some(end) if end >= last => walk(first, last, true, &mut out),
+            Some(end) if end >= first => {
+                walk(first, end, true, &mut out);
+                walk(end + 1, last, false, &mut out);
             }
-            if start > last {
-                break;
-            }
-            if start > c {
-                walk(c, start - 1, false, &mut out);
-            }
-            let from = start.max(c);
-            let to = end.min(last);
-            walk(from, to, true, &mut out);
-            cursor = to.checked_add(1).filter(|n| *n <= last);
-        }
-        if let Some(c) = cursor {
-            walk(c, last, false, &mut out);
+            _ => walk(first, last, false, &mut out),
         }
     }
     out
@@ -1831,6 +1820,19 @@ mod tests {
                 left_alone: 0
             }
         );
+        // A batch removed whole by compaction (10-19), and offsets before the first batch the
+        // log returned (5-7): no records there, so Gaps, as before.
+        let plan = plan_unrecorded(
+            &[(5, 29)],
+            &[(8, 9), (20, 29)],
+            |o| (8..=9).contains(&o) || o >= 20,
+            64,
+        );
+        assert_eq!(
+            plan.gaps,
+            vec![5, 6, 7, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+        );
+        assert!(plan.release.is_empty());
         // A batch cut short at the byte limit (11-14 acquired, no complete batch): released,
         // never Gap-acked, so those records are delivered again.
         let plan = plan_unrecorded(&[(0, 14)], &[(0, 9)], |o| o <= 9, 64);
