@@ -627,6 +627,60 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_admin_and_sasl_responses_pass_at_every_version() {
+        use kafka_protocol::messages::create_topics_response::{
+            CreatableTopicConfigs, CreatableTopicResult,
+        };
+        use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+        use kafka_protocol::messages::list_offsets_response::{
+            ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+        };
+        use kafka_protocol::messages::{
+            CreateTopicsResponse, IncrementalAlterConfigsResponse, ListOffsetsResponse,
+            SaslAuthenticateResponse, SaslHandshakeResponse, TopicName,
+        };
+        use kafka_protocol::protocol::StrBytes;
+        let name = || StrBytes::from_static_str("orders");
+        let lo = ListOffsetsResponse::default().with_topics(vec![
+            ListOffsetsTopicResponse::default()
+                .with_name(TopicName(name()))
+                .with_partitions(vec![
+                    ListOffsetsPartitionResponse::default().with_offset(42),
+                ]),
+        ]);
+        for v in 1..=10 {
+            whole_passes_prefixes_fail(ApiKey::ListOffsets, v, &encode(&lo, v));
+        }
+        for v in 2..=7 {
+            let mut result = CreatableTopicResult::default()
+                .with_name(TopicName(name()))
+                .with_topic_config_error_code(if v >= 5 { 3 } else { 0 });
+            if v >= 5 {
+                result = result.with_configs(Some(vec![
+                    CreatableTopicConfigs::default().with_name(name()),
+                ]));
+            }
+            let ct = CreateTopicsResponse::default().with_topics(vec![result]);
+            whole_passes_prefixes_fail(ApiKey::CreateTopics, v, &encode(&ct, v));
+        }
+        let iac = IncrementalAlterConfigsResponse::default().with_responses(vec![
+            AlterConfigsResourceResponse::default().with_resource_name(name()),
+        ]);
+        for v in 0..=1 {
+            whole_passes_prefixes_fail(ApiKey::IncrementalAlterConfigs, v, &encode(&iac, v));
+        }
+        let hs = SaslHandshakeResponse::default().with_mechanisms(vec![name(), name()]);
+        for v in 0..=1 {
+            whole_passes_prefixes_fail(ApiKey::SaslHandshake, v, &encode(&hs, v));
+        }
+        let auth = SaslAuthenticateResponse::default()
+            .with_auth_bytes(Bytes::from_static(b"server-final"));
+        for v in 0..=2 {
+            whole_passes_prefixes_fail(ApiKey::SaslAuthenticate, v, &encode(&auth, v));
+        }
+    }
+
     /// A Metadata v12 body whose broker array claims 0x7fffffff - 1 entries and carries three
     /// bytes: kafka-protocol alone asks for tens of gigabytes here and aborts.
     fn lying_metadata_v12() -> Vec<u8> {
