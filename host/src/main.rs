@@ -73,6 +73,9 @@ struct TestPluginArgs {
     /// Memory limit of the plugin instance, in MiB.
     #[arg(long, default_value_t = 64)]
     max_memory_mib: usize,
+    /// Largest component file read, in MiB (the manifest's `runtime.max_component_mib`).
+    #[arg(long, default_value_t = sharehost::runtime::DEFAULT_MAX_COMPONENT_BYTES >> 20)]
+    max_component_mib: u64,
 }
 
 /// How to reach a cluster from the command line.
@@ -183,6 +186,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     let runtime = PluginRuntime::new(RuntimeConfig {
         max_plugin_memory: max_memory.max(RuntimeConfig::default().max_plugin_memory),
         max_instances: 4,
+        max_component_bytes: args.max_component_mib.saturating_mul(1 << 20),
         ..RuntimeConfig::default()
     })?;
     let limits = PluginLimits {

@@ -14,7 +14,7 @@ use toml::Spanned;
 use crate::kafka::{
     ConnectionConfig, Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap,
 };
-use crate::runtime::RuntimeConfig;
+use crate::runtime::{LoadError, RuntimeConfig, check_component_path};
 
 /// A manifest problem, located in its file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +52,8 @@ struct RawManifest {
     cluster: RawCluster,
     #[serde(default)]
     admin: Option<RawAdmin>,
+    #[serde(default)]
+    runtime: Option<RawRuntime>,
     #[serde(default, rename = "pipeline")]
     pipelines: Vec<RawPipeline>,
 }
@@ -99,6 +101,13 @@ struct RawAdmin {
     listen: Option<Spanned<String>>,
     #[serde(default)]
     token_env: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuntime {
+    #[serde(default)]
+    max_component_mib: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -275,6 +284,14 @@ pub struct AdminSpec {
     pub token_env: Option<String>,
 }
 
+/// Host-wide plugin runtime settings (`[runtime]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeSpec {
+    /// The largest component file the host reads: a bound on what a path (in the manifest or
+    /// a hot-swap request) can make the host read into memory.
+    pub max_component_bytes: u64,
+}
+
 /// A validated manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
@@ -284,6 +301,8 @@ pub struct Manifest {
     pub cluster: ClusterSpec,
     /// The admin listener.
     pub admin: AdminSpec,
+    /// Host-wide runtime settings.
+    pub runtime: RuntimeSpec,
     /// The pipelines, in file order.
     pub pipelines: Vec<PipelineSpec>,
 }
@@ -311,6 +330,8 @@ pub mod defaults {
     pub const AUTO_RENEW_AFTER: f64 = 0.5;
     /// Admin listener.
     pub const ADMIN_LISTEN: &str = "127.0.0.1:9464";
+    /// Largest component file, in MiB.
+    pub const MAX_COMPONENT_MIB: u64 = crate::runtime::DEFAULT_MAX_COMPONENT_BYTES >> 20;
 }
 
 struct Ctx<'a> {
@@ -406,6 +427,7 @@ impl Manifest {
         RuntimeConfig {
             max_plugin_memory,
             max_instances: u32::try_from(instances.max(4)).unwrap_or(64),
+            max_component_bytes: self.runtime.max_component_bytes,
             ..RuntimeConfig::default()
         }
     }
@@ -558,6 +580,20 @@ impl Manifest {
             }
         };
 
+        // Runtime.
+        let max_component_mib: u64 = match &raw.runtime {
+            Some(r) => cx.int(
+                &r.max_component_mib,
+                "runtime.max_component_mib",
+                1..=1024,
+                defaults::MAX_COMPONENT_MIB,
+            )?,
+            None => defaults::MAX_COMPONENT_MIB,
+        };
+        let runtime = RuntimeSpec {
+            max_component_bytes: max_component_mib << 20,
+        };
+
         // Pipelines.
         if raw.pipelines.is_empty() {
             return Err(cx.err(None, "pipeline", "the manifest defines no [[pipeline]]"));
@@ -592,12 +628,18 @@ impl Manifest {
                 return Err(cx.err(Some(p.group.span()), f("group"), "must not be empty"));
             }
             let component = cx.path(&p.component);
-            if !component.is_file() {
-                return Err(cx.err(
-                    Some(p.component.span()),
-                    f("component"),
-                    format!("component file {} does not exist", component.display()),
-                ));
+            // The runtime's own reader decides (regular file, size), so `check` and a load
+            // refuse the same paths with the same words; the file is not read here.
+            if let Err(e) = check_component_path(&component, runtime.max_component_bytes) {
+                let message = match e {
+                    LoadError::Read { source, .. }
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        format!("component file {} does not exist", component.display())
+                    }
+                    other => other.to_string(),
+                };
+                return Err(cx.err(Some(p.component.span()), f("component"), message));
             }
             let batch_size: usize = cx.int(
                 &p.batch_size,
@@ -733,6 +775,7 @@ impl Manifest {
             path: path.to_path_buf(),
             cluster,
             admin,
+            runtime,
             pipelines,
         })
     }
@@ -807,6 +850,47 @@ component = "plugin.wasm"
                 dir().join("m.toml").display()
             )
         );
+    }
+
+    #[test]
+    fn a_component_path_that_is_not_a_regular_file_says_what_it_is() {
+        let d = dir().join("a-directory.wasm");
+        std::fs::create_dir_all(&d).expect("dir");
+        let e =
+            parse(&MINIMAL.replace("plugin.wasm", "a-directory.wasm")).expect_err("a directory");
+        assert_eq!(e.field.as_deref(), Some("pipeline[0].component"));
+        assert_eq!(e.message, format!("{}: is a directory", d.display()));
+        let e = parse(&MINIMAL.replace("plugin.wasm", "/dev/zero")).expect_err("a device");
+        assert_eq!(
+            e.message,
+            "/dev/zero: is a character device, not a regular file"
+        );
+        let e = parse(&MINIMAL.replace("plugin.wasm", "absent.wasm")).expect_err("absent");
+        assert!(e.message.ends_with("absent.wasm does not exist"), "{e}");
+    }
+
+    #[test]
+    fn the_component_size_limit_is_a_runtime_key() {
+        let m = parse(MINIMAL).expect("valid");
+        assert_eq!(m.runtime.max_component_bytes, 64 << 20);
+        assert_eq!(m.runtime_config().max_component_bytes, 64 << 20);
+        let text = format!("[runtime]\nmax_component_mib = 2\n{MINIMAL}");
+        let m = parse(&text).expect("valid");
+        assert_eq!(m.runtime_config().max_component_bytes, 2 << 20);
+        // A component file over the maximum is refused by the manifest check, naming the key.
+        let big = dir().join("big.wasm");
+        std::fs::File::create(&big)
+            .expect("create")
+            .set_len(3 << 20)
+            .expect("grow");
+        let e = parse(&text.replace("plugin.wasm", "big.wasm")).expect_err("too big");
+        assert!(
+            e.message
+                .contains("is 3 MiB, more than the 2 MiB maximum (runtime.max_component_mib"),
+            "{e}"
+        );
+        let e = parse(&format!("[runtime]\nmax_component_mib = 0\n{MINIMAL}")).expect_err("0");
+        assert_eq!(e.field.as_deref(), Some("runtime.max_component_mib"));
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Try the pooling allocator first (falls back to on-demand when address space is short).
     pub pooling: bool,
+    /// The largest component file the runtime reads (manifest `runtime.max_component_mib`).
+    /// A bigger file is refused by its size before a byte is read, so a hostile path cannot
+    /// make the host read gigabytes (or `/dev/zero` forever) into memory.
+    pub max_component_bytes: u64,
 }
 
 impl Default for RuntimeConfig {
@@ -30,6 +34,7 @@ impl Default for RuntimeConfig {
             epoch_tick: Duration::from_millis(2),
             cache_dir: None,
             pooling: true,
+            max_component_bytes: super::component_file::DEFAULT_MAX_COMPONENT_BYTES,
         }
     }
 }

@@ -10,6 +10,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
 use super::cache::{self, Cache};
+use super::component_file::{self, Surface};
 use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
 use super::host::StoreState;
@@ -99,7 +100,11 @@ impl PluginRuntime {
         super::host::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
-            Some(dir) => Some(Cache::open(&engine, dir)?),
+            Some(dir) => Some(Cache::open(
+                &engine,
+                dir,
+                &code_settings(&config, allocator),
+            )?),
             None => None,
         };
         let ticker = start_ticker(engine.clone(), config.epoch_tick)?;
@@ -140,6 +145,11 @@ impl PluginRuntime {
 
     /// Reads, validates and compiles a component without instantiating it; the third value
     /// says whether it came from the cache. Exposed for `sharehost check` and benchmarks.
+    ///
+    /// The file goes through the one component reader (regular file, bounded size, header),
+    /// then its imports and exports are checked from its sections *before* compiling: a
+    /// component refused for its contract costs a read and a parse, not a compilation (which
+    /// for a component with a large data segment costs several times its size in memory).
     pub(crate) fn compile(
         &self,
         path: &Path,
@@ -152,15 +162,20 @@ impl PluginRuntime {
                 maximum: inner.config.max_plugin_memory,
             });
         }
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let hash = cache::content_hash(&bytes);
-        let compile_err = |message: String| LoadError::Compile {
+        let bytes = component_file::read_component(path, inner.config.max_component_bytes)?;
+        let surface = Surface::read(&bytes).map_err(|message| LoadError::Compile {
             path: path.to_owned(),
             message,
-        };
+        })?;
+        check_contract(
+            path,
+            surface.imports.iter().map(String::as_str),
+            surface
+                .exports
+                .iter()
+                .map(|(n, is_func)| (n.as_str(), *is_func)),
+        )?;
+        let hash = cache::content_hash(&bytes);
         let cached = inner
             .cache
             .as_ref()
@@ -172,10 +187,22 @@ impl PluginRuntime {
         };
         let component = match cached {
             Some(c) => c,
-            None => {
-                Component::new(&inner.engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?
-            }
+            None => Component::new(&inner.engine, &bytes)
+                .map_err(|e| self.compile_error(path, limits, &e))?,
         };
+        drop(bytes);
+        // The same checks on the compiled component's types: they also cover a cached entry
+        // and export types the section walk does not look at.
+        if let Some(found) = validate::foreign_version(
+            validate::names(&inner.engine, &component)
+                .iter()
+                .map(String::as_str),
+        ) {
+            return Err(LoadError::WrongVersion {
+                path: path.to_owned(),
+                found,
+            });
+        }
         let forbidden = validate::forbidden_imports(&inner.engine, &component);
         if !forbidden.is_empty() {
             return Err(LoadError::ForbiddenImport {
@@ -196,6 +223,28 @@ impl PluginRuntime {
         Ok((component, hash, origin))
     }
 
+    /// Turns wasmtime's refusal into a load error: a component that does not fit the pool
+    /// gets a message naming the limit to raise, anything else wasmtime's explanation.
+    fn compile_error(&self, path: &Path, limits: &PluginLimits, e: &wasmtime::Error) -> LoadError {
+        match pool_limit_hint(e, &self.inner.config, limits) {
+            Some(message) => LoadError::PoolLimit {
+                path: path.to_owned(),
+                message,
+            },
+            None => LoadError::Compile {
+                path: path.to_owned(),
+                message: format!("{e:#}"),
+            },
+        }
+    }
+
+    /// The path the precompiled cache stores a component with this content hash under, if a
+    /// cache is configured (for tests of the cache key).
+    #[cfg(test)]
+    pub(crate) fn cache_path_for(&self, content_hash: &str) -> Option<std::path::PathBuf> {
+        self.inner.cache.as_ref().map(|c| c.path_for(content_hash))
+    }
+
     /// Measures compile-from-bytes against load-from-cache for one component (for the
     /// benchmark): returns (compile, cached load) durations.
     #[doc(hidden)]
@@ -203,10 +252,7 @@ impl PluginRuntime {
         &self,
         path: &Path,
     ) -> Result<(Duration, Duration), LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let bytes = component_file::read_component(path, self.inner.config.max_component_bytes)?;
         let t = Instant::now();
         Component::new(&self.inner.engine, &bytes).map_err(|e| LoadError::Compile {
             path: path.to_owned(),
@@ -227,6 +273,127 @@ impl PluginRuntime {
         }
         Ok((compile, load))
     }
+}
+
+/// Refuses a component whose top-level names break the contract, in the order that tells its
+/// author the most: another package version first (every other complaint follows from it),
+/// then imports not granted, then a missing or non-function `init`/`handle`.
+fn check_contract<'a>(
+    path: &Path,
+    imports: impl Iterator<Item = &'a str> + Clone,
+    exports: impl Iterator<Item = (&'a str, bool)> + Clone,
+) -> Result<(), LoadError> {
+    if let Some(found) =
+        validate::foreign_version(imports.clone().chain(exports.clone().map(|(n, _)| n)))
+    {
+        return Err(LoadError::WrongVersion {
+            path: path.to_owned(),
+            found,
+        });
+    }
+    let forbidden: Vec<String> = imports
+        .filter(|n| !validate::import_allowed(n))
+        .map(str::to_owned)
+        .collect();
+    if !forbidden.is_empty() {
+        return Err(LoadError::ForbiddenImport {
+            path: path.to_owned(),
+            imports: forbidden,
+        });
+    }
+    if let Some(message) = validate::missing_exports_in(exports) {
+        return Err(LoadError::WrongWorld {
+            path: path.to_owned(),
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// Maps wasmtime's pooling-allocator refusals (raised when a component is compiled or
+/// deserialized, see `validate_component` in wasmtime's pooling allocator) to the setting that
+/// lifts them. The messages matched are wasmtime 48's; an unmatched one keeps wasmtime's text.
+fn pool_limit_hint(
+    e: &wasmtime::Error,
+    config: &RuntimeConfig,
+    limits: &PluginLimits,
+) -> Option<String> {
+    let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    let has = |needle: &str| chain.iter().find(|m| m.contains(needle));
+    let mib = |b: usize| b >> 20;
+    if let Some(m) = has("memory has a minimum byte size of") {
+        let needed = m
+            .split("minimum byte size of ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|b| format!("{} MiB", b.div_ceil(1 << 20)))
+            .unwrap_or_else(|| "more".into());
+        return Some(format!(
+            "its memory starts at {needed}, more than a pool slot of {} MiB: raise the plugin memory limit \
+             (memory_limit_mib in the manifest, --max-memory-mib for test-plugin; now {} MiB, at most 4096)",
+            mib(config.max_plugin_memory),
+            mib(limits.max_memory),
+        ));
+    }
+    if has("defined memories count of").is_some() {
+        return Some(
+            "a core module defines more than one linear memory; the pool allows one per core module \
+             (a fixed limit of sharehost: build the plugin with a single memory)"
+                .into(),
+        );
+    }
+    if has("defined tables count of").is_some() {
+        return Some(
+            "a core module defines more tables than the pool allows per module (one) or in all \
+             (8 per instance): a fixed limit of sharehost, build the plugin with one table per core module"
+                .into(),
+        );
+    }
+    if has("minimum element size of").is_some() {
+        return Some(
+            "a table starts with more elements than a pool table holds (20000, wasmtime's \
+             table_elements; a fixed limit of sharehost)"
+                .into(),
+        );
+    }
+    if has("instance allocation for this module").is_some()
+        || has("instance allocation for this component").is_some()
+    {
+        return Some(
+            "its instance state (globals, functions, tables of one core module or of the whole component) \
+             exceeds the pool's 1 MiB per instance; a fixed limit of sharehost"
+                .into(),
+        );
+    }
+    if let Some(m) = has("which exceeds the configured maximum of") {
+        return Some(format!(
+            "{} (the pool's per-component limits are fixed by sharehost)",
+            m.trim_end_matches('.')
+        ));
+    }
+    if has("memory is shared").is_some() {
+        return Some("it uses a shared memory, which plugins may not".into());
+    }
+    None
+}
+
+/// The runtime settings that shape compiled code beyond what wasmtime's
+/// `precompile_compatibility_hash` covers, as stable text for the cache key: the allocator
+/// actually chosen and the plugin memory limit (the compact pool compiles the limit in as the
+/// memory reservation, so an artifact built for 4096 MiB must never serve a 64 MiB runtime,
+/// nor the reverse), plus the reservation and guard each allocator configures.
+fn code_settings(config: &RuntimeConfig, allocator: AllocatorKind) -> String {
+    let (reservation, guard, growth) = match allocator {
+        AllocatorKind::PoolingCompact => (config.max_plugin_memory as u64, 64u64 << 10, 0u64),
+        // wasmtime's defaults on 64-bit hosts.
+        AllocatorKind::Pooling | AllocatorKind::OnDemand => (0, 0, 0),
+    };
+    format!(
+        "v1 allocator={allocator:?} max_plugin_memory={} memory_reservation={reservation} \
+         memory_guard={guard} reservation_for_growth={growth} opt=speed epochs=1 cow=1",
+        config.max_plugin_memory
+    )
 }
 
 /// The pooling allocator's limits for `config`. With `compact`, each memory reserves only the

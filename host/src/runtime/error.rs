@@ -3,6 +3,18 @@
 
 use std::path::PathBuf;
 
+/// The `sharehost:plugin` versions this host accepts, for messages.
+pub(crate) const HOST_PACKAGE_VERSIONS: &str = "0.1.x";
+
+/// A byte count in MiB for messages: `64 MiB`, `95.4 MiB`.
+fn mib(bytes: u64) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+    }
+}
+
 /// Why the runtime itself could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -33,6 +45,56 @@ pub enum LoadError {
         path: PathBuf,
         /// What the file system said.
         source: std::io::Error,
+    },
+    /// The path names something other than a regular file (a directory, a FIFO, a device):
+    /// refused before reading, so a FIFO cannot hang a load and `/dev/zero` cannot fill memory.
+    #[error("{path}: {what}")]
+    NotAFile {
+        /// The component path.
+        path: PathBuf,
+        /// What it is instead, e.g. "is a directory".
+        what: &'static str,
+    },
+    /// The file is larger than the runtime reads; refused before reading it.
+    #[error("{path}: is {}, more than the {} maximum ({setting})", mib(*.size), mib(*.maximum))]
+    TooLarge {
+        /// The component path.
+        path: PathBuf,
+        /// Its size in bytes.
+        size: u64,
+        /// The runtime's `max_component_bytes`.
+        maximum: u64,
+        /// The setting that raises the maximum.
+        setting: &'static str,
+    },
+    /// The file is not a component: not WebAssembly at all, or a core module. Says what it is
+    /// and never quotes its bytes.
+    #[error("{path}: {what}")]
+    NotAComponent {
+        /// The component path.
+        path: PathBuf,
+        /// What the file is, e.g. "a core module, not a component".
+        what: &'static str,
+    },
+    /// The component was built against another version of the `sharehost:plugin` package
+    /// (its imports or exports name it): a contract mismatch, not a forbidden import.
+    #[error(
+        "{path}: built for sharehost:plugin@{found}, this host speaks {HOST_PACKAGE_VERSIONS} (rebuild it against this host's wit/plugin.wit)"
+    )]
+    WrongVersion {
+        /// The component path.
+        path: PathBuf,
+        /// The package version the component names, e.g. `0.2.0`.
+        found: String,
+    },
+    /// The component does not fit the instance pool (too many memories or tables in one core
+    /// module, a memory or table whose minimum exceeds a slot, ...): names the limit to raise.
+    #[error("{path}: does not fit the plugin instance pool: {message}")]
+    PoolLimit {
+        /// The component path.
+        path: PathBuf,
+        /// Which limit and how to raise it (or why it cannot be raised).
+        message: String,
     },
     /// The bytes are not a valid component (or are a core module), or compilation failed.
     #[error("{path}: not a valid WebAssembly component: {message}")]

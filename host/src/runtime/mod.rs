@@ -13,12 +13,15 @@
 //! - [`Record`] and the columnar wire batch (`batch.rs`): what a plugin judges, and how it
 //!   crosses the sandbox boundary as a few integer columns plus one byte buffer.
 //! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
+//! - `component_file.rs`: the one reader of component files (regular files only, bounded,
+//!   what-it-is errors) and the pre-compile look at a component's imports and exports.
 //! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
 //!
 //! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
 
 mod batch;
 mod cache;
+mod component_file;
 mod config;
 mod engine;
 mod error;
@@ -28,6 +31,7 @@ mod plugin;
 mod validate;
 
 pub use batch::Record;
+pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
 pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, PluginRuntime};
 pub use error::{LoadError, RuntimeError};

@@ -53,6 +53,56 @@ pub(crate) fn import_allowed(name: &str) -> bool {
     ALLOWED_WASI_INTERFACES.contains(&interface) && version.is_some_and(|v| v.starts_with("0.2."))
 }
 
+/// The package every contract interface belongs to.
+const PACKAGE: &str = "sharehost:plugin/";
+
+/// The `sharehost:plugin` version a contract import or export name carries when it is not one
+/// this host speaks (0.1.x), e.g. `0.2.0` for `sharehost:plugin/host@0.2.0`. Such a component
+/// was built against another contract; calling that a forbidden import would send its author
+/// looking in the wrong place.
+pub(crate) fn foreign_version<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    names.into_iter().find_map(|name| {
+        let rest = name.strip_prefix(PACKAGE)?;
+        match rest.split_once('@') {
+            Some((_, v)) if v.starts_with("0.1.") => None,
+            Some((_, v)) => Some(v.to_owned()),
+            None => Some("(unversioned)".to_owned()),
+        }
+    })
+}
+
+/// Names the first missing or non-function export of the plugin world in a component's
+/// top-level exports (`(name, is a function)`), read before compiling.
+pub(crate) fn missing_exports_in<'a>(
+    exports: impl IntoIterator<Item = (&'a str, bool)> + Clone,
+) -> Option<String> {
+    let problems: Vec<String> = REQUIRED_EXPORTS
+        .iter()
+        .filter_map(
+            |name| match exports.clone().into_iter().find(|(n, _)| n == name) {
+                Some((_, true)) => None,
+                Some((_, false)) => Some(format!("export `{name}` is not a function")),
+                None => Some(format!("missing export `{name}`")),
+            },
+        )
+        .collect();
+    if problems.is_empty() {
+        None
+    } else {
+        Some(problems.join(", "))
+    }
+}
+
+/// The top-level import and export names of a compiled component (for a cached one, whose
+/// bytes were not parsed this time).
+pub(crate) fn names(engine: &Engine, component: &Component) -> Vec<String> {
+    let ty = component.component_type();
+    ty.imports(engine)
+        .map(|(n, _)| n.to_owned())
+        .chain(ty.exports(engine).map(|(n, _)| n.to_owned()))
+        .collect()
+}
+
 /// Every import of `component` that is not granted, in the component's order.
 pub(crate) fn forbidden_imports(engine: &Engine, component: &Component) -> Vec<String> {
     component
@@ -84,7 +134,36 @@ pub(crate) fn missing_exports(engine: &Engine, component: &Component) -> Option<
 
 #[cfg(test)]
 mod tests {
-    use super::import_allowed;
+    use super::{foreign_version, import_allowed, missing_exports_in};
+
+    #[test]
+    fn another_package_version_is_named() {
+        assert_eq!(
+            foreign_version(["wasi:io/streams@0.2.6", "sharehost:plugin/host@0.2.0"]),
+            Some("0.2.0".to_owned())
+        );
+        assert_eq!(
+            foreign_version(["sharehost:plugin/types@1.0.0"]),
+            Some("1.0.0".to_owned())
+        );
+        assert_eq!(
+            foreign_version(["sharehost:plugin/host@0.1.3", "wasi:http/handler@0.2.0"]),
+            None
+        );
+    }
+
+    #[test]
+    fn plugin_world_exports_are_checked_by_name_and_kind() {
+        assert_eq!(missing_exports_in([("init", true), ("handle", true)]), None);
+        assert_eq!(
+            missing_exports_in([("init", true), ("handle", false)]).as_deref(),
+            Some("export `handle` is not a function")
+        );
+        assert_eq!(
+            missing_exports_in([("init", true)]).as_deref(),
+            Some("missing export `handle`")
+        );
+    }
 
     #[test]
     fn minimal_wasi_set_and_host_interface_are_granted() {

@@ -1,0 +1,279 @@
+//! The one reader of component files: every path that loads a plugin (the runtime's compile,
+//! `sharehost test-plugin` and `check`, the hot-swap endpoint, the manifest's check) goes
+//! through it, so none of them can be made to hang or to exhaust memory by a path.
+//!
+//! A path is opened first (non-blocking, so a FIFO never blocks the open), then the *opened*
+//! file is examined (fstat): anything but a regular file is refused by type, and a file larger
+//! than the configured maximum is refused by size before a byte is read. The read itself is
+//! bounded too, so a file that grows after the check cannot push it past the maximum.
+//!
+//! Then the first eight bytes say what the file is (a component, a core module, something
+//! else); errors describe the file and never quote its bytes, since a path may point at a
+//! secret the caller could not otherwise read (the host may run as another user).
+//!
+//! Last, [`Surface`] reads the component's top-level imports and exports without compiling
+//! it, so a component that would be refused anyway (forbidden import, another package version,
+//! not the plugin world) costs a parse of its section headers, not a compilation.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use rustix::fs::{Mode, OFlags};
+use wasmparser::{ComponentExternalKind, ComponentTypeRef, Parser, Payload};
+
+use super::error::LoadError;
+
+/// The largest component file read by default: ample for a plugin (the example plugins are
+/// well under 1 MiB; a Python component with its interpreter is about 40 MiB), small enough
+/// that refusing a hostile file costs little.
+pub const DEFAULT_MAX_COMPONENT_BYTES: u64 = 64 << 20;
+
+/// The name of the setting that raises the maximum, for error messages.
+pub(crate) const MAX_SETTING: &str =
+    "runtime.max_component_mib in the manifest, --max-component-mib for test-plugin";
+
+/// Describes a file type that is not a regular file, as the rest of an error line.
+fn what_it_is(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "is a directory"
+    } else if ft.is_fifo() {
+        "is a FIFO (named pipe), not a regular file"
+    } else if ft.is_char_device() {
+        "is a character device, not a regular file"
+    } else if ft.is_block_device() {
+        "is a block device, not a regular file"
+    } else if ft.is_socket() {
+        "is a socket, not a regular file"
+    } else {
+        "is not a regular file"
+    }
+}
+
+/// Opens `path` and checks that the opened file is a regular file of at most `max_bytes`;
+/// returns it with its size. `O_NONBLOCK` makes opening a FIFO return at once (it is then
+/// refused by type); it has no effect on regular files.
+fn open_regular(path: &Path, max_bytes: u64) -> Result<(File, u64), LoadError> {
+    let read_err = |source: std::io::Error| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| read_err(e.into()))?;
+    let file = File::from(fd);
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.file_type().is_file() {
+        return Err(LoadError::NotAFile {
+            path: path.to_owned(),
+            what: what_it_is(meta.file_type()),
+        });
+    }
+    if meta.len() > max_bytes {
+        return Err(LoadError::TooLarge {
+            path: path.to_owned(),
+            size: meta.len(),
+            maximum: max_bytes,
+            setting: MAX_SETTING,
+        });
+    }
+    Ok((file, meta.len()))
+}
+
+/// Checks that `path` names a regular file of at most `max_bytes` without reading it: what
+/// the manifest check needs to refuse a bad path early, with the same words as a load.
+pub fn check_component_path(path: &Path, max_bytes: u64) -> Result<(), LoadError> {
+    open_regular(path, max_bytes).map(|_| ())
+}
+
+/// Reads a component file: a regular file of at most `max_bytes`, whose header says it is a
+/// component (see the module doc). Only then are its bytes handed to a parser.
+pub fn read_component(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError> {
+    let (file, size) = open_regular(path, max_bytes)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    // One byte more than allowed tells a file that grew since the fstat from one that did not.
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(LoadError::TooLarge {
+            path: path.to_owned(),
+            size: bytes.len() as u64,
+            maximum: max_bytes,
+            setting: MAX_SETTING,
+        });
+    }
+    identify(path, &bytes)?;
+    Ok(bytes)
+}
+
+/// The WebAssembly magic number, `\0asm`.
+const MAGIC: [u8; 4] = *b"\0asm";
+/// Version and layer of a core module (version 1, layer 0).
+const CORE_MODULE: [u8; 4] = [1, 0, 0, 0];
+/// Version and layer of a component (version 0x0d, layer 1), the only encoding wasmtime 48
+/// reads.
+const COMPONENT: [u8; 4] = [0x0d, 0, 1, 0];
+
+/// Refuses bytes that are not a component with one line saying what they are. Never quotes
+/// the bytes (a parser's "bad magic number ... actual=[...]" would).
+pub(crate) fn identify(path: &Path, bytes: &[u8]) -> Result<(), LoadError> {
+    let not = |what: &'static str| LoadError::NotAComponent {
+        path: path.to_owned(),
+        what,
+    };
+    if bytes.is_empty() {
+        return Err(not("is empty, not WebAssembly"));
+    }
+    if bytes.len() < 8 || bytes[..4] != MAGIC {
+        return Err(not("not WebAssembly (no WebAssembly header)"));
+    }
+    let layer: [u8; 4] = [bytes[4], bytes[5], bytes[6], bytes[7]];
+    match layer {
+        COMPONENT => Ok(()),
+        CORE_MODULE => Err(not(
+            "a core module, not a component (wrap it with `wasm-tools component new`, or build for wasm32-wasip2)",
+        )),
+        _ => Err(LoadError::Compile {
+            path: path.to_owned(),
+            message: "a WebAssembly binary of an unsupported version or layer (this host reads component binaries, version 0x0d, layer 1)".into(),
+        }),
+    }
+}
+
+/// A component's top-level imports and exports, read from its sections without validating
+/// or compiling it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Surface {
+    /// Every top-level import name but type imports, in order (e.g. `wasi:io/streams@0.2.6`).
+    pub(crate) imports: Vec<String>,
+    /// Every top-level export name with whether it is a function.
+    pub(crate) exports: Vec<(String, bool)>,
+}
+
+impl Surface {
+    /// Reads the surface of `bytes` (already [`identify`]-ed as a component). The parser walks
+    /// section headers and the import/export sections only; nested modules and components are
+    /// skipped over, not parsed. An error is the parser's message (positions, no bytes).
+    pub(crate) fn read(bytes: &[u8]) -> Result<Surface, String> {
+        let mut surface = Surface::default();
+        let mut depth = 0usize;
+        for payload in Parser::new(0).parse_all(bytes) {
+            match payload.map_err(|e| e.to_string())? {
+                Payload::Version { .. } => depth += 1,
+                Payload::End(_) => depth = depth.saturating_sub(1),
+                Payload::ComponentImportSection(reader) if depth == 1 => {
+                    for import in reader {
+                        let import = import.map_err(|e| e.to_string())?;
+                        // Type imports (a world's `use types.{batch, verdict}`) grant nothing
+                        // and are not listed by wasmtime's component type either.
+                        if !matches!(import.ty, ComponentTypeRef::Type(_)) {
+                            surface.imports.push(import.name.name.to_owned());
+                        }
+                    }
+                }
+                Payload::ComponentExportSection(reader) if depth == 1 => {
+                    for export in reader {
+                        let export = export.map_err(|e| e.to_string())?;
+                        surface.exports.push((
+                            export.name.name.to_owned(),
+                            export.kind == ComponentExternalKind::Func,
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(surface)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "sharehost-component-file-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("scratch dir");
+        d
+    }
+
+    #[test]
+    fn a_fifo_is_refused_by_type_without_blocking() {
+        let d = scratch("fifo");
+        let fifo = d.join("plugin.wasm");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        // No writer ever opens it: a blocking open would hang here.
+        let e = read_component(&fifo, DEFAULT_MAX_COMPONENT_BYTES).expect_err("a fifo");
+        assert!(e.to_string().contains("is a FIFO"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn dev_zero_and_a_directory_are_refused_by_type() {
+        let e = read_component(Path::new("/dev/zero"), DEFAULT_MAX_COMPONENT_BYTES)
+            .expect_err("a device");
+        assert_eq!(
+            e.to_string(),
+            "/dev/zero: is a character device, not a regular file"
+        );
+        let d = scratch("dir");
+        let e = read_component(&d, DEFAULT_MAX_COMPONENT_BYTES).expect_err("a directory");
+        assert_eq!(e.to_string(), format!("{}: is a directory", d.display()));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_file_over_the_maximum_is_refused_by_size_naming_the_setting() {
+        let d = scratch("big");
+        let f = d.join("big.wasm");
+        let file = File::create(&f).expect("create");
+        // Sparse: 100 MiB of size without 100 MiB of disk.
+        file.set_len(100 << 20).expect("set_len");
+        let e = read_component(&f, DEFAULT_MAX_COMPONENT_BYTES).expect_err("too big");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: is 100 MiB, more than the 64 MiB maximum ({MAX_SETTING})",
+                f.display()
+            )
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn headers_say_what_a_file_is_without_quoting_it() {
+        let p = Path::new("x.wasm");
+        let e = identify(p, b"SECRETbytes-and-more").expect_err("text");
+        assert_eq!(
+            e.to_string(),
+            "x.wasm: not WebAssembly (no WebAssembly header)"
+        );
+        let e = identify(p, b"\0asm\x01\0\0\0").expect_err("module");
+        assert!(
+            e.to_string()
+                .starts_with("x.wasm: a core module, not a component"),
+            "{e}"
+        );
+        let e = identify(p, b"").expect_err("empty");
+        assert_eq!(e.to_string(), "x.wasm: is empty, not WebAssembly");
+        let e = identify(p, b"\0asm\x0e\0\x01\0").expect_err("future");
+        assert!(e.to_string().contains("unsupported version"), "{e}");
+        identify(p, b"\0asm\x0d\0\x01\0").expect("a component header");
+    }
+}

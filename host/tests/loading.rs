@@ -1,0 +1,567 @@
+//! Loading a component file: what the runtime, `sharehost test-plugin`, `sharehost check` and
+//! the hot-swap endpoint do with paths that are not a plugin (a FIFO, a device, a directory, a
+//! file too big, a core module, a secret), with a component of another contract version and
+//! with one that does not fit the instance pool.
+//!
+//! Needs the guest components (`dev/build-guests`). Anything that could block forever on
+//! today's bugs (a FIFO) runs behind a bounded wait for the event (a load's result, a process
+//! exit, an HTTP response), so a regression fails the test instead of hanging the suite.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use sharehost::admin::{self, AdminState};
+use sharehost::manifest::Manifest;
+use sharehost::metrics::Metrics;
+use sharehost::pipeline::Pipeline;
+use sharehost::runtime::{LoadError, PluginLimits, PluginRuntime, RuntimeConfig};
+use sharehost_tests::guest;
+use wasm_encoder::{
+    CodeSection, ComponentBuilder, ComponentExportKind, ComponentTypeRef, ConstExpr, DataSection,
+    ExportKind, ExportSection, Function, FunctionSection, InstanceType, MemorySection, MemoryType,
+    Module, TypeSection,
+};
+
+/// How long a load, a process or a response may take before the test calls it a hang. Only a
+/// bound on waiting for the event; nothing is timed.
+const HANG: Duration = Duration::from_secs(120);
+
+fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sharehost-loading-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("run mkfifo");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+fn runtime() -> PluginRuntime {
+    PluginRuntime::new(RuntimeConfig {
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+/// Loads `path` on a thread of its own and waits for the result with a bound, so a load that
+/// blocks (today: opening a FIFO) fails the test instead of hanging it.
+fn load_bounded(rt: PluginRuntime, path: &Path) -> Result<(), LoadError> {
+    let path = path.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let result = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio")
+            .block_on(rt.load(&path, PluginLimits::default(), Vec::new()))
+            .map(|_| ());
+        let _ = tx.send(result);
+    });
+    rx.recv_timeout(HANG)
+        .expect("the load did not finish: it blocked on the path")
+}
+
+fn refused(path: &Path) -> LoadError {
+    load_bounded(runtime(), path).expect_err("must be refused")
+}
+
+/// A core module with one function `f` and one memory of `pages` 64 KiB pages (`memories` of
+/// them), with `data` bytes of active data in memory 0.
+fn core_module(pages: u64, memories: u32, data: usize) -> Module {
+    let mut m = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    m.section(&types);
+    let mut funcs = FunctionSection::new();
+    funcs.function(0);
+    m.section(&funcs);
+    let mut mems = MemorySection::new();
+    for _ in 0..memories {
+        mems.memory(MemoryType {
+            minimum: pages,
+            maximum: None,
+            memory64: false,
+            shared: false,
+            page_size_log2: None,
+        });
+    }
+    m.section(&mems);
+    let mut exports = ExportSection::new();
+    exports.export("f", ExportKind::Func, 0);
+    m.section(&exports);
+    let mut code = CodeSection::new();
+    let mut body = Function::new([]);
+    body.instructions().end();
+    code.function(&body);
+    m.section(&code);
+    if data > 0 {
+        let mut section = DataSection::new();
+        section.active(0, &ConstExpr::i32_const(0), vec![0x5a; data]);
+        m.section(&section);
+    }
+    m
+}
+
+/// A component that instantiates [`core_module`] and exports its `f` as `init` and `handle`
+/// (functions of the wrong type, but functions: enough to reach compilation), importing an
+/// empty instance under each of `imports`.
+fn crafted_component(pages: u64, memories: u32, data: usize, imports: &[&str]) -> Vec<u8> {
+    let mut b = ComponentBuilder::default();
+    for name in imports {
+        let ty = b.type_instance(None, &InstanceType::new());
+        b.import(*name, ComponentTypeRef::Instance(ty));
+    }
+    let module = b.core_module(None, &core_module(pages, memories, data));
+    let instance = b.core_instantiate(None, module, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
+    let core_f = b.core_alias_export(None, instance, "f", ExportKind::Func);
+    let (ty, encoder) = b.ty(None);
+    encoder
+        .function()
+        .params(Vec::<(&str, wasm_encoder::ComponentValType)>::new())
+        .result(None);
+    let f = b.lift_func(
+        None,
+        core_f,
+        ty,
+        Vec::<wasm_encoder::CanonicalOption>::new(),
+    );
+    b.export("init", ComponentExportKind::Func, f, None);
+    b.export("handle", ComponentExportKind::Func, f, None);
+    b.finish()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+#[test]
+fn loading_a_fifo_is_refused_without_blocking() {
+    let dir = scratch("fifo");
+    let fifo = dir.join("plugin.wasm");
+    mkfifo(&fifo);
+    let e = refused(&fifo);
+    assert!(matches!(e, LoadError::NotAFile { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{}: is a FIFO (named pipe), not a regular file",
+            fifo.display()
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dev_zero_is_refused_by_type_not_read() {
+    let e = refused(Path::new("/dev/zero"));
+    assert_eq!(
+        e.to_string(),
+        "/dev/zero: is a character device, not a regular file"
+    );
+}
+
+#[test]
+fn a_file_over_the_maximum_is_refused_with_its_size_and_the_setting() {
+    let dir = scratch("big");
+    let path = dir.join("big.wasm");
+    let file = std::fs::File::create(&path).expect("create");
+    // A component header, then sparse zeros up to 100 MiB.
+    (&file).write_all(b"\0asm\x0d\0\x01\0").expect("header");
+    file.set_len(100 << 20).expect("grow");
+    let e = refused(&path);
+    assert!(matches!(e, LoadError::TooLarge { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("is 100 MiB, more than the 64 MiB maximum"),
+        "{text}"
+    );
+    assert!(text.contains("runtime.max_component_mib"), "{text}");
+    // The same file under a raised maximum gets past the size check (and is then refused
+    // for what it contains).
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 2,
+        max_component_bytes: 128 << 20,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let e = load_bounded(rt, &path).expect_err("not a plugin");
+    assert!(!matches!(e, LoadError::TooLarge { .. }), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_directory_is_called_a_directory() {
+    let dir = scratch("dir");
+    let e = refused(&dir);
+    assert_eq!(e.to_string(), format!("{}: is a directory", dir.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_core_module_is_called_a_core_module() {
+    let dir = scratch("core");
+    let path = write(&dir, "module.wasm", &core_module(1, 1, 0).finish());
+    let e = refused(&path);
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "{}: a core module, not a component",
+            path.display()
+        )),
+        "{text}"
+    );
+    assert!(!text.contains('\n'), "one line: {text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_file_that_is_not_webassembly_is_named_and_its_bytes_never_echoed() {
+    let dir = scratch("secret");
+    let secret = write(&dir, "secret.txt", b"SECRET-token-4711\n");
+    let link = dir.join("plugin.wasm");
+    symlink(&secret, &link).expect("symlink");
+    let e = refused(&link);
+    let text = e.to_string();
+    assert_eq!(
+        text,
+        format!(
+            "{}: not WebAssembly (no WebAssembly header)",
+            link.display()
+        )
+    );
+    for quoted in ["SECR", "0x53", "0x45", "83, 69"] {
+        assert!(!text.contains(quoted), "the error quotes the file: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_component_of_another_package_version_is_refused_naming_the_version() {
+    let e = refused(&guest("fixture_other_version"));
+    assert!(matches!(e, LoadError::WrongVersion { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("built for sharehost:plugin@0.2.0, this host speaks 0.1.x"),
+        "{text}"
+    );
+    assert!(!text.contains("not granted"), "{text}");
+}
+
+#[test]
+fn a_component_exporting_another_versions_interface_is_refused_naming_the_version() {
+    let dir = scratch("export-version");
+    let mut b = ComponentBuilder::default();
+    let ty = b.type_instance(None, &InstanceType::new());
+    let imported = b.import(
+        "sharehost:plugin/handler@1.0.0",
+        ComponentTypeRef::Instance(ty),
+    );
+    b.export(
+        "sharehost:plugin/handler@1.0.0",
+        ComponentExportKind::Instance,
+        imported,
+        None,
+    );
+    let path = write(&dir, "v1.wasm", &b.finish());
+    let e = refused(&path);
+    assert!(
+        e.to_string()
+            .contains("built for sharehost:plugin@1.0.0, this host speaks 0.1.x"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_memory_larger_than_a_pool_slot_names_the_limit_to_raise() {
+    let dir = scratch("pool-memory");
+    // 2048 pages = 128 MiB at start, in a runtime whose slots hold 64 MiB.
+    let path = write(&dir, "big-memory.wasm", &crafted_component(2048, 1, 0, &[]));
+    let e = refused(&path);
+    assert!(matches!(e, LoadError::PoolLimit { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("memory starts at 128 MiB, more than a pool slot of 64 MiB"),
+        "{text}"
+    );
+    assert!(text.contains("memory_limit_mib"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_core_module_with_two_memories_says_the_pool_allows_one() {
+    let dir = scratch("pool-memories");
+    let path = write(&dir, "two-memories.wasm", &crafted_component(1, 2, 0, &[]));
+    let e = refused(&path);
+    assert!(matches!(e, LoadError::PoolLimit { .. }), "{e}");
+    assert!(e.to_string().contains("more than one linear memory"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_forbidden_import_is_refused_before_compiling() {
+    let dir = scratch("before-compile");
+    // Compiling this one would fail on the pool (a 128 MiB memory): refusing it for its
+    // import instead shows the import was checked first, from the sections alone.
+    let path = write(
+        &dir,
+        "forbidden.wasm",
+        &crafted_component(2048, 1, 0, &["wasi:filesystem/types@0.2.6"]),
+    );
+    let e = refused(&path);
+    match &e {
+        LoadError::ForbiddenImport { imports, .. } => {
+            assert_eq!(imports, &vec!["wasi:filesystem/types@0.2.6".to_owned()]);
+        }
+        other => panic!("expected ForbiddenImport, got {other}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- the hot-swap endpoint ----------------------------------------------------------------
+
+/// One HTTP/1.1 request on loopback; the response, or `None` if none came within [`HANG`].
+fn http(addr: std::net::SocketAddr, request: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(HANG)).expect("timeout");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    match stream.read_to_string(&mut response) {
+        Ok(_) => Some(response),
+        Err(_) if !response.is_empty() => Some(response),
+        Err(_) => None,
+    }
+}
+
+#[test]
+fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
+    let dir = scratch("swap");
+    let fifo = dir.join("next.wasm");
+    mkfifo(&fifo);
+    let manifest = Manifest::parse(
+        &dir.join("m.toml"),
+        &format!(
+            "[cluster]\nbootstrap = \"127.0.0.1:9092\"\n\n[[pipeline]]\nname = \"p\"\ntopics = [\"t\"]\ngroup = \"g\"\ncomponent = \"{}\"\n",
+            guest("accept_all").display()
+        ),
+    )
+    .expect("manifest");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let runtime = PluginRuntime::new(manifest.runtime_config()).expect("runtime");
+    let metrics = Arc::new(Metrics::new());
+    let pipeline = rt
+        .block_on(Pipeline::load(
+            manifest.pipelines[0].clone(),
+            runtime,
+            metrics.clone(),
+        ))
+        .expect("pipeline");
+    let state = Arc::new(AdminState {
+        pipelines: vec![pipeline.clone()],
+        metrics,
+        token: None,
+        ready: false.into(),
+    });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = rt.spawn(admin::serve(listener, state, stop.clone()));
+
+    let body = serde_json::json!({ "path": fifo }).to_string();
+    let response = http(
+        addr,
+        &format!(
+            "POST /pipelines/p/swap HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .expect("no response: the swap blocked on the FIFO");
+    assert!(response.starts_with("HTTP/1.1 422"), "{response}");
+    assert!(
+        response.contains("is a FIFO (named pipe), not a regular file"),
+        "{response}"
+    );
+    assert_eq!(
+        pipeline.component(),
+        guest("accept_all"),
+        "the old version keeps running"
+    );
+    stop.cancel();
+    let _ = rt.block_on(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- the command line ----------------------------------------------------------------------
+
+/// Runs `sharehost ARGS` and waits for it to exit with a bound: (success, stdout, stderr). A
+/// process still running at the bound is killed and the test fails.
+fn sharehost(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+        .args(args)
+        .env("SHAREHOST_LOG", "off")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sharehost");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(HANG) {
+        Ok(out) => {
+            let out = out.expect("wait");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+        Err(_) => {
+            // Our own child, by its pid.
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!("sharehost {args:?} did not exit: it hung");
+        }
+    }
+}
+
+fn test_plugin(component: &Path) -> (bool, String, String) {
+    let dir = scratch("cli-input");
+    let input = write(&dir, "in.jsonl", b"{\"value\":\"a\"}\n");
+    sharehost(&[
+        "test-plugin".as_ref(),
+        component.as_os_str(),
+        "--input".as_ref(),
+        input.as_os_str(),
+    ])
+}
+
+#[test]
+fn test_plugin_refuses_a_fifo_without_hanging() {
+    let dir = scratch("cli-fifo");
+    let fifo = dir.join("plugin.wasm");
+    mkfifo(&fifo);
+    let (ok, _, stderr) = test_plugin(&fifo);
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {}: is a FIFO (named pipe), not a regular file",
+            fifo.display()
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_plugin_refuses_dev_zero_by_type() {
+    let (ok, _, stderr) = test_plugin(Path::new("/dev/zero"));
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim_end(),
+        "error: /dev/zero: is a character device, not a regular file"
+    );
+}
+
+#[test]
+fn test_plugin_names_the_size_and_the_flag_for_a_file_over_the_maximum() {
+    let dir = scratch("cli-big");
+    let path = dir.join("big.wasm");
+    std::fs::File::create(&path)
+        .expect("create")
+        .set_len(100 << 20)
+        .expect("grow");
+    let (ok, _, stderr) = test_plugin(&path);
+    assert!(!ok);
+    assert!(
+        stderr.contains("is 100 MiB, more than the 64 MiB maximum"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--max-component-mib"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_plugin_says_a_directory_is_a_directory() {
+    let dir = scratch("cli-dir");
+    let (ok, _, stderr) = test_plugin(&dir);
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim_end(),
+        format!("error: {}: is a directory", dir.display())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_plugin_never_echoes_the_bytes_of_a_secret_file() {
+    let dir = scratch("cli-secret");
+    let secret = write(&dir, "secret.txt", b"SECRET-token-4711\n");
+    let link = dir.join("plugin.wasm");
+    symlink(&secret, &link).expect("symlink");
+    let (ok, _, stderr) = test_plugin(&link);
+    assert!(!ok);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {}: not WebAssembly (no WebAssembly header)",
+            link.display()
+        )
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_plugin_names_the_version_a_component_was_built_for() {
+    let (ok, _, stderr) = test_plugin(&guest("fixture_other_version"));
+    assert!(!ok);
+    assert!(
+        stderr.contains("built for sharehost:plugin@0.2.0, this host speaks 0.1.x"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_says_a_component_path_that_is_a_directory_is_a_directory() {
+    let dir = scratch("cli-check");
+    let plugin_dir = dir.join("plugin.wasm");
+    std::fs::create_dir(&plugin_dir).expect("dir");
+    let manifest = write(
+        &dir,
+        "m.toml",
+        b"[cluster]\nbootstrap = \"127.0.0.1:9092\"\n\n[[pipeline]]\nname = \"p\"\ntopics = [\"t\"]\ngroup = \"g\"\ncomponent = \"plugin.wasm\"\n",
+    );
+    let (ok, _, stderr) = sharehost(&["check".as_ref(), manifest.as_os_str()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!("{}: is a directory", plugin_dir.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not exist"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
