@@ -837,7 +837,7 @@ impl Drop for Restart {
 /// produce: it fails for every rejected record, the record is released, judged again, fails
 /// again, until the broker's delivery limit archives it without a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails until KafkaClient refreshes metadata when a partition's cached leader is not in its broker list (found by dev/chaos)"]
+
 async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
     let bootstrap = cluster_bootstrap();
     let client = cluster_client().await;

@@ -391,11 +391,16 @@ impl KafkaClient {
         topic: &str,
         partition: i32,
     ) -> Result<Arc<BrokerConnection>> {
-        let leader = match self.leader(topic, partition) {
+        // A cached leader that the broker list no longer holds (a refresh for another topic
+        // dropped a node that is down) is stale: refresh this topic instead of failing with
+        // "not in the cluster metadata", which is fatal and cost dead letters in dev/chaos.
+        let known = |l: &i32| self.broker(*l).is_some();
+        let leader = match self.leader(topic, partition).filter(known) {
             Some(l) => l,
             None => {
                 self.refresh_metadata(&[topic.to_owned()]).await?;
                 self.leader(topic, partition)
+                    .filter(known)
                     .ok_or_else(|| KafkaError::UnknownTopic(format!("{topic}-{partition}")))?
             }
         };
