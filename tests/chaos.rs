@@ -835,9 +835,9 @@ impl Drop for Restart {
 /// fails at once with "broker N is not in the cluster metadata", classified fatal, so it never
 /// refreshes the metadata that would name the new leader. In the host this is the dead-letter
 /// produce: it fails for every rejected record, the record is released, judged again, fails
-/// again, until the broker's delivery limit archives it without a dead letter.
+/// again, until the broker's delivery limit archives it without a dead letter. Fixed in
+/// `KafkaClient::leader_connection`: a cached leader missing from the broker list refreshes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-
 async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
     let bootstrap = cluster_bootstrap();
     let client = cluster_client().await;
