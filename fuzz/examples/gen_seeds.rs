@@ -372,7 +372,7 @@ fn response_target_seeds<T: Encodable>(
     versions: &[i16],
     msg: impl Fn(i16) -> T,
     lying_at: &[u8],
-) -> Result<Vec<(String, Vec<u8>)>> {
+) -> Result<Seeds> {
     let mut out = Vec::new();
     for &v in versions {
         let sel = response::version_byte(&all, v);
@@ -401,7 +401,10 @@ fn response_target_seeds<T: Encodable>(
     Ok(out)
 }
 
-fn response_seeds() -> Result<Vec<(&'static str, Vec<(String, Vec<u8>)>)>> {
+/// Named seed inputs.
+type Seeds = Vec<(String, Vec<u8>)>;
+
+fn response_seeds() -> Result<Vec<(&'static str, Seeds)>> {
     let metadata = |v: i16| {
         MetadataResponse::default()
             .with_brokers(vec![
