@@ -20,7 +20,7 @@ use std::io::Read;
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
-use wasmparser::{ComponentExternalKind, ComponentTypeRef, Parser, Payload};
+use wasmparser::{Chunk, ComponentExternalKind, ComponentTypeRef, Parser, Payload};
 
 use super::error::LoadError;
 
@@ -160,16 +160,36 @@ pub(crate) struct Surface {
 
 impl Surface {
     /// Reads the surface of `bytes` (already [`identify`]-ed as a component). The parser walks
-    /// section headers and the import/export sections only; nested modules and components are
-    /// skipped over, not parsed. An error is the parser's message (positions, no bytes).
+    /// the top level's section headers and reads its import and export sections only; nested
+    /// modules and components (code, data) are stepped over, not parsed. An error is the
+    /// parser's message (positions, no bytes).
     pub(crate) fn read(bytes: &[u8]) -> Result<Surface, String> {
         let mut surface = Surface::default();
-        let mut depth = 0usize;
-        for payload in Parser::new(0).parse_all(bytes) {
-            match payload.map_err(|e| e.to_string())? {
-                Payload::Version { .. } => depth += 1,
-                Payload::End(_) => depth = depth.saturating_sub(1),
-                Payload::ComponentImportSection(reader) if depth == 1 => {
+        let mut parser = Parser::new(0);
+        let mut data = bytes;
+        loop {
+            let payload = match parser.parse(data, true).map_err(|e| e.to_string())? {
+                Chunk::Parsed { consumed, payload } => {
+                    data = data.get(consumed..).unwrap_or_default();
+                    payload
+                }
+                // Not returned with `eof = true`; an error rather than a panic all the same.
+                Chunk::NeedMoreData(_) => return Err("unexpected end of the file".into()),
+            };
+            match payload {
+                // The parser has moved past the nested module or component; so do we, without
+                // looking inside (its imports are not the component's).
+                Payload::ModuleSection {
+                    unchecked_range, ..
+                }
+                | Payload::ComponentSection {
+                    unchecked_range, ..
+                } => {
+                    data = data
+                        .get(unchecked_range.len()..)
+                        .ok_or("a nested module or component runs past the end of the file")?;
+                }
+                Payload::ComponentImportSection(reader) => {
                     for import in reader {
                         let import = import.map_err(|e| e.to_string())?;
                         // Type imports (a world's `use types.{batch, verdict}`) grant nothing
@@ -179,7 +199,7 @@ impl Surface {
                         }
                     }
                 }
-                Payload::ComponentExportSection(reader) if depth == 1 => {
+                Payload::ComponentExportSection(reader) => {
                     for export in reader {
                         let export = export.map_err(|e| e.to_string())?;
                         surface.exports.push((
@@ -188,10 +208,10 @@ impl Surface {
                         ));
                     }
                 }
+                Payload::End(_) => return Ok(surface),
                 _ => {}
             }
         }
-        Ok(surface)
     }
 }
 
