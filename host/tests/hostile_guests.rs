@@ -10,15 +10,12 @@
 //! this file take one lock, so the counter sees one batch at a time.
 
 use std::alloc::System;
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use sharehost::kafka::{ConsumedRecord, Header};
 use sharehost::runtime::{
     BatchOutcome, FaultKind, Plugin, PluginLimits, PluginRuntime, Record, RuntimeConfig, Verdict,
 };
-use sharehost_tests::guest;
+use sharehost_tests::{guest, plugin_record as record};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 /// Counts every byte the host process allocates (all threads).
@@ -50,27 +47,6 @@ fn limits() -> PluginLimits {
     }
 }
 
-fn record(offset: i64, value: &str, headers: &[(&str, &str)]) -> Record {
-    Record::from_consumed(
-        Arc::from("orders"),
-        0,
-        1,
-        ConsumedRecord {
-            offset,
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::copy_from_slice(value.as_bytes())),
-            headers: headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: (*k).to_owned(),
-                    value: Some(Bytes::copy_from_slice(v.as_bytes())),
-                })
-                .collect(),
-        },
-    )
-}
-
 async fn hostile(rt: &PluginRuntime) -> Plugin {
     rt.load(&guest("fixture_hostile"), limits(), Vec::new())
         .await
@@ -85,7 +61,9 @@ async fn measured(plugin: &mut Plugin, batch: &[Record]) -> (BatchOutcome, usize
     };
     let before = grown();
     let outcome = plugin.handle(batch).await;
-    (outcome, grown() - before)
+    let allocated = grown() - before;
+    eprintln!("the host allocated {allocated} bytes for this batch");
+    (outcome, allocated)
 }
 
 /// The reason record `i` of the poison-on-free test rejects with: varied lengths (up to

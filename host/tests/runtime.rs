@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use sharehost::kafka::{ConsumedRecord, Header};
+use sharehost::kafka::Header;
 use sharehost::runtime::{
     AllocatorKind, BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits,
     PluginRuntime, Record, RuntimeConfig, Verdict,
 };
-use sharehost_tests::guest;
+use sharehost_tests::{guest, plugin_record as record};
 
 fn runtime() -> PluginRuntime {
     PluginRuntime::new(RuntimeConfig {
@@ -33,27 +32,6 @@ fn limits() -> PluginLimits {
         batch_deadline: Duration::from_millis(300),
         ..PluginLimits::default()
     }
-}
-
-fn record(offset: i64, value: &str, headers: &[(&str, &str)]) -> Record {
-    Record::from_consumed(
-        Arc::from("orders"),
-        3,
-        1,
-        ConsumedRecord {
-            offset,
-            timestamp: 1_700_000_000_000 + offset,
-            key: Some(Bytes::from(format!("k{offset}"))),
-            value: Some(Bytes::copy_from_slice(value.as_bytes())),
-            headers: headers
-                .iter()
-                .map(|(k, v)| Header {
-                    key: (*k).to_owned(),
-                    value: Some(Bytes::copy_from_slice(v.as_bytes())),
-                })
-                .collect(),
-        },
-    )
 }
 
 fn good_batch() -> Vec<Record> {

@@ -277,6 +277,33 @@ pub fn guest(name: &str) -> PathBuf {
     path
 }
 
+/// A record as a plugin judges it (topic `orders`, partition 3, first delivery, key `k{offset}`)
+/// with `value` and `headers`: what the runtime tests hand to fixtures.
+pub fn plugin_record(
+    offset: i64,
+    value: &str,
+    headers: &[(&str, &str)],
+) -> sharehost::runtime::Record {
+    sharehost::runtime::Record::from_consumed(
+        std::sync::Arc::from("orders"),
+        3,
+        1,
+        sharehost::kafka::ConsumedRecord {
+            offset,
+            timestamp: 1_700_000_000_000 + offset,
+            key: Some(Bytes::from(format!("k{offset}"))),
+            value: Some(Bytes::copy_from_slice(value.as_bytes())),
+            headers: headers
+                .iter()
+                .map(|(k, v)| sharehost::kafka::Header {
+                    key: (*k).to_owned(),
+                    value: Some(Bytes::copy_from_slice(v.as_bytes())),
+                })
+                .collect(),
+        },
+    )
+}
+
 /// Waits until the broker reports nothing left for `group` (lag 0 on every partition: each
 /// record accepted, rejected or archived), polling Apache's ShareGroupCommand, which has no
 /// way to be notified.
