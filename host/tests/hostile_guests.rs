@@ -196,3 +196,20 @@ async fn random_bytes_asked_again_and_again_stop_at_the_deadline() {
     let fault = outcome.fault().expect("a fault");
     assert_eq!(fault.kind, FaultKind::Timeout, "{fault:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reason_that_is_not_utf8_is_an_unreadable_verdicts_fault_naming_the_verdict() {
+    let _serial = SERIAL.lock().await;
+    let rt = runtime();
+    let mut plugin = hostile(&rt).await;
+    let batch = [record(0, "fine", &[]), record(1, "bad-utf8-reason", &[])];
+    let outcome = plugin.handle(&batch).await;
+    let fault = outcome.fault().expect("a fault");
+    assert_eq!(fault.kind, FaultKind::UnreadableVerdicts, "{fault:?}");
+    assert!(
+        fault.message.contains("reason of verdict 1") && fault.message.contains("UTF-8"),
+        "the fault names the verdict and what is wrong: {fault:?}"
+    );
+    let next = plugin.handle(&[record(2, "fine", &[])]).await;
+    assert_eq!(next, BatchOutcome::Verdicts(vec![Verdict::Accept]));
+}
