@@ -200,84 +200,11 @@ async fn lying_find_coordinator_produce_and_fetch_responses_cost_a_reconnect_not
 /// bound instead of walked.
 #[tokio::test]
 async fn a_share_member_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
-    use kafka_protocol::messages::ShareGroupHeartbeatResponse;
-    use kafka_protocol::messages::share_group_heartbeat_response::{Assignment, TopicPartitions};
-    use kafka_protocol::protocol::Encodable;
-    use sharehost::kafka::records::encode_batch;
     use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
-    use sharehost::share::wire::{
-        AcquiredRange, FetchPartitionData, FetchTopicResponse, ShareAcknowledgeResponse,
-        ShareFetchResponse,
-    };
-    use sharehost_tests::fake_broker::TOPIC_ID;
-
-    fn encode<T: Encodable>(msg: &T, version: i16) -> Vec<u8> {
-        let mut b = bytes::BytesMut::new();
-        msg.encode(&mut b, version).expect("encode");
-        b.to_vec()
-    }
+    use sharehost_tests::fake_broker::lying_share_member;
 
     let (logs, _guard) = capture_logs();
-    let records: Vec<ProduceRecord> = (0..3)
-        .map(|i| ProduceRecord {
-            value: Some(bytes::Bytes::from(format!("r{i}"))),
-            ..Default::default()
-        })
-        .collect();
-    let batch = encode_batch(&records, Compression::None).expect("batch");
-    let broker = FakeBroker::start(move |seen| match (seen.api, seen.nth) {
-        // throttle, error, null message, null member id, epoch, interval, assignment present,
-        // then the topic-partitions array: 0x7fff_fffe entries, three bytes.
-        (ApiKey::ShareGroupHeartbeat, 0) => {
-            let mut before = vec![0u8; 4 + 2];
-            before.extend([0, 0]);
-            before.extend([0u8; 8]);
-            before.push(1);
-            Answer::Body(lying_array_body(true, &before))
-        }
-        (ApiKey::ShareGroupHeartbeat, _) => Answer::Body(encode(
-            &ShareGroupHeartbeatResponse::default()
-                .with_member_epoch(i32::try_from(seen.nth).unwrap_or(1))
-                .with_heartbeat_interval_ms(200)
-                .with_assignment(Some(Assignment::default().with_topic_partitions(vec![
-                    TopicPartitions::default()
-                        .with_topic_id(TOPIC_ID)
-                        .with_partitions(vec![0]),
-                ]))),
-            seen.version,
-        )),
-        (ApiKey::ShareFetch, n) => {
-            let partition = if n == 0 {
-                FetchPartitionData {
-                    partition: 0,
-                    records: batch.clone(),
-                    acquired: vec![AcquiredRange {
-                        first_offset: 0,
-                        last_offset: i64::MAX,
-                        delivery_count: 1,
-                    }],
-                    ..Default::default()
-                }
-            } else {
-                FetchPartitionData::default()
-            };
-            Answer::Body(encode(
-                &ShareFetchResponse {
-                    acquisition_lock_timeout_ms: 30_000,
-                    responses: vec![FetchTopicResponse {
-                        topic_id: TOPIC_ID,
-                        partitions: vec![partition],
-                    }],
-                    ..Default::default()
-                },
-                seen.version,
-            ))
-        }
-        (ApiKey::ShareAcknowledge, _) => {
-            Answer::Body(encode(&ShareAcknowledgeResponse::default(), seen.version))
-        }
-        _ => Answer::Honest,
-    });
+    let broker = FakeBroker::start(lying_share_member(&["r0", "r1", "r2"]));
     let client = Arc::new(
         KafkaClient::connect(&broker.addr(), config())
             .await

@@ -364,3 +364,86 @@ pub fn lying_array_body(flexible: bool, before: &[u8]) -> Vec<u8> {
     b.extend([0, 0, 0]);
     b
 }
+
+/// The script of a share-group member test: the first ShareGroupHeartbeat answer lies about its
+/// assignment array's length (0x7fff_fffe entries in three bytes), later ones assign partition
+/// 0 of [`TOPIC`]; the first ShareFetch answer carries one batch of `values` (offsets 0, 1, ...)
+/// but acquires `0..=i64::MAX`, later ones are empty; ShareAcknowledge succeeds.
+pub fn lying_share_member(values: &[&str]) -> impl Fn(&Seen) -> Answer + Send + Sync + 'static {
+    use kafka_protocol::messages::ShareGroupHeartbeatResponse;
+    use kafka_protocol::messages::share_group_heartbeat_response::{Assignment, TopicPartitions};
+    use sharehost::kafka::records::encode_batch;
+    use sharehost::kafka::{Compression, ProduceRecord};
+    use sharehost::share::wire::{
+        AcquiredRange, FetchPartitionData, FetchTopicResponse, ShareAcknowledgeResponse,
+        ShareFetchResponse,
+    };
+
+    fn encode<T: Encodable>(msg: &T, version: i16) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        msg.encode(&mut b, version).expect("encode");
+        b.to_vec()
+    }
+
+    let records: Vec<ProduceRecord> = values
+        .iter()
+        .map(|v| ProduceRecord {
+            value: Some(bytes::Bytes::copy_from_slice(v.as_bytes())),
+            ..Default::default()
+        })
+        .collect();
+    let batch = encode_batch(&records, Compression::None).expect("batch");
+    move |seen| match (seen.api, seen.nth) {
+        // throttle, error, null message, null member id, epoch, interval, assignment present,
+        // then the topic-partitions array: 0x7fff_fffe entries, three bytes.
+        (ApiKey::ShareGroupHeartbeat, 0) => {
+            let mut before = vec![0u8; 4 + 2];
+            before.extend([0, 0]);
+            before.extend([0u8; 8]);
+            before.push(1);
+            Answer::Body(lying_array_body(true, &before))
+        }
+        (ApiKey::ShareGroupHeartbeat, _) => Answer::Body(encode(
+            &ShareGroupHeartbeatResponse::default()
+                .with_member_epoch(i32::try_from(seen.nth).unwrap_or(1))
+                .with_heartbeat_interval_ms(200)
+                .with_assignment(Some(Assignment::default().with_topic_partitions(vec![
+                    TopicPartitions::default()
+                        .with_topic_id(TOPIC_ID)
+                        .with_partitions(vec![0]),
+                ]))),
+            seen.version,
+        )),
+        (ApiKey::ShareFetch, n) => {
+            let partition = if n == 0 {
+                FetchPartitionData {
+                    partition: 0,
+                    records: batch.clone(),
+                    acquired: vec![AcquiredRange {
+                        first_offset: 0,
+                        last_offset: i64::MAX,
+                        delivery_count: 1,
+                    }],
+                    ..Default::default()
+                }
+            } else {
+                FetchPartitionData::default()
+            };
+            Answer::Body(encode(
+                &ShareFetchResponse {
+                    acquisition_lock_timeout_ms: 30_000,
+                    responses: vec![FetchTopicResponse {
+                        topic_id: TOPIC_ID,
+                        partitions: vec![partition],
+                    }],
+                    ..Default::default()
+                },
+                seen.version,
+            ))
+        }
+        (ApiKey::ShareAcknowledge, _) => {
+            Answer::Body(encode(&ShareAcknowledgeResponse::default(), seen.version))
+        }
+        _ => Answer::Honest,
+    }
+}
