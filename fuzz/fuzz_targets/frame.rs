@@ -14,59 +14,17 @@
 //! - the correlation id is the frame's first four bytes.
 #![no_main]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
 use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 use libfuzzer_sys::fuzz_target;
 use sharehost::kafka::frame::{FrameError, decode_response, peek_correlation_id, read_frame};
 use sharehost::share::wire::{ShareAcknowledgeResponse, ShareFetchResponse};
+use sharehost_fuzz::alloc::{CountingAlloc, largest_allocation};
 use sharehost_fuzz::frame_layout::{Api, api, limit};
 use sharehost_fuzz::{ChunkedReader, block_on};
 
-/// The system allocator, noting the largest single allocation while `ARMED`.
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-fn note(size: usize) {
-    if ARMED.load(Ordering::Relaxed) {
-        LARGEST.fetch_max(size, Ordering::Relaxed);
-    }
-}
-
-// The one unsafe block of the fuzz crate: a GlobalAlloc must be an unsafe impl. It only
-// forwards to the system allocator after noting the requested size.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same layout contract as our caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` through this allocator with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        // SAFETY: `ptr` came from `System` through this allocator with this layout.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: CountingAlloc = CountingAlloc;
 
 /// What the reader must do with the stream from `at` on.
 #[derive(Debug, PartialEq)]
@@ -129,11 +87,7 @@ fuzz_target!(|data: &[u8]| {
     loop {
         let at = reader.position();
         let want = expect(stream, at, max);
-        LARGEST.store(0, Ordering::Relaxed);
-        ARMED.store(true, Ordering::Relaxed);
-        let got = block_on(read_frame(&mut reader, max));
-        ARMED.store(false, Ordering::Relaxed);
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let (got, largest) = largest_allocation(|| block_on(read_frame(&mut reader, max)));
         let arrived = reader.position() - at;
         assert!(
             largest <= allocation_bound(arrived),

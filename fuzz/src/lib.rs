@@ -223,39 +223,18 @@ pub fn assert_unique_header_keys(r: &ConsumedRecord) {
     }
 }
 
-/// The response targets (`metadata_response`, `find_coordinator_response`,
-/// `share_group_heartbeat_response`, `produce_response`, `fetch_response`): a response frame
-/// (header and body, as the connection's reader hands it over) decoded exactly as the host
-/// decodes it, through `kafka::frame::decode_response` (the bounded pre-pass, then
-/// kafka-protocol). Input: `[version selector, frame...]`.
-pub mod response {
+/// A global allocator that notes the largest single allocation while a measured closure runs:
+/// the targets assert that a decoder never allocates out of proportion to the bytes it was
+/// given, whatever lengths those bytes claim. Each target installs it as its global allocator.
+pub mod alloc {
     use std::alloc::{GlobalAlloc, Layout, System};
-    use std::fmt::Debug;
-    use std::ops::RangeInclusive;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-    use bytes::{Bytes, BytesMut};
-    use kafka_protocol::messages::{ApiKey, ResponseHeader};
-    use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
-    use sharehost::kafka::bounded::check_body;
-    use sharehost::kafka::frame::decode_response;
-
-    /// The version the selector byte picks within `versions`.
-    pub fn version(versions: &RangeInclusive<i16>, b: u8) -> i16 {
-        let span = versions.end() - versions.start() + 1;
-        versions.start() + i16::from(b) % span
-    }
-
-    /// The selector byte for `v` (inverse of [`version`]).
-    pub fn version_byte(versions: &RangeInclusive<i16>, v: i16) -> u8 {
-        u8::try_from(v - versions.start()).unwrap_or(0)
-    }
 
     static ARMED: AtomicBool = AtomicBool::new(false);
     static LARGEST: AtomicUsize = AtomicUsize::new(0);
 
-    /// The system allocator, noting the largest single allocation while a decode runs. Each
-    /// response target installs it as its global allocator.
+    /// The system allocator, noting the largest single allocation while
+    /// [`largest_allocation`] runs.
     pub struct CountingAlloc;
 
     fn note(size: usize) {
@@ -264,8 +243,18 @@ pub mod response {
         }
     }
 
-    // A GlobalAlloc must be an unsafe impl; it only forwards to the system allocator after
-    // noting the requested size (as the frame target's).
+    /// Runs `f` and returns its result with the largest single allocation it made (a fuzz
+    /// target is single-threaded, so nothing else allocates meanwhile).
+    pub fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+        LARGEST.store(0, Ordering::Relaxed);
+        ARMED.store(true, Ordering::Relaxed);
+        let out = f();
+        ARMED.store(false, Ordering::Relaxed);
+        (out, LARGEST.load(Ordering::Relaxed))
+    }
+
+    // The one unsafe block of the fuzz crate: a GlobalAlloc must be an unsafe impl. It only
+    // forwards to the system allocator after noting the requested size.
     #[allow(unsafe_code)]
     unsafe impl GlobalAlloc for CountingAlloc {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -291,6 +280,35 @@ pub mod response {
             unsafe { System.realloc(ptr, layout, new_size) }
         }
     }
+}
+
+/// The response targets (`metadata_response`, `find_coordinator_response`,
+/// `share_group_heartbeat_response`, `produce_response`, `fetch_response`): a response frame
+/// (header and body, as the connection's reader hands it over) decoded exactly as the host
+/// decodes it, through `kafka::frame::decode_response` (the bounded pre-pass, then
+/// kafka-protocol). Input: `[version selector, frame...]`.
+pub mod response {
+    use std::fmt::Debug;
+    use std::ops::RangeInclusive;
+
+    pub use crate::alloc::CountingAlloc;
+
+    use bytes::{Bytes, BytesMut};
+    use kafka_protocol::messages::{ApiKey, ResponseHeader};
+    use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
+    use sharehost::kafka::bounded::check_body;
+    use sharehost::kafka::frame::decode_response;
+
+    /// The version the selector byte picks within `versions`.
+    pub fn version(versions: &RangeInclusive<i16>, b: u8) -> i16 {
+        let span = versions.end() - versions.start() + 1;
+        versions.start() + i16::from(b) % span
+    }
+
+    /// The selector byte for `v` (inverse of [`version`]).
+    pub fn version_byte(versions: &RangeInclusive<i16>, v: i16) -> u8 {
+        u8::try_from(v - versions.start()).unwrap_or(0)
+    }
 
     /// Largest single allocation a decode of `len` input bytes may make: every decoded
     /// element takes at least one input byte and no decoded struct is near 512 bytes, plus
@@ -314,11 +332,8 @@ pub mod response {
         };
         let v = version(&versions, *sel);
         let input = Bytes::copy_from_slice(frame);
-        LARGEST.store(0, Ordering::Relaxed);
-        ARMED.store(true, Ordering::Relaxed);
-        let decoded = decode_response::<R>(input, api, v);
-        ARMED.store(false, Ordering::Relaxed);
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let (decoded, largest) =
+            crate::alloc::largest_allocation(|| decode_response::<R>(input, api, v));
         assert!(
             largest <= allocation_bound(frame.len()),
             "{api:?} v{v}: a {}-byte frame made a {largest}-byte allocation",
