@@ -35,7 +35,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,11 +42,15 @@ use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::cluster::{cluster_bootstrap, cluster_client, cluster_dir};
+use sharehost_tests::cluster::{
+    cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness,
+};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
-use sharehost_tests::{fresh_group_with, group_lag_at, guest, repo_root, topic_values, unique};
+use sharehost_tests::{
+    FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, topic_values, unique,
+};
 use tokio::sync::watch;
 
 /// Nodes of the cluster (`dev/kafka` node N has node id N).
@@ -275,34 +278,10 @@ fn new_version(component: &Path, tag: &str) -> Vec<u8> {
     bytes
 }
 
-/// Runs `dev/kafka ARGS` on the cluster's state dir; returns whether it succeeded and its
-/// output (the caller decides whether a failure fails the test).
-fn harness(args: &[&str]) -> (bool, String) {
-    let out = Command::new(repo_root().join("dev/kafka"))
-        .args(args)
-        .env("SHAREHOST_KAFKA_DIR", cluster_dir())
-        .output()
-        .expect("run dev/kafka");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-fn harness_ok(args: &[&str]) -> String {
-    let (ok, text) = harness(args);
-    assert!(ok, "dev/kafka {} failed:\n{text}", args.join(" "));
-    text
-}
-
 /// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's
 /// TopicCommand lists them.
 fn under_replicated(bootstrap: &str) -> Vec<String> {
-    let (ok, text) = harness(&[
+    let (ok, text) = try_cluster_harness(&[
         "tool",
         "org.apache.kafka.tools.TopicCommand",
         "--bootstrap-server",
@@ -440,11 +419,11 @@ impl Nemesis {
                     "stop-broker"
                 };
                 self.broker_down = Some(n);
-                harness_ok(&[cmd, &n.to_string()]);
+                cluster_harness(&[cmd, &n.to_string()]);
                 format!("node {n} down")
             }
             Action::StartBroker(n) => {
-                harness_ok(&["start-broker", &n.to_string()]);
+                cluster_harness(&["start-broker", &n.to_string()]);
                 self.broker_down = None;
                 wait_fully_replicated(&self.bootstrap);
                 format!("node {n} up and back in every ISR")
@@ -473,7 +452,7 @@ impl Nemesis {
                 let mut refused = String::new();
                 for _ in 0..3 {
                     wait_fully_replicated(&self.bootstrap);
-                    let (ok, text) = harness(&[
+                    let (ok, text) = try_cluster_harness(&[
                         "move-leader",
                         &self.topic,
                         &partition.to_string(),
@@ -532,7 +511,7 @@ impl Drop for Nemesis {
     fn drop(&mut self) {
         // A failing run must not leave a broker of a shared cluster down behind it.
         if let Some(n) = self.broker_down.take() {
-            let _ = harness(&["start-broker", &n.to_string()]);
+            let _ = try_cluster_harness(&["start-broker", &n.to_string()]);
         }
     }
 }
@@ -602,27 +581,13 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
     let manifest = dir.join("chaos.toml");
     std::fs::write(
         &manifest,
-        format!(
-            r#"[cluster]
-bootstrap = "{bootstrap}"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[pipeline]]
-name = "ledger"
-topics = ["{topic}"]
-group = "{group}"
-component = "{component}"
-config = {{ reject-every = "7", pause-ms = "10" }}
-batch_size = 50
-max_in_flight = 500
-delivery_cap = 4
-concurrency = 2
-dead_letter_topic = "{dlq}"
-"#,
-            bootstrap = listens.join(","),
-            component = versions[0].display(),
+        ledger_manifest(
+            &listens.join(","),
+            &topic,
+            &group,
+            &versions[0],
+            r#"reject-every = "7", pause-ms = "10""#,
+            &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
         ),
     )
     .expect("write manifest");
@@ -841,7 +806,7 @@ struct Restart(Option<i32>);
 impl Drop for Restart {
     fn drop(&mut self) {
         if let Some(n) = self.0.take() {
-            let _ = harness(&["start-broker", &n.to_string()]);
+            let _ = try_cluster_harness(&["start-broker", &n.to_string()]);
         }
     }
 }
@@ -878,7 +843,7 @@ async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
     }];
     let mut restart = Restart(Some(leader));
     // The two other nodes keep every partition in sync (min.insync.replicas 2).
-    tokio::task::spawn_blocking(move || harness_ok(&["stop-broker", &leader.to_string()]))
+    tokio::task::spawn_blocking(move || cluster_harness(&["stop-broker", &leader.to_string()]))
         .await
         .expect("stop");
     // What the share consumer does on a leadership error for its own topic.
@@ -889,7 +854,7 @@ async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
     let produced = client.produce(&target, 0, &record, Compression::None).await;
     let n = restart.0.take().expect("stopped node");
     tokio::task::spawn_blocking(move || {
-        harness_ok(&["start-broker", &n.to_string()]);
+        cluster_harness(&["start-broker", &n.to_string()]);
         wait_fully_replicated(&bootstrap);
     })
     .await

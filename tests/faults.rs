@@ -20,8 +20,8 @@ use sharehost_tests::host::{HostProcess, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
-    bootstrap, client, fresh_group_with, guest, harness, produce_ids, proxied_listener,
-    topic_values, unique, wait_until_drained,
+    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
+    produce_ids, proxied_listener, topic_values, unique, wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -103,29 +103,13 @@ impl Scenario {
     /// A manifest of one pipeline running `component` with the ledger plugin's `plugin_config`
     /// (TOML inline-table entries), every 7th id rejected and dead-lettered.
     fn manifest(&self, bootstrap: &str, component: &Path, plugin_config: &str) -> PathBuf {
-        let text = format!(
-            r#"[cluster]
-bootstrap = "{bootstrap}"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[pipeline]]
-name = "ledger"
-topics = ["{topic}"]
-group = "{group}"
-component = "{component}"
-config = {{ reject-every = "7", {plugin_config} }}
-batch_size = 50
-max_in_flight = 500
-delivery_cap = 4
-concurrency = 2
-dead_letter_topic = "{dlq}"
-"#,
-            topic = self.topic,
-            group = self.group,
-            dlq = self.dlq,
-            component = component.display(),
+        let text = ledger_manifest(
+            bootstrap,
+            &self.topic,
+            &self.group,
+            component,
+            &format!(r#"reject-every = "7", {plugin_config}"#),
+            &format!("{FAULT_SETTINGS}dead_letter_topic = \"{}\"\n", self.dlq),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");

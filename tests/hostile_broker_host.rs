@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use kafka_protocol::messages::ApiKey;
 use sharehost_tests::fake_broker::{FakeBroker, TOPIC, lying_share_member};
 use sharehost_tests::host::HostProcess;
-use sharehost_tests::{guest, repo_root, unique};
+use sharehost_tests::{guest, ledger_manifest, repo_root, unique};
 
 fn sharehost() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sharehost"))
@@ -28,23 +28,13 @@ fn sharehost_run_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
     let manifest = dir.join(format!("{}.toml", unique("manifest")));
     std::fs::write(
         &manifest,
-        format!(
-            r#"[cluster]
-bootstrap = "{bootstrap}"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[pipeline]]
-name = "ledger"
-topics = ["{TOPIC}"]
-group = "{group}"
-component = "{component}"
-config = {{ reject-every = "7" }}
-"#,
-            bootstrap = broker.addr(),
-            group = unique("lying-group"),
-            component = guest("fixture_ledger").display(),
+        ledger_manifest(
+            &broker.addr(),
+            TOPIC,
+            &unique("lying-group"),
+            &guest("fixture_ledger"),
+            r#"reject-every = "7""#,
+            "",
         ),
     )
     .expect("write manifest");

@@ -41,7 +41,7 @@ pub fn cluster_bootstrap() -> String {
         is_reachable(&addr),
         "this test needs the three-node Kafka cluster at {addr}, which is not reachable: {HOW}"
     );
-    let (ok, status) = run_harness(&["status"]);
+    let (ok, status) = try_cluster_harness(&["status"]);
     let listed = status
         .lines()
         .find_map(|l| l.strip_prefix("bootstrap: "))
@@ -74,9 +74,9 @@ pub async fn cluster_client() -> KafkaClient {
     }
 }
 
-/// Runs `dev/kafka ARGS` on the cluster's state dir; returns whether it succeeded and its
-/// stdout.
-fn run_harness(args: &[&str]) -> (bool, String) {
+/// Runs `dev/kafka ARGS` on the cluster's state dir; returns whether it succeeded and what it
+/// printed (the caller decides whether a failure fails the test).
+pub fn try_cluster_harness(args: &[&str]) -> (bool, String) {
     let out = Command::new(repo_root().join("dev/kafka"))
         .args(args)
         .env("SHAREHOST_KAFKA_DIR", cluster_dir())
@@ -95,7 +95,7 @@ fn run_harness(args: &[&str]) -> (bool, String) {
 /// Runs a `dev/kafka` command on the cluster (`stop-broker 2`, `move-leader T 0 3`, ...),
 /// failing the test if it fails; returns what it printed.
 pub fn cluster_harness(args: &[&str]) -> String {
-    let (ok, text) = run_harness(args);
+    let (ok, text) = try_cluster_harness(args);
     assert!(ok, "dev/kafka {} failed:\n{text}", args.join(" "));
     text
 }
