@@ -35,16 +35,18 @@ use wasmtime::component::__internal::{
 };
 use wasmtime::component::{ComponentType, Lift, WasmList};
 
-/// One verdict as lifted: the contract's `verdict` with its reason already cut to the bound.
+/// A plugin's judgement of one record, as the host lifts it from the guest (the contract's
+/// `verdict`, with the reason already cut to its bound). The host's runtime re-exports it as
+/// `sharehost::runtime::Verdict`: one type from the guest's memory to the acknowledgement.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LiftedVerdict {
-    /// `accept`.
+pub enum Verdict {
+    /// Processed: acknowledge (never delivered again).
     Accept,
-    /// `release`.
+    /// Give back for redelivery.
     Release,
-    /// `reject`, with at most `max_reason_bytes` of the reason.
+    /// Never deliver again; the optional reason holds at most the call's `max_reason_bytes`.
     Reject(Option<String>),
-    /// `renew`.
+    /// Extend the acquisition lock and deliver again to this consumer later.
     Renew,
 }
 
@@ -91,7 +93,7 @@ pub enum VerdictLiftError {
 /// host's bindings generate it: the component's result type is checked against `list<W>`.
 pub struct VerdictList<W> {
     /// One per record, in record order.
-    pub verdicts: Vec<LiftedVerdict>,
+    pub verdicts: Vec<Verdict>,
     _wire: PhantomData<fn() -> W>,
 }
 
@@ -185,9 +187,9 @@ fn lift_verdicts<W>(
     let mut verdicts = Vec::with_capacity(bounds.records);
     for (i, item) in list.chunks_exact(VERDICT_SIZE).enumerate() {
         let verdict = match item[0] {
-            0 => LiftedVerdict::Accept,
-            1 => LiftedVerdict::Release,
-            2 => LiftedVerdict::Reject(match item[PAYLOAD] {
+            0 => Verdict::Accept,
+            1 => Verdict::Release,
+            2 => Verdict::Reject(match item[PAYLOAD] {
                 0 => None,
                 1 => {
                     let (sptr, slen) = pointer_pair(&item[STRING..])?;
@@ -200,7 +202,7 @@ fn lift_verdicts<W>(
                     return Err(unreadable(format!("verdict {i}: option discriminant {d}")));
                 }
             }),
-            3 => LiftedVerdict::Renew,
+            3 => Verdict::Renew,
             d => return Err(unreadable(format!("verdict {i}: discriminant {d}"))),
         };
         verdicts.push(verdict);

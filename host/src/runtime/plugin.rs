@@ -14,38 +14,13 @@ use super::config::{InstanceMode, PluginLimits};
 use super::engine::PluginRuntime;
 use super::error::LoadError;
 use super::host::{Drained, HOSTCALL_FUEL, StoreState};
-use sharehost_bounded_lift::{
-    LiftedVerdict, VerdictBounds, VerdictLiftError, VerdictList, with_verdict_bounds,
-};
+pub use sharehost_bounded_lift::Verdict;
+use sharehost_bounded_lift::{VerdictBounds, VerdictLiftError, VerdictList, with_verdict_bounds};
 
 /// Extra wall time granted beyond the deadline before the call is abandoned from the
 /// outside. Epochs stop a spinning guest; this backstop stops one blocked in a host call
 /// (e.g. a WASI sleep), which epochs cannot interrupt.
 const OUTER_TIMEOUT_GRACE: Duration = Duration::from_millis(250);
-
-/// A plugin's judgement of one record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Processed: acknowledge (never delivered again).
-    Accept,
-    /// Give back for redelivery.
-    Release,
-    /// Never deliver again; the optional reason is bounded by `PluginLimits::max_reason_bytes`.
-    Reject(Option<String>),
-    /// Extend the acquisition lock and deliver again to this consumer later.
-    Renew,
-}
-
-impl From<LiftedVerdict> for Verdict {
-    fn from(v: LiftedVerdict) -> Self {
-        match v {
-            LiftedVerdict::Accept => Self::Accept,
-            LiftedVerdict::Release => Self::Release,
-            LiftedVerdict::Reject(reason) => Self::Reject(reason),
-            LiftedVerdict::Renew => Self::Renew,
-        }
-    }
-}
 
 /// Why a batch got no verdicts from the plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -378,7 +353,7 @@ impl Plugin {
         self.count_dropped(&drained);
         let stderr = drained.stderr;
         let verdicts = match result {
-            Ok(Ok(list)) => list.verdicts.into_iter().map(Verdict::from).collect(),
+            Ok(Ok(list)) => list.verdicts,
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, warm.store.data(), &stderr);
                 return fault(kind, message);
