@@ -73,6 +73,8 @@ pub struct PluginLimits {
     /// Longest reject reason kept; longer ones are truncated (they travel into acks and
     /// dead-letter headers, so they must stay small).
     pub max_reason_bytes: usize,
+    /// Outbound HTTP granted to the plugin (`None`: every request is refused in the host).
+    pub http: Option<std::sync::Arc<super::http::HttpGrant>>,
 }
 
 impl Default for PluginLimits {
@@ -82,6 +84,7 @@ impl Default for PluginLimits {
             batch_deadline: Duration::from_secs(5),
             instance_mode: InstanceMode::default(),
             max_reason_bytes: 1024,
+            http: None,
         }
     }
 }

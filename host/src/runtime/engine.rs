@@ -99,6 +99,10 @@ impl PluginRuntime {
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         super::host::add_to_linker(&mut linker)
             .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        // wasi:http's own interfaces; whether a plugin may import them (and where its
+        // requests may go) is decided per plugin by its grant, never by the linker.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(Cache::open(
                 &engine,

@@ -67,7 +67,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
 /// did survives a recycle.
 pub(crate) struct StoreState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
+    /// Outbound HTTP (`wasi:http`), refused unless the pipeline grants hosts.
+    pub(crate) http: super::http::HttpState,
     /// Memory cap and whether the guest hit it.
     pub(crate) limiter: Limiter,
     /// The plugin's name, on every log line.
@@ -87,7 +89,11 @@ pub(crate) struct StoreState {
 impl StoreState {
     /// A state with an empty WASI context: no preopens, no environment, no arguments, stdin
     /// closed, networking denied (wasmtime-wasi 48's default), stdio captured.
-    pub(crate) fn new(plugin: Arc<str>, max_memory: usize) -> Self {
+    pub(crate) fn new(
+        plugin: Arc<str>,
+        max_memory: usize,
+        http: Option<Arc<super::http::HttpGrant>>,
+    ) -> Self {
         let stdout = Capture::new();
         let stderr = Capture::new();
         let wasi = WasiCtx::builder()
@@ -99,6 +105,7 @@ impl StoreState {
         Self {
             wasi,
             table: ResourceTable::new(),
+            http: super::http::HttpState::new(http),
             limiter: Limiter {
                 max_memory,
                 hit: false,

@@ -26,6 +26,7 @@ mod config;
 mod engine;
 mod error;
 mod host;
+mod http;
 pub mod offline;
 mod plugin;
 mod validate;
@@ -35,6 +36,7 @@ pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read
 pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
+pub use http::{HttpGrant, HttpSettings};
 pub use plugin::{BatchOutcome, Fault, FaultKind, Plugin, PluginStats, Verdict};
 pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
 

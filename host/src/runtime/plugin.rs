@@ -385,7 +385,11 @@ impl Plugin {
         let inner = &self.runtime.inner;
         let mut store = Store::new(
             &inner.engine,
-            StoreState::new(self.name.clone(), self.limits.max_memory),
+            StoreState::new(
+                self.name.clone(),
+                self.limits.max_memory,
+                self.limits.http.clone(),
+            ),
         );
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
@@ -419,7 +423,7 @@ impl Plugin {
             let handle = instance
                 .get_func(&mut store, "handle")
                 .ok_or_else(|| wasmtime::format_err!("export `handle` disappeared"))?;
-            let r = bindings.call_init(&mut store, &self.config).await?;
+            let r = bindings.call_init(&mut store, &self.config, &[]).await?;
             Ok::<_, wasmtime::Error>((handle, r))
         };
         let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, setup).await;
