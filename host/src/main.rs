@@ -76,6 +76,21 @@ struct TestPluginArgs {
     /// Largest component file read, in MiB (the manifest's `runtime.max_component_mib`).
     #[arg(long, default_value_t = sharehost::runtime::DEFAULT_MAX_COMPONENT_BYTES >> 20)]
     max_component_mib: u64,
+    /// Output name the plugin may emit to (repeatable; the manifest's `[pipeline.outputs]`
+    /// keys). Emits are shown on their record's line, never produced.
+    #[arg(long = "output", value_name = "NAME")]
+    outputs: Vec<String>,
+    /// Grants outbound HTTP to scheme://host[:port] (repeatable; the manifest's
+    /// `allowed_outbound_hosts`). Without it, every request is refused in the host.
+    #[arg(long = "allow-outbound-host", value_name = "URL")]
+    allowed_outbound_hosts: Vec<String>,
+    /// Secret handed to init, read from an environment variable: NAME=ENV_VAR (repeatable;
+    /// the manifest's `[pipeline.secrets]`). Never taken as a value on the command line.
+    #[arg(long = "secret-env", value_name = "NAME=ENV_VAR")]
+    secret_env: Vec<String>,
+    /// Wall-clock deadline per batch, in milliseconds (default: the CPU deadline).
+    #[arg(long)]
+    wall_deadline_ms: Option<u64>,
 }
 
 /// How to reach a cluster from the command line.
@@ -165,7 +180,10 @@ async fn probe(args: ProbeArgs) -> Result<()> {
 
 async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     use sharehost::runtime::offline::{parse_jsonl, verdict_line};
-    use sharehost::runtime::{PluginLimits, PluginRuntime, RuntimeConfig, Verdict};
+    use sharehost::runtime::{
+        HttpGrant, HttpSettings, OutputGrant, PluginInit, PluginLimits, PluginRuntime,
+        RuntimeConfig, Secrets, Verdict,
+    };
     use std::collections::BTreeMap;
     use std::io::Write;
 
@@ -189,17 +207,50 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         max_component_bytes: args.max_component_mib.saturating_mul(1 << 20),
         ..RuntimeConfig::default()
     })?;
+    let secrets = args
+        .secret_env
+        .iter()
+        .map(|item| {
+            let (name, var) = item
+                .split_once('=')
+                .with_context(|| format!("--secret-env `{item}`: expected NAME=ENV_VAR"))?;
+            let value = std::env::var(var).with_context(|| {
+                format!("--secret-env {name}: environment variable {var} is not set")
+            })?;
+            Ok((name.to_owned(), value))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let http = if args.allowed_outbound_hosts.is_empty() {
+        None
+    } else {
+        let settings = HttpSettings {
+            allowed_outbound_hosts: args.allowed_outbound_hosts.clone(),
+            ..HttpSettings::default()
+        };
+        Some(HttpGrant::new(settings).map_err(|e| anyhow::anyhow!("--allow-outbound-host: {e}"))?)
+    };
     let limits = PluginLimits {
         max_memory,
         batch_deadline: std::time::Duration::from_millis(args.deadline_ms),
+        wall_deadline: args.wall_deadline_ms.map(std::time::Duration::from_millis),
+        http,
+        outputs: std::sync::Arc::new(OutputGrant {
+            names: args.outputs.iter().map(|n| n.as_str().into()).collect(),
+            ..OutputGrant::default()
+        }),
         ..PluginLimits::default()
     };
-    let mut plugin = runtime.load(&args.component, limits, config).await?;
+    let init = PluginInit {
+        config,
+        secrets: std::sync::Arc::new(Secrets::new(secrets)),
+    };
+    let mut plugin = runtime.load_with(&args.component, limits, init).await?;
 
     let fault_policy = Verdict::Release;
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut batch_us = Vec::new();
+    let mut emitted = 0u64;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for batch in records.chunks(args.batch_size) {
@@ -210,15 +261,20 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         if let Some(f) = &fault {
             *faults.entry(f.kind.as_str()).or_default() += 1;
         }
-        for (record, verdict) in batch.iter().zip(outcome.verdicts_or(&fault_policy)) {
-            let name = match verdict {
-                Verdict::Accept => "accept",
-                Verdict::Release => "release",
-                Verdict::Reject(_) => "reject",
-                Verdict::Renew => "renew",
-            };
-            *counts.entry(name).or_default() += 1;
-            writeln!(out, "{}", verdict_line(record, &verdict, fault.as_ref()))?;
+        let emits = plugin.take_emits();
+        for (i, (record, verdict)) in batch
+            .iter()
+            .zip(outcome.verdicts_or(&fault_policy))
+            .enumerate()
+        {
+            *counts.entry(verdict.kind()).or_default() += 1;
+            let mine: Vec<_> = emits.iter().filter(|e| e.record == i).collect();
+            emitted += mine.len() as u64;
+            writeln!(
+                out,
+                "{}",
+                verdict_line(record, &verdict, fault.as_ref(), &mine)
+            )?;
         }
     }
     let mean = if batch_us.is_empty() {
@@ -231,6 +287,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
             "records": records.len(),
             "batches": batch_us.len(),
             "verdicts": counts,
+            "emits": emitted,
             "faults": faults,
             "us_per_batch": (mean * 10.0).round() / 10.0,
             "plugin": plugin.name(),

@@ -47,6 +47,13 @@ pub struct Metrics {
     pub swaps: Family<Labels, Counter>,
     /// Assignment changes (share-group rebalances) seen by the pipeline's member.
     pub rebalances: Family<Labels, Gauge>,
+    /// Records plugins emitted, by result: produced (before their source's Accept),
+    /// discarded (the source ended otherwise), failed (producing failed: the source was
+    /// released), refused (the guest saw an error).
+    pub emits: Family<Labels, Counter>,
+    /// Outbound HTTP requests of plugins, by result (sent, refused by the allow-list or the
+    /// address check, failed, timed out, response too large).
+    pub http_requests: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -73,6 +80,8 @@ impl Metrics {
             released_by_broker: Family::default(),
             swaps: Family::default(),
             rebalances: Family::default(),
+            emits: Family::default(),
+            http_requests: Family::default(),
         };
         registry.register(
             "records",
@@ -129,6 +138,16 @@ impl Metrics {
             "rebalances",
             "Assignment changes seen by the pipeline's member",
             m.rebalances.clone(),
+        );
+        registry.register(
+            "emits",
+            "Records emitted by plugins, by pipeline, plugin version and result",
+            m.emits.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "Outbound HTTP requests of plugins, by pipeline and result",
+            m.http_requests.clone(),
         );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m

@@ -4,7 +4,8 @@
 //! and initialised off the hot path and takes the next batch; batches in flight finish on the
 //! version they started with.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,8 @@ use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
 use crate::runtime::{
-    Fault, FaultKind, InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, Verdict,
+    Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant, Plugin, PluginInit,
+    PluginLimits, PluginRuntime, Record, Secrets, Verdict,
 };
 use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
@@ -29,6 +31,15 @@ use crate::share::ledger::{AckKind, TopicIdPartition};
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most extra plugin calls spent isolating poison records in a faulting batch.
 const MAX_ISOLATION_CALLS: usize = 16;
+/// Outputs are produced compressed: emitted records are usually small and alike (JSON), and
+/// lz4 costs the least CPU of Kafka's codecs, on a machine whose cores the broker shares.
+const OUTPUT_COMPRESSION: Compression = Compression::Lz4;
+/// Uncompressed bytes per produce batch of outputs: well under the broker's default
+/// `message.max.bytes` (1 MiB), which a larger batch would exceed and be refused whole.
+const MAX_OUTPUT_BATCH_BYTES: usize = 512 << 10;
+/// A held record (`retry`) is released this long before its lock would run out on a broker
+/// without renew, so the release lands while the record is still ours.
+const RETRY_LOCK_MARGIN: Duration = Duration::from_secs(1);
 
 /// Why a plugin version could not be made active.
 #[derive(Debug, thiserror::Error)]
@@ -61,8 +72,9 @@ enum Handler {
 }
 
 impl Handler {
-    /// Verdicts for `records` plus the faults met, as [`Plugin::handle_isolating`] returns them.
-    async fn judge(&mut self, records: &[Record], policy: &Verdict) -> (Vec<Verdict>, Vec<Fault>) {
+    /// Verdicts and emits for `records` plus the faults met, as [`Plugin::handle_isolating`]
+    /// returns them.
+    async fn judge(&mut self, records: &[Record], policy: &Verdict) -> Judged {
         match self {
             Handler::Wasm(plugin) => {
                 plugin
@@ -72,7 +84,10 @@ impl Handler {
             Handler::Native(h) => {
                 let verdicts = h.handle(records);
                 if verdicts.len() == records.len() {
-                    return (verdicts, Vec::new());
+                    return Judged {
+                        verdicts,
+                        ..Judged::default()
+                    };
                 }
                 let fault = Fault {
                     kind: FaultKind::WrongVerdictCount,
@@ -84,7 +99,11 @@ impl Handler {
                     ),
                     records: records.len(),
                 };
-                (vec![policy.clone(); records.len()], vec![fault])
+                Judged {
+                    verdicts: vec![policy.clone(); records.len()],
+                    emits: Vec::new(),
+                    faults: vec![fault],
+                }
             }
         }
     }
@@ -130,6 +149,14 @@ pub struct VersionCounters {
     pub faults: u64,
     /// Plugin calls.
     pub batches: u64,
+    /// Records held back at the plugin's `retry`, then released.
+    pub retried: u64,
+    /// Emitted records produced before their source's Accept.
+    pub emits_produced: u64,
+    /// Emitted records discarded (their source was released, rejected, renewed or retried).
+    pub emits_discarded: u64,
+    /// Emitted records whose produce failed (their source was released).
+    pub emits_failed: u64,
 }
 
 /// What `GET /pipelines` shows for one pipeline.
@@ -153,9 +180,59 @@ pub struct PipelineStatus {
     pub last_swap_error: Option<String>,
 }
 
+/// What a pipeline grants its plugin beyond computing: built once per pipeline (the HTTP
+/// grant's concurrency cap and TLS settings are shared by every instance and version).
+#[derive(Debug, Default, Clone)]
+struct Grants {
+    http: Option<Arc<HttpGrant>>,
+    outputs: Arc<OutputGrant>,
+    secrets: Arc<Secrets>,
+}
+
+impl Grants {
+    fn build(spec: &PipelineSpec) -> Result<Grants, String> {
+        let http = match &spec.http {
+            Some(settings) => Some(
+                HttpGrant::new(settings.clone())
+                    .map_err(|e| format!("allowed_outbound_hosts: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(Grants {
+            http,
+            outputs: Arc::new(spec.output_grant()),
+            secrets: Arc::new(spec.resolve_secrets()?),
+        })
+    }
+}
+
+/// A record a plugin asked to `retry`, held until `due`, then released.
+struct Held {
+    due: Instant,
+    record: ShareRecord,
+}
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.due == other.due
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.due.cmp(&other.due)
+    }
+}
+
 /// A running pipeline as the admin endpoints see it.
 pub struct Pipeline {
     spec: PipelineSpec,
+    grants: Grants,
     runtime: PluginRuntime,
     metrics: Arc<Metrics>,
     active: Mutex<Arc<Version>>,
@@ -171,10 +248,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn limits(spec: &PipelineSpec) -> PluginLimits {
+fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
     PluginLimits {
         max_memory: spec.memory_limit,
         batch_deadline: spec.cpu_deadline,
+        wall_deadline: Some(spec.wall_deadline),
+        http: grants.http.clone(),
+        outputs: grants.outputs.clone(),
         instance_mode: match spec.instance_mode {
             InstanceModeSpec::Reuse => InstanceMode::Reuse {
                 max_batches: spec.recycle_after,
@@ -188,17 +268,21 @@ fn limits(spec: &PipelineSpec) -> PluginLimits {
 async fn load_version(
     runtime: &PluginRuntime,
     spec: &PipelineSpec,
+    grants: &Grants,
     path: &Path,
 ) -> Result<Version, SwapError> {
-    let config: Vec<(String, String)> = spec
-        .config
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let init = PluginInit {
+        config: spec
+            .config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        secrets: grants.secrets.clone(),
+    };
     let mut instances = Vec::with_capacity(spec.concurrency);
     for _ in 0..spec.concurrency {
         let plugin = runtime
-            .load(path, limits(spec), config.clone())
+            .load_with(path, limits(spec, grants), init.clone())
             .await
             .map_err(|e| SwapError {
                 pipeline: spec.name.clone(),
@@ -229,9 +313,14 @@ impl Pipeline {
         runtime: PluginRuntime,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Pipeline>, SwapError> {
-        let version = load_version(&runtime, &spec, &spec.component).await?;
+        let grants = Grants::build(&spec).map_err(|message| SwapError {
+            pipeline: spec.name.clone(),
+            path: spec.component.clone(),
+            message,
+        })?;
+        let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
-        Ok(Self::with_version(spec, runtime, metrics, version))
+        Ok(Self::with_version(spec, grants, runtime, metrics, version))
     }
 
     /// A pipeline whose batches go to a trusted native handler instead of `spec.component`
@@ -244,17 +333,25 @@ impl Pipeline {
     ) -> Arc<Pipeline> {
         let version = Version::native(handler, spec.concurrency);
         tracing::info!(pipeline = %spec.name, version = %version.hash, "native handler in place of a plugin");
-        Self::with_version(spec, runtime, metrics, version)
+        // A native handler uses no grant; a later hot-swap to a component gets the
+        // manifest's, or none when they cannot be built (say, a secret that is not set).
+        let grants = Grants::build(&spec).unwrap_or_else(|e| {
+            tracing::warn!(pipeline = %spec.name, "grants for a later hot-swap unavailable: {e}");
+            Grants::default()
+        });
+        Self::with_version(spec, grants, runtime, metrics, version)
     }
 
     fn with_version(
         spec: PipelineSpec,
+        grants: Grants,
         runtime: PluginRuntime,
         metrics: Arc<Metrics>,
         version: Version,
     ) -> Arc<Pipeline> {
         Arc::new(Pipeline {
             spec,
+            grants,
             runtime,
             metrics,
             active: Mutex::new(Arc::new(version)),
@@ -302,7 +399,7 @@ impl Pipeline {
     pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
         let labels: Labels = vec![("pipeline", self.spec.name.clone())];
-        match load_version(&self.runtime, &self.spec, path).await {
+        match load_version(&self.runtime, &self.spec, &self.grants, path).await {
             Ok(v) => {
                 let hash = v.hash.clone();
                 let old = std::mem::replace(&mut *lock(&self.active), Arc::new(v));
@@ -369,6 +466,9 @@ impl Pipeline {
         tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
         let permits = Arc::new(Semaphore::new(spec.concurrency));
         let (requeue_tx, mut requeue_rx) = mpsc::unbounded_channel::<ShareRecord>();
+        // Records held at a plugin's `retry`, released when due (earliest first).
+        let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<Held>();
+        let mut held: BinaryHeap<Reverse<Held>> = BinaryHeap::new();
         let renewals: Arc<Mutex<HashMap<(TopicIdPartition, i64), u32>>> = Arc::default();
         let mut running = JoinSet::new();
         let mut backlog: VecDeque<ShareRecord> = VecDeque::new();
@@ -377,9 +477,19 @@ impl Pipeline {
             while let Ok(r) = requeue_rx.try_recv() {
                 backlog.push_back(r);
             }
+            while let Ok(h) = retry_rx.try_recv() {
+                held.push(Reverse(h));
+            }
+            release_due(&consumer, &mut held);
+            // Far in the future when nothing is held: the branch below then never fires.
+            let next_due = held
+                .peek()
+                .map_or_else(|| Instant::now() + Duration::from_secs(3600), |h| h.0.due);
             if backlog.is_empty() {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(next_due.into()) => continue,
+                    h = retry_rx.recv() => if let Some(h) = h { held.push(Reverse(h)) },
                     r = consumer.poll(Duration::from_millis(500)) => match r {
                         Ok(Some(d)) => {
                             if !d.poison.is_empty() {
@@ -405,6 +515,7 @@ impl Pipeline {
             }
             let permit = tokio::select! {
                 _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep_until(next_due.into()) => continue,
                 p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
             let take = backlog.len().min(spec.batch_size);
@@ -419,14 +530,15 @@ impl Pipeline {
                 continue;
             }
             let this = self.clone();
-            let (c, k, rq, rn) = (
+            let (c, k, rq, rn, rt) = (
                 consumer.clone(),
                 client.clone(),
                 requeue_tx.clone(),
                 renewals.clone(),
+                retry_tx.clone(),
             );
             running.spawn(async move {
-                this.judge(&c, &k, batch, &rq, &rn).await;
+                this.judge(&c, &k, batch, &rq, &rn, &rt).await;
                 drop(permit);
             });
         }
@@ -448,6 +560,15 @@ impl Pipeline {
         }
         while let Ok(r) = requeue_rx.try_recv() {
             let _ = consumer.acknowledge(&r, AckKind::Release);
+        }
+        // Held records are released now, not at their due time: their delay was a plugin's
+        // wish, and the next member honours it no less than a redelivery does.
+        drop(retry_tx);
+        while let Ok(h) = retry_rx.try_recv() {
+            held.push(Reverse(h));
+        }
+        for Reverse(h) in held.drain() {
+            let _ = consumer.acknowledge(&h.record, AckKind::Release);
         }
         if !consumer.flush(Duration::from_secs(30)).await {
             tracing::warn!(pipeline = %spec.name, "not every verdict was confirmed before close");
@@ -515,6 +636,7 @@ impl Pipeline {
         batch: Vec<ShareRecord>,
         requeue: &mpsc::UnboundedSender<ShareRecord>,
         renewals: &Mutex<HashMap<(TopicIdPartition, i64), u32>>,
+        retries: &mpsc::UnboundedSender<Held>,
     ) {
         let version = lock(&self.active).clone();
         let Some(mut handler) = lock(&version.instances).pop() else {
@@ -543,7 +665,11 @@ impl Pipeline {
         };
         // A faulting batch is split on fresh instances to find the poison record(s), so the
         // innocent records are judged normally; records that fault alone get the policy verdict.
-        let (verdicts, faults) = handler.judge(&records, &policy).await;
+        let Judged {
+            verdicts,
+            emits,
+            faults,
+        } = handler.judge(&records, &policy).await;
         if let Some(first) = faults.first() {
             let (lo, hi) = (
                 batch.first().map(|r| r.record.offset),
@@ -583,17 +709,45 @@ impl Pipeline {
         self.metrics.batches.get_or_create(&labels).inc();
         self.count(&version.hash, |c| c.batches += 1);
 
+        // Emits by source record: an accepted record with emits is accepted only after they
+        // are produced; the emits of any other verdict are discarded.
+        let mut emits_of: BTreeMap<usize, Vec<Emit>> = BTreeMap::new();
+        for e in emits {
+            emits_of.entry(e.record).or_default().push(e);
+        }
+        let mut discarded = 0u64;
         let mut rejects: Vec<(&ShareRecord, String)> = Vec::new();
         let mut finals: Vec<(&ShareRecord, AckKind)> = Vec::with_capacity(batch.len());
+        let mut producing: Vec<(&ShareRecord, Vec<Emit>)> = Vec::new();
         {
             let mut renewed = lock(renewals);
-            for (r, v) in batch.iter().zip(verdicts) {
+            for (i, (r, v)) in batch.iter().zip(verdicts).enumerate() {
                 let key = (r.partition, r.record.offset);
+                let own = emits_of.remove(&i);
+                if !matches!(v, Verdict::Accept) {
+                    discarded += own.as_ref().map_or(0, |e| e.len() as u64);
+                }
                 let kind = match v {
-                    Verdict::Accept => AckKind::Accept,
+                    Verdict::Accept => match own {
+                        Some(own) => {
+                            producing.push((r, own));
+                            if !renewed.is_empty() {
+                                renewed.remove(&key);
+                            }
+                            continue;
+                        }
+                        None => AckKind::Accept,
+                    },
                     Verdict::Release => AckKind::Release,
                     Verdict::Reject(reason) => {
                         rejects.push((r, reason.unwrap_or_default()));
+                        continue;
+                    }
+                    Verdict::Retry(after_ms) => {
+                        if !renewed.is_empty() {
+                            renewed.remove(&key);
+                        }
+                        self.hold_for_retry(consumer, r, after_ms, retries, &version.hash);
                         continue;
                     }
                     Verdict::Renew => {
@@ -619,10 +773,146 @@ impl Pipeline {
                 finals.push((r, kind));
             }
         }
+        if discarded > 0 {
+            self.count_emits(&version.hash, "discarded", discarded);
+        }
         self.ack_all(consumer, &finals, &version.hash);
+        if !producing.is_empty() {
+            let produced = self
+                .produce_outputs(client, &producing, &version.hash)
+                .await;
+            let acks: Vec<(&ShareRecord, AckKind)> = producing
+                .iter()
+                .zip(produced)
+                .map(|((r, _), ok)| {
+                    (
+                        *r,
+                        if ok {
+                            AckKind::Accept
+                        } else {
+                            AckKind::Release
+                        },
+                    )
+                })
+                .collect();
+            self.ack_all(consumer, &acks, &version.hash);
+        }
         if !rejects.is_empty() {
             self.reject(consumer, client, &rejects, &version.hash).await;
         }
+    }
+
+    /// Holds a record a plugin asked to `retry` until its delay has passed (capped by
+    /// `max_retry_delay_ms`, and by the lock time left when the engine cannot renew it), then
+    /// the run loop releases it for redelivery. The record stays acquired and counted in
+    /// flight meanwhile, so retries are bounded by `max_in_flight` like everything held.
+    fn hold_for_retry(
+        &self,
+        consumer: &ShareConsumer,
+        r: &ShareRecord,
+        after_ms: u32,
+        retries: &mpsc::UnboundedSender<Held>,
+        hash: &str,
+    ) {
+        let mut delay = Duration::from_millis(u64::from(after_ms)).min(self.spec.max_retry_delay);
+        if let Some(left) = consumer.hold_limit(r) {
+            delay = delay.min(left.saturating_sub(RETRY_LOCK_MARGIN));
+        }
+        self.record(hash, "retry");
+        self.count(hash, |c| c.retried += 1);
+        let held = Held {
+            due: Instant::now() + delay,
+            record: r.clone(),
+        };
+        if let Err(mpsc::error::SendError(held)) = retries.send(held) {
+            // The run loop is gone (draining): release now rather than hold.
+            let _ = consumer.acknowledge(&held.record, AckKind::Release);
+        }
+    }
+
+    fn count_emits(&self, hash: &str, result: &str, n: u64) {
+        let mut l = self.labels(hash);
+        l.push(("result", result.into()));
+        self.metrics.emits.get_or_create(&l).inc_by(n);
+        self.count(hash, |c| match result {
+            "produced" => c.emits_produced += n,
+            "discarded" => c.emits_discarded += n,
+            _ => c.emits_failed += n,
+        });
+    }
+
+    /// Produces the emits of accepted records (acks=all, compressed, in batches per output
+    /// partition) and says, per record, whether every one of its emits was written. A record
+    /// with any failed emit is released by the caller, never accepted: its outputs may then
+    /// appear twice (those that did land), but an accepted record never lacks one.
+    async fn produce_outputs(
+        &self,
+        client: &KafkaClient,
+        producing: &[(&ShareRecord, Vec<Emit>)],
+        hash: &str,
+    ) -> Vec<bool> {
+        // (topic, partition) -> (record position, produce record), in record order.
+        let mut groups: BTreeMap<(&str, i32), Vec<(usize, ProduceRecord)>> = BTreeMap::new();
+        let mut ok = vec![true; producing.len()];
+        for (pos, (r, emits)) in producing.iter().enumerate() {
+            for e in emits {
+                let Some(topic) = self.spec.outputs.get(&*e.output) else {
+                    // The runtime only keeps granted names; a swap cannot change them.
+                    ok[pos] = false;
+                    continue;
+                };
+                let partitions = match client.topic(topic) {
+                    Some(t) => t.partitions.len(),
+                    None => {
+                        let _ = client.refresh_metadata(std::slice::from_ref(topic)).await;
+                        client.topic(topic).map_or(0, |t| t.partitions.len())
+                    }
+                };
+                if partitions == 0 {
+                    tracing::error!(pipeline = %self.spec.name, output = %e.output, topic = %topic, "output topic unknown to the cluster: the source record is released");
+                    ok[pos] = false;
+                    continue;
+                }
+                let partition =
+                    output_partition(e.key.as_deref(), r.partition.partition, partitions);
+                groups
+                    .entry((topic.as_str(), partition))
+                    .or_default()
+                    .push((pos, output_record(r, e)));
+            }
+        }
+        let sends = groups.into_iter().flat_map(|((topic, partition), items)| {
+            chunks_by_size(items)
+                .into_iter()
+                .map(move |chunk| async move {
+                    let records: Vec<ProduceRecord> =
+                        chunk.iter().map(|(_, p)| p.clone()).collect();
+                    let result = client
+                        .produce(topic, partition, &records, OUTPUT_COMPRESSION)
+                        .await;
+                    (topic, partition, chunk, result)
+                })
+        });
+        let (mut produced, mut failed) = (0u64, 0u64);
+        for (topic, partition, chunk, result) in futures::future::join_all(sends).await {
+            match result {
+                Ok(_) => produced += chunk.len() as u64,
+                Err(e) => {
+                    failed += chunk.len() as u64;
+                    tracing::error!(pipeline = %self.spec.name, topic, partition, records = chunk.len(), "producing outputs failed, their source records are released: {e}");
+                    for (pos, _) in chunk {
+                        ok[pos] = false;
+                    }
+                }
+            }
+        }
+        if produced > 0 {
+            self.count_emits(hash, "produced", produced);
+        }
+        if failed > 0 {
+            self.count_emits(hash, "failed", failed);
+        }
+        ok
     }
 
     fn record(&self, hash: &str, verdict: &str) {
@@ -821,6 +1111,134 @@ pub async fn run_all(
     failures
 }
 
+/// Releases the held records whose retry delay has passed.
+fn release_due(consumer: &ShareConsumer, held: &mut BinaryHeap<Reverse<Held>>) {
+    let now = Instant::now();
+    let mut due = Vec::new();
+    while held.peek().is_some_and(|h| h.0.due <= now) {
+        if let Some(Reverse(h)) = held.pop() {
+            due.push(h.record);
+        }
+    }
+    if !due.is_empty() {
+        let acks: Vec<(&ShareRecord, AckKind)> =
+            due.iter().map(|r| (r, AckKind::Release)).collect();
+        consumer.acknowledge_all(&acks);
+    }
+}
+
+/// The partition of an output topic an emit goes to: by key like the Java client's default
+/// partitioner (murmur2, so keyed outputs land where Java producers put the same keys), and
+/// keyless ones to the source record's partition modulo the output's, so the outputs of one
+/// source partition stay in order in one output partition and a re-emit after a crash lands
+/// beside the first.
+fn output_partition(key: Option<&[u8]>, source_partition: i32, partitions: usize) -> i32 {
+    let n = partitions.max(1) as u32;
+    let p = match key {
+        Some(k) => (murmur2(k) & 0x7fff_ffff) % n,
+        None => source_partition.unsigned_abs() % n,
+    };
+    p as i32
+}
+
+/// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c), written out because
+/// the default partitioner's exact hash is a fact of the Java client no Rust crate we use
+/// exposes.
+fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+/// An emit as the record produced to its output topic: the plugin's key, value and headers,
+/// then the provenance headers a downstream consumer de-duplicates by.
+fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
+    let h = |k: &str, v: String| Header {
+        key: k.to_owned(),
+        value: Some(Bytes::from(v)),
+    };
+    let mut headers: Vec<Header> = e
+        .headers
+        .iter()
+        .map(|x| Header {
+            key: x.key.clone(),
+            value: x.value.clone(),
+        })
+        .collect();
+    headers.extend([
+        h("sharehost.source.topic", source.topic.to_string()),
+        h(
+            "sharehost.source.partition",
+            source.partition.partition.to_string(),
+        ),
+        h("sharehost.source.offset", source.record.offset.to_string()),
+        h(
+            "sharehost.source.delivery-count",
+            source.delivery_count.to_string(),
+        ),
+    ]);
+    ProduceRecord {
+        key: e.key.clone(),
+        value: e.value.clone(),
+        headers,
+        timestamp: None,
+    }
+}
+
+/// Splits one partition's outputs into produce batches of at most [`MAX_OUTPUT_BATCH_BYTES`]
+/// (uncompressed; a single larger record goes alone, and the broker decides).
+fn chunks_by_size(items: Vec<(usize, ProduceRecord)>) -> Vec<Vec<(usize, ProduceRecord)>> {
+    let size = |p: &ProduceRecord| {
+        let len = |b: &Option<Bytes>| b.as_ref().map_or(0, Bytes::len);
+        len(&p.key)
+            + len(&p.value)
+            + p.headers
+                .iter()
+                .map(|h| h.key.len() + len(&h.value))
+                .sum::<usize>()
+    };
+    let mut chunks = Vec::new();
+    let (mut current, mut bytes) = (Vec::new(), 0usize);
+    for item in items {
+        let n = size(&item.1);
+        if !current.is_empty() && bytes + n > MAX_OUTPUT_BATCH_BYTES {
+            chunks.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        bytes += n;
+        current.push(item);
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
+}
+
 /// The first 12 hex digits of a content hash, for logs and metric labels.
 pub fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
@@ -829,6 +1247,54 @@ pub fn short(hash: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn murmur2_matches_the_java_clients_default_partitioner() {
+        // Kafka's UtilsTest.testMurmur2 vectors (Java ints, compared as i32).
+        for (key, want) in [
+            (&b"21"[..], -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            (b"abc", 479_470_107),
+        ] {
+            assert_eq!(
+                murmur2(key) as i32,
+                want,
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
+        // Keyless outputs follow their source partition.
+        assert_eq!(output_partition(None, 5, 3), 2);
+        assert_eq!(
+            output_partition(Some(b"21"), 0, 7),
+            ((-973_932_308i32 & 0x7fff_ffff) % 7)
+        );
+    }
+
+    #[test]
+    fn output_batches_stay_under_the_size_bound_and_keep_record_order() {
+        let rec = |n: usize| ProduceRecord {
+            key: None,
+            value: Some(Bytes::from(vec![0u8; n])),
+            headers: Vec::new(),
+            timestamp: None,
+        };
+        let items: Vec<(usize, ProduceRecord)> = (0..10)
+            .map(|i| (i, rec(MAX_OUTPUT_BATCH_BYTES / 4)))
+            .chain([(10, rec(MAX_OUTPUT_BATCH_BYTES * 2))])
+            .collect();
+        let chunks = chunks_by_size(items);
+        let sizes: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4, 4, 2, 1]);
+        let order: Vec<usize> = chunks.iter().flatten().map(|(i, _)| *i).collect();
+        assert_eq!(order, (0..11).collect::<Vec<_>>());
+    }
 
     /// Accepts every record, or answers one verdict short when told to.
     struct Native {
@@ -865,12 +1331,16 @@ mod tests {
     async fn a_native_handler_judges_like_a_plugin_and_a_wrong_count_is_a_fault() {
         let batch = records(3);
         let mut good = Handler::Native(Arc::new(Native { short: false }));
-        let (verdicts, faults) = good.judge(&batch, &Verdict::Release).await;
+        let Judged {
+            verdicts, faults, ..
+        } = good.judge(&batch, &Verdict::Release).await;
         assert_eq!(verdicts, vec![Verdict::Accept; 3]);
         assert!(faults.is_empty());
 
         let mut bad = Handler::Native(Arc::new(Native { short: true }));
-        let (verdicts, faults) = bad.judge(&batch, &Verdict::Release).await;
+        let Judged {
+            verdicts, faults, ..
+        } = bad.judge(&batch, &Verdict::Release).await;
         assert_eq!(
             verdicts,
             vec![Verdict::Release; 3],

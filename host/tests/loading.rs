@@ -259,7 +259,7 @@ fn a_component_of_another_package_version_is_refused_naming_the_version() {
     assert!(matches!(e, LoadError::WrongVersion { .. }), "{e}");
     let text = e.to_string();
     assert!(
-        text.contains("built for sharehost:plugin@0.2.0, this host speaks 0.1.x"),
+        text.contains("built for sharehost:plugin@0.9.0, this host speaks 0.1.x and 0.2.x"),
         "{text}"
     );
     assert!(!text.contains("not granted"), "{text}");
@@ -284,7 +284,7 @@ fn a_component_exporting_another_versions_interface_is_refused_naming_the_versio
     let e = refused(&path);
     assert!(
         e.to_string()
-            .contains("built for sharehost:plugin@1.0.0, this host speaks 0.1.x"),
+            .contains("built for sharehost:plugin@1.0.0, this host speaks 0.1.x and 0.2.x"),
         "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -545,7 +545,7 @@ fn test_plugin_names_the_version_a_component_was_built_for() {
     let (ok, _, stderr) = test_plugin(&guest("fixture_other_version"));
     assert!(!ok);
     assert!(
-        stderr.contains("built for sharehost:plugin@0.2.0, this host speaks 0.1.x"),
+        stderr.contains("built for sharehost:plugin@0.9.0, this host speaks 0.1.x and 0.2.x"),
         "{stderr}"
     );
 }

@@ -511,7 +511,9 @@ async fn isolating_a_faulted_batch_judges_the_innocent_records_normally() {
     let mut batch = good_batch();
     batch.extend(poison_batch());
     batch.push(record(30, "bad", &[]));
-    let (verdicts, faults) = plugin.handle_isolating(&batch, &Verdict::Release, 64).await;
+    let sharehost::runtime::Judged {
+        verdicts, faults, ..
+    } = plugin.handle_isolating(&batch, &Verdict::Release, 64).await;
     assert_eq!(
         verdicts,
         vec![
@@ -530,7 +532,10 @@ async fn isolating_a_faulted_batch_judges_the_innocent_records_normally() {
     );
 
     // With no budget for extra calls, the whole batch gets the policy.
-    let (verdicts, _) = plugin.handle_isolating(&batch, &Verdict::Release, 0).await;
+    let verdicts = plugin
+        .handle_isolating(&batch, &Verdict::Release, 0)
+        .await
+        .verdicts;
     assert!(verdicts.iter().all(|v| *v == Verdict::Release));
 }
 

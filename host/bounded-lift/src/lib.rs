@@ -48,6 +48,22 @@ pub enum Verdict {
     Reject(Option<String>),
     /// Extend the acquisition lock and deliver again to this consumer later.
     Renew,
+    /// Keep the record acquired and release it for redelivery after this many milliseconds
+    /// (contract 0.2.0; the host caps the delay).
+    Retry(u32),
+}
+
+impl Verdict {
+    /// The verdict's name as logs, metrics labels and `test-plugin` lines spell it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Verdict::Accept => "accept",
+            Verdict::Release => "release",
+            Verdict::Reject(_) => "reject",
+            Verdict::Renew => "renew",
+            Verdict::Retry(_) => "retry",
+        }
+    }
 }
 
 /// Per-call bounds of the verdict lift.
@@ -134,10 +150,11 @@ unsafe impl<W: ComponentVariant + Lift> Lift for VerdictList<W> {
     }
 }
 
-/// Canonical ABI layout of `verdict` (a variant of four cases, `accept`, `release`,
-/// `reject(option<string>)`, `renew`): discriminant byte at 0, payload at `PAYLOAD`; inside
-/// the payload, the option's discriminant byte, then the string's pointer and length at
-/// `STRING`. 16 bytes, aligned to 4.
+/// Canonical ABI layout of `verdict` (a variant of four cases in contract 0.1, `accept`,
+/// `release`, `reject(option<string>)`, `renew`, plus `retry(u32)` in 0.2): discriminant byte
+/// at 0, payload at `PAYLOAD`; inside `reject`'s payload, the option's discriminant byte, then
+/// the string's pointer and length at `STRING`; `retry`'s payload is the u32 itself. 16 bytes,
+/// aligned to 4, in both versions (the largest payload, `option<string>`, sets the size).
 const VERDICT_SIZE: usize = 16;
 const VERDICT_ALIGN: usize = 4;
 const PAYLOAD: usize = 4;
@@ -149,7 +166,7 @@ fn verdict_layout_is_the_one_read<W: ComponentVariant>() -> wasmtime::Result<()>
     if W::SIZE32 != VERDICT_SIZE
         || W::ALIGN32 as usize != VERDICT_ALIGN
         || W::PAYLOAD_OFFSET32 != PAYLOAD
-        || W::CASES.len() != 4
+        || !matches!(W::CASES.len(), 4 | 5)
     {
         return Err(wasmtime::format_err!(
             "the verdict type's layout is not the one the host reads (host bug)"
@@ -158,7 +175,7 @@ fn verdict_layout_is_the_one_read<W: ComponentVariant>() -> wasmtime::Result<()>
     Ok(())
 }
 
-fn lift_verdicts<W>(
+fn lift_verdicts<W: ComponentVariant>(
     cx: &mut LiftContext<'_>,
     ptr: u32,
     len: u32,
@@ -184,6 +201,9 @@ fn lift_verdicts<W>(
         .checked_mul(VERDICT_SIZE)
         .and_then(|size| memory.get(start..start.checked_add(size)?))
         .ok_or_else(|| unreadable("list out of bounds of the plugin's memory".into()))?;
+    // `retry` is a case of contract 0.2's verdict only: for a 0.1 component, discriminant 4 is
+    // as unknown as 9.
+    let has_retry = W::CASES.len() == 5;
     let mut verdicts = Vec::with_capacity(bounds.records);
     for (i, item) in list.chunks_exact(VERDICT_SIZE).enumerate() {
         let verdict = match item[0] {
@@ -203,6 +223,10 @@ fn lift_verdicts<W>(
                 }
             }),
             3 => Verdict::Renew,
+            4 if has_retry => {
+                let b = &item[PAYLOAD..PAYLOAD + 4];
+                Verdict::Retry(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
             d => return Err(unreadable(format!("verdict {i}: discriminant {d}"))),
         };
         verdicts.push(verdict);

@@ -14,7 +14,10 @@ use toml::Spanned;
 use crate::kafka::{
     ConnectionConfig, Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap,
 };
-use crate::runtime::{LoadError, RuntimeConfig, check_component_path};
+use crate::runtime::{
+    DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, HttpGrant, HttpSettings,
+    LoadError, OutputGrant, RuntimeConfig, Secrets, check_component_path,
+};
 
 /// A manifest problem, located in its file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -143,6 +146,38 @@ struct RawPipeline {
     max_renewals: Option<Spanned<i64>>,
     #[serde(default)]
     auto_renew_after: Option<Spanned<f64>>,
+    #[serde(default)]
+    wall_deadline_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    max_retry_delay_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    outputs: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    max_emits_per_batch: Option<Spanned<i64>>,
+    #[serde(default)]
+    max_emit_bytes_per_batch: Option<Spanned<i64>>,
+    #[serde(default)]
+    secrets: BTreeMap<String, Spanned<RawSecret>>,
+    #[serde(default)]
+    allowed_outbound_hosts: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    http_timeout_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    http_max_response_bytes: Option<Spanned<i64>>,
+    #[serde(default)]
+    http_max_concurrent: Option<Spanned<i64>>,
+    #[serde(default)]
+    http_ca_file: Option<Spanned<String>>,
+}
+
+/// Where one pipeline secret comes from: `{ env = "VAR" }` or `{ file = "path" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    #[serde(default)]
+    env: Option<String>,
+    #[serde(default)]
+    file: Option<String>,
 }
 
 /// Where the SASL password comes from (never the manifest itself).
@@ -152,6 +187,19 @@ pub enum SecretSource {
     Env(String),
     /// A file whose content (trimmed) is the secret.
     File(PathBuf),
+}
+
+impl SecretSource {
+    /// Reads the secret; errors start with `field` and name the variable or file.
+    pub fn read(&self, field: &str) -> Result<String, String> {
+        match self {
+            SecretSource::Env(var) => std::env::var(var)
+                .map_err(|_| format!("{field}: environment variable {var} is not set")),
+            SecretSource::File(path) => std::fs::read_to_string(path)
+                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+                .map_err(|e| format!("{field}: cannot read {}: {e}", path.display())),
+        }
+    }
 }
 
 /// SASL settings as written; the secret is read by [`ClusterSpec::sasl_settings`].
@@ -195,20 +243,11 @@ impl ClusterSpec {
     /// Reads the SASL secret from its environment variable or file.
     pub fn sasl_settings(&self) -> Result<Option<SaslSettings>, String> {
         let Some(s) = &self.sasl else { return Ok(None) };
-        let password = match &s.password {
-            SecretSource::Env(var) => std::env::var(var).map_err(|_| {
-                format!("cluster.sasl.password_env: environment variable {var} is not set")
-            })?,
-            SecretSource::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| {
-                    format!(
-                        "cluster.sasl.password_file: cannot read {}: {e}",
-                        path.display()
-                    )
-                })?
-                .trim_end_matches(['\n', '\r'])
-                .to_owned(),
+        let field = match &s.password {
+            SecretSource::Env(_) => "cluster.sasl.password_env",
+            SecretSource::File(_) => "cluster.sasl.password_file",
         };
+        let password = s.password.read(field)?;
         Ok(Some(SaslSettings {
             mechanism: s.mechanism,
             username: s.username.clone(),
@@ -273,6 +312,43 @@ pub struct PipelineSpec {
     pub max_renewals: u32,
     /// Renew records held past this fraction of the lock duration.
     pub auto_renew_after: f64,
+    /// Wall-clock deadline of one plugin call (at least `cpu_deadline`): a plugin waiting on
+    /// HTTP burns no CPU but must still end.
+    pub wall_deadline: Duration,
+    /// Longest delay a `retry` verdict may ask for; longer ones are cut to it.
+    pub max_retry_delay: Duration,
+    /// Output name to topic (`[pipeline.outputs]`): the only topics a plugin can emit to.
+    pub outputs: BTreeMap<String, String>,
+    /// Most emits per batch.
+    pub max_emits_per_batch: u32,
+    /// Most emitted bytes per batch.
+    pub max_emit_bytes_per_batch: u64,
+    /// Secrets handed to `init` (`[pipeline.secrets]`), by name; read at load, never shown.
+    pub secrets: Vec<(String, SecretSource)>,
+    /// Outbound HTTP, when `allowed_outbound_hosts` grants any host.
+    pub http: Option<HttpSettings>,
+}
+
+impl PipelineSpec {
+    /// Reads the pipeline's secrets from their environment variables and files. Errors name
+    /// the secret and its source, never a value.
+    pub fn resolve_secrets(&self) -> Result<Secrets, String> {
+        let mut pairs = Vec::with_capacity(self.secrets.len());
+        for (name, source) in &self.secrets {
+            let field = format!("pipeline {}: secrets.{name}", self.name);
+            pairs.push((name.clone(), source.read(&field)?));
+        }
+        Ok(Secrets::new(pairs))
+    }
+
+    /// What the runtime grants this pipeline's plugin for outputs.
+    pub fn output_grant(&self) -> OutputGrant {
+        OutputGrant {
+            names: self.outputs.keys().map(|n| n.as_str().into()).collect(),
+            max_emits: self.max_emits_per_batch,
+            max_bytes: self.max_emit_bytes_per_batch,
+        }
+    }
 }
 
 /// The admin HTTP listener.
@@ -332,6 +408,14 @@ pub mod defaults {
     pub const ADMIN_LISTEN: &str = "127.0.0.1:9464";
     /// Largest component file, in MiB.
     pub const MAX_COMPONENT_MIB: u64 = crate::runtime::DEFAULT_MAX_COMPONENT_BYTES >> 20;
+    /// Longest `retry` delay, in ms (one minute).
+    pub const MAX_RETRY_DELAY_MS: u64 = 60_000;
+    /// Per-request HTTP timeout, in ms.
+    pub const HTTP_TIMEOUT_MS: u64 = 5_000;
+    /// Largest HTTP response body handed to a plugin (1 MiB).
+    pub const HTTP_MAX_RESPONSE_BYTES: u64 = 1 << 20;
+    /// HTTP requests in flight at once per pipeline.
+    pub const HTTP_MAX_CONCURRENT: usize = 32;
 }
 
 struct Ctx<'a> {
@@ -736,6 +820,118 @@ impl Manifest {
                     ));
                 }
             };
+            let wall_ms: u64 = cx.int(
+                &p.wall_deadline_ms,
+                &f("wall_deadline_ms"),
+                1..=3_600_000,
+                cpu_ms,
+            )?;
+            if wall_ms < cpu_ms {
+                let span = p.wall_deadline_ms.as_ref().map(|s| s.span());
+                return Err(cx.err(
+                    span,
+                    f("wall_deadline_ms"),
+                    format!("must be at least cpu_deadline_ms ({cpu_ms}), got {wall_ms}"),
+                ));
+            }
+            let mut outputs = BTreeMap::new();
+            for (out, topic) in &p.outputs {
+                let field = f(&format!("outputs.{out}"));
+                if !valid_name(out) {
+                    return Err(cx.err(
+                        Some(topic.span()),
+                        field,
+                        format!("output name {out:?} must be 1-64 letters, digits, '-' or '_'"),
+                    ));
+                }
+                let t = topic.get_ref();
+                if t.is_empty() || p.topics.get_ref().contains(t) {
+                    return Err(cx.err(
+                        Some(topic.span()),
+                        field,
+                        "must name a topic that is not one of the pipeline's own (an output into its own input would loop)",
+                    ));
+                }
+                outputs.insert(out.clone(), t.clone());
+            }
+            let mut secrets = Vec::new();
+            for (secret, source) in &p.secrets {
+                let field = f(&format!("secrets.{secret}"));
+                let source = match (&source.get_ref().env, &source.get_ref().file) {
+                    (Some(var), None) if !var.is_empty() => SecretSource::Env(var.clone()),
+                    (None, Some(file)) if !file.is_empty() => {
+                        SecretSource::File(cx.path(&Spanned::new(source.span(), file.clone())))
+                    }
+                    _ => {
+                        return Err(cx.err(
+                            Some(source.span()),
+                            field,
+                            "set exactly one of { env = \"VAR\" } or { file = \"path\" } (secrets never go in the manifest)",
+                        ));
+                    }
+                };
+                secrets.push((secret.clone(), source));
+            }
+            let http = match &p.allowed_outbound_hosts {
+                Some(hosts) if !hosts.get_ref().is_empty() => {
+                    let settings = HttpSettings {
+                        allowed_outbound_hosts: hosts.get_ref().clone(),
+                        request_timeout: Duration::from_millis(cx.int(
+                            &p.http_timeout_ms,
+                            &f("http_timeout_ms"),
+                            1..=600_000,
+                            defaults::HTTP_TIMEOUT_MS,
+                        )?),
+                        max_response_bytes: cx.int(
+                            &p.http_max_response_bytes,
+                            &f("http_max_response_bytes"),
+                            1..=(1 << 30),
+                            defaults::HTTP_MAX_RESPONSE_BYTES,
+                        )?,
+                        max_concurrent: cx.int(
+                            &p.http_max_concurrent,
+                            &f("http_max_concurrent"),
+                            1..=1024,
+                            defaults::HTTP_MAX_CONCURRENT,
+                        )?,
+                        ca_file: p.http_ca_file.as_ref().map(|c| cx.path(c)),
+                    };
+                    // The grant's own checks (every entry, the CA file), at the list's span.
+                    HttpGrant::new(settings.clone()).map_err(|e| {
+                        cx.err(
+                            Some(hosts.span()),
+                            f("allowed_outbound_hosts"),
+                            e.to_string(),
+                        )
+                    })?;
+                    Some(settings)
+                }
+                _ => {
+                    let stray = [
+                        (
+                            "http_timeout_ms",
+                            p.http_timeout_ms.as_ref().map(|s| s.span()),
+                        ),
+                        (
+                            "http_max_response_bytes",
+                            p.http_max_response_bytes.as_ref().map(|s| s.span()),
+                        ),
+                        (
+                            "http_max_concurrent",
+                            p.http_max_concurrent.as_ref().map(|s| s.span()),
+                        ),
+                        ("http_ca_file", p.http_ca_file.as_ref().map(|s| s.span())),
+                    ];
+                    if let Some((key, span)) = stray.into_iter().find(|(_, s)| s.is_some()) {
+                        return Err(cx.err(
+                            span,
+                            f(key),
+                            "has no effect without allowed_outbound_hosts (which grants no host yet)",
+                        ));
+                    }
+                    None
+                }
+            };
             pipelines.push(PipelineSpec {
                 name,
                 topics: p.topics.get_ref().clone(),
@@ -769,6 +965,28 @@ impl Manifest {
                     defaults::MAX_RENEWALS,
                 )?,
                 auto_renew_after,
+                wall_deadline: Duration::from_millis(wall_ms),
+                max_retry_delay: Duration::from_millis(cx.int(
+                    &p.max_retry_delay_ms,
+                    &f("max_retry_delay_ms"),
+                    0..=86_400_000,
+                    defaults::MAX_RETRY_DELAY_MS,
+                )?),
+                outputs,
+                max_emits_per_batch: cx.int(
+                    &p.max_emits_per_batch,
+                    &f("max_emits_per_batch"),
+                    0..=1_000_000,
+                    DEFAULT_MAX_EMITS_PER_BATCH,
+                )?,
+                max_emit_bytes_per_batch: cx.int(
+                    &p.max_emit_bytes_per_batch,
+                    &f("max_emit_bytes_per_batch"),
+                    0..=(1 << 32),
+                    DEFAULT_MAX_EMIT_BYTES_PER_BATCH,
+                )?,
+                secrets,
+                http,
             });
         }
         Ok(Manifest {

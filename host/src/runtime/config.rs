@@ -65,9 +65,13 @@ impl Default for InstanceMode {
 pub struct PluginLimits {
     /// Linear-memory cap of one instance; growth past it traps (out of memory fault).
     pub max_memory: usize,
-    /// Wall-clock budget of one `handle` call (and of `init`). A guest still running when it
-    /// is spent is interrupted at the next epoch tick (timeout fault).
+    /// Guest-time (CPU) budget of one `handle` call (and of `init`): time the guest spends
+    /// waiting in host calls (on HTTP, in a WASI sleep) does not count. A guest still running
+    /// when it is spent is interrupted at the next epoch tick (timeout fault).
     pub batch_deadline: Duration,
+    /// Wall-clock budget of one call, beside the CPU budget (never shorter than it): a plugin
+    /// waiting on HTTP burns no CPU but must still end. `None`: the same as `batch_deadline`.
+    pub wall_deadline: Option<Duration>,
     /// Instance reuse policy.
     pub instance_mode: InstanceMode,
     /// Longest reject reason kept; longer ones are truncated (they travel into acks and
@@ -75,6 +79,8 @@ pub struct PluginLimits {
     pub max_reason_bytes: usize,
     /// Outbound HTTP granted to the plugin (`None`: every request is refused in the host).
     pub http: Option<std::sync::Arc<super::http::HttpGrant>>,
+    /// Output names granted to the plugin and the per-batch emit bounds.
+    pub outputs: std::sync::Arc<super::outputs::OutputGrant>,
 }
 
 impl Default for PluginLimits {
@@ -85,6 +91,17 @@ impl Default for PluginLimits {
             instance_mode: InstanceMode::default(),
             max_reason_bytes: 1024,
             http: None,
+            outputs: std::sync::Arc::default(),
+            wall_deadline: None,
         }
+    }
+}
+
+impl PluginLimits {
+    /// The wall-clock budget of one call: `wall_deadline`, never shorter than the CPU budget.
+    pub fn wall_budget(&self) -> Duration {
+        self.wall_deadline
+            .unwrap_or(self.batch_deadline)
+            .max(self.batch_deadline)
     }
 }

@@ -14,7 +14,7 @@ use super::component_file::{self, Surface};
 use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
 use super::host::StoreState;
-use super::plugin::Plugin;
+use super::plugin::{Plugin, PluginInit};
 use super::validate;
 
 /// Which instance allocator the engine ended up with.
@@ -143,8 +143,27 @@ impl PluginRuntime {
         limits: PluginLimits,
         config: Vec<(String, String)>,
     ) -> Result<Plugin, LoadError> {
+        self.load_with(
+            path,
+            limits,
+            PluginInit {
+                config,
+                ..PluginInit::default()
+            },
+        )
+        .await
+    }
+
+    /// Loads a plugin like [`PluginRuntime::load`], with secrets beside the configuration
+    /// (handed to a contract 0.2 component's `init`, redacted from everything it prints).
+    pub async fn load_with(
+        &self,
+        path: &Path,
+        limits: PluginLimits,
+        init: PluginInit,
+    ) -> Result<Plugin, LoadError> {
         let (component, hash, _) = self.compile(path, &limits)?;
-        Plugin::new(self.clone(), path, component, hash, limits, config).await
+        Plugin::new(self.clone(), path, component, hash, limits, init).await
     }
 
     /// Reads, validates and compiles a component without instantiating it; the third value
@@ -173,6 +192,7 @@ impl PluginRuntime {
         })?;
         check_contract(
             path,
+            limits.http.is_some(),
             surface.imports.iter().map(String::as_str),
             surface
                 .exports
@@ -207,13 +227,12 @@ impl PluginRuntime {
                 found,
             });
         }
-        let forbidden = validate::forbidden_imports(&inner.engine, &component);
-        if !forbidden.is_empty() {
-            return Err(LoadError::ForbiddenImport {
-                path: path.to_owned(),
-                imports: forbidden,
-            });
-        }
+        let imports = validate::imports(&inner.engine, &component);
+        check_imports(
+            path,
+            limits.http.is_some(),
+            imports.iter().map(String::as_str),
+        )?;
         if let Some(message) = validate::missing_exports(&inner.engine, &component) {
             return Err(LoadError::WrongWorld {
                 path: path.to_owned(),
@@ -284,6 +303,7 @@ impl PluginRuntime {
 /// then imports not granted, then a missing or non-function `init`/`handle`.
 fn check_contract<'a>(
     path: &Path,
+    http: bool,
     imports: impl Iterator<Item = &'a str> + Clone,
     exports: impl Iterator<Item = (&'a str, bool)> + Clone,
 ) -> Result<(), LoadError> {
@@ -295,16 +315,7 @@ fn check_contract<'a>(
             found,
         });
     }
-    let forbidden: Vec<String> = imports
-        .filter(|n| !validate::import_allowed(n))
-        .map(str::to_owned)
-        .collect();
-    if !forbidden.is_empty() {
-        return Err(LoadError::ForbiddenImport {
-            path: path.to_owned(),
-            imports: forbidden,
-        });
-    }
+    check_imports(path, http, imports)?;
     if let Some(message) = validate::missing_exports_in(exports) {
         return Err(LoadError::WrongWorld {
             path: path.to_owned(),
@@ -312,6 +323,31 @@ fn check_contract<'a>(
         });
     }
     Ok(())
+}
+
+/// Refuses imports that are not granted: outbound HTTP without a grant with its own error
+/// (naming the manifest key that grants it), anything else as forbidden.
+fn check_imports<'a>(
+    path: &Path,
+    http: bool,
+    imports: impl Iterator<Item = &'a str>,
+) -> Result<(), LoadError> {
+    let forbidden: Vec<&str> = imports
+        .filter(|n| !validate::import_allowed(n, http))
+        .collect();
+    if forbidden.is_empty() {
+        return Ok(());
+    }
+    if forbidden.iter().all(|n| validate::is_http_import(n)) {
+        return Err(LoadError::HttpNotGranted {
+            path: path.to_owned(),
+            imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
+        });
+    }
+    Err(LoadError::ForbiddenImport {
+        path: path.to_owned(),
+        imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
+    })
 }
 
 /// Maps wasmtime's pooling-allocator refusals (raised when a component is compiled or

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 /// The `sharehost:plugin` versions this host accepts, for messages.
-pub(crate) const HOST_PACKAGE_VERSIONS: &str = "0.1.x";
+pub(crate) const HOST_PACKAGE_VERSIONS: &str = "0.1.x and 0.2.x";
 
 /// A byte count in MiB for messages: `64 MiB`, `95.4 MiB`.
 fn mib(bytes: u64) -> String {
@@ -104,8 +104,17 @@ pub enum LoadError {
         /// wasmtime's explanation.
         message: String,
     },
+    /// The component calls out over HTTP (imports `wasi:http/outgoing-handler`), and its
+    /// pipeline grants no host: names the manifest key that would.
+    #[error("{path}: imports {} (outbound HTTP), but its pipeline grants no host: add `allowed_outbound_hosts = [\"https://api.example.com\"]` to the pipeline (scheme://host[:port] of each host it may call; see docs/manifest.md)", .imports.join(", "))]
+    HttpNotGranted {
+        /// The component path.
+        path: PathBuf,
+        /// The HTTP imports, e.g. `wasi:http/outgoing-handler@0.2.6`.
+        imports: Vec<String>,
+    },
     /// The component imports something the runtime does not grant.
-    #[error("{path}: imports {} not granted to plugins (allowed: sharehost:plugin/host and the minimal wasi set in docs/wit.md)", .imports.join(", "))]
+    #[error("{path}: imports {} not granted to plugins (allowed: sharehost:plugin/host, sharehost:plugin/outputs, the minimal wasi set in docs/wit.md, and wasi:http when the pipeline grants hosts)", .imports.join(", "))]
     ForbiddenImport {
         /// The component path.
         path: PathBuf,
@@ -114,7 +123,7 @@ pub enum LoadError {
     },
     /// The component does not implement the plugin world: an export is missing or has the
     /// wrong type.
-    #[error("{path}: not a sharehost:plugin@0.1.0 component: {message}")]
+    #[error("{path}: not a sharehost:plugin component (0.1 or 0.2): {message}")]
     WrongWorld {
         /// The component path.
         path: PathBuf,

@@ -13,18 +13,21 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
-use wasmtime::ResourceLimiter;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{CallHook, ResourceLimiter};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::sharehost::plugin::host::Level;
+use super::config::PluginLimits;
+use super::outputs::EmitBuffer;
+use super::secrets::Secrets;
 use sharehost_bounded_lift::LogMessage;
 
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
@@ -45,22 +48,35 @@ pub(crate) const MAX_RANDOM_BYTES_PER_CALL: u64 = 64 << 10;
 /// which never draw on it. A call over it traps.
 pub(crate) const HOSTCALL_FUEL: usize = 1 << 20;
 
-/// The interface names the plugin contract's imports are defined under (any 0.1.x guest
-/// links against them: wasmtime matches 0.x versions by minor).
-const HOST_INSTANCE: &str = "sharehost:plugin/host@0.1.0";
-const TYPES_INSTANCE: &str = "sharehost:plugin/types@0.1.0";
+/// The interface names the plugin contract's imports are defined under, per contract version
+/// this host speaks (a 0.1.x guest links to the first pair, a 0.2.x guest to the second:
+/// wasmtime matches 0.x versions by minor). `log` is the same function in both.
+const CONTRACT_INSTANCES: [(&str, &str); 2] = [
+    (
+        "sharehost:plugin/types@0.1.0",
+        "sharehost:plugin/host@0.1.0",
+    ),
+    (
+        "sharehost:plugin/types@0.2.0",
+        "sharehost:plugin/host@0.2.0",
+    ),
+];
 
 /// Defines the contract's imports in `linker`: `log` reads its message through the bounded
-/// lift instead of the generated binding's, which copies the whole string first.
+/// lift instead of the generated binding's, which copies the whole string first; `emit` is
+/// the outputs room's.
 pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
-    linker.instance(TYPES_INSTANCE)?;
-    linker.instance(HOST_INSTANCE)?.func_wrap(
-        "log",
-        |mut store: StoreContextMut<'_, StoreState>, (level, message): (Level, LogMessage)| {
-            store.data_mut().log(level, message);
-            Ok(())
-        },
-    )
+    for (types, host) in CONTRACT_INSTANCES {
+        linker.instance(types)?;
+        linker.instance(host)?.func_wrap(
+            "log",
+            |mut store: StoreContextMut<'_, StoreState>, (level, message): (Level, LogMessage)| {
+                store.data_mut().log(level, message);
+                Ok(())
+            },
+        )?;
+    }
+    super::outputs::add_to_linker(linker)
 }
 
 /// Everything one store (one instance) owns. Dropped with the store, so nothing a guest
@@ -80,20 +96,75 @@ pub(crate) struct StoreState {
     pub(crate) stdout: Capture,
     /// Captured stderr (panic messages land here).
     pub(crate) stderr: Capture,
-    /// When the current call's CPU budget ends (checked on every epoch tick).
-    pub(crate) deadline: Instant,
-    /// Set by the epoch callback when it interrupted the guest.
-    pub(crate) timed_out: bool,
+    /// The current call's budgets and where its time went (checked on every epoch tick).
+    clock: CallClock,
+    /// Set by the epoch callback when it interrupted the guest, with the deadline that passed.
+    pub(crate) timed_out: Option<Deadline>,
+    /// Emits of the current `handle` call (contract 0.2 outputs).
+    pub(crate) emits: EmitBuffer,
+    /// Redacts the pipeline's secrets from everything the guest makes the host print.
+    pub(crate) secrets: Arc<Secrets>,
+}
+
+/// Which budget of a call ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// The guest computed for longer than its CPU deadline.
+    Cpu,
+    /// The call (guest time plus waiting in host calls, e.g. on HTTP) ran past its wall-clock
+    /// deadline.
+    Wall,
+}
+
+/// Where a call's time goes: guest time is wall time minus time inside host calls.
+struct CallClock {
+    started: Instant,
+    cpu_budget: Duration,
+    wall_deadline: Instant,
+    in_host: Duration,
+    host_since: Option<Instant>,
+}
+
+impl CallClock {
+    fn new(started: Instant, cpu_budget: Duration, wall_deadline: Instant) -> Self {
+        Self {
+            started,
+            cpu_budget,
+            wall_deadline,
+            in_host: Duration::ZERO,
+            host_since: None,
+        }
+    }
+
+    fn entered_host(&mut self, now: Instant) {
+        // Host calls do not nest in a component instance; keep the outermost entry if they do.
+        self.host_since.get_or_insert(now);
+    }
+
+    fn left_host(&mut self, now: Instant) {
+        if let Some(since) = self.host_since.take() {
+            self.in_host += now.saturating_duration_since(since);
+        }
+    }
+
+    fn host_time(&self, now: Instant) -> Duration {
+        self.in_host
+            + self
+                .host_since
+                .map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
+    }
+
+    fn guest_time(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.started)
+            .saturating_sub(self.host_time(now))
+    }
 }
 
 impl StoreState {
     /// A state with an empty WASI context: no preopens, no environment, no arguments, stdin
-    /// closed, networking denied (wasmtime-wasi 48's default), stdio captured.
-    pub(crate) fn new(
-        plugin: Arc<str>,
-        max_memory: usize,
-        http: Option<Arc<super::http::HttpGrant>>,
-    ) -> Self {
+    /// closed, networking denied (wasmtime-wasi 48's default), stdio captured; outbound HTTP
+    /// and outputs as `limits` grant them.
+    pub(crate) fn new(plugin: Arc<str>, limits: &PluginLimits, secrets: Arc<Secrets>) -> Self {
         let stdout = Capture::new();
         let stderr = Capture::new();
         let wasi = WasiCtx::builder()
@@ -102,28 +173,65 @@ impl StoreState {
             .allow_blocking_current_thread(false)
             .max_random_size(MAX_RANDOM_BYTES_PER_CALL)
             .build();
+        let now = Instant::now();
         Self {
             wasi,
             table: ResourceTable::new(),
-            http: super::http::HttpState::new(http),
+            http: super::http::HttpState::new(limits.http.clone()),
+            emits: EmitBuffer::new(limits.outputs.clone()),
+            secrets,
             limiter: Limiter {
-                max_memory,
+                max_memory: limits.max_memory,
                 hit: false,
             },
             plugin,
             log: LogBudget::default(),
             stdout,
             stderr,
-            deadline: Instant::now(),
-            timed_out: false,
+            clock: CallClock::new(now, Duration::ZERO, now),
+            timed_out: None,
         }
     }
 
-    /// Resets the per-call budgets before a call into the guest.
-    pub(crate) fn begin_call(&mut self, deadline: Instant) {
-        self.deadline = deadline;
-        self.timed_out = false;
+    /// Resets the per-call budgets before a call into the guest: `cpu` of guest time (time
+    /// spent waiting in host calls, e.g. on HTTP, does not count) within `wall` of wall time.
+    pub(crate) fn begin_call(&mut self, cpu: Duration, wall: Duration) {
+        let now = Instant::now();
+        self.clock = CallClock::new(now, cpu, now + wall.max(cpu));
+        self.timed_out = None;
         self.log = LogBudget::default();
+    }
+
+    /// Called on every epoch tick: which deadline, if any, has passed.
+    pub(crate) fn check_deadlines(&mut self) -> Option<Deadline> {
+        let now = Instant::now();
+        let passed = if now >= self.clock.wall_deadline {
+            Some(Deadline::Wall)
+        } else if self.clock.guest_time(now) >= self.clock.cpu_budget {
+            Some(Deadline::Cpu)
+        } else {
+            None
+        };
+        if passed.is_some() {
+            self.timed_out = passed;
+        }
+        passed
+    }
+
+    /// The call hook: brackets every host call (and libcall), so that waiting in one is not
+    /// counted as guest time.
+    pub(crate) fn on_call_hook(&mut self, hook: CallHook) {
+        match hook {
+            CallHook::CallingHost => self.clock.entered_host(Instant::now()),
+            CallHook::ReturningFromHost => self.clock.left_host(Instant::now()),
+            CallHook::CallingWasm | CallHook::ReturningFromWasm => {}
+        }
+    }
+
+    /// Guest time and host-call time of the call so far (for fault messages).
+    pub(crate) fn times(&self) -> (Duration, Duration) {
+        let now = Instant::now();
+        (self.clock.guest_time(now), self.clock.host_time(now))
     }
 
     /// Logs what the guest printed during the call (bounded) and returns its stderr text
@@ -132,13 +240,13 @@ impl StoreState {
         let (out, out_dropped) = self.stdout.take();
         let (err, err_dropped) = self.stderr.take();
         let plugin = &*self.plugin;
-        for line in String::from_utf8_lossy(&out)
-            .lines()
-            .filter(|l| !l.is_empty())
-        {
+        let out = String::from_utf8_lossy(&out);
+        for line in self.secrets.redact(&out).lines().filter(|l| !l.is_empty()) {
             tracing::info!(plugin, stream = "stdout", "{line}");
         }
-        let err = String::from_utf8_lossy(&err).into_owned();
+        let err = self
+            .secrets
+            .redact_owned(String::from_utf8_lossy(&err).into_owned());
         for line in err.lines().filter(|l| !l.is_empty()) {
             tracing::warn!(plugin, stream = "stderr", "{line}");
         }
@@ -247,6 +355,7 @@ impl StoreState {
         }
         budget.messages += 1;
         budget.bytes += message.len();
+        let message = self.secrets.redact(&message);
         let plugin = &*self.plugin;
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),

@@ -28,7 +28,9 @@ mod error;
 mod host;
 mod http;
 pub mod offline;
+mod outputs;
 mod plugin;
+mod secrets;
 mod validate;
 
 pub use batch::Record;
@@ -37,14 +39,34 @@ pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
 pub use http::{HttpGrant, HttpSettings};
-pub use plugin::{BatchOutcome, Fault, FaultKind, Plugin, PluginStats, Verdict};
+pub use outputs::{
+    DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, Emit, EmitHeader, OutputGrant,
+    RESERVED_HEADER_PREFIX,
+};
+pub use plugin::{
+    BatchOutcome, Contract, Fault, FaultKind, Judged, Plugin, PluginInit, PluginStats, Verdict,
+};
+pub use secrets::Secrets;
 pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
 
-/// Bindings generated from `wit/plugin.wit`; private so the wire shape can change without
-/// touching the runtime's public API.
+/// Bindings generated from `wit/plugin.wit` (contract 0.2); private so the wire shape can
+/// change without touching the runtime's public API. Only the types are used: calls go
+/// through typed functions, so one runtime serves both contract versions.
 mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
+        world: "sharehost:plugin/plugin",
+        exports: { default: async },
+        additional_derives: [PartialEq],
+    });
+}
+
+/// The verdict type of contract 0.1 (`wit/0.1.0/plugin.wit`): four cases, no `retry`. A 0.1
+/// component's `handle` result is checked against it; every other type of 0.1 is structurally
+/// the same in 0.2.
+mod bindings_v01 {
+    wasmtime::component::bindgen!({
+        path: "../wit/0.1.0/plugin.wit",
         world: "sharehost:plugin/plugin",
         exports: { default: async },
     });

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::batch::Record;
+use super::outputs::Emit;
 use super::plugin::{Fault, Verdict};
 use crate::kafka::Header;
 
@@ -151,26 +152,58 @@ fn payload(v: &Value) -> Result<Option<Bytes>, String> {
     }
 }
 
-/// One output line for a judged record.
-pub fn verdict_line(record: &Record, verdict: &Verdict, fault: Option<&Fault>) -> String {
-    let (name, reason) = match verdict {
-        Verdict::Accept => ("accept", None),
-        Verdict::Release => ("release", None),
-        Verdict::Reject(r) => ("reject", r.as_deref()),
-        Verdict::Renew => ("renew", None),
+/// One output line for a judged record, with what it emitted (contract 0.2).
+pub fn verdict_line(
+    record: &Record,
+    verdict: &Verdict,
+    fault: Option<&Fault>,
+    emits: &[&Emit],
+) -> String {
+    let reason = match verdict {
+        Verdict::Reject(r) => r.as_deref(),
+        _ => None,
     };
     let mut line = json!({
         "topic": &*record.topic,
         "partition": record.partition,
         "offset": record.offset,
-        "verdict": name,
+        "verdict": verdict.kind(),
         "reason": reason,
     });
-    if let (Some(f), Some(o)) = (fault, line.as_object_mut()) {
-        o.insert("fault".into(), json!(f.kind.as_str()));
-        o.insert("fault_message".into(), json!(f.message));
+    if let Some(o) = line.as_object_mut() {
+        if let Verdict::Retry(ms) = verdict {
+            o.insert("retry_after_ms".into(), json!(ms));
+        }
+        if !emits.is_empty() {
+            o.insert(
+                "emits".into(),
+                emits.iter().map(|e| emit_json(e)).collect::<Value>(),
+            );
+        }
+        if let Some(f) = fault {
+            o.insert("fault".into(), json!(f.kind.as_str()));
+            o.insert("fault_message".into(), json!(f.message));
+        }
     }
     line.to_string()
+}
+
+/// An emit as `test-plugin` shows it: bytes as text when they are UTF-8, else
+/// `{"base64": ...}` (the input format's convention).
+fn emit_json(e: &Emit) -> Value {
+    let bytes = |b: &Option<Bytes>| match b {
+        None => Value::Null,
+        Some(b) => match std::str::from_utf8(b) {
+            Ok(s) => json!(s),
+            Err(_) => json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) }),
+        },
+    };
+    json!({
+        "output": &*e.output,
+        "key": bytes(&e.key),
+        "value": bytes(&e.value),
+        "headers": e.headers.iter().map(|h| json!([h.key, bytes(&h.value)])).collect::<Value>(),
+    })
 }
 
 #[cfg(test)]
@@ -223,7 +256,7 @@ mod tests {
     fn verdict_lines_carry_reason_and_fault() {
         let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
         assert_eq!(
-            verdict_line(r, &Verdict::Reject(Some("why".into())), None),
+            verdict_line(r, &Verdict::Reject(Some("why".into())), None, &[]),
             r#"{"offset":5,"partition":0,"reason":"why","topic":"test","verdict":"reject"}"#
         );
     }

@@ -2,18 +2,21 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use wasmtime::component::{Component, Func};
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, Func, InstancePre};
 use wasmtime::{Store, Trap, UpdateDeadline};
 
 use super::batch::{Record, WireBatch};
 use super::bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
-use super::bindings::{self, PluginPre};
+use super::bindings_v01::sharehost::plugin::types::Verdict as WireVerdictV01;
 use super::config::{InstanceMode, PluginLimits};
 use super::engine::PluginRuntime;
 use super::error::LoadError;
-use super::host::{Drained, HOSTCALL_FUEL, StoreState};
+use super::host::{Deadline, Drained, HOSTCALL_FUEL, StoreState};
+use super::outputs::Emit;
+use super::secrets::Secrets;
 pub use sharehost_bounded_lift::Verdict;
 use sharehost_bounded_lift::{VerdictBounds, VerdictLiftError, VerdictList, with_verdict_bounds};
 
@@ -44,6 +47,8 @@ pub enum FaultKind {
     InitFailed,
     /// The batch could not be handed to the guest (larger than the 4 GiB wire format).
     BatchTooLarge,
+    /// An export has a type other than the contract's (reported at load as a wrong world).
+    WrongWorld,
 }
 
 impl FaultKind {
@@ -59,6 +64,7 @@ impl FaultKind {
             Self::UnreadableVerdicts => "unreadable_verdicts",
             Self::InitFailed => "init_failed",
             Self::BatchTooLarge => "batch_too_large",
+            Self::WrongWorld => "wrong_world",
         }
     }
 }
@@ -110,6 +116,51 @@ impl BatchOutcome {
     }
 }
 
+/// Which version of the `sharehost:plugin` contract a component implements. The host speaks
+/// both: a 0.1 component never sees outputs, secrets or `retry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Contract {
+    /// `sharehost:plugin@0.1.x` (`wit/0.1.0/plugin.wit`).
+    V0_1,
+    /// `sharehost:plugin@0.2.x` (`wit/plugin.wit`).
+    V0_2,
+}
+
+impl Contract {
+    /// The version as shown to users (`0.1`, `0.2`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V0_1 => "0.1",
+            Self::V0_2 => "0.2",
+        }
+    }
+
+    /// Tells the versions apart by `init`'s parameters (0.2 adds `secrets`), which every
+    /// component of either version exports, unlike the contract interfaces it may not import.
+    fn of(component: &Component, engine: &wasmtime::Engine) -> Contract {
+        match component
+            .component_type()
+            .get_export(engine, "init")
+            .map(|e| e.ty)
+        {
+            Some(ComponentItem::ComponentFunc(f)) if f.params().len() == 2 => Contract::V0_2,
+            _ => Contract::V0_1,
+        }
+    }
+}
+
+/// Verdicts and emits of a batch judged with poison isolation ([`Plugin::handle_isolating`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Judged {
+    /// One per record, in record order.
+    pub verdicts: Vec<Verdict>,
+    /// What the plugin emitted, bound to records of the batch by index (emits of calls that
+    /// faulted are not here: those calls' records got the fault policy).
+    pub emits: Vec<Emit>,
+    /// The faults met on the way (the first is the whole batch's).
+    pub faults: Vec<Fault>,
+}
+
 /// Counters of one plugin, for metrics and `test-plugin`'s summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PluginStats {
@@ -125,6 +176,10 @@ pub struct PluginStats {
     pub log_messages_dropped: u64,
     /// stdout/stderr bytes dropped for exceeding the per-batch bound.
     pub output_bytes_dropped: u64,
+    /// Records emitted in calls that returned verdicts.
+    pub emits: u64,
+    /// Emits refused (unknown output, over a bound, ...): the guest saw the error.
+    pub emits_refused: u64,
 }
 
 /// A warm instance and how many batches it has served.
@@ -137,6 +192,15 @@ struct Warm {
     batches: u32,
 }
 
+/// The `init` configuration of one plugin version: what every fresh instance receives.
+#[derive(Debug, Clone, Default)]
+pub struct PluginInit {
+    /// The manifest's `config` pairs, in manifest order.
+    pub config: Vec<(String, String)>,
+    /// The pipeline's resolved secrets (contract 0.2; a 0.1 component never receives them).
+    pub secrets: Arc<Secrets>,
+}
+
 /// One loaded, validated and initialised plugin version. Handles one batch at a time
 /// (`&mut self`); run several `Plugin`s for parallelism.
 pub struct Plugin {
@@ -144,11 +208,14 @@ pub struct Plugin {
     name: Arc<str>,
     path: PathBuf,
     content_hash: String,
-    pre: PluginPre<StoreState>,
+    contract: Contract,
+    pre: InstancePre<StoreState>,
     limits: PluginLimits,
-    config: Vec<(String, String)>,
+    init: PluginInit,
     warm: Option<Warm>,
     wire: WireBatch,
+    /// Emits of the last call that returned verdicts.
+    emits: Vec<Emit>,
     stats: PluginStats,
 }
 
@@ -158,6 +225,7 @@ impl std::fmt::Debug for Plugin {
             .field("name", &self.name)
             .field("path", &self.path)
             .field("content_hash", &self.content_hash)
+            .field("contract", &self.contract)
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -170,18 +238,18 @@ impl Plugin {
         component: Component,
         content_hash: String,
         limits: PluginLimits,
-        config: Vec<(String, String)>,
+        init: PluginInit,
     ) -> Result<Self, LoadError> {
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             path: path.to_owned(),
             message: format!("{e:#}"),
         };
-        let instance_pre = runtime
+        let contract = Contract::of(&component, &runtime.inner.engine);
+        let pre = runtime
             .inner
             .linker
             .instantiate_pre(&component)
             .map_err(wrong_world)?;
-        let pre = PluginPre::new(instance_pre).map_err(wrong_world)?;
         let name: Arc<str> = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -192,17 +260,26 @@ impl Plugin {
             name,
             path: path.to_owned(),
             content_hash,
+            contract,
             pre,
             limits,
-            config,
+            init,
             warm: None,
             wire: WireBatch::default(),
+            emits: Vec::new(),
             stats: PluginStats::default(),
         };
-        // Instantiate and init once now, so a bad configuration is refused at load.
-        let warm = plugin.instantiate().await.map_err(|f| LoadError::Init {
-            path: path.to_owned(),
-            message: f.message,
+        // Instantiate and init once now, so a bad configuration is refused at load (and an
+        // export of the wrong type as a wrong world).
+        let warm = plugin.instantiate().await.map_err(|f| match f.kind {
+            FaultKind::WrongWorld => LoadError::WrongWorld {
+                path: path.to_owned(),
+                message: f.message,
+            },
+            _ => LoadError::Init {
+                path: path.to_owned(),
+                message: f.message,
+            },
         })?;
         if matches!(plugin.limits.instance_mode, InstanceMode::Reuse { .. }) {
             plugin.warm = Some(warm);
@@ -225,6 +302,18 @@ impl Plugin {
         &self.stats
     }
 
+    /// The contract version the component implements.
+    pub fn contract(&self) -> Contract {
+        self.contract
+    }
+
+    /// Takes the emits of the last [`Plugin::handle`] call that returned verdicts (record
+    /// indices are positions in the batch that call judged). Empty after a fault: a faulted
+    /// call's emits are discarded with its instance.
+    pub fn take_emits(&mut self) -> Vec<Emit> {
+        std::mem::take(&mut self.emits)
+    }
+
     /// Judges one batch. Returns exactly one verdict per record, or a [`Fault`] for the whole
     /// batch (the faulted instance is discarded; the next batch gets a fresh one). Every
     /// fault is logged with the plugin name and the batch's record range.
@@ -233,6 +322,7 @@ impl Plugin {
     /// Dropping the future abandons the call; the instance it was using is dropped with it,
     /// so the next call starts from a fresh instance.
     pub async fn handle(&mut self, records: &[Record]) -> BatchOutcome {
+        self.emits.clear();
         self.stats.batches += 1;
         self.stats.records += records.len() as u64;
         if records.is_empty() {
@@ -268,8 +358,9 @@ impl Plugin {
         records: &[Record],
         policy: &Verdict,
         max_extra_calls: usize,
-    ) -> (Vec<Verdict>, Vec<Fault>) {
+    ) -> Judged {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; records.len()];
+        let mut emits = Vec::new();
         let mut faults = Vec::new();
         let mut pending = vec![(0, records.len())];
         let mut calls = 0usize;
@@ -287,6 +378,10 @@ impl Plugin {
                     for (slot, v) in verdicts[start..end].iter_mut().zip(v) {
                         *slot = Some(v);
                     }
+                    emits.extend(self.take_emits().into_iter().map(|mut e| {
+                        e.record += start;
+                        e
+                    }));
                 }
                 BatchOutcome::Fault(f) => {
                     faults.push(f);
@@ -305,15 +400,22 @@ impl Plugin {
             .into_iter()
             .map(|v| v.unwrap_or_else(|| policy.clone()))
             .collect();
-        (verdicts, faults)
+        // Sub-batches are judged in record order, so the emits are too.
+        emits.sort_by_key(|e: &Emit| e.record);
+        Judged {
+            verdicts,
+            emits,
+            faults,
+        }
     }
 
     async fn call(&mut self, records: &[Record]) -> BatchOutcome {
         let n = records.len();
+        let secrets = self.init.secrets.clone();
         let fault = |kind, message: String| {
             BatchOutcome::Fault(Fault {
                 kind,
-                message,
+                message: secrets.redact_owned(message),
                 records: n,
             })
         };
@@ -331,8 +433,10 @@ impl Plugin {
                 Err(f) => return BatchOutcome::Fault(Fault { records: n, ..f }),
             },
         };
-        let deadline = self.limits.batch_deadline;
-        warm.store.data_mut().begin_call(Instant::now() + deadline);
+        let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
+        let state = warm.store.data_mut();
+        state.begin_call(cpu, wall);
+        state.emits.begin(u32::try_from(n).ok());
         warm.store.set_epoch_deadline(1);
         let handle = warm.handle;
         let batch = &self.wire.batch;
@@ -341,30 +445,57 @@ impl Plugin {
             records: n,
             max_reason_bytes: self.limits.max_reason_bytes,
         };
+        let contract = self.contract;
         // The verdicts are lifted into owned values inside the call: wasmtime runs the
         // guest's post-return (which frees the list and its reasons) before it returns.
         let call = with_verdict_bounds(bounds, async {
-            let typed = handle.typed::<(&Batch,), (VerdictList<WireVerdict>,)>(&*store)?;
-            let (list,) = typed.call_async(&mut *store, (batch,)).await?;
+            let list = match contract {
+                Contract::V0_2 => {
+                    let typed = handle.typed::<(&Batch,), (VerdictList<WireVerdict>,)>(&*store)?;
+                    typed.call_async(&mut *store, (batch,)).await?.0.verdicts
+                }
+                Contract::V0_1 => {
+                    let typed =
+                        handle.typed::<(&Batch,), (VerdictList<WireVerdictV01>,)>(&*store)?;
+                    typed.call_async(&mut *store, (batch,)).await?.0.verdicts
+                }
+            };
             Ok::<_, wasmtime::Error>(list)
         });
-        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, call).await;
-        let drained = warm.store.data_mut().drain_stdio();
+        let result = tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, call).await;
+        let state = warm.store.data_mut();
+        let emits = state.emits.finish();
+        let emits_refused = state.emits.refused;
+        let drained = state.drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
-        let verdicts = match result {
-            Ok(Ok(list)) => list.verdicts,
+        let mut verdicts = match result {
+            Ok(Ok(verdicts)) => verdicts,
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, warm.store.data(), &stderr);
                 return fault(kind, message);
             }
             Err(_) => {
+                let (guest, host) = warm.store.data().times();
                 return fault(
                     FaultKind::Timeout,
-                    format!("no answer within {deadline:?} (blocked in a host call)"),
+                    format!(
+                        "no answer within the wall-clock deadline of {wall:?} (blocked in a host call; guest time {guest:?}, waiting in host calls {host:?})"
+                    ),
                 );
             }
         };
+        if !secrets.is_empty() {
+            for v in verdicts.iter_mut() {
+                if let Verdict::Reject(Some(reason)) = v {
+                    let taken = std::mem::take(reason);
+                    *reason = secrets.redact_owned(taken);
+                }
+            }
+        }
+        self.stats.emits += emits.len() as u64;
+        self.stats.emits_refused += emits_refused;
+        self.emits = emits;
         warm.batches += 1;
         if let InstanceMode::Reuse { max_batches } = self.limits.instance_mode
             && warm.batches < max_batches
@@ -385,18 +516,16 @@ impl Plugin {
         let inner = &self.runtime.inner;
         let mut store = Store::new(
             &inner.engine,
-            StoreState::new(
-                self.name.clone(),
-                self.limits.max_memory,
-                self.limits.http.clone(),
-            ),
+            StoreState::new(self.name.clone(), &self.limits, self.init.secrets.clone()),
         );
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
+        store.call_hook(|mut ctx, hook| {
+            ctx.data_mut().on_call_hook(hook);
+            Ok(())
+        });
         store.epoch_deadline_callback(|mut ctx| {
-            let state = ctx.data_mut();
-            if Instant::now() >= state.deadline {
-                state.timed_out = true;
+            if ctx.data_mut().check_deadlines().is_some() {
                 return Ok(UpdateDeadline::Interrupt);
             }
             // Time-slice: give other tasks on this executor thread a turn every tick.
@@ -405,28 +534,51 @@ impl Plugin {
                 Box::pin(tokio::task::yield_now()),
             ))
         });
-        let deadline = self.limits.batch_deadline;
-        store.data_mut().begin_call(Instant::now() + deadline);
+        let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
+        store.data_mut().begin_call(cpu, wall);
+        store.data_mut().emits.begin(None);
         store.set_epoch_deadline(1);
         let init_fault = |kind: FaultKind, message: String| Fault {
             kind,
             message,
             records: 0,
         };
+        type Pairs<'a> = &'a [(String, String)];
+        let (config, secrets) = (&self.init.config[..], self.init.secrets.pairs());
+        let contract = self.contract;
         let setup = async {
-            let instance = self
-                .pre
-                .instance_pre()
-                .instantiate_async(&mut store)
-                .await?;
-            let bindings = bindings::Plugin::new(&mut store, &instance)?;
-            let handle = instance
-                .get_func(&mut store, "handle")
-                .ok_or_else(|| wasmtime::format_err!("export `handle` disappeared"))?;
-            let r = bindings.call_init(&mut store, &self.config, &[]).await?;
+            let instance = self.pre.instantiate_async(&mut store).await?;
+            let func = |store: &mut Store<StoreState>, name: &str| {
+                instance
+                    .get_func(&mut *store, name)
+                    .ok_or_else(|| WrongType(format!("missing export `{name}`")))
+            };
+            let handle = func(&mut store, "handle")?;
+            let init = func(&mut store, "init")?;
+            let wrong = |e: wasmtime::Error| WrongType(format!("{e:#}"));
+            let r = match contract {
+                Contract::V0_2 => {
+                    handle
+                        .typed::<(&Batch,), (VerdictList<WireVerdict>,)>(&store)
+                        .map_err(|e| wrong(e.context("export `handle`")))?;
+                    let init = init
+                        .typed::<(Pairs<'_>, Pairs<'_>), (Result<(), String>,)>(&store)
+                        .map_err(|e| wrong(e.context("export `init`")))?;
+                    init.call_async(&mut store, (config, secrets)).await?.0
+                }
+                Contract::V0_1 => {
+                    handle
+                        .typed::<(&Batch,), (VerdictList<WireVerdictV01>,)>(&store)
+                        .map_err(|e| wrong(e.context("export `handle`")))?;
+                    let init = init
+                        .typed::<(Pairs<'_>,), (Result<(), String>,)>(&store)
+                        .map_err(|e| wrong(e.context("export `init`")))?;
+                    init.call_async(&mut store, (config,)).await?.0
+                }
+            };
             Ok::<_, wasmtime::Error>((handle, r))
         };
-        let result = tokio::time::timeout(deadline + OUTER_TIMEOUT_GRACE, setup).await;
+        let result = tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, setup).await;
         let drained = store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
@@ -438,8 +590,14 @@ impl Plugin {
             }),
             Ok(Ok((_, Err(message)))) => Err(init_fault(
                 FaultKind::InitFailed,
-                format!("init refused the configuration: {message}"),
+                format!(
+                    "init refused the configuration: {}",
+                    self.init.secrets.redact(&message)
+                ),
             )),
+            Ok(Err(e)) if e.is::<WrongType>() => {
+                Err(init_fault(FaultKind::WrongWorld, format!("{e}")))
+            }
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, store.data(), &stderr);
                 Err(init_fault(
@@ -449,11 +607,16 @@ impl Plugin {
             }
             Err(_) => Err(init_fault(
                 FaultKind::InitFailed,
-                format!("init gave no answer within {deadline:?}"),
+                format!("init gave no answer within {wall:?}"),
             )),
         }
     }
 }
+
+/// An export whose type is not the contract's: the component is of another world.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct WrongType(String);
 
 /// Longest fault message kept (a deep recursion's wasm backtrace can run to megabytes).
 const MAX_FAULT_MESSAGE: usize = 512;
@@ -478,11 +641,23 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         }
         None => {}
     }
-    if state.timed_out {
-        return (
-            FaultKind::Timeout,
-            "interrupted at the batch deadline".into(),
-        );
+    match state.timed_out {
+        Some(Deadline::Cpu) => {
+            return (
+                FaultKind::Timeout,
+                "interrupted at the batch's CPU deadline".into(),
+            );
+        }
+        Some(Deadline::Wall) => {
+            let (guest, host) = state.times();
+            return (
+                FaultKind::Timeout,
+                format!(
+                    "interrupted at the batch's wall-clock deadline (guest time {guest:?}, waiting in host calls {host:?})"
+                ),
+            );
+        }
+        None => {}
     }
     if state.limiter.hit {
         return (FaultKind::OutOfMemory, cause(e));

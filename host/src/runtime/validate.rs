@@ -6,11 +6,23 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
-/// The host interface every plugin may import (any 0.1.x patch version).
+/// The host interface every plugin may import (any 0.1.x or 0.2.x patch version).
 pub const HOST_INTERFACE: &str = "sharehost:plugin/host";
 
 /// The type-only interface of the contract; a component imports it when it uses the types.
 const TYPES_INTERFACE: &str = "sharehost:plugin/types";
+
+/// The outputs interface (contract 0.2 only): `emit`.
+const OUTPUTS_INTERFACE: &str = "sharehost:plugin/outputs";
+
+/// The WASI HTTP interfaces a plugin imports to call out (0.2.x), granted only when its
+/// pipeline lists hosts in `allowed_outbound_hosts`.
+pub const HTTP_INTERFACES: &[&str] = &["wasi:http/outgoing-handler", "wasi:http/types"];
+
+/// The contract versions (minor, for 0.x) this host speaks.
+fn speaks(version: &str) -> bool {
+    version.starts_with("0.1.") || version.starts_with("0.2.")
+}
 
 /// The WASI 0.2 interfaces a plugin may import, without version. Rust's standard library on
 /// `wasm32-wasip2` (and other component toolchains) imports these even when the plugin
@@ -41,30 +53,44 @@ pub const ALLOWED_WASI_INTERFACES: &[&str] = &[
 /// The exports of the plugin world. Their types are checked by the generated bindings.
 const REQUIRED_EXPORTS: &[&str] = &["init", "handle"];
 
-/// Whether one import name (e.g. `wasi:io/streams@0.2.6`) is granted.
-pub(crate) fn import_allowed(name: &str) -> bool {
+/// Whether one import name (e.g. `wasi:io/streams@0.2.6`) is granted; `http` says whether
+/// the pipeline grants outbound HTTP.
+pub(crate) fn import_allowed(name: &str, http: bool) -> bool {
     let (interface, version) = match name.split_once('@') {
         Some((i, v)) => (i, Some(v)),
         None => (name, None),
     };
     if interface == HOST_INTERFACE || interface == TYPES_INTERFACE {
-        return version.is_some_and(|v| v.starts_with("0.1."));
+        return version.is_some_and(speaks);
     }
-    ALLOWED_WASI_INTERFACES.contains(&interface) && version.is_some_and(|v| v.starts_with("0.2."))
+    if interface == OUTPUTS_INTERFACE {
+        return version.is_some_and(|v| v.starts_with("0.2."));
+    }
+    let wasi_02 = version.is_some_and(|v| v.starts_with("0.2."));
+    if HTTP_INTERFACES.contains(&interface) {
+        return http && wasi_02;
+    }
+    ALLOWED_WASI_INTERFACES.contains(&interface) && wasi_02
+}
+
+/// Whether an import name is one of the WASI HTTP interfaces (0.2.x) a grant would allow.
+pub(crate) fn is_http_import(name: &str) -> bool {
+    name.split_once('@')
+        .is_some_and(|(i, v)| HTTP_INTERFACES.contains(&i) && v.starts_with("0.2."))
 }
 
 /// The package every contract interface belongs to.
 const PACKAGE: &str = "sharehost:plugin/";
 
 /// The `sharehost:plugin` version a contract import or export name carries when it is not one
-/// this host speaks (0.1.x), e.g. `0.2.0` for `sharehost:plugin/host@0.2.0`. Such a component
-/// was built against another contract; calling that a forbidden import would send its author
-/// looking in the wrong place.
+/// this host speaks (0.1.x, 0.2.x), e.g. `0.3.0` for `sharehost:plugin/host@0.3.0`. Such a
+/// component was built against another contract; calling that a forbidden import would send
+/// its author looking in the wrong place.
 pub(crate) fn foreign_version<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
     names.into_iter().find_map(|name| {
         let rest = name.strip_prefix(PACKAGE)?;
         match rest.split_once('@') {
-            Some((_, v)) if v.starts_with("0.1.") => None,
+            Some((_, v)) if speaks(v) => None,
             Some((_, v)) => Some(v.to_owned()),
             None => Some("(unversioned)".to_owned()),
         }
@@ -103,14 +129,12 @@ pub(crate) fn names(engine: &Engine, component: &Component) -> Vec<String> {
         .collect()
 }
 
-/// Every import of `component` that is not granted, in the component's order.
-pub(crate) fn forbidden_imports(engine: &Engine, component: &Component) -> Vec<String> {
+/// Every import name of `component`, in the component's order.
+pub(crate) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
     component
         .component_type()
         .imports(engine)
-        .map(|(name, _)| name)
-        .filter(|name| !import_allowed(name))
-        .map(str::to_owned)
+        .map(|(name, _)| name.to_owned())
         .collect()
 }
 
@@ -134,13 +158,20 @@ pub(crate) fn missing_exports(engine: &Engine, component: &Component) -> Option<
 
 #[cfg(test)]
 mod tests {
-    use super::{foreign_version, import_allowed, missing_exports_in};
+    use super::{foreign_version, import_allowed, is_http_import, missing_exports_in};
 
     #[test]
     fn another_package_version_is_named() {
         assert_eq!(
-            foreign_version(["wasi:io/streams@0.2.6", "sharehost:plugin/host@0.2.0"]),
-            Some("0.2.0".to_owned())
+            foreign_version(["wasi:io/streams@0.2.6", "sharehost:plugin/host@0.3.0"]),
+            Some("0.3.0".to_owned())
+        );
+        assert_eq!(
+            foreign_version([
+                "sharehost:plugin/outputs@0.2.0",
+                "sharehost:plugin/host@0.2.1"
+            ]),
+            None
         );
         assert_eq!(
             foreign_version(["sharehost:plugin/types@1.0.0"]),
@@ -167,21 +198,38 @@ mod tests {
 
     #[test]
     fn minimal_wasi_set_and_host_interface_are_granted() {
-        assert!(import_allowed("wasi:io/streams@0.2.6"));
-        assert!(import_allowed("wasi:cli/stderr@0.2.0"));
-        assert!(import_allowed("sharehost:plugin/host@0.1.0"));
-        assert!(import_allowed("sharehost:plugin/types@0.1.3"));
+        assert!(import_allowed("wasi:io/streams@0.2.6", false));
+        assert!(import_allowed("wasi:cli/stderr@0.2.0", false));
+        assert!(import_allowed("sharehost:plugin/host@0.1.0", false));
+        assert!(import_allowed("sharehost:plugin/types@0.1.3", false));
+        assert!(import_allowed("sharehost:plugin/host@0.2.0", false));
+        assert!(import_allowed("sharehost:plugin/outputs@0.2.0", false));
+        assert!(!import_allowed("sharehost:plugin/outputs@0.1.0", false));
+    }
+
+    #[test]
+    fn wasi_http_is_granted_only_with_allowed_hosts() {
+        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6", false));
+        assert!(!import_allowed("wasi:http/types@0.2.6", false));
+        assert!(import_allowed("wasi:http/outgoing-handler@0.2.6", true));
+        assert!(import_allowed("wasi:http/types@0.2.0", true));
+        // Never WASI 0.3's handler, nor the incoming side, whatever the grant.
+        assert!(!import_allowed("wasi:http/handler@0.3.0", true));
+        assert!(!import_allowed("wasi:http/incoming-handler@0.2.6", true));
+        assert!(is_http_import("wasi:http/outgoing-handler@0.2.6"));
+        assert!(!is_http_import("wasi:http/handler@0.3.0"));
     }
 
     #[test]
     fn filesystem_sockets_http_and_other_versions_are_refused() {
-        assert!(!import_allowed("wasi:filesystem/types@0.2.6"));
-        assert!(!import_allowed("wasi:filesystem/preopens@0.2.6"));
-        assert!(!import_allowed("wasi:sockets/tcp@0.2.6"));
-        assert!(!import_allowed("wasi:http/outgoing-handler@0.2.6"));
-        assert!(!import_allowed("sharehost:plugin/host@0.2.0"));
-        assert!(!import_allowed("wasi:io/streams@0.3.0"));
-        assert!(!import_allowed("wasi:io/streams"));
-        assert!(!import_allowed("evil"));
+        for http in [false, true] {
+            assert!(!import_allowed("wasi:filesystem/types@0.2.6", http));
+            assert!(!import_allowed("wasi:filesystem/preopens@0.2.6", http));
+            assert!(!import_allowed("wasi:sockets/tcp@0.2.6", http));
+            assert!(!import_allowed("sharehost:plugin/host@0.3.0", http));
+            assert!(!import_allowed("wasi:io/streams@0.3.0", http));
+            assert!(!import_allowed("wasi:io/streams", http));
+            assert!(!import_allowed("evil", http));
+        }
     }
 }

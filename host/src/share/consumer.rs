@@ -499,6 +499,33 @@ impl ShareConsumer {
             .min()
     }
 
+    /// How much longer `record` can stay acquired without a verdict: `None` when the engine
+    /// renews its lock by itself (auto-renew on, and its leader speaks renew), otherwise the
+    /// time left on the lock the broker granted (zero when the lock time is unknown or the
+    /// record is no longer held). A caller holding records back (a plugin's `retry`) stays
+    /// within it, so the broker never releases a held record behind its back.
+    pub fn hold_limit(&self, record: &ShareRecord) -> Option<Duration> {
+        let leader = lock(&self.shared.route).get(&record.partition).copied();
+        let leaders = lock(&self.shared.leaders);
+        let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
+            return Some(Duration::ZERO);
+        };
+        let Some(since) = st
+            .outstanding
+            .get(&record.key())
+            .filter(|_| st.session == record.session)
+        else {
+            return Some(Duration::ZERO);
+        };
+        if st.renew_supported && self.shared.config.auto_renew_after.is_some() {
+            return None;
+        }
+        Some(
+            st.lock_timeout
+                .map_or(Duration::ZERO, |t| t.saturating_sub(since.elapsed())),
+        )
+    }
+
     /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.
     ///
     /// # Cancel safety

@@ -1,0 +1,305 @@
+//! Outputs: records a plugin emits, each bound to one record of the batch it is judging
+//! (contract 0.2's `sharehost:plugin/outputs`).
+//!
+//! The runtime checks and keeps emits; it knows no topic. The manifest grants output *names*
+//! (`[pipeline.outputs] valid = "orders-valid"`), the runtime refuses any other name, and the
+//! pipeline maps names to topics and produces an emit before its source record's Accept (and
+//! discards it when the record ends otherwise). Every refusal is a value the guest sees
+//! ([`EmitError`]); nothing is dropped silently.
+//!
+//! Bounds: one `emit` call carries at most the store's hostcall fuel (1 MiB) from the guest,
+//! and a batch at most [`OutputGrant::max_emits`] emits and [`OutputGrant::max_bytes`] bytes
+//! (keys, values, header keys and values). Emits live in the store only for the duration of
+//! one `handle` call.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use wasmtime::StoreContextMut;
+use wasmtime::component::Linker;
+
+use super::bindings::sharehost::plugin::outputs::{EmitError, Header as WireHeader};
+use super::host::StoreState;
+
+/// The interface name the `emit` import is defined under (any 0.2.x guest links to it).
+const OUTPUTS_INSTANCE: &str = "sharehost:plugin/outputs@0.2.0";
+
+/// The header prefix the host reserves for its provenance headers.
+pub const RESERVED_HEADER_PREFIX: &str = "sharehost.";
+
+/// What a pipeline grants for outputs: the output names and the per-batch bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputGrant {
+    /// Output names a plugin may emit to (the manifest's `[pipeline.outputs]` keys).
+    pub names: Vec<Arc<str>>,
+    /// Most emits per batch (`max_emits_per_batch`).
+    pub max_emits: u32,
+    /// Most emitted bytes per batch (`max_emit_bytes_per_batch`).
+    pub max_bytes: u64,
+}
+
+/// Default `max_emits_per_batch`: ten outputs per record of a full default batch.
+pub const DEFAULT_MAX_EMITS_PER_BATCH: u32 = 10_000;
+/// Default `max_emit_bytes_per_batch` (16 MiB).
+pub const DEFAULT_MAX_EMIT_BYTES_PER_BATCH: u64 = 16 << 20;
+
+impl Default for OutputGrant {
+    fn default() -> Self {
+        Self {
+            names: Vec::new(),
+            max_emits: DEFAULT_MAX_EMITS_PER_BATCH,
+            max_bytes: DEFAULT_MAX_EMIT_BYTES_PER_BATCH,
+        }
+    }
+}
+
+/// One header of an emitted record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmitHeader {
+    /// Header key (never with the reserved `sharehost.` prefix).
+    pub key: String,
+    /// Header value; `None` is a null value.
+    pub value: Option<Bytes>,
+}
+
+/// A record a plugin emitted, bound to its source record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emit {
+    /// Index of the source record in the batch that was judged.
+    pub record: usize,
+    /// The output name (one of the grant's names).
+    pub output: Arc<str>,
+    /// Key; `None` is a null key.
+    pub key: Option<Bytes>,
+    /// Value; `None` is a null value.
+    pub value: Option<Bytes>,
+    /// The plugin's headers (the pipeline appends provenance headers).
+    pub headers: Vec<EmitHeader>,
+}
+
+impl Emit {
+    /// Bytes the emit counts against the batch's bound.
+    fn size(&self) -> u64 {
+        let len = |b: &Option<Bytes>| b.as_ref().map_or(0, |b| b.len() as u64);
+        len(&self.key)
+            + len(&self.value)
+            + self
+                .headers
+                .iter()
+                .map(|h| h.key.len() as u64 + len(&h.value))
+                .sum::<u64>()
+    }
+}
+
+/// The emits of the call in progress, in one store.
+#[derive(Debug, Default)]
+pub(crate) struct EmitBuffer {
+    grant: Arc<OutputGrant>,
+    /// Records of the batch being judged; `None` outside `handle` (during `init`).
+    records: Option<u32>,
+    emits: Vec<Emit>,
+    bytes: u64,
+    /// Emits refused in this call (for the plugin's counters).
+    pub(crate) refused: u64,
+}
+
+impl EmitBuffer {
+    pub(crate) fn new(grant: Arc<OutputGrant>) -> Self {
+        Self {
+            grant,
+            ..Self::default()
+        }
+    }
+
+    /// Opens the buffer for a `handle` call over `records` records, dropping anything left.
+    pub(crate) fn begin(&mut self, records: Option<u32>) {
+        self.records = records;
+        self.emits.clear();
+        self.bytes = 0;
+        self.refused = 0;
+    }
+
+    /// Closes the buffer and hands over the call's emits.
+    pub(crate) fn finish(&mut self) -> Vec<Emit> {
+        self.records = None;
+        self.bytes = 0;
+        std::mem::take(&mut self.emits)
+    }
+
+    /// The `emit` import: checks the record index, the output name, the reserved header
+    /// prefix and the batch's bounds, in that order, and keeps the emit.
+    fn emit(
+        &mut self,
+        record: u32,
+        output: &str,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<WireHeader>,
+    ) -> Result<(), EmitError> {
+        let result = self.check_and_keep(record, output, key, value, headers);
+        if result.is_err() {
+            self.refused += 1;
+        }
+        result
+    }
+
+    fn check_and_keep(
+        &mut self,
+        record: u32,
+        output: &str,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<WireHeader>,
+    ) -> Result<(), EmitError> {
+        if self.records.is_none_or(|n| record >= n) {
+            return Err(EmitError::NoSuchRecord);
+        }
+        let Some(name) = self.grant.names.iter().find(|n| ***n == *output) else {
+            return Err(EmitError::UnknownOutput(output.to_owned()));
+        };
+        if let Some(h) = headers
+            .iter()
+            .find(|h| h.key.starts_with(RESERVED_HEADER_PREFIX))
+        {
+            return Err(EmitError::ReservedHeader(h.key.clone()));
+        }
+        if self.emits.len() as u64 >= u64::from(self.grant.max_emits) {
+            return Err(EmitError::TooManyEmits(self.grant.max_emits));
+        }
+        let emit = Emit {
+            record: record as usize,
+            output: name.clone(),
+            key: key.map(Bytes::from),
+            value: value.map(Bytes::from),
+            headers: headers
+                .into_iter()
+                .map(|h| EmitHeader {
+                    key: h.key,
+                    value: h.value.map(Bytes::from),
+                })
+                .collect(),
+        };
+        let bytes = self.bytes.saturating_add(emit.size());
+        if bytes > self.grant.max_bytes {
+            return Err(EmitError::TooManyBytes(self.grant.max_bytes));
+        }
+        self.bytes = bytes;
+        self.emits.push(emit);
+        Ok(())
+    }
+}
+
+/// Defines `sharehost:plugin/outputs@0.2.0` in `linker`.
+pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    type Args = (
+        u32,
+        String,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Vec<WireHeader>,
+    );
+    linker.instance(OUTPUTS_INSTANCE)?.func_wrap(
+        "emit",
+        |mut store: StoreContextMut<'_, StoreState>,
+         (record, output, key, value, headers): Args| {
+            Ok((store
+                .data_mut()
+                .emits
+                .emit(record, &output, key, value, headers),))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffer(max_emits: u32, max_bytes: u64) -> EmitBuffer {
+        let mut b = EmitBuffer::new(Arc::new(OutputGrant {
+            names: vec!["valid".into(), "audit".into()],
+            max_emits,
+            max_bytes,
+        }));
+        b.begin(Some(3));
+        b
+    }
+
+    fn header(key: &str) -> WireHeader {
+        WireHeader {
+            key: key.into(),
+            value: Some(b"v".to_vec()),
+        }
+    }
+
+    #[test]
+    fn an_emit_names_a_granted_output_and_a_record_of_the_batch() {
+        let mut b = buffer(10, 1000);
+        assert_eq!(
+            b.emit(0, "valid", None, Some(b"x".to_vec()), vec![header("h")]),
+            Ok(())
+        );
+        assert_eq!(
+            b.emit(3, "valid", None, None, vec![]),
+            Err(EmitError::NoSuchRecord)
+        );
+        assert_eq!(
+            b.emit(1, "orders-valid", None, None, vec![]),
+            Err(EmitError::UnknownOutput("orders-valid".into()))
+        );
+        assert_eq!(
+            b.emit(
+                1,
+                "audit",
+                None,
+                None,
+                vec![header("sharehost.source.offset")]
+            ),
+            Err(EmitError::ReservedHeader("sharehost.source.offset".into()))
+        );
+        assert_eq!(b.refused, 3);
+        let emits = b.finish();
+        assert_eq!(emits.len(), 1);
+        assert_eq!((emits[0].record, &*emits[0].output), (0, "valid"));
+        assert_eq!(emits[0].headers[0].key, "h");
+    }
+
+    #[test]
+    fn the_batch_bounds_refuse_emits_past_them_and_keep_the_earlier_ones() {
+        let mut b = buffer(2, 1000);
+        assert!(b.emit(0, "valid", None, None, vec![]).is_ok());
+        assert!(b.emit(1, "valid", None, None, vec![]).is_ok());
+        assert_eq!(
+            b.emit(2, "valid", None, None, vec![]),
+            Err(EmitError::TooManyEmits(2))
+        );
+        assert_eq!(b.finish().len(), 2);
+
+        let mut b = buffer(10, 10);
+        assert!(
+            b.emit(0, "valid", Some(b"k".to_vec()), Some(vec![0; 8]), vec![])
+                .is_ok()
+        );
+        assert_eq!(
+            b.emit(1, "valid", None, Some(vec![0; 2]), vec![]),
+            Err(EmitError::TooManyBytes(10))
+        );
+        // A smaller one still fits.
+        assert!(b.emit(1, "valid", None, Some(vec![0; 1]), vec![]).is_ok());
+        assert_eq!(b.finish().len(), 2);
+    }
+
+    #[test]
+    fn outside_a_handle_call_every_emit_is_refused() {
+        let mut b = buffer(10, 1000);
+        b.finish();
+        assert_eq!(
+            b.emit(0, "valid", None, None, vec![]),
+            Err(EmitError::NoSuchRecord)
+        );
+        b.begin(None);
+        assert_eq!(
+            b.emit(0, "valid", None, None, vec![]),
+            Err(EmitError::NoSuchRecord)
+        );
+    }
+}
