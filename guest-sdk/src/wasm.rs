@@ -1,10 +1,12 @@
-//! The component glue, compiled only for wasm32: the generated bindings and the adapter from
-//! the columnar wire batch to [`Record`] slices.
+//! The component glue, compiled only for wasm32: the generated bindings, the adapter from
+//! the columnar wire batch to [`Record`] slices, emits, and the `wasi:http` transport.
+
+pub(crate) mod http;
 
 use std::any::Any;
 use std::cell::RefCell;
 
-use crate::{Config, Header, Level, Plugin, Record, Verdict};
+use crate::{Config, EmitError, Header, Level, Plugin, Record, Verdict};
 
 /// Generated from `wit/plugin.wit`. Unsafe code is allowed here only: it is the canonical ABI.
 #[allow(unsafe_code, missing_docs, clippy::all)]
@@ -16,6 +18,8 @@ pub mod bindings {
         export_macro_name: "__export_world_plugin",
         default_bindings_module: "::sharehost_guest::__private::bindings",
         runtime_path: "::sharehost_guest::__private::bindings::__wit_bindgen_rt",
+        // `emit`'s headers are passed borrowed (no copy of keys and values per emit).
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 
     #[doc(hidden)]
@@ -23,6 +27,7 @@ pub mod bindings {
 }
 
 use bindings::sharehost::plugin::host::{self, Level as WireLevel};
+use bindings::sharehost::plugin::outputs::{self, EmitError as WireEmitError};
 use bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
 
 thread_local! {
@@ -42,8 +47,14 @@ pub(crate) fn log(level: Level, message: &str) {
 }
 
 /// The `init` export: builds `P` and keeps it for the instance's lifetime.
-pub fn init<P: Plugin>(config: Vec<(String, String)>) -> Result<(), String> {
-    let plugin = P::init(&Config { pairs: config })?;
+pub fn init<P: Plugin>(
+    config: Vec<(String, String)>,
+    secrets: Vec<(String, String)>,
+) -> Result<(), String> {
+    let plugin = P::init(&Config {
+        pairs: config,
+        secrets,
+    })?;
     STATE.with_borrow_mut(|s| *s = Some(Box::new(plugin)));
     Ok(())
 }
@@ -82,6 +93,8 @@ pub fn handle<P: Plugin>(batch: Batch) -> Vec<WireVerdict> {
             let first = batch.header_ranges.get(2 * i).copied().unwrap_or(0) as usize;
             let count = batch.header_ranges.get(2 * i + 1).copied().unwrap_or(0) as usize;
             Record {
+                // A batch never holds more than u32::MAX records (its lists are indexed by u32).
+                index: u32::try_from(i).unwrap_or(u32::MAX),
                 topic: batch
                     .topic_index
                     .get(i)
@@ -112,6 +125,31 @@ pub fn handle<P: Plugin>(batch: Batch) -> Vec<WireVerdict> {
             Verdict::Release => WireVerdict::Release,
             Verdict::Reject(r) => WireVerdict::Reject(r),
             Verdict::Renew => WireVerdict::Renew,
+            Verdict::Retry { after_ms } => WireVerdict::Retry(after_ms),
         })
         .collect()
+}
+
+/// [`Record::emit`] in a component: the host's `outputs.emit`.
+pub(crate) fn emit(
+    index: u32,
+    output: &str,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[Header<'_>],
+) -> Result<(), EmitError> {
+    let wire: Vec<outputs::Header<'_>> = headers
+        .iter()
+        .map(|h| outputs::Header {
+            key: h.key,
+            value: h.value,
+        })
+        .collect();
+    outputs::emit(index, output, key, value, &wire).map_err(|e| match e {
+        WireEmitError::NoSuchRecord => EmitError::NoSuchRecord,
+        WireEmitError::UnknownOutput(name) => EmitError::UnknownOutput(name),
+        WireEmitError::TooManyEmits(n) => EmitError::TooManyEmits(n),
+        WireEmitError::TooManyBytes(n) => EmitError::TooManyBytes(n),
+        WireEmitError::ReservedHeader(key) => EmitError::ReservedHeader(key),
+    })
 }
