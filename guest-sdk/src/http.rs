@@ -308,7 +308,7 @@ pub enum HttpError {
     /// The server could not be reached or the connection broke (DNS, refused, reset, TLS).
     #[error("connection failed: {0}")]
     Connect(String),
-    /// The response body is larger than the host allows (the pipeline's response-size cap).
+    /// The response body is larger than the host allows (`http_max_response_bytes`).
     #[error("response too large: {0}")]
     TooLarge(String),
     /// Any other failure (a protocol error, too many requests in flight …).
