@@ -154,7 +154,8 @@ use std::fmt;
 use std::time::Duration;
 
 pub mod http;
-#[cfg(not(target_arch = "wasm32"))]
+// Native builds only (a component talks to the real host); documented on every target.
+#[cfg(any(not(target_arch = "wasm32"), doc))]
 pub mod testing;
 
 /// One record of a batch, borrowed from the batch buffer: reading keys, values and headers
