@@ -15,6 +15,7 @@
 //! ```
 //! use sharehost_guest::{http, testing};
 //!
+//! testing::reset();
 //! testing::http::mock(|req| match req.url.as_str() {
 //!     "http://127.0.0.1:8088/price/A-1" => Ok(http::Response::new(200).with_body(r#"{"unit_price":2.5}"#)),
 //!     _ => Ok(http::Response::new(404)),

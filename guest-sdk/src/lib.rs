@@ -131,6 +131,7 @@
 //! sharehost_guest::export!(Checker);
 //!
 //! // Natively, `testing` plays the host: a mock answers HTTP, emits are collected.
+//! testing::reset();
 //! testing::http::mock(|_req| Ok(http::Response::new(200).with_body("ok")));
 //! let config = Config::from_pairs([("url", "http://127.0.0.1:8088/check")])
 //!     .with_secret("api-token", "t0ken");

@@ -7,6 +7,7 @@
 //! ```
 //! use sharehost_guest::{EmitError, Record, testing};
 //!
+//! testing::reset(); // per thread: start clean
 //! let record = Record::with_value(b"{}").at_index(2);
 //! record.emit("valid", None, Some(b"{}"), &[]).unwrap();
 //! let emits = testing::take_emits();
