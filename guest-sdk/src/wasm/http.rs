@@ -71,7 +71,17 @@ pub(crate) fn send_all(requests: Vec<Request>) -> Vec<Result<Response, HttpError
 /// reading it): the future of its response.
 fn start(request: &Request) -> Result<FutureIncomingResponse, HttpError> {
     let target = request.target()?;
-    let headers = Fields::from_list(&request.headers)
+    // A body goes with its length (no chunked request: some servers refuse it), unless the
+    // plugin set one; the host then checks that exactly that many bytes are written.
+    let has_length = request.header_value("content-length").is_some();
+    let mut entries = request.headers.clone();
+    if !request.body.is_empty() && !has_length {
+        entries.push((
+            "content-length".to_owned(),
+            request.body.len().to_string().into_bytes(),
+        ));
+    }
+    let headers = Fields::from_list(&entries)
         .map_err(|e| HttpError::InvalidRequest(format!("headers: {e:?}")))?;
     let outgoing = OutgoingRequest::new(headers);
     let method = match &request.method {
