@@ -168,7 +168,8 @@ impl Request {
         self.header("authorization", format!("Bearer {token}"))
     }
 
-    /// The same request with this body.
+    /// The same request with this body (sent with its `content-length`, unless a header
+    /// sets one).
     pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = body.into();
         self
