@@ -40,6 +40,10 @@ const MAX_OUTPUT_BATCH_BYTES: usize = 512 << 10;
 /// A held record (`retry`) is released this long before its lock would run out on a broker
 /// without renew, so the release lands while the record is still ours.
 const RETRY_LOCK_MARGIN: Duration = Duration::from_secs(1);
+/// How long a record whose outputs or dead letter could not be produced is held before it is
+/// released: released at once, it would come straight back and fail again, burning its
+/// delivery count against a dependency that is down for seconds, not milliseconds.
+const PRODUCE_FAILURE_BACKOFF_MS: u32 = 2_000;
 
 /// Why a plugin version could not be made active.
 #[derive(Debug, thiserror::Error)]
@@ -494,8 +498,8 @@ impl Pipeline {
                         Ok(Some(d)) => {
                             if !d.poison.is_empty() {
                                 let this = self.clone();
-                                let (c, k) = (consumer.clone(), client.clone());
-                                running.spawn(async move { this.handle_poison(&c, &k, d.poison).await });
+                                let (c, k, rt) = (consumer.clone(), client.clone(), retry_tx.clone());
+                                running.spawn(async move { this.handle_poison(&c, &k, d.poison, &rt).await });
                             }
                             backlog.extend(d.records);
                         }
@@ -781,25 +785,44 @@ impl Pipeline {
             let produced = self
                 .produce_outputs(client, &producing, &version.hash)
                 .await;
-            let acks: Vec<(&ShareRecord, AckKind)> = producing
-                .iter()
-                .zip(produced)
-                .map(|((r, _), ok)| {
-                    (
-                        *r,
-                        if ok {
-                            AckKind::Accept
-                        } else {
-                            AckKind::Release
-                        },
-                    )
-                })
-                .collect();
-            self.ack_all(consumer, &acks, &version.hash);
+            let mut accepted = Vec::with_capacity(producing.len());
+            for ((r, _), ok) in producing.iter().zip(produced) {
+                if ok {
+                    accepted.push((*r, AckKind::Accept));
+                } else {
+                    self.back_off(consumer, r, retries, &version.hash);
+                }
+            }
+            self.ack_all(consumer, &accepted, &version.hash);
         }
         if !rejects.is_empty() {
-            self.reject(consumer, client, &rejects, &version.hash).await;
+            self.reject(consumer, client, &rejects, &version.hash, retries)
+                .await;
         }
+    }
+
+    /// A record whose outputs or dead letter could not be produced: released, never accepted
+    /// or rejected, after [`PRODUCE_FAILURE_BACKOFF_MS`] (held like a `retry`, within its lock).
+    fn back_off(
+        &self,
+        consumer: &ShareConsumer,
+        r: &ShareRecord,
+        retries: &mpsc::UnboundedSender<Held>,
+        hash: &str,
+    ) {
+        let mut delay = Duration::from_millis(u64::from(PRODUCE_FAILURE_BACKOFF_MS));
+        if let Some(left) = consumer.hold_limit(r) {
+            delay = delay.min(left.saturating_sub(RETRY_LOCK_MARGIN));
+        }
+        let held = Held {
+            due: Instant::now() + delay,
+            record: r.clone(),
+        };
+        if let Err(mpsc::error::SendError(held)) = retries.send(held) {
+            let _ = consumer.acknowledge(&held.record, AckKind::Release);
+        }
+        self.record(hash, "release");
+        self.count(hash, |c| c.released += 1);
     }
 
     /// Holds a record a plugin asked to `retry` until its delay has passed (capped by
@@ -854,23 +877,37 @@ impl Pipeline {
         // (topic, partition) -> (record position, produce record), in record order.
         let mut groups: BTreeMap<(&str, i32), Vec<(usize, ProduceRecord)>> = BTreeMap::new();
         let mut ok = vec![true; producing.len()];
+        let (mut produced, mut failed) = (0u64, 0u64);
+        // Partition counts of the outputs, looked up once per batch (0: the topic is unknown).
+        let mut known: HashMap<&str, usize> = HashMap::new();
         for (pos, (r, emits)) in producing.iter().enumerate() {
             for e in emits {
                 let Some(topic) = self.spec.outputs.get(&*e.output) else {
                     // The runtime only keeps granted names; a swap cannot change them.
                     ok[pos] = false;
+                    failed += 1;
                     continue;
                 };
-                let partitions = match client.topic(topic) {
-                    Some(t) => t.partitions.len(),
+                let partitions = match known.get(topic.as_str()) {
+                    Some(n) => *n,
                     None => {
-                        let _ = client.refresh_metadata(std::slice::from_ref(topic)).await;
-                        client.topic(topic).map_or(0, |t| t.partitions.len())
+                        let n = match client.topic(topic) {
+                            Some(t) => t.partitions.len(),
+                            None => {
+                                let _ = client.refresh_metadata(std::slice::from_ref(topic)).await;
+                                client.topic(topic).map_or(0, |t| t.partitions.len())
+                            }
+                        };
+                        if n == 0 {
+                            tracing::error!(pipeline = %self.spec.name, output = %e.output, topic = %topic, "output topic unknown to the cluster: its source records are released");
+                        }
+                        known.insert(topic, n);
+                        n
                     }
                 };
                 if partitions == 0 {
-                    tracing::error!(pipeline = %self.spec.name, output = %e.output, topic = %topic, "output topic unknown to the cluster: the source record is released");
                     ok[pos] = false;
+                    failed += 1;
                     continue;
                 }
                 let partition =
@@ -893,7 +930,6 @@ impl Pipeline {
                     (topic, partition, chunk, result)
                 })
         });
-        let (mut produced, mut failed) = (0u64, 0u64);
         for (topic, partition, chunk, result) in futures::future::join_all(sends).await {
             match result {
                 Ok(_) => produced += chunk.len() as u64,
@@ -970,13 +1006,14 @@ impl Pipeline {
     }
 
     /// Rejects records: dead-letters them first when a topic is configured; a record whose
-    /// dead-letter produce failed is released instead, never lost.
+    /// dead-letter produce failed is released instead (after a back-off), never lost.
     async fn reject(
         &self,
         consumer: &ShareConsumer,
         client: &KafkaClient,
         rejects: &[(&ShareRecord, String)],
         hash: &str,
+        retries: &mpsc::UnboundedSender<Held>,
     ) {
         let Some(dlq) = &self.spec.dead_letter_topic else {
             let all: Vec<_> = rejects.iter().map(|(r, _)| (*r, AckKind::Reject)).collect();
@@ -1016,8 +1053,9 @@ impl Pipeline {
                 }
                 Err(e) => {
                     tracing::error!(pipeline = %self.spec.name, topic = %dlq, records = items.len(), "dead-letter produce failed, releasing the records instead: {e}");
-                    let all: Vec<_> = items.iter().map(|(r, _)| (*r, AckKind::Release)).collect();
-                    self.ack_all(consumer, &all, hash);
+                    for (r, _) in &items {
+                        self.back_off(consumer, r, retries, hash);
+                    }
                 }
             }
         }
@@ -1062,6 +1100,7 @@ impl Pipeline {
         consumer: &ShareConsumer,
         client: &KafkaClient,
         poison: Vec<ShareRecord>,
+        retries: &mpsc::UnboundedSender<Held>,
     ) {
         let hash = self.active_hash();
         if self.spec.dead_letter_topic.is_none() {
@@ -1081,7 +1120,8 @@ impl Pipeline {
                 )
             })
             .collect();
-        self.reject(consumer, client, &reasons, &hash).await;
+        self.reject(consumer, client, &reasons, &hash, retries)
+            .await;
     }
 }
 

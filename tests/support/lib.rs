@@ -386,8 +386,22 @@ pub async fn produce_ids(
 /// Every record value in `topic` (partitions `0..partitions`) up to its current end, as text:
 /// how the fault tests read a dead-letter topic.
 pub async fn topic_values(client: &KafkaClient, topic: &str, partitions: i32) -> Vec<String> {
+    topic_records(client, topic, partitions)
+        .await
+        .iter()
+        .map(|(_, r)| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+        .collect()
+}
+
+/// Every record in `topic` (partitions `0..partitions`) up to its current end, with its
+/// partition, read with plain Fetch (no group): how tests read output and dead-letter topics.
+pub async fn topic_records(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
     use sharehost::kafka::OffsetSpec;
-    let mut values = Vec::new();
+    let mut records = Vec::new();
     for p in 0..partitions {
         let end = client
             .list_offset(topic, p, OffsetSpec::Latest)
@@ -399,13 +413,11 @@ pub async fn topic_values(client: &KafkaClient, topic: &str, partitions: i32) ->
                 .fetch(topic, p, next, Duration::from_millis(500))
                 .await
                 .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
-            for r in &f.records {
+            for r in f.records {
                 next = next.max(r.offset + 1);
-                values.push(
-                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned(),
-                );
+                records.push((p, r));
             }
         }
     }
-    values
+    records
 }

@@ -1,0 +1,439 @@
+//! Plugins that act, against a real broker and the `sharehost` binary: a plugin's emits are
+//! bound to their source record. Every accepted record's outputs are in the output topic,
+//! produced before its Accept; the emits of a record released, rejected or retried are not;
+//! a host killed mid-stream loses no output of an accepted record (duplicates possible,
+//! counted); an output topic that cannot be written releases its sources until it can.
+//!
+//! The witness is outside the engine: the ledger plugin (tests/fixtures/guests/ledger with
+//! `emit-to`) reports what it judged through the host's log, the broker says the group is
+//! drained (ShareGroupCommand lag 0), and the output topic is read back with plain Fetch. Each
+//! scenario prints `outputs NAME: produced, accepted, rejected, emitted, outputs found,
+//! duplicates, lost` and fails if an accepted record lacks its output.
+//!
+//! Part of the host package's tests (it needs the `sharehost` binary), like tests/faults.rs.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sharehost::kafka::KafkaClient;
+use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
+use sharehost_tests::ledger::Ledger;
+use sharehost_tests::{
+    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
+    topic_records, topic_values, unique, wait_until_drained,
+};
+
+const PARTITIONS: i32 = 3;
+const OUTPUT_PARTITIONS: i32 = 2;
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("join")
+}
+
+/// One output record as read back: its value (the source id) and provenance headers.
+#[derive(Debug)]
+struct Output {
+    id: String,
+    source_topic: String,
+    source_partition: i32,
+    source_offset: i64,
+    delivery_count: u16,
+}
+
+struct Scenario {
+    name: &'static str,
+    client: Arc<KafkaClient>,
+    topic: String,
+    output: String,
+    dlq: String,
+    group: String,
+    dir: PathBuf,
+    ids: Vec<String>,
+}
+
+impl Scenario {
+    /// A topic of `records` ids, a dead-letter topic, an output topic (created now or left to
+    /// the test) and a fresh group with a `lock_ms` lock and a 6 s member session.
+    async fn new(name: &'static str, records: u64, lock_ms: u32, create_output: bool) -> Self {
+        let client = Arc::new(client().await);
+        let topic = unique(name);
+        let (output, dlq) = (format!("{topic}-out"), format!("{topic}-dlq"));
+        client
+            .create_topic(&topic, PARTITIONS, 1, &[])
+            .await
+            .expect("create topic");
+        client
+            .create_topic(&dlq, 1, 1, &[])
+            .await
+            .expect("create dead-letter topic");
+        if create_output {
+            client
+                .create_topic(&output, OUTPUT_PARTITIONS, 1, &[])
+                .await
+                .expect("create output topic");
+        }
+        let group = fresh_group_with(
+            &client,
+            Some(lock_ms),
+            &[("share.session.timeout.ms", "6000")],
+        )
+        .await;
+        let ids = produce_ids(&client, &topic, PARTITIONS, 0..records).await;
+        let dir = std::env::temp_dir().join(unique("sharehost-outputs"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Scenario {
+            name,
+            client,
+            topic,
+            output,
+            dlq,
+            group,
+            dir,
+            ids,
+        }
+    }
+
+    /// One ledger pipeline emitting every record's id to output `valid` (this scenario's
+    /// output topic), every 7th id rejected and dead-lettered, plus `plugin_config`.
+    fn manifest(&self, plugin_config: &str) -> PathBuf {
+        let text = ledger_manifest(
+            &bootstrap(),
+            &self.topic,
+            &self.group,
+            &guest("fixture_ledger"),
+            &format!(r#"reject-every = "7", emit-to = "valid", {plugin_config}"#),
+            &format!(
+                "{FAULT_SETTINGS}dead_letter_topic = \"{}\"\n[pipeline.outputs]\nvalid = \"{}\"\n",
+                self.dlq, self.output
+            ),
+        );
+        let path = self.dir.join(format!("{}.toml", unique("manifest")));
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// The ids every host's plugin saw, once the broker has nothing left for the group: the
+    /// engine-independent ledger, checked (nothing lost) and printed.
+    async fn ledger(&self, seen: &[Seen]) -> Ledger {
+        let group = self.group.clone();
+        blocking(move || wait_until_drained(&group)).await;
+        let mut ledger = Ledger::new(self.name, self.ids.iter().cloned());
+        for s in seen {
+            s.record(&mut ledger);
+        }
+        for id in topic_values(&self.client, &self.dlq, 1).await {
+            ledger.dead_lettered(id);
+        }
+        ledger.check();
+        ledger
+    }
+
+    /// Every record of the output topic, with its provenance headers parsed.
+    async fn outputs(&self) -> Vec<Output> {
+        topic_records(&self.client, &self.output, OUTPUT_PARTITIONS)
+            .await
+            .into_iter()
+            .map(|(_, r)| {
+                let header = |k: &str| {
+                    r.headers
+                        .iter()
+                        .find(|h| h.key == k)
+                        .and_then(|h| h.value.as_deref())
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_else(|| panic!("output record lacks header {k}: {r:?}"))
+                };
+                Output {
+                    id: String::from_utf8_lossy(r.value.as_deref().unwrap_or_default())
+                        .into_owned(),
+                    source_topic: header("sharehost.source.topic"),
+                    source_partition: header("sharehost.source.partition")
+                        .parse()
+                        .expect("partition"),
+                    source_offset: header("sharehost.source.offset").parse().expect("offset"),
+                    delivery_count: header("sharehost.source.delivery-count")
+                        .parse()
+                        .expect("delivery count"),
+                }
+            })
+            .collect()
+    }
+
+    /// Each source id's (partition, offset), read back from the source topic.
+    async fn coordinates(&self) -> HashMap<String, (i32, i64)> {
+        topic_records(&self.client, &self.topic, PARTITIONS)
+            .await
+            .into_iter()
+            .map(|(p, r)| {
+                (
+                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned(),
+                    (p, r.offset),
+                )
+            })
+            .collect()
+    }
+
+    /// Checks the outputs against the ledger: every accepted id has an output whose
+    /// provenance names its source record, no rejected id has one; prints the ledger line and
+    /// returns the outputs per id.
+    async fn check_outputs(&self, ledger: &Ledger, accepted: &HashSet<String>) -> OutputLedger {
+        let outputs = self.outputs().await;
+        let coordinates = self.coordinates().await;
+        let mut by_id: BTreeMap<String, Vec<Output>> = BTreeMap::new();
+        for o in outputs {
+            assert_eq!(o.source_topic, self.topic, "{o:?}");
+            assert_eq!(
+                coordinates.get(&o.id),
+                Some(&(o.source_partition, o.source_offset)),
+                "{}: the provenance of output {o:?} names its source record",
+                self.name
+            );
+            by_id.entry(o.id.clone()).or_default().push(o);
+        }
+        let found: usize = by_id.values().map(Vec::len).sum();
+        let lost: Vec<&String> = accepted
+            .iter()
+            .filter(|id| !by_id.contains_key(*id))
+            .collect();
+        let stray: Vec<&String> = by_id.keys().filter(|id| !accepted.contains(*id)).collect();
+        let duplicates = found - by_id.len();
+        println!(
+            "outputs {}: produced {}, accepted {}, rejected {}, emitted (outputs found) {found}, distinct {}, duplicates {duplicates}, lost {}",
+            self.name,
+            ledger.produced(),
+            accepted.len(),
+            ledger.rejected_ids(),
+            by_id.len(),
+            lost.len()
+        );
+        assert!(
+            lost.is_empty(),
+            "{}: accepted records without their output: {lost:?}",
+            self.name
+        );
+        assert!(
+            stray.is_empty(),
+            "{}: outputs of records that were not accepted (released or rejected emits must be discarded): {stray:?}",
+            self.name
+        );
+        OutputLedger { by_id, duplicates }
+    }
+}
+
+struct OutputLedger {
+    by_id: BTreeMap<String, Vec<Output>>,
+    duplicates: usize,
+}
+
+/// The accepted ids of a scenario: every id the plugins reported accepting.
+fn accepted(seen: &[&Seen]) -> HashSet<String> {
+    seen.iter()
+        .flat_map(|s| s.accepted.iter().cloned())
+        .collect()
+}
+
+fn status_counter(status: &serde_json::Value, key: &str) -> u64 {
+    status[0]["versions"]
+        .as_object()
+        .map(|m| m.values().map(|c| c[key].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0)
+}
+
+/// Polls the host's `GET /pipelines` until the summed version counter `key` reaches `at_least`
+/// (the counters are the host's own events; there is nothing finer to wait on from outside).
+fn status_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = host.status();
+        if status_counter(&status, key) >= at_least {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} never reached {at_least}: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced()
+{
+    let s = Scenario::new("outputs-bound", 700, 30_000, true).await;
+    // Every id emits; multiples of 7 are then rejected, multiples of 5 released once (their
+    // first emit must be discarded) and accepted on their second delivery.
+    let manifest = s.manifest(r#"release-first-every = "5""#);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let accepted = accepted(&[&seen]);
+    let outputs = s.check_outputs(&ledger, &accepted).await;
+    assert_eq!(outputs.duplicates, 0, "no crash, no duplicate output");
+    for (id, outs) in &outputs.by_id {
+        let n: u64 = id.parse().expect("id");
+        let want = if n.is_multiple_of(5) { 2 } else { 1 };
+        assert_eq!(
+            outs[0].delivery_count, want,
+            "output of {id} carries its source's delivery count"
+        );
+    }
+    let rejected = s
+        .ids
+        .iter()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 7 == 0))
+        .count();
+    let released_once = s
+        .ids
+        .iter()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 5 == 0 && n % 7 != 0))
+        .count();
+    let discarded = status_counter(&status, "emits_discarded");
+    println!(
+        "outputs {}: emits discarded {discarded} (rejected {rejected} + released once {released_once})",
+        s.name
+    );
+    assert_eq!(
+        discarded,
+        (rejected + released_once) as u64,
+        "every emit of a rejected or released record was discarded and counted: {status}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_mid_stream_and_restarted_loses_no_output_of_an_accepted_record() {
+    // A 2 s lock: what the killed host held comes back quickly.
+    let s = Scenario::new("outputs-sigkill", 2000, 2000, true).await;
+    let manifest = s.manifest(r#"pause-ms = "100""#);
+    let m = manifest.clone();
+    let first = blocking(move || {
+        let host = HostProcess::start(sharehost(), &m, "first");
+        // The 5th call is in its 100 ms pause when the kill lands: emitted, not yet produced.
+        host.wait_for("five plugin calls begun", |s| s.calls >= 5);
+        host.kill()
+    })
+    .await;
+    assert!(
+        first.judged() < s.ids.len(),
+        "killed mid-stream ({} judged)",
+        first.judged()
+    );
+    let watch = Watch::default();
+    let second = Arc::new(
+        blocking(move || HostProcess::start_watched(sharehost(), &manifest, "second", &watch))
+            .await,
+    );
+    let (h, n, first_seen) = (second.clone(), s.ids.len(), first.clone());
+    blocking(move || {
+        h.wait_for("every id judged across both runs", |seen| {
+            let mut all = first_seen.distinct();
+            all.extend(seen.distinct());
+            all.len() >= n
+        })
+    })
+    .await;
+    let second = Arc::try_unwrap(second).ok().expect("sole owner");
+    let (_, second_seen) = blocking(move || second.stop()).await;
+    let ledger = s.ledger(&[first.clone(), second_seen.clone()]).await;
+    // Accepted: what the second host accepted plus what the first accepted and the broker
+    // took (its verdicts may have died with it; the record then came back to the second).
+    let accepted = accepted(&[&first, &second_seen]);
+    let outputs = s.check_outputs(&ledger, &accepted).await;
+    println!(
+        "outputs {}: duplicates after the kill {} (at-least-once: a record emitted and produced, whose Accept died with the host, is emitted again)",
+        s.name, outputs.duplicates
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_that_cannot_be_written_releases_the_sources_until_it_can() {
+    // No output topic yet: producing fails, the sources are released (after a back-off), never
+    // accepted. Once the topic exists they end accepted, with their outputs.
+    let s = Scenario::new("outputs-missing-topic", 300, 30_000, false).await;
+    let manifest = s.manifest("");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let failed = blocking(move || {
+        let status = status_reaches(&h, "emits_failed", 1);
+        (
+            status_counter(&status, "emits_failed"),
+            status_counter(&status, "accepted"),
+        )
+    })
+    .await;
+    assert_eq!(
+        failed.1, 0,
+        "nothing is accepted while its output cannot be written"
+    );
+    s.client
+        .create_topic(&s.output, OUTPUT_PARTITIONS, 1, &[])
+        .await
+        .expect("create the output topic");
+    // The plugin accepted every record it judged before the topic existed too (its log says
+    // so); the host released them. So wait for the host's own count of accepted records.
+    let to_accept = s
+        .ids
+        .iter()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 7 != 0))
+        .count() as u64;
+    let h = host.clone();
+    blocking(move || status_reaches(&h, "accepted", to_accept)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
+    let redelivered = outputs
+        .by_id
+        .values()
+        .filter(|o| o.iter().all(|o| o.delivery_count >= 2))
+        .count();
+    println!(
+        "outputs {}: emits failed first {}, sources accepted on a later delivery {redelivered}",
+        s.name, failed.0
+    );
+    assert!(
+        redelivered > 0,
+        "the failed sources came back and ended accepted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit() {
+    let s = Scenario::new("outputs-retry", 400, 30_000, true).await;
+    let manifest = s.manifest(r#"retry-first-every = "4", retry-ms = "1500""#);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
+    assert_eq!(outputs.duplicates, 0);
+    let retried: Vec<&String> = outputs
+        .by_id
+        .keys()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 4 == 0))
+        .collect();
+    assert!(!retried.is_empty());
+    for id in retried {
+        assert_eq!(
+            outputs.by_id[id][0].delivery_count, 2,
+            "{id} was retried once and came back on its second delivery"
+        );
+    }
+    let want = s
+        .ids
+        .iter()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 4 == 0 && n % 7 != 0))
+        .count() as u64;
+    assert_eq!(status_counter(&status, "retried"), want, "{status}");
+}
