@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
-use sharehost_tests::ledger::Ledger;
+use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
     topic_records, topic_values, unique, wait_until_drained,
@@ -202,7 +202,7 @@ impl Scenario {
             .collect();
         let stray: Vec<&String> = by_id.keys().filter(|id| !accepted.contains(*id)).collect();
         let duplicates = found - by_id.len();
-        println!(
+        report(&format!(
             "outputs {}: produced {}, accepted {}, rejected {}, emitted (outputs found) {found}, distinct {}, duplicates {duplicates}, lost {}",
             self.name,
             ledger.produced(),
@@ -210,7 +210,7 @@ impl Scenario {
             ledger.rejected_ids(),
             by_id.len(),
             lost.len()
-        );
+        ));
         assert!(
             lost.is_empty(),
             "{}: accepted records without their output: {lost:?}",
@@ -297,10 +297,10 @@ async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_reject
         .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 5 == 0 && n % 7 != 0))
         .count();
     let discarded = status_counter(&status, "emits_discarded");
-    println!(
+    report(&format!(
         "outputs {}: emits discarded {discarded} (rejected {rejected} + released once {released_once})",
         s.name
-    );
+    ));
     assert_eq!(
         discarded,
         (rejected + released_once) as u64,
@@ -347,10 +347,10 @@ async fn a_host_killed_mid_stream_and_restarted_loses_no_output_of_an_accepted_r
     // took (its verdicts may have died with it; the record then came back to the second).
     let accepted = accepted(&[&first, &second_seen]);
     let outputs = s.check_outputs(&ledger, &accepted).await;
-    println!(
+    report(&format!(
         "outputs {}: duplicates after the kill {} (at-least-once: a record emitted and produced, whose Accept died with the host, is emitted again)",
         s.name, outputs.duplicates
-    );
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,10 +395,10 @@ async fn an_output_topic_that_cannot_be_written_releases_the_sources_until_it_ca
         .values()
         .filter(|o| o.iter().all(|o| o.delivery_count >= 2))
         .count();
-    println!(
+    report(&format!(
         "outputs {}: emits failed first {}, sources accepted on a later delivery {redelivered}",
         s.name, failed.0
-    );
+    ));
     assert!(
         redelivered > 0,
         "the failed sources came back and ended accepted"

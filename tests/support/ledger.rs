@@ -127,17 +127,28 @@ impl Ledger {
             self.name,
             &unknown[..unknown.len().min(10)]
         );
-        // The test harness hides a passing test's output: the line also goes to a file that
-        // dev/test prints at the end.
-        let file = crate::repo_root().join("target/ledgers.txt");
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&file)
-        {
-            let _ = writeln!(f, "{self}");
-        }
+        keep(&self.to_string());
     }
+}
+
+/// Appends a passing ledger line to `target/ledgers.txt`: the test harness hides a passing
+/// test's output, and dev/test prints that file at the end.
+fn keep(line: &str) {
+    let file = crate::repo_root().join("target/ledgers.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Prints a ledger line of a test's own (say, the outputs found beside the records judged)
+/// and keeps it with the fault ledgers in `target/ledgers.txt`.
+pub fn report(line: &str) {
+    println!("{line}");
+    keep(line);
 }
 
 impl fmt::Display for Ledger {
