@@ -437,3 +437,173 @@ async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_l
         .count() as u64;
     assert_eq!(status_counter(&status, "retried"), want, "{status}");
 }
+
+/// A scenario of plain text values (not ids) and a manifest running `component` on them with
+/// `extra` pipeline lines (and a dead-letter topic).
+async fn text_scenario(name: &'static str, values: &[&str]) -> Scenario {
+    let client = Arc::new(client().await);
+    let topic = unique(name);
+    let dlq = format!("{topic}-dlq");
+    client
+        .create_topic(&topic, 1, 1, &[])
+        .await
+        .expect("create topic");
+    client
+        .create_topic(&dlq, 1, 1, &[])
+        .await
+        .expect("create dead-letter topic");
+    let records: Vec<sharehost::kafka::ProduceRecord> = values
+        .iter()
+        .map(|v| sharehost::kafka::ProduceRecord {
+            value: Some(bytes::Bytes::from((*v).to_owned())),
+            ..Default::default()
+        })
+        .collect();
+    client
+        .produce(&topic, 0, &records, sharehost::kafka::Compression::None)
+        .await
+        .expect("produce");
+    let group = fresh_group_with(&client, Some(30_000), &[]).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-outputs"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    Scenario {
+        name,
+        client,
+        output: format!("{topic}-out"),
+        topic,
+        dlq,
+        group,
+        dir,
+        ids: values.iter().map(|v| (*v).to_owned()).collect(),
+    }
+}
+
+impl Scenario {
+    fn text_manifest(&self, component: &Path, extra: &str) -> PathBuf {
+        let text = format!(
+            r#"[cluster]
+bootstrap = "{}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "{}"
+topics = ["{}"]
+group = "{}"
+component = "{}"
+dead_letter_topic = "{}"
+{extra}"#,
+            bootstrap(),
+            self.name,
+            self.topic,
+            self.group,
+            component.display(),
+            self.dlq,
+        );
+        let path = self.dir.join(format!("{}.toml", unique("manifest")));
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// The dead-letter topic's `sharehost.reason` headers, in order.
+    async fn dead_letter_reasons(&self) -> Vec<String> {
+        topic_records(&self.client, &self.dlq, 1)
+            .await
+            .into_iter()
+            .map(|(_, r)| {
+                r.headers
+                    .iter()
+                    .find(|h| h.key == "sharehost.reason")
+                    .and_then(|h| h.value.as_deref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contract_0_1_plugin_runs_in_the_host_exactly_as_before() {
+    let s = text_scenario(
+        "contract-v01",
+        &[
+            "accept",
+            "reject:too big",
+            "accept",
+            "reject:no sku",
+            "other",
+        ],
+    )
+    .await;
+    let manifest = s.text_manifest(&guest("fixture_contract_v01"), "");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let status = blocking(move || status_reaches(&h, "rejected", 2)).await;
+    let h = host.clone();
+    let status_accepted = blocking(move || status_reaches(&h, "accepted", 3)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    assert_eq!(status_counter(&status_accepted, "accepted"), 3, "{status}");
+    assert_eq!(s.dead_letter_reasons().await, ["too big", "no sku"]);
+    report(&format!(
+        "outputs {}: produced {}, accepted 3, rejected 2 (dead-lettered with their reasons), lost 0",
+        s.name,
+        s.ids.len()
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter() {
+    const VALUE: &str = "s3cr3t-t0ken-value";
+    let s = text_scenario("secrets", &["secret:api-token", "fine"]).await;
+    let file = s.dir.join("token");
+    std::fs::write(&file, format!("{VALUE}\n")).expect("write the secret file");
+    let manifest = s.text_manifest(
+        &guest("fixture_actor"),
+        &format!(
+            "[pipeline.secrets]\napi-token = {{ file = \"{}\" }}\n",
+            file.display()
+        ),
+    );
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let status = blocking(move || {
+        status_reaches(&h, "rejected", 1);
+        status_reaches(&h, "accepted", 1)
+    })
+    .await;
+    let text = status.to_string();
+    assert!(
+        !text.contains(VALUE),
+        "GET /pipelines shows no secret value: {text}"
+    );
+    assert_eq!(
+        status[0]["grants"]["secrets"],
+        serde_json::json!(["api-token"])
+    );
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let log = host.log_lines();
+    blocking(move || host.stop()).await;
+    assert!(
+        log.iter()
+            .any(|l| l.contains("the secret is [secret api-token]")),
+        "the plugin logged the secret, and the host log shows its name instead"
+    );
+    let leaked: Vec<&String> = log.iter().filter(|l| l.contains(VALUE)).collect();
+    assert!(
+        leaked.is_empty(),
+        "secret value in the host log: {leaked:?}"
+    );
+    // The plugin had the value (it rejected with it as the reason); the dead letter has not.
+    assert_eq!(
+        s.dead_letter_reasons().await,
+        ["leaking [secret api-token]"]
+    );
+    report(&format!(
+        "outputs {}: secret handed to init, redacted in log, status and dead letter",
+        s.name
+    ));
+}

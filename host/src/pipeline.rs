@@ -182,6 +182,20 @@ pub struct PipelineStatus {
     pub in_flight: u64,
     /// Last hot-swap failure, if the last swap failed.
     pub last_swap_error: Option<String>,
+    /// What the pipeline grants its plugin beyond computing.
+    pub grants: GrantsStatus,
+}
+
+/// The grants of a pipeline as `GET /pipelines` shows them: names and hosts, never a secret's
+/// value.
+#[derive(Debug, Serialize, Clone)]
+pub struct GrantsStatus {
+    /// Output name to topic.
+    pub outputs: BTreeMap<String, String>,
+    /// Hosts the plugin may call over HTTP.
+    pub allowed_outbound_hosts: Vec<String>,
+    /// The names of the secrets handed to `init` (values are never shown).
+    pub secrets: Vec<String>,
 }
 
 /// What a pipeline grants its plugin beyond computing: built once per pipeline (the HTTP
@@ -395,6 +409,16 @@ impl Pipeline {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_swap_error: lock(&self.last_swap_error).clone(),
+            grants: GrantsStatus {
+                outputs: self.spec.outputs.clone(),
+                allowed_outbound_hosts: self
+                    .spec
+                    .http
+                    .as_ref()
+                    .map(|h| h.allowed_outbound_hosts.clone())
+                    .unwrap_or_default(),
+                secrets: self.grants.secrets.names().map(str::to_owned).collect(),
+            },
         }
     }
 

@@ -117,6 +117,8 @@ pub struct HostProcess {
     seen: Arc<Mutex<Seen>>,
     watch: Watch,
     stdout: Arc<Mutex<String>>,
+    /// Every log line that is not a ledger report, in order.
+    log: Arc<Mutex<Vec<String>>>,
     stdout_reader: Option<std::thread::JoinHandle<()>>,
     log_reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -144,6 +146,8 @@ impl HostProcess {
         let shared = seen.clone();
         let bell = watch.clone();
         let tag = name.to_owned();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let kept = log.clone();
         let log_reader = std::thread::spawn(move || {
             let mut announced = false;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -152,6 +156,7 @@ impl HostProcess {
                     .any(|m| line.contains(m));
                 if !ledger_line {
                     eprintln!("[{tag}] {line}");
+                    lock(&kept).push(line.clone());
                 }
                 if !announced && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
                     let _ = tx.send(addr.trim().to_owned());
@@ -195,6 +200,7 @@ impl HostProcess {
             seen,
             watch: watch.clone(),
             stdout: out,
+            log,
             stdout_reader: Some(stdout_reader),
             log_reader: Some(log_reader),
         }
@@ -323,6 +329,11 @@ impl HostProcess {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         (out, seen)
+    }
+
+    /// The host's log lines so far (ledger reports excepted).
+    pub fn log_lines(&self) -> Vec<String> {
+        lock(&self.log).clone()
     }
 
     /// SIGKILL: a crash, no draining; returns what the plugin had reported up to then.
