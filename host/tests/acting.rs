@@ -262,3 +262,26 @@ async fn a_component_importing_http_without_a_grant_is_refused_naming_the_manife
     assert!(text.contains("wasi:http/outgoing-handler@0.2"), "{text}");
     assert!(text.contains("allowed_outbound_hosts"), "{text}");
 }
+
+#[tokio::test]
+async fn an_emit_carrying_more_than_the_per_call_budget_traps_and_its_batch_faults() {
+    let mut l = limits(&["valid"]);
+    l.max_memory = 32 << 20;
+    let mut plugin = actor(l, &[]).await;
+    // 2 MiB in one emit: over the 1 MiB a host call may carry from the guest.
+    let big = format!("emit:valid:{}", "x".repeat(2 << 20));
+    let outcome = plugin.handle(&batch(&["emit:valid:small", &big])).await;
+    let f = outcome.fault().expect("the oversized emit traps");
+    assert_eq!(f.kind, FaultKind::Trap, "{f:?}");
+    assert!(
+        plugin.take_emits().is_empty(),
+        "the emits of a faulted call are discarded with its instance"
+    );
+    // Well under the budget, the same plugin emits normally on a fresh instance.
+    let ok = format!("emit:valid:{}", "x".repeat(512 << 10));
+    assert_eq!(
+        verdicts(plugin.handle(&batch(&[&ok])).await),
+        vec![Verdict::Accept]
+    );
+    assert_eq!(plugin.take_emits().len(), 1);
+}
