@@ -569,3 +569,30 @@ fn check_says_a_component_path_that_is_a_directory_is_a_directory() {
     assert!(!stderr.contains("does not exist"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_refuses_an_http_importing_component_without_allowed_outbound_hosts_naming_the_key() {
+    let dir = scratch("cli-check-http");
+    let component = guest("fixture_http_fetch");
+    let pipeline = format!(
+        "[cluster]\nbootstrap = \"127.0.0.1:9092\"\n\n[[pipeline]]\nname = \"p\"\ntopics = [\"t\"]\ngroup = \"g\"\ncomponent = \"{}\"\n",
+        component.display()
+    );
+    let manifest = write(&dir, "m.toml", pipeline.as_bytes());
+    let (ok, _, stderr) = sharehost(&["check".as_ref(), manifest.as_os_str()]);
+    assert!(!ok, "refused without a grant");
+    assert!(
+        stderr.contains("wasi:http/outgoing-handler@0.2")
+            && stderr.contains("add `allowed_outbound_hosts"),
+        "{stderr}"
+    );
+    // Granting a host is all it takes.
+    let granted = write(
+        &dir,
+        "granted.toml",
+        format!("{pipeline}allowed_outbound_hosts = [\"http://127.0.0.1:8088\"]\n").as_bytes(),
+    );
+    let (ok, stdout, stderr) = sharehost(&["check".as_ref(), granted.as_os_str()]);
+    assert!(ok, "{stdout}{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
