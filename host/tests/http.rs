@@ -1,0 +1,452 @@
+//! Outbound HTTP for plugins, end to end: the `fixture_http_fetch` guest (built by
+//! `dev/build-guests`) fetches the URL in each record's value through
+//! `wasi:http/outgoing-handler`, and real HTTP servers on 127.0.0.1 count what reaches them.
+//!
+//! The fixture answers `accept` on 2xx, `retry(1000)` on 429/5xx and `reject(reason)`
+//! otherwise, the reason being `status NNN`, the host's `ErrorCode` (`Debug` form) or
+//! `body: ...` when reading the body failed, so every test can see what the guest saw.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bytes::Bytes;
+use sharehost::runtime::{
+    BatchOutcome, HttpGrant, HttpSettings, Plugin, PluginLimits, PluginRuntime, Record,
+    RuntimeConfig, Verdict,
+};
+use sharehost_tests::{guest, plugin_record as record};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// What the 100 MB endpoints would send in all.
+const HUGE: u64 = 100 << 20;
+/// One chunk of the streamed body, never allocated per chunk.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+/// How long a test may take before it is declared stuck (a failure guard, never a
+/// synchronisation: every wait below is on an event).
+const STUCK: Duration = Duration::from_secs(60);
+
+/// What a test server saw.
+#[derive(Default)]
+struct Seen {
+    /// Every request that reached it, whatever the path.
+    requests: AtomicUsize,
+    /// Requests to `/target` (where `/redirect` points).
+    redirect_target: AtomicUsize,
+    /// Body bytes handed to hyper by the 100 MB endpoints.
+    streamed: AtomicU64,
+    /// `/hold` requests in the handler now, and the most at once.
+    holding: AtomicUsize,
+    most_held: AtomicUsize,
+    /// Published on every change of `holding`.
+    held_tx: watch::Sender<usize>,
+    /// `/hold` requests wait until this is true.
+    gate: watch::Sender<bool>,
+}
+
+struct Server {
+    addr: SocketAddr,
+    seen: Arc<Seen>,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let seen = Arc::new(Seen::default());
+        let app = Router::new()
+            .route("/ok", get(|| async { "ok" }))
+            .route(
+                "/status/{code}",
+                get(|Path(code): Path<u16>| async move {
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::IM_A_TEAPOT)
+                }),
+            )
+            .route("/redirect", get(redirect))
+            .route(
+                "/target",
+                get(|State(seen): State<Arc<Seen>>| async move {
+                    seen.redirect_target.fetch_add(1, Ordering::SeqCst);
+                    "you should not be here"
+                }),
+            )
+            .route("/huge", get(|State(s): State<Arc<Seen>>| huge(s, false)))
+            .route(
+                "/huge-declared",
+                get(|State(s): State<Arc<Seen>>| huge(s, true)),
+            )
+            .route("/hold", get(hold))
+            .layer(axum::middleware::from_fn_with_state(
+                seen.clone(),
+                |State(seen): State<Arc<Seen>>,
+                 request: axum::extract::Request,
+                 next: axum::middleware::Next| async move {
+                    seen.requests.fetch_add(1, Ordering::SeqCst);
+                    next.run(request).await
+                },
+            ))
+            .with_state(seen.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Server { addr, seen }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port())
+    }
+
+    fn requests(&self) -> usize {
+        self.seen.requests.load(Ordering::SeqCst)
+    }
+}
+
+async fn redirect(State(_): State<Arc<Seen>>, request: axum::extract::Request) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1")
+        .to_owned();
+    let mut response = StatusCode::FOUND.into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("http://{host}/target")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+/// 100 MB of zeros, streamed 64 KiB at a time (chunked, or with a Content-Length when
+/// `declared`); counts what it hands to hyper, which only asks for more as the socket drains.
+async fn huge(seen: Arc<Seen>, declared: bool) -> Response {
+    let chunks = futures::stream::unfold(0u64, move |sent| {
+        let seen = seen.clone();
+        async move {
+            if sent >= HUGE {
+                return None;
+            }
+            let n = (HUGE - sent).min(ZEROS.len() as u64);
+            seen.streamed.fetch_add(n, Ordering::SeqCst);
+            let chunk = Bytes::from_static(&ZEROS[..n as usize]);
+            Some((Ok::<_, std::io::Error>(chunk), sent + n))
+        }
+    });
+    let mut response = Body::from_stream(chunks).into_response();
+    if declared {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(HUGE));
+    }
+    response
+}
+
+/// Counts itself in, publishes the count, and waits for the test to open the gate.
+async fn hold(State(seen): State<Arc<Seen>>) -> &'static str {
+    let now = seen.holding.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.most_held.fetch_max(now, Ordering::SeqCst);
+    seen.held_tx.send_replace(now);
+    let mut gate = seen.gate.subscribe();
+    let _ = gate.wait_for(|open| *open).await;
+    let now = seen.holding.fetch_sub(1, Ordering::SeqCst) - 1;
+    seen.held_tx.send_replace(now);
+    "released"
+}
+
+/// A server that accepts connections and never answers.
+async fn silent_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    addr
+}
+
+fn settings(hosts: &[String]) -> HttpSettings {
+    HttpSettings {
+        allowed_outbound_hosts: hosts.to_vec(),
+        request_timeout: Duration::from_secs(30),
+        max_response_bytes: 1 << 20,
+        max_concurrent: 8,
+        ca_file: None,
+    }
+}
+
+async fn fetcher(settings: HttpSettings) -> (Plugin, Arc<HttpGrant>) {
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let grant = HttpGrant::new(settings).expect("grant");
+    let limits = PluginLimits {
+        max_memory: 32 << 20,
+        // The guest burns almost no CPU; the wall-clock budget only has to outlast the
+        // slowest exchange of a test (30 s request timeout at most).
+        batch_deadline: Duration::from_secs(60),
+        wall_deadline: Some(Duration::from_secs(60)),
+        http: Some(grant.clone()),
+        ..PluginLimits::default()
+    };
+    let plugin = rt
+        .load(&guest("fixture_http_fetch"), limits, Vec::new())
+        .await
+        .unwrap_or_else(|e| panic!("loading fixture_http_fetch: {e}"));
+    (plugin, grant)
+}
+
+fn batch(urls: &[String]) -> Vec<Record> {
+    urls.iter()
+        .enumerate()
+        .map(|(i, url)| record(i as i64, url, &[]))
+        .collect()
+}
+
+async fn fetch(plugin: &mut Plugin, urls: &[String]) -> Vec<Verdict> {
+    match tokio::time::timeout(STUCK, plugin.handle(&batch(urls))).await {
+        Ok(BatchOutcome::Verdicts(verdicts)) => verdicts,
+        Ok(other) => panic!("expected verdicts, got {other:?}"),
+        Err(_) => panic!("the batch was stuck for {STUCK:?}"),
+    }
+}
+
+fn reason(verdict: &Verdict) -> &str {
+    match verdict {
+        Verdict::Reject(Some(reason)) => reason,
+        other => panic!("expected a reject with a reason, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_request_outside_the_allow_list_is_refused_in_the_host_and_never_reaches_the_server() {
+    let server = Server::start().await;
+    // The same address on another port, and a name: neither is the server's origin.
+    let (mut plugin, grant) = fetcher(settings(&[
+        format!("http://127.0.0.1:{}", server.port() ^ 1),
+        "https://api.example.com".into(),
+    ]))
+    .await;
+    let verdicts = fetch(
+        &mut plugin,
+        &[
+            server.url("/ok"),
+            format!("https://127.0.0.1:{}/ok", server.port()),
+        ],
+    )
+    .await;
+    for verdict in &verdicts {
+        assert_eq!(reason(verdict), "ErrorCode::HttpRequestDenied");
+    }
+    assert_eq!(server.requests(), 0, "nothing reached the server");
+    let counts = grant.stats().snapshot();
+    assert_eq!(counts.refused_by_list, 2);
+    assert_eq!(counts.sent, 0);
+    println!("refused in the host: {counts:?}");
+}
+
+#[tokio::test]
+async fn a_listed_name_resolving_to_loopback_is_refused_unless_the_address_is_listed_too() {
+    let server = Server::start().await;
+    let by_name = format!("http://localhost:{}/ok", server.port());
+
+    let (mut plugin, grant) =
+        fetcher(settings(&[format!("http://localhost:{}", server.port())])).await;
+    let verdicts = fetch(&mut plugin, std::slice::from_ref(&by_name)).await;
+    assert_eq!(reason(&verdicts[0]), "ErrorCode::DestinationIpProhibited");
+    assert_eq!(
+        server.requests(),
+        0,
+        "a refused address is never connected to"
+    );
+    assert_eq!(grant.stats().snapshot().refused_by_address, 1);
+
+    let (mut plugin, grant) = fetcher(settings(&[
+        format!("http://localhost:{}", server.port()),
+        format!("http://127.0.0.1:{}", server.port()),
+    ]))
+    .await;
+    let verdicts = fetch(&mut plugin, &[by_name, server.url("/ok")]).await;
+    assert_eq!(verdicts, vec![Verdict::Accept, Verdict::Accept]);
+    assert_eq!(server.requests(), 2);
+    let counts = grant.stats().snapshot();
+    assert_eq!((counts.sent, counts.refused_by_address), (2, 0));
+}
+
+#[tokio::test]
+async fn a_redirect_is_handed_to_the_guest_and_never_followed() {
+    let server = Server::start().await;
+    let (mut plugin, _) = fetcher(settings(&[format!("http://127.0.0.1:{}", server.port())])).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/redirect")]).await;
+    assert_eq!(reason(&verdicts[0]), "status 302");
+    assert_eq!(server.requests(), 1);
+    assert_eq!(
+        server.seen.redirect_target.load(Ordering::SeqCst),
+        0,
+        "the redirect target was never requested"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_100_mb_response_is_cut_at_the_size_cap_and_never_read_whole() {
+    let server = Server::start().await;
+    // One request at a time: the request after the cut gets a permit only if the cut
+    // released it.
+    let mut one_at_a_time = settings(&[format!("http://127.0.0.1:{}", server.port())]);
+    one_at_a_time.max_concurrent = 1;
+    let (mut plugin, grant) = fetcher(one_at_a_time).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/huge")]).await;
+    let why = reason(&verdicts[0]);
+    assert!(
+        why.starts_with("body: ") && why.contains("body size exceeds limit"),
+        "{why}"
+    );
+    let streamed = server.seen.streamed.load(Ordering::SeqCst);
+    println!("the server got to hand {streamed} of {HUGE} bytes to its socket before the cut");
+    assert!(streamed < HUGE, "the host read the whole body");
+    assert_eq!(grant.stats().snapshot().too_large, 1);
+    let next = fetch(&mut plugin, &[server.url("/ok")]).await;
+    assert_eq!(
+        next,
+        vec![Verdict::Accept],
+        "the cut released the request's permit"
+    );
+}
+
+#[tokio::test]
+async fn a_content_length_over_the_size_cap_is_refused_at_the_head() {
+    let server = Server::start().await;
+    let (mut plugin, grant) =
+        fetcher(settings(&[format!("http://127.0.0.1:{}", server.port())])).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/huge-declared")]).await;
+    assert_eq!(
+        reason(&verdicts[0]),
+        format!("ErrorCode::HttpResponseBodySize(Some({HUGE}))")
+    );
+    assert!(server.seen.streamed.load(Ordering::SeqCst) < HUGE);
+    assert_eq!(grant.stats().snapshot().too_large, 1);
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_hits_the_request_timeout() {
+    let silent = silent_server().await;
+    let mut settings = settings(&[format!("http://{silent}")]);
+    settings.request_timeout = Duration::from_millis(300);
+    let (mut plugin, grant) = fetcher(settings).await;
+    let verdicts = fetch(&mut plugin, &[format!("http://{silent}/never")]).await;
+    assert_eq!(reason(&verdicts[0]), "ErrorCode::HttpResponseTimeout");
+    let counts = grant.stats().snapshot();
+    assert_eq!((counts.sent, counts.timed_out), (1, 1));
+}
+
+/// Runs a batch of `n` `/hold` requests with `max_concurrent = cap`; opens the server's gate
+/// once `ready` says so (given what the server holds and what the host queues); returns the
+/// most requests the server held at once.
+async fn held_at_once(
+    cap: usize,
+    n: usize,
+    ready: impl Fn(usize, u64) -> bool,
+) -> (usize, Vec<Verdict>) {
+    let server = Server::start().await;
+    let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
+    settings.max_concurrent = cap;
+    let (mut plugin, grant) = fetcher(settings).await;
+    let urls = vec![server.url("/hold"); n];
+    let records = batch(&urls);
+    let handle = plugin.handle(&records);
+    tokio::pin!(handle);
+    let mut held = server.seen.held_tx.subscribe();
+    let opener = async {
+        loop {
+            let holding = *held.borrow_and_update();
+            if ready(holding, grant.stats().snapshot().waiting) {
+                break;
+            }
+            // The host's queue has no event of its own: look again when the server's count
+            // changes, or shortly.
+            tokio::select! {
+                _ = held.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        server.seen.gate.send_replace(true);
+    };
+    let outcome = tokio::time::timeout(STUCK, async {
+        tokio::select! {
+            outcome = &mut handle => outcome,
+            () = opener => handle.await,
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "cap {cap}: stuck (the server held {} at most)",
+            server.seen.most_held.load(Ordering::SeqCst)
+        )
+    });
+    let verdicts = match outcome {
+        BatchOutcome::Verdicts(v) => v,
+        other => panic!("expected verdicts, got {other:?}"),
+    };
+    (server.seen.most_held.load(Ordering::SeqCst), verdicts)
+}
+
+#[tokio::test]
+async fn the_concurrency_cap_holds_requests_back_in_the_host() {
+    // Open the gate once the server holds two and the host queues the other six, or as soon
+    // as the server holds more than two (the cap failed).
+    let (most, verdicts) = held_at_once(2, 8, |holding, waiting| {
+        holding > 2 || (holding == 2 && waiting == 6)
+    })
+    .await;
+    assert_eq!(most, 2, "the server saw more requests at once than the cap");
+    assert_eq!(verdicts, vec![Verdict::Accept; 8]);
+}
+
+#[tokio::test]
+async fn the_guest_issues_a_batchs_requests_concurrently() {
+    let (most, verdicts) = held_at_once(8, 8, |holding, _| holding == 8).await;
+    assert_eq!(most, 8);
+    assert_eq!(verdicts, vec![Verdict::Accept; 8]);
+}
+
+#[tokio::test]
+async fn a_429_or_5xx_answer_gives_retry_and_a_200_gives_accept() {
+    let server = Server::start().await;
+    let (mut plugin, grant) =
+        fetcher(settings(&[format!("http://127.0.0.1:{}", server.port())])).await;
+    let verdicts = fetch(
+        &mut plugin,
+        &[
+            server.url("/ok"),
+            server.url("/status/429"),
+            server.url("/status/503"),
+            server.url("/status/404"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        verdicts,
+        vec![
+            Verdict::Accept,
+            Verdict::Retry(1000),
+            Verdict::Retry(1000),
+            Verdict::Reject(Some("status 404".into())),
+        ]
+    );
+    assert_eq!(grant.stats().snapshot().sent, 4);
+}
