@@ -18,6 +18,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sharehost::runtime::{
     BatchOutcome, HttpGrant, HttpSettings, Plugin, PluginLimits, PluginRuntime, Record,
     RuntimeConfig, Verdict,
@@ -60,7 +62,45 @@ struct Server {
 impl Server {
     async fn start() -> Server {
         let seen = Arc::new(Seen::default());
-        let app = Router::new()
+        let app = Self::app(&seen);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Server { addr, seen }
+    }
+
+    /// The same server behind TLS with `certs`' server certificate.
+    async fn start_tls(certs: &TestCerts) -> Server {
+        let seen = Arc::new(Seen::default());
+        let app = Self::app(&seen);
+        let chain = CertificateDer::pem_file_iter(&certs.server_cert)
+            .expect("server cert")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("server cert");
+        let key = PrivateKeyDer::from_pem_file(&certs.server_key).expect("server key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        let listener = TlsListener {
+            tcp: TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+        };
+        let addr = listener.tcp.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Server { addr, seen }
+    }
+
+    fn app(seen: &Arc<Seen>) -> Router {
+        Router::new()
             .route("/ok", get(|| async { "ok" }))
             .route(
                 "/status/{code}",
@@ -91,13 +131,7 @@ impl Server {
                     next.run(request).await
                 },
             ))
-            .with_state(seen.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Server { addr, seen }
+            .with_state(seen.clone())
     }
 
     fn port(&self) -> u16 {
@@ -161,6 +195,134 @@ async fn hold(State(seen): State<Arc<Seen>>) -> &'static str {
     let now = seen.holding.fetch_sub(1, Ordering::SeqCst) - 1;
     seen.held_tx.send_replace(now);
     "released"
+}
+
+/// Accepts TCP connections and completes the TLS handshake before axum sees them; a
+/// connection whose handshake fails (the client refused the certificate) is dropped.
+struct TlsListener {
+    tcp: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(tcp).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// A throw-away CA and a server certificate it signed, valid for `IP:127.0.0.1` and
+/// `DNS:localhost` (made with the openssl CLI, as `dev/kafka` makes the broker's).
+struct TestCerts {
+    dir: std::path::PathBuf,
+    ca: std::path::PathBuf,
+    server_cert: std::path::PathBuf,
+    server_key: std::path::PathBuf,
+}
+
+impl TestCerts {
+    fn make(name: &str) -> TestCerts {
+        let dir =
+            std::env::temp_dir().join(format!("sharehost-http-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("cert dir");
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl (needed for the TLS tests, as for dev/kafka --sasl-ssl)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-sha256",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sharehost http test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-sha256",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        std::fs::write(
+            dir.join("server.ext"),
+            "basicConstraints=critical,CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\n\
+             extendedKeyUsage=serverAuth\n\
+             subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .expect("server.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-sha256",
+            "-days",
+            "2",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "1",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ]);
+        TestCerts {
+            ca: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            dir,
+        }
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A server that accepts connections and never answers.
@@ -449,4 +611,29 @@ async fn a_429_or_5xx_answer_gives_retry_and_a_200_gives_accept() {
         ]
     );
     assert_eq!(grant.stats().snapshot().sent, 4);
+}
+
+#[tokio::test]
+async fn https_is_verified_against_the_ca_file_and_refused_without_it() {
+    let certs = TestCerts::make("tls");
+    let server = Server::start_tls(&certs).await;
+    let origin = format!("https://127.0.0.1:{}", server.port());
+    let url = format!("{origin}/ok");
+
+    let (mut plugin, grant) = fetcher(settings(std::slice::from_ref(&origin))).await;
+    let verdicts = fetch(&mut plugin, std::slice::from_ref(&url)).await;
+    assert_eq!(reason(&verdicts[0]), "ErrorCode::TlsCertificateError");
+    assert_eq!(
+        server.requests(),
+        0,
+        "no request crossed an unverified connection"
+    );
+    assert_eq!(grant.stats().snapshot().sent, 1);
+
+    let mut trusted = settings(std::slice::from_ref(&origin));
+    trusted.ca_file = Some(certs.ca.clone());
+    let (mut plugin, _) = fetcher(trusted).await;
+    let verdicts = fetch(&mut plugin, &[url]).await;
+    assert_eq!(verdicts, vec![Verdict::Accept]);
+    assert_eq!(server.requests(), 1);
 }
