@@ -20,6 +20,9 @@
 //!   a permit, DNS, connect, TLS, sending, the response head and the whole body. One deadline
 //!   bounds how long a request can hold a permit, whatever the server does (a server that
 //!   drips one byte at a time cannot stretch it).
+//!   The guest's own `request-options` timeouts are ignored: the grant's deadline is the one
+//!   the pipeline's operator chose, and a plugin can always give up earlier by dropping the
+//!   response future.
 //! - **Response-size cap.** A `Content-Length` over `max_response_bytes` is refused at the
 //!   head; a body without one is cut when it passes the cap, and the guest's stream fails with
 //!   `HTTP-response-body-size`. The body is read only as fast as the guest reads it, so the
@@ -29,6 +32,12 @@
 //!   connection is closed.
 //! - **TLS** through rustls (ring) with the system roots plus the optional CA file, one
 //!   client configuration per grant; HTTP/1.1 only.
+//! - **Bounded request bodies.** A guest writes at most 64 KiB per call into an outgoing
+//!   body, and one chunk is buffered per body.
+//!
+//! Refusals are logged at warn with the origin (`scheme://host:port`, never the path or
+//! query, which may carry tokens) and the plugin's name when the grant was built with
+//! [`HttpGrant::named`]; every outcome is counted in [`HttpGrant::stats`].
 
 use std::fmt;
 use std::future::Future;
