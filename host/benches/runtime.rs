@@ -1,9 +1,10 @@
 //! Plugin runtime benchmark: ns/record of a guest call across batch sizes and value sizes,
 //! accept-all vs a value-reading guest vs the same logic in native Rust, reused vs fresh
-//! instance, compile vs load from the precompiled cache, and the columnar batch layout against
-//! the naive `list<record>` layout.
+//! instance, compile vs load from the precompiled cache, the columnar batch layout against
+//! the naive `list<record>` layout, and the runtime cost of an emit (contract 0.2 outputs).
 //!
 //! Run (after `dev/build-guests`): `cargo bench -p sharehost --bench runtime`
+//! (`SHAREHOST_BENCH_ONLY=emit` runs the emit case alone).
 //! Method: per point a warm-up, then 7 samples of about 200 ms each; the median is printed.
 //! Time is this thread's **CPU time** (from /proc/thread-self/schedstat, in ns) when the
 //! kernel offers it, so that other processes competing for the two cores (parallel builds)
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sharehost::kafka::{ConsumedRecord, Header};
 use sharehost::runtime::{
-    BatchOutcome, InstanceMode, Plugin, PluginLimits, PluginRuntime, Record, RuntimeConfig, Verdict,
+    BatchOutcome, InstanceMode, OutputGrant, Plugin, PluginLimits, PluginRuntime, Record,
+    RuntimeConfig, Verdict,
 };
 
 const SIZES: [usize; 5] = [1, 10, 100, 500, 1000];
@@ -189,6 +191,96 @@ async fn load(rt: &PluginRuntime, name: &str, mode: InstanceMode) -> Plugin {
     .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// The batch with every value replaced by `value(i)` (same keys, offsets and topic).
+fn with_values(mut records: Vec<Record>, value: impl Fn(usize) -> Vec<u8>) -> Vec<Record> {
+    for (i, r) in records.iter_mut().enumerate() {
+        r.value = Some(Bytes::from(value(i)));
+    }
+    records
+}
+
+/// The runtime side of an emit: `fixture_actor` judging 500 records whose values make it emit
+/// one 100 B value each to output `valid` (`emit:valid:TEXT`), against the same batch with
+/// plain values of the same length that it just accepts. Both go through the same parsing in
+/// the guest, and the emits are taken from the plugin after each call (as the pipeline does),
+/// so the difference is the emit: the host call, the bound checks, copying key, value and
+/// header out of the guest, and handing them over. Producing them is the broker's cost and is
+/// not in it (dev/bench-http measures that end to end).
+async fn emit_case(rt: &PluginRuntime) {
+    const N: usize = 500;
+    const EMITTED: usize = 100;
+    let mut plugin = rt
+        .load(
+            &guest("fixture_actor"),
+            PluginLimits {
+                instance_mode: InstanceMode::Reuse {
+                    max_batches: u32::MAX,
+                },
+                batch_deadline: Duration::from_secs(10),
+                outputs: Arc::new(OutputGrant {
+                    names: vec!["valid".into()],
+                    ..Default::default()
+                }),
+                ..PluginLimits::default()
+            },
+            Vec::new(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("fixture_actor: {e}"));
+    // a–z text without ':' (the fixture's separator), the same for every record.
+    let text: Vec<u8> = (0..EMITTED).map(|i| b'a' + (i % 26) as u8).collect();
+    let emitting = with_values(batch(N, 1), |_| [b"emit:valid:".as_slice(), &text].concat());
+    let plain = with_values(batch(N, 1), |_| {
+        let mut v = b"plain-value".to_vec();
+        v.extend_from_slice(&text);
+        v
+    });
+    assert_eq!(
+        emitting[0].value.as_ref().map(Bytes::len),
+        plain[0].value.as_ref().map(Bytes::len)
+    );
+    // Every record of the emitting batch must really emit (and be accepted), or the figure lies.
+    match plugin.handle(&emitting).await {
+        BatchOutcome::Verdicts(v) => assert!(
+            v.iter().all(|v| matches!(v, Verdict::Accept)),
+            "fixture_actor did not accept every emitting record: {:?}",
+            v.iter().find(|v| !matches!(v, Verdict::Accept))
+        ),
+        BatchOutcome::Fault(f) => panic!("fault in benchmark: {f:?}"),
+    }
+    let emits = plugin.take_emits();
+    assert_eq!(emits.len(), N, "one emit per record");
+    assert!(
+        emits
+            .iter()
+            .all(|e| e.value.as_ref().map(Bytes::len) == Some(EMITTED))
+    );
+    let mut run = async |records: &[Record]| {
+        measure!(match plugin.handle(records).await {
+            BatchOutcome::Verdicts(v) => {
+                black_box(v);
+                black_box(plugin.take_emits());
+            }
+            BatchOutcome::Fault(f) => panic!("fault in benchmark: {f:?}"),
+        }) / N as f64
+    };
+    let with = run(&emitting).await;
+    let without = run(&plain).await;
+    println!(
+        "\n### Emit cost (fixture_actor, {N} records per batch, reused instance, ns/record)\n"
+    );
+    println!("| batch | ns/record | ns per emit (difference) |");
+    println!("|---|---|---|");
+    println!(
+        "| {N} × plain {} B values, accepted, no emit | {without:.1} | |",
+        plain[0].value.as_ref().map_or(0, Bytes::len)
+    );
+    println!(
+        "| {N} × `emit:valid:` + {EMITTED} B, one {EMITTED} B emit each, accepted | {with:.1} | {:.1} |",
+        with - without
+    );
+}
+
 async fn per_record(plugin: &mut Plugin, records: &[Record]) -> f64 {
     let ns = measure!(match plugin.handle(records).await {
         BatchOutcome::Verdicts(v) => {
@@ -220,6 +312,11 @@ async fn main() {
         while Instant::now() < until {
             black_box(plugin.handle(&records).await);
         }
+        return;
+    }
+    if std::env::var_os("SHAREHOST_BENCH_ONLY").is_some_and(|v| v == "emit") {
+        emit_case(&rt).await;
+        let _ = std::fs::remove_dir_all(&cache_dir);
         return;
     }
     println!(
@@ -287,6 +384,7 @@ async fn main() {
         load.sort_by(f64::total_cmp);
         println!("| {name} | {:.2} | {:.3} |", compile[2], load[2]);
     }
+    emit_case(&rt).await;
     let _ = std::fs::remove_dir_all(&cache_dir);
 
     naive::run().await;
