@@ -2,7 +2,10 @@
 //! bound to their source record. Every accepted record's outputs are in the output topic,
 //! produced before its Accept; the emits of a record released, rejected or retried are not;
 //! a host killed mid-stream loses no output of an accepted record (duplicates possible,
-//! counted); an output topic that cannot be written releases its sources until it can.
+//! counted); an output topic that cannot be written releases its sources until it can. And
+//! the rest of what a plugin that acts may do, through the host: a 0.1.0 plugin still runs as
+//! before, a secret never shows, a server's 429 becomes a `retry` whose record comes back after
+//! its delay with the next delivery count, and a host outside the allow-list is never reached.
 //!
 //! The witness is outside the engine: the ledger plugin (tests/fixtures/guests/ledger with
 //! `emit-to`) reports what it judged through the host's log, the broker says the group is
@@ -604,6 +607,107 @@ async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_lett
     );
     report(&format!(
         "outputs {}: secret handed to init, redacted in log, status and dead letter",
+        s.name
+    ));
+}
+
+/// What a loopback test server saw of one path: the `x-delivery-count` the http-fetch fixture
+/// sends, and when.
+type Hits = Arc<std::sync::Mutex<BTreeMap<String, Vec<(u16, Instant)>>>>;
+
+/// A loopback HTTP server that answers 429 to the first request for each path and 200 to the
+/// others, and records every request.
+async fn retry_server() -> (String, Hits) {
+    use axum::extract::{Path as UrlPath, State};
+    use axum::http::{HeaderMap, StatusCode};
+    let hits: Hits = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/item/{n}",
+            axum::routing::get(
+                |State(hits): State<Hits>, UrlPath(n): UrlPath<String>, headers: HeaderMap| async move {
+                    let count = headers
+                        .get("x-delivery-count")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(0);
+                    let mut hits = hits.lock().unwrap_or_else(|p| p.into_inner());
+                    let seen = hits.entry(n).or_default();
+                    seen.push((count, Instant::now()));
+                    if seen.len() == 1 {
+                        StatusCode::TOO_MANY_REQUESTS
+                    } else {
+                        StatusCode::OK
+                    }
+                },
+            ),
+        )
+        .with_state(hits.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay() {
+    let (listed, hits) = retry_server().await;
+    // A second server, not on the allow-list: the host must never reach it.
+    let (unlisted, unlisted_hits) = retry_server().await;
+    let mut values: Vec<String> = (0..20).map(|i| format!("{listed}/item/{i}")).collect();
+    values.extend((0..3).map(|i| format!("{unlisted}/item/{i}")));
+    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+    let s = text_scenario("http-retry", &refs).await;
+    let manifest = s.text_manifest(
+        &guest("fixture_http_fetch"),
+        &format!("allowed_outbound_hosts = [\"{listed}\"]\nwall_deadline_ms = 10000\n"),
+    );
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let status = blocking(move || {
+        status_reaches(&h, "rejected", 3);
+        status_reaches(&h, "accepted", 20)
+    })
+    .await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    assert_eq!(status_counter(&status, "retried"), 20, "{status}");
+    let hits = hits.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(hits.len(), 20);
+    let mut shortest = Duration::MAX;
+    for (path, seen) in &hits {
+        let counts: Vec<u16> = seen.iter().map(|(c, _)| *c).collect();
+        assert_eq!(
+            counts,
+            [1, 2],
+            "{path}: 429 on the first delivery, back on the second"
+        );
+        let waited = seen[1].1.duration_since(seen[0].1);
+        shortest = shortest.min(waited);
+        assert!(
+            waited >= Duration::from_millis(1000),
+            "{path}: came back after {waited:?}, before its 1000 ms retry delay"
+        );
+    }
+    assert!(
+        unlisted_hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty(),
+        "a host outside the allow-list never sees a request"
+    );
+    assert_eq!(
+        s.dead_letter_reasons().await,
+        vec!["ErrorCode::HttpRequestDenied"; 3],
+        "the plugin saw the refusal as an error value"
+    );
+    report(&format!(
+        "outputs {}: 20 records answered 429, retried (1000 ms) and accepted on delivery 2 (shortest wait {shortest:?}); 3 requests outside the allow-list refused in the host, server saw 0",
         s.name
     ));
 }

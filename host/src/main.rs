@@ -227,7 +227,10 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
             allowed_outbound_hosts: args.allowed_outbound_hosts.clone(),
             ..HttpSettings::default()
         };
-        Some(HttpGrant::new(settings).map_err(|e| anyhow::anyhow!("--allow-outbound-host: {e}"))?)
+        Some(
+            HttpGrant::named("test-plugin", settings)
+                .map_err(|e| anyhow::anyhow!("--allow-outbound-host: {e}"))?,
+        )
     };
     let limits = PluginLimits {
         max_memory,

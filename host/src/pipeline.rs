@@ -211,7 +211,7 @@ impl Grants {
     fn build(spec: &PipelineSpec) -> Result<Grants, String> {
         let http = match &spec.http {
             Some(settings) => Some(
-                HttpGrant::new(settings.clone())
+                HttpGrant::named(&spec.name, settings.clone())
                     .map_err(|e| format!("allowed_outbound_hosts: {e}"))?,
             ),
             None => None,
@@ -644,6 +644,26 @@ impl Pipeline {
                 .acks
                 .get_or_create(&l)
                 .set(v.load(Ordering::Relaxed) as i64);
+        }
+        if let Some(http) = &self.grants.http {
+            let c = http.stats().snapshot();
+            for (result, v) in [
+                ("sent", c.sent),
+                ("refused_host", c.refused_by_list),
+                ("refused_address", c.refused_by_address),
+                ("failed", c.failed),
+                ("timed_out", c.timed_out),
+                ("too_large", c.too_large),
+                ("in_flight", c.in_flight),
+                ("waiting", c.waiting),
+            ] {
+                let mut l = l.clone();
+                l.push(("result", result.into()));
+                self.metrics
+                    .http_requests
+                    .get_or_create(&l)
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
         }
         self.collect_outcomes(consumer);
     }

@@ -38,7 +38,10 @@ pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read
 pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
-pub use http::{HttpGrant, HttpSettings};
+pub use http::{
+    AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,
+    parse_allowed_origin,
+};
 pub use outputs::{
     DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, Emit, EmitHeader, OutputGrant,
     RESERVED_HEADER_PREFIX,
