@@ -134,3 +134,102 @@ fn bad_input_is_one_clear_error_naming_the_line_or_item() {
         assert!(errors[0].contains(expected), "{stderr}");
     }
 }
+
+/// A pricing API on loopback (`GET /price/A-1` → `{"unit_price": 2.5}`, 404 otherwise) that
+/// requires `Authorization: Bearer tok-offline`; returns its base URL.
+fn pricing_server() -> String {
+    use axum::extract::Path;
+    use axum::http::{HeaderMap, StatusCode};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let app = axum::Router::new().route(
+                "/price/{sku}",
+                axum::routing::get(|Path(sku): Path<String>, headers: HeaderMap| async move {
+                    let bearer = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    match (sku.as_str(), bearer == "Bearer tok-offline") {
+                        (_, false) => (StatusCode::UNAUTHORIZED, String::new()),
+                        ("A-1", true) => (StatusCode::OK, r#"{"unit_price": 2.5}"#.to_owned()),
+                        _ => (StatusCode::NOT_FOUND, String::new()),
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(listener.local_addr().expect("addr"));
+            let _ = axum::serve(listener, app).await;
+        });
+    });
+    format!("http://{}", rx.recv().expect("server address"))
+}
+
+#[test]
+fn runs_the_enricher_offline_with_http_granted_by_a_flag_and_shows_its_emits() {
+    let url = pricing_server();
+    let file = input(
+        "enrich",
+        concat!(
+            r#"{"key":"o1","value":"{\"id\":\"o1\",\"sku\":\"A-1\",\"quantity\":3}"}"#,
+            "\n",
+            r#"{"key":"o2","value":"{\"id\":\"o2\",\"sku\":\"Z-9\",\"quantity\":1}"}"#,
+            "\n"
+        ),
+    );
+    let enricher = guest("enricher");
+    let pricing = format!("pricing-url={url}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    cmd.arg("test-plugin")
+        .arg(&enricher)
+        .arg("--input")
+        .arg(&file)
+        .args(["--config", &pricing, "--output", "enriched"])
+        .args(["--secret-env", "api-token=SHAREHOST_TEST_PRICING_TOKEN"])
+        .env("SHAREHOST_TEST_PRICING_TOKEN", "tok-offline")
+        .env("SHAREHOST_LOG", "off");
+    // Without the grant, no request leaves: the lookup fails and the order is retried.
+    let out = cmd.output().expect("run sharehost");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success()
+            || stdout
+                .lines()
+                .next()
+                .is_some_and(|l| l.contains("\"retry\"")),
+        "refused at load or retried without a grant: {stdout}"
+    );
+    let out = cmd
+        .args(["--allow-outbound-host", &url])
+        .output()
+        .expect("run sharehost");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines[0]["verdict"], "accept", "{stdout}");
+    let emit = &lines[0]["emits"][0];
+    assert_eq!(emit["output"], "enriched");
+    assert_eq!(emit["key"], "o1");
+    let order: serde_json::Value =
+        serde_json::from_str(emit["value"].as_str().expect("text value")).expect("JSON order");
+    assert_eq!(
+        (order["unit_price"].as_f64(), order["total"].as_f64()),
+        (Some(2.5), Some(7.5))
+    );
+    assert_eq!(lines[1]["verdict"], "reject");
+    assert!(lines[1].get("emits").is_none(), "{stdout}");
+    assert_eq!(lines[2]["summary"]["emits"], 1);
+}
