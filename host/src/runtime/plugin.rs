@@ -600,6 +600,8 @@ impl Plugin {
             }
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, store.data(), &stderr);
+                // A panic in init may well print what it was handed.
+                let message = self.init.secrets.redact_owned(message);
                 Err(init_fault(
                     FaultKind::InitFailed,
                     format!("instantiation or init failed ({kind}): {message}"),
