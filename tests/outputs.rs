@@ -711,3 +711,34 @@ async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_d
         s.name
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
+    let s = Scenario::new("outputs-retry-cap", 60, 30_000, true).await;
+    // Every id asks for a ten-minute delay on its first delivery; the manifest allows 500 ms.
+    let text = ledger_manifest(
+        &bootstrap(),
+        &s.topic,
+        &s.group,
+        &guest("fixture_ledger"),
+        r#"emit-to = "valid", retry-first-every = "1", retry-ms = "600000""#,
+        &format!(
+            "{FAULT_SETTINGS}max_retry_delay_ms = 500\n[pipeline.outputs]\nvalid = \"{}\"\n",
+            s.output
+        ),
+    );
+    let manifest = s.dir.join("retry-cap.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    // Without the cap nothing would come back for ten minutes, and this wait would give up.
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
+    assert!(
+        outputs.by_id.values().all(|o| o[0].delivery_count == 2),
+        "every id came back once, on its second delivery"
+    );
+}
