@@ -285,3 +285,20 @@ async fn an_emit_carrying_more_than_the_per_call_budget_traps_and_its_batch_faul
     );
     assert_eq!(plugin.take_emits().len(), 1);
 }
+
+#[tokio::test]
+async fn sdk_plugins_that_do_not_call_out_load_without_any_http_grant() {
+    // The SDK links wasi:http only into plugins that use it: these load where nothing is
+    // granted, and the enricher (which calls out) does not.
+    let rt = runtime();
+    for name in ["accept_all", "splitter", "order_validator", "value_reader"] {
+        rt.load(&guest(name), limits(&["urgent", "normal"]), Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("{name} loads without HTTP: {e}"));
+    }
+    let e = rt
+        .load(&guest("enricher"), limits(&["enriched"]), Vec::new())
+        .await
+        .expect_err("the enricher imports wasi:http");
+    assert!(e.to_string().contains("allowed_outbound_hosts"), "{e}");
+}
