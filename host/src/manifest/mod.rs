@@ -157,7 +157,9 @@ struct RawPipeline {
     #[serde(default)]
     max_emit_bytes_per_batch: Option<Spanned<i64>>,
     #[serde(default)]
-    secrets: BTreeMap<String, Spanned<RawSecret>>,
+    // Read as plain TOML values and interpreted by hand: serde's own error for a string where
+    // `{ env = .. }` belongs would quote the string, i.e. the secret someone put in the manifest.
+    secrets: BTreeMap<String, Spanned<toml::Value>>,
     #[serde(default)]
     allowed_outbound_hosts: Option<Spanned<Vec<String>>>,
     #[serde(default)]
@@ -168,16 +170,6 @@ struct RawPipeline {
     http_max_concurrent: Option<Spanned<i64>>,
     #[serde(default)]
     http_ca_file: Option<Spanned<String>>,
-}
-
-/// Where one pipeline secret comes from: `{ env = "VAR" }` or `{ file = "path" }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSecret {
-    #[serde(default)]
-    env: Option<String>,
-    #[serde(default)]
-    file: Option<String>,
 }
 
 /// Where the SASL password comes from (never the manifest itself).
@@ -857,10 +849,15 @@ impl Manifest {
             let mut secrets = Vec::new();
             for (secret, source) in &p.secrets {
                 let field = f(&format!("secrets.{secret}"));
-                let source = match (&source.get_ref().env, &source.get_ref().file) {
-                    (Some(var), None) if !var.is_empty() => SecretSource::Env(var.clone()),
-                    (None, Some(file)) if !file.is_empty() => {
-                        SecretSource::File(cx.path(&Spanned::new(source.span(), file.clone())))
+                let table = source.get_ref().as_table();
+                let key = |k: &str| table.and_then(|t| t.get(k)).and_then(toml::Value::as_str);
+                let only = table.is_some_and(|t| t.len() == 1);
+                let source = match (key("env"), key("file")) {
+                    (Some(var), None) if only && !var.is_empty() => {
+                        SecretSource::Env(var.to_owned())
+                    }
+                    (None, Some(file)) if only && !file.is_empty() => {
+                        SecretSource::File(cx.path(&Spanned::new(source.span(), file.to_owned())))
                     }
                     _ => {
                         return Err(cx.err(
