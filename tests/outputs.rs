@@ -105,6 +105,11 @@ impl Scenario {
     /// One ledger pipeline emitting every record's id to output `valid` (this scenario's
     /// output topic), every 7th id rejected and dead-lettered, plus `plugin_config`.
     fn manifest(&self, plugin_config: &str) -> PathBuf {
+        self.manifest_with(plugin_config, "")
+    }
+
+    /// [`Scenario::manifest`] with `settings`, more pipeline lines.
+    fn manifest_with(&self, plugin_config: &str, settings: &str) -> PathBuf {
         let text = ledger_manifest(
             &bootstrap(),
             &self.topic,
@@ -112,7 +117,7 @@ impl Scenario {
             &guest("fixture_ledger"),
             &format!(r#"reject-every = "7", emit-to = "valid", {plugin_config}"#),
             &format!(
-                "{FAULT_SETTINGS}dead_letter_topic = \"{}\"\n[pipeline.outputs]\nvalid = \"{}\"\n",
+                "{FAULT_SETTINGS}{settings}dead_letter_topic = \"{}\"\n[pipeline.outputs]\nvalid = \"{}\"\n",
                 self.dlq, self.output
             ),
         );
@@ -179,6 +184,19 @@ impl Scenario {
                 )
             })
             .collect()
+    }
+
+    /// Runs one host on `manifest` until its plugin has judged every id, then stops it;
+    /// returns the host's status taken before the stop and what the plugin reported.
+    async fn run_until_judged(&self, manifest: PathBuf) -> (serde_json::Value, Seen) {
+        let host =
+            Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+        let (h, n) = (host.clone(), self.ids.len());
+        blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+        let status = host.status();
+        let host = Arc::try_unwrap(host).ok().expect("sole owner");
+        let (_, seen) = blocking(move || host.stop()).await;
+        (status, seen)
     }
 
     /// Checks the outputs against the ledger: every accepted id has an output whose
@@ -271,12 +289,7 @@ async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_reject
     // Every id emits; multiples of 7 are then rejected, multiples of 5 released once (their
     // first emit must be discarded) and accepted on their second delivery.
     let manifest = s.manifest(r#"release-first-every = "5""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-    let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-    let status = host.status();
-    let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let (_, seen) = blocking(move || host.stop()).await;
+    let (status, seen) = s.run_until_judged(manifest).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
     let accepted = accepted(&[&seen]);
     let outputs = s.check_outputs(&ledger, &accepted).await;
@@ -412,12 +425,7 @@ async fn an_output_topic_that_cannot_be_written_releases_the_sources_until_it_ca
 async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit() {
     let s = Scenario::new("outputs-retry", 400, 30_000, true).await;
     let manifest = s.manifest(r#"retry-first-every = "4", retry-ms = "1500""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-    let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-    let status = host.status();
-    let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let (_, seen) = blocking(move || host.stop()).await;
+    let (status, seen) = s.run_until_judged(manifest).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
     let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
     assert_eq!(outputs.duplicates, 0);
@@ -482,27 +490,16 @@ async fn text_scenario(name: &'static str, values: &[&str]) -> Scenario {
 }
 
 impl Scenario {
+    /// One pipeline running `component` (no plugin configuration) with a dead-letter topic
+    /// and `extra` pipeline lines.
     fn text_manifest(&self, component: &Path, extra: &str) -> PathBuf {
-        let text = format!(
-            r#"[cluster]
-bootstrap = "{}"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[[pipeline]]
-name = "{}"
-topics = ["{}"]
-group = "{}"
-component = "{}"
-dead_letter_topic = "{}"
-{extra}"#,
-            bootstrap(),
-            self.name,
-            self.topic,
-            self.group,
-            component.display(),
-            self.dlq,
+        let text = ledger_manifest(
+            &bootstrap(),
+            &self.topic,
+            &self.group,
+            component,
+            "",
+            &format!("dead_letter_topic = \"{}\"\n{extra}", self.dlq),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");
@@ -716,25 +713,12 @@ async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_d
 async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
     let s = Scenario::new("outputs-retry-cap", 60, 30_000, true).await;
     // Every id asks for a ten-minute delay on its first delivery; the manifest allows 500 ms.
-    let text = ledger_manifest(
-        &bootstrap(),
-        &s.topic,
-        &s.group,
-        &guest("fixture_ledger"),
-        r#"emit-to = "valid", retry-first-every = "1", retry-ms = "600000""#,
-        &format!(
-            "{FAULT_SETTINGS}max_retry_delay_ms = 500\n[pipeline.outputs]\nvalid = \"{}\"\n",
-            s.output
-        ),
+    let manifest = s.manifest_with(
+        r#"retry-first-every = "1", retry-ms = "600000""#,
+        "max_retry_delay_ms = 500\n",
     );
-    let manifest = s.dir.join("retry-cap.toml");
-    std::fs::write(&manifest, text).expect("write manifest");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-    let (h, n) = (host.clone(), s.ids.len());
     // Without the cap nothing would come back for ten minutes, and this wait would give up.
-    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-    let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let (_, seen) = blocking(move || host.stop()).await;
+    let (_, seen) = s.run_until_judged(manifest).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
     let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
     assert!(

@@ -7,19 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sharehost::runtime::{
-    BatchOutcome, Contract, FaultKind, OutputGrant, Plugin, PluginInit, PluginLimits,
-    PluginRuntime, Record, RuntimeConfig, Secrets, Verdict,
+    BatchOutcome, Contract, FaultKind, OutputGrant, Plugin, PluginInit, PluginLimits, Record,
+    Secrets, Verdict,
 };
-use sharehost_tests::{guest, plugin_record as record};
-
-fn runtime() -> PluginRuntime {
-    PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: 64 << 20,
-        max_instances: 8,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime")
-}
+use sharehost_tests::{guest, plugin_record as record, plugin_runtime as runtime};
 
 fn limits(outputs: &[&str]) -> PluginLimits {
     PluginLimits {

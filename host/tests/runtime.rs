@@ -15,16 +15,7 @@ use sharehost::runtime::{
     AllocatorKind, BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits,
     PluginRuntime, Record, RuntimeConfig, Verdict,
 };
-use sharehost_tests::{guest, plugin_record as record};
-
-fn runtime() -> PluginRuntime {
-    PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: 64 << 20,
-        max_instances: 8,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime")
-}
+use sharehost_tests::{guest, plugin_record as record, plugin_runtime as runtime};
 
 fn limits() -> PluginLimits {
     PluginLimits {

@@ -312,6 +312,16 @@ config = {{ {plugin_config} }}
     )
 }
 
+/// A plugin runtime for the runtime tests: 64 MiB plugins, 8 instances in the pool.
+pub fn plugin_runtime() -> sharehost::runtime::PluginRuntime {
+    sharehost::runtime::PluginRuntime::new(sharehost::runtime::RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 8,
+        ..sharehost::runtime::RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
 /// A record as a plugin judges it (topic `orders`, partition 3, first delivery, key `k{offset}`)
 /// with `value` and `headers`: what the runtime tests hand to fixtures.
 pub fn plugin_record(
