@@ -1,0 +1,215 @@
+"""The component glue, imported only inside a component built by ``guest-sdk/python/build``.
+
+It implements the contract's exports (``init``, ``handle``) on top of the plugin class, plugs the
+host's ``log`` and ``outputs.emit`` imports into the SDK, and routes ``print()``,
+``sys.stdout`` and ``sys.stderr`` to the host's log (a component built with ``--stub-wasi`` has
+no working stdout: writing to it would trap). Not a public API.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import traceback
+
+from componentize_py_types import Err
+from wit_world.imports import host, outputs, types
+
+import sharehost_guest as sg
+
+_LEVELS = {
+    "trace": host.Level.TRACE,
+    "debug": host.Level.DEBUG,
+    "info": host.Level.INFO,
+    "warn": host.Level.WARN,
+    "error": host.Level.ERROR,
+}
+
+_ACCEPT = types.Verdict_Accept()
+_RELEASE = types.Verdict_Release()
+_RENEW = types.Verdict_Renew()
+
+
+def _log(level: str, message: str) -> None:
+    host.log(_LEVELS[level], message)
+
+
+def _emit(index, output, key, value, headers) -> None:
+    wire = [outputs.Header(k, v) for k, v in headers]
+    try:
+        outputs.emit(index, output, key, value, wire)
+    except Err as e:
+        raise _emit_error(e.value) from None
+
+
+def _emit_error(e) -> sg.EmitError:
+    """The SDK exception for a wire ``emit-error``."""
+    if isinstance(e, outputs.EmitError_UnknownOutput):
+        return sg.UnknownOutput(e.value)
+    if isinstance(e, outputs.EmitError_TooManyEmits):
+        return sg.TooManyEmits(e.value)
+    if isinstance(e, outputs.EmitError_TooManyBytes):
+        return sg.TooManyBytes(e.value)
+    if isinstance(e, outputs.EmitError_ReservedHeader):
+        return sg.ReservedHeader(e.value)
+    return sg.NoSuchRecord()
+
+
+class _HostStream(io.TextIOBase):
+    """A text stream whose complete lines become host log lines at one level.
+
+    Before the first export call (i.e. while the build pre-initialises the module) it writes to
+    the stream it replaced, so output at import time shows in the build's terminal.
+    """
+
+    def __init__(self, level: str, name: str, before) -> None:
+        super().__init__()
+        self._level = level
+        self._name = name
+        self._before = before
+        self._buf = ""
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if not _live:
+            return self._before.write(s)
+        self._buf += s
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            host.log(_LEVELS[self._level], line)
+        return len(s)
+
+    def flush(self) -> None:
+        if not _live:
+            self._before.flush()
+            return
+        if self._buf:
+            line, self._buf = self._buf, ""
+            host.log(_LEVELS[self._level], line)
+
+
+_live = False
+_plugin = None
+_stdout = _HostStream("info", "<stdout>", sys.stdout)
+_stderr = _HostStream("warn", "<stderr>", sys.stderr)
+
+
+def _go_live() -> None:
+    global _live
+    _live = True
+
+
+def _flush() -> None:
+    _stdout.flush()
+    _stderr.flush()
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: message`` plus the stack as file:line lines. Never reads source files (the
+    component has no filesystem), unlike ``traceback.format_exc``."""
+    frames = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)
+    where = "".join(f'\n  File "{f.filename}", line {f.lineno}, in {f.name}' for f in frames)
+    return f"{type(e).__name__}: {e}{where}"
+
+
+def plugin_class(module) -> type:
+    """The plugin class of ``module``: the one passed to ``sharehost_guest.export``, else the
+    one ``Plugin`` subclass defined in the module."""
+    if sg._exported:
+        if len(sg._exported) > 1:
+            names = ", ".join(c.__name__ for c in sg._exported)
+            raise TypeError(f"@export used on several plugins ({names}); keep one")
+        return sg._exported[0]
+    found = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type)
+        and issubclass(v, sg.Plugin)
+        and v is not sg.Plugin
+        and v.__module__ == module.__name__
+    ]
+    if len(found) != 1:
+        names = ", ".join(c.__name__ for c in found) or "none"
+        raise TypeError(
+            f"{module.__name__}: expected exactly one sharehost_guest.Plugin subclass, found "
+            f"{names}; mark the one to export with @sharehost_guest.export"
+        )
+    return found[0]
+
+
+def _wire(v) -> object:
+    if v is sg._ACCEPT:
+        return _ACCEPT
+    if not isinstance(v, sg.Verdict):
+        raise TypeError(
+            f"handle returned {v!r}, not a verdict: use accept(), release(), reject(reason), "
+            "renew() or retry(ms)"
+        )
+    k = v.kind
+    if k == "accept":
+        return _ACCEPT
+    if k == "reject":
+        return types.Verdict_Reject(v.reason)
+    if k == "release":
+        return _RELEASE
+    if k == "renew":
+        return _RENEW
+    return types.Verdict_Retry(v.after_ms)
+
+
+def make_world(module) -> type:
+    """Builds the ``WitWorld`` export class for the plugin in ``module`` and routes the SDK's
+    log, emits, stdout and stderr to the host. Called once, by the build's generated app
+    module, at build time (the component starts from that snapshot)."""
+    cls = plugin_class(module)
+    sg._backend.log = _log
+    sg._backend.emit = _emit
+    sys.stdout = _stdout
+    sys.stderr = _stderr
+
+    class WitWorld:
+        """The contract's exports."""
+
+        def init(self, config, secrets) -> None:
+            global _plugin
+            _go_live()
+            _plugin = None
+            try:
+                plugin = cls()
+                plugin.init(sg.Config(config, secrets))
+            except sg.ConfigError as e:
+                raise Err(str(e)) from None
+            except Exception as e:
+                raise Err(f"{type(e).__name__}: {e}") from None
+            finally:
+                _flush()
+            _plugin = plugin
+
+        def handle(self, batch):
+            _go_live()
+            records = sg.records_of(batch)
+            if _plugin is None:
+                # `handle` before a successful `init` breaks the contract; give all back.
+                return [_RELEASE] * len(records)
+            try:
+                verdicts = [_wire(v) for v in _plugin.handle(records)]
+            except BaseException as e:
+                # Logged here (the host only sees "trap"), then re-raised: componentize-py
+                # turns an exception escaping an export into a trap, i.e. a plugin fault.
+                _flush()
+                host.log(host.Level.ERROR, f"plugin fault: {_describe(e)}")
+                raise
+            _flush()
+            return verdicts
+
+    return WitWorld
