@@ -11,26 +11,15 @@ use sharehost::kafka::{ConnectionConfig, KafkaClient};
 use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{Pipeline, short};
-use sharehost::runtime::{PluginRuntime, RuntimeConfig};
+use sharehost::runtime::{PluginRuntime, RuntimeConfig, default_cache_dir};
 use tokio_util::sync::CancellationToken;
 
 /// How often component files are checked for replacement.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("SHAREHOST_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("sharehost").join("cwasm")
-}
-
 fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
     PluginRuntime::new(RuntimeConfig {
-        cache_dir: Some(cache_dir()),
+        cache_dir: Some(default_cache_dir()),
         ..manifest.runtime_config()
     })
     .context("cannot start the plugin runtime")

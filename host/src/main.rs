@@ -91,6 +91,11 @@ struct TestPluginArgs {
     /// Wall-clock deadline per batch, in milliseconds (default: the CPU deadline).
     #[arg(long)]
     wall_deadline_ms: Option<u64>,
+    /// Compile the component even if the precompiled cache has it, and do not store it
+    /// (the cache is the one `sharehost run` uses: $SHAREHOST_CACHE_DIR or
+    /// ~/.cache/sharehost/cwasm).
+    #[arg(long)]
+    no_cache: bool,
 }
 
 /// How to reach a cluster from the command line.
@@ -181,7 +186,7 @@ async fn probe(args: ProbeArgs) -> Result<()> {
 async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     use sharehost::runtime::offline::{parse_jsonl, verdict_line};
     use sharehost::runtime::{
-        HttpGrant, HttpSettings, OutputGrant, PluginInit, PluginLimits, PluginRuntime,
+        HttpGrant, HttpSettings, Origin, OutputGrant, PluginInit, PluginLimits, PluginRuntime,
         RuntimeConfig, Secrets, Verdict,
     };
     use std::collections::BTreeMap;
@@ -205,6 +210,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         max_plugin_memory: max_memory.max(RuntimeConfig::default().max_plugin_memory),
         max_instances: 4,
         max_component_bytes: args.max_component_mib.saturating_mul(1 << 20),
+        cache_dir: (!args.no_cache).then(sharehost::runtime::default_cache_dir),
         ..RuntimeConfig::default()
     })?;
     let secrets = args
@@ -247,7 +253,9 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         config,
         secrets: std::sync::Arc::new(Secrets::new(secrets)),
     };
+    let loading = std::time::Instant::now();
     let mut plugin = runtime.load_with(&args.component, limits, init).await?;
+    let load_ms = loading.elapsed().as_secs_f64() * 1e3;
 
     let fault_policy = Verdict::Release;
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -293,6 +301,14 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
             "emits": emitted,
             "faults": faults,
             "us_per_batch": (mean * 10.0).round() / 10.0,
+            "first_batch_us": batch_us.first().map(|us| (us * 10.0).round() / 10.0),
+            "load_ms": (load_ms * 10.0).round() / 10.0,
+            "compiled": match plugin.origin() {
+                Origin::Compiled => "now",
+                Origin::Cached => "from the cache",
+            },
+            "allocator": plugin.placement().allocator.name(),
+            "allocator_reason": plugin.placement().reason,
             "plugin": plugin.name(),
             "sha256": plugin.content_hash(),
         }

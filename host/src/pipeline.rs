@@ -21,8 +21,8 @@ use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
 use crate::runtime::{
-    Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant, Plugin, PluginInit,
-    PluginLimits, PluginRuntime, Record, Secrets, Verdict,
+    Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant, Placement, Plugin,
+    PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
 };
 use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
@@ -118,6 +118,8 @@ impl Handler {
 struct Version {
     hash: String,
     path: PathBuf,
+    /// Where its instances live (`None` for a native handler).
+    placement: Option<Placement>,
     instances: Mutex<Vec<Handler>>,
 }
 
@@ -129,6 +131,7 @@ impl Version {
         Version {
             hash: id.clone(),
             path: PathBuf::from(id),
+            placement: None,
             instances: Mutex::new(
                 (0..concurrency)
                     .map(|_| Handler::Native(handler.clone()))
@@ -184,6 +187,12 @@ pub struct PipelineStatus {
     pub last_swap_error: Option<String>,
     /// What the pipeline grants its plugin beyond computing.
     pub grants: GrantsStatus,
+    /// Which instance allocator the active version's instances come from: `pooling` (or
+    /// `pooling-compact`), or `on-demand` for a component too big for a pool slot (most
+    /// Python components), with the reason; `native` for a native handler.
+    pub allocator: String,
+    /// Why the active version runs on-demand although the host has a pool.
+    pub allocator_reason: Option<String>,
 }
 
 /// The grants of a pipeline as `GET /pipelines` shows them: names and hosts, never a secret's
@@ -313,13 +322,22 @@ async fn load_version(
         .first()
         .map(|p| p.content_hash().to_owned())
         .unwrap_or_default();
+    let placement = instances.first().map(|p| p.placement().clone());
     let instances = instances
         .into_iter()
         .map(|p| Handler::Wasm(Box::new(p)))
         .collect();
+    if let Some(Placement {
+        reason: Some(reason),
+        ..
+    }) = &placement
+    {
+        tracing::info!(pipeline = %spec.name, component = %path.display(), %reason, "this component's instances are allocated on demand: one does not fit a pool slot");
+    }
     Ok(Version {
         hash,
         path: path.to_owned(),
+        placement,
         instances: Mutex::new(instances),
     })
 }
@@ -409,6 +427,12 @@ impl Pipeline {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_swap_error: lock(&self.last_swap_error).clone(),
+            allocator: active
+                .placement
+                .as_ref()
+                .map_or("native", |p| p.allocator.name())
+                .to_owned(),
+            allocator_reason: active.placement.as_ref().and_then(|p| p.reason.clone()),
             grants: GrantsStatus {
                 outputs: self.spec.outputs.clone(),
                 allowed_outbound_hosts: self

@@ -19,7 +19,9 @@ use sharehost::admin::{self, AdminState};
 use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::Pipeline;
-use sharehost::runtime::{LoadError, PluginLimits, PluginRuntime, RuntimeConfig};
+use sharehost::runtime::{
+    AllocatorKind, LoadError, Origin, PluginLimits, PluginRuntime, RuntimeConfig,
+};
 use sharehost_tests::guest;
 use wasm_encoder::{
     CodeSection, ComponentBuilder, ComponentExportKind, ComponentTypeRef, ConstExpr, DataSection,
@@ -306,13 +308,85 @@ fn a_memory_larger_than_a_pool_slot_names_the_limit_to_raise() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A component that instantiates one small core module `instances` times (each instance of
+/// it one memory), exporting the last one's `f` as `init` and `handle`.
+fn component_with_instances(instances: u32) -> Vec<u8> {
+    let mut b = ComponentBuilder::default();
+    let module = b.core_module(None, &core_module(1, 1, 0));
+    let mut last = None;
+    for _ in 0..instances {
+        last =
+            Some(b.core_instantiate(None, module, Vec::<(&str, wasm_encoder::ModuleArg)>::new()));
+    }
+    let instance = last.expect("at least one instance");
+    let core_f = b.core_alias_export(None, instance, "f", ExportKind::Func);
+    let (ty, encoder) = b.ty(None);
+    encoder
+        .function()
+        .params(Vec::<(&str, wasm_encoder::ComponentValType)>::new())
+        .result(None);
+    let f = b.lift_func(
+        None,
+        core_f,
+        ty,
+        Vec::<wasm_encoder::CanonicalOption>::new(),
+    );
+    b.export("init", ComponentExportKind::Func, f, None);
+    b.export("handle", ComponentExportKind::Func, f, None);
+    b.finish()
+}
+
 #[test]
-fn a_core_module_with_two_memories_says_the_pool_allows_one() {
-    let dir = scratch("pool-memories");
-    let path = write(&dir, "two-memories.wasm", &crafted_component(1, 2, 0, &[]));
-    let e = refused(&path);
-    assert!(matches!(e, LoadError::PoolLimit { .. }), "{e}");
-    assert!(e.to_string().contains("more than one linear memory"), "{e}");
+fn a_component_beyond_a_pool_slots_share_runs_on_demand_and_says_why() {
+    let dir = scratch("placement");
+    let rt = runtime();
+    assert_ne!(
+        rt.allocator(),
+        AllocatorKind::OnDemand,
+        "this test needs the pool"
+    );
+    let limits = PluginLimits::default();
+    // Within a slot's share (8 core instances, 2 memories): the pool.
+    let small = write(&dir, "small.wasm", &component_with_instances(2));
+    let placed = rt.compile(&small, &limits).expect("compiles").placement;
+    assert_eq!(placed.allocator, rt.allocator());
+    assert_eq!(placed.reason, None);
+    // Python components have ~40 core instances; this one has 12 (and 12 memories). Before,
+    // such a component compiled for the pool and then could not be instantiated at all.
+    let big = write(&dir, "big.wasm", &component_with_instances(12));
+    let placed = rt.compile(&big, &limits).expect("compiles").placement;
+    assert_eq!(placed.allocator, AllocatorKind::OnDemand);
+    let reason = placed.reason.expect("a reason");
+    assert!(
+        reason.contains(
+            "12 core module instances, which exceeds the configured maximum of 8 per pool slot"
+        ),
+        "{reason}"
+    );
+    // A core module with two memories does not fit a slot's shape either.
+    let two = write(&dir, "two-memories.wasm", &crafted_component(1, 2, 0, &[]));
+    let placed = rt.compile(&two, &limits).expect("compiles").placement;
+    assert_eq!(placed.allocator, AllocatorKind::OnDemand, "{placed:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_on_demand_placement_survives_the_precompiled_cache() {
+    let dir = scratch("placement-cache");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 4,
+        cache_dir: Some(dir.join("cwasm")),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let big = write(&dir, "big.wasm", &component_with_instances(12));
+    let limits = PluginLimits::default();
+    let first = rt.compile(&big, &limits).expect("compiles");
+    assert_eq!(first.origin, Origin::Compiled);
+    let second = rt.compile(&big, &limits).expect("from the cache");
+    assert_eq!(second.origin, Origin::Cached);
+    assert_eq!(second.placement, first.placement);
+    assert_eq!(second.placement.allocator, AllocatorKind::OnDemand);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

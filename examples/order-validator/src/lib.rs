@@ -19,7 +19,12 @@ impl OrderValidator {
     /// Checks one value; `Err` is the rejection reason.
     pub fn check(&self, value: Option<&[u8]>) -> Result<(), String> {
         let value = value.ok_or("null value (tombstone)")?;
-        let order: Value = serde_json::from_slice(value).map_err(|e| format!("not JSON: {e}"))?;
+        // The reason is the same in every language's order-validator (examples/python, examples/js):
+        // the parser's own message differs per language, so it goes to the debug log instead.
+        let order: Value = serde_json::from_slice(value).map_err(|e| {
+            log::debug(&format!("not JSON: {e}"));
+            "not JSON".to_owned()
+        })?;
         let obj = order.as_object().ok_or("not a JSON object")?;
         for field in ["id", "sku"] {
             match obj.get(field).and_then(Value::as_str) {
@@ -92,7 +97,7 @@ mod tests {
             Verdict::Reject(Some(r)) => r,
             other => panic!("expected a rejection, got {other:?}"),
         };
-        assert!(reason(b"{oops").starts_with("not JSON"));
+        assert_eq!(reason(b"{oops"), "not JSON");
         assert_eq!(reason(b"[1]"), "not a JSON object");
         assert_eq!(
             reason(br#"{"sku":"A","quantity":1,"price":1}"#),

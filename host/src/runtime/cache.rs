@@ -27,9 +27,25 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{Mode, OFlags};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
+#[cfg(test)]
 use wasmtime::component::Component;
 
 use super::error::RuntimeError;
+
+/// Where `sharehost run`, `check` and `test-plugin` keep precompiled components unless told
+/// otherwise: `$SHAREHOST_CACHE_DIR`, else `$XDG_CACHE_HOME/sharehost/cwasm`, else
+/// `~/.cache/sharehost/cwasm`. One place, so a component compiled by `test-plugin` starts
+/// instantly under `run` (a Python component takes seconds to compile).
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("SHAREHOST_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("sharehost").join("cwasm")
+}
 
 /// The cache directory plus the engine fingerprint its file names embed.
 pub(crate) struct Cache {
@@ -167,10 +183,12 @@ impl Cache {
         Ok(Some(file))
     }
 
-    /// Loads the component from the cache, if this host stored it before. An entry that fails
-    /// the ownership checks is never deserialized (logged, a miss); an entry wasmtime refuses
-    /// (e.g. truncated by a crash) is deleted and reported as a miss.
-    pub(crate) fn get(&self, engine: &Engine, content_hash: &str) -> Option<Component> {
+    /// The artifact this host stored for a component, if any: bytes read from the entry
+    /// after the ownership checks passed on the opened file, so they are this host's own
+    /// compilation and may be deserialized. An entry that fails the checks is never read
+    /// (logged, a miss). Which engine loads the bytes is the caller's choice (the pool's or
+    /// the on-demand one: both share the code settings the entry's name carries).
+    pub(crate) fn get_artifact(&self, content_hash: &str) -> Option<Vec<u8>> {
         let path = self.path_for(content_hash);
         let mut file = match self.open_trusted(&path) {
             Ok(Some(f)) => f,
@@ -186,26 +204,47 @@ impl Cache {
             tracing::warn!(path = %path.display(), error = %e, "cannot read a cache entry; compiling instead");
             return None;
         }
+        Some(artifact)
+    }
+
+    /// Drops an entry wasmtime refused (e.g. truncated by a crash), so the next load
+    /// compiles and replaces it.
+    pub(crate) fn discard(&self, content_hash: &str, error: &str) {
+        let path = self.path_for(content_hash);
+        tracing::warn!(path = %path.display(), error = %error, "discarding an unusable cache entry");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Loads the component from the cache with `engine`, if this host stored it before; an
+    /// entry wasmtime refuses is discarded and reported as a miss.
+    #[cfg(test)]
+    pub(crate) fn get(&self, engine: &Engine, content_hash: &str) -> Option<Component> {
+        let artifact = self.get_artifact(content_hash)?;
         match sharehost_trusted_cwasm::load_host_precompiled(engine, &artifact) {
             Ok(c) => Some(c),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "discarding an unusable cache entry");
-                let _ = std::fs::remove_file(&path);
+                self.discard(content_hash, &format!("{e:#}"));
                 None
             }
         }
     }
 
-    /// Stores a compiled (and already validated) component. A failure is logged, not fatal:
-    /// the next load compiles again.
-    pub(crate) fn put(&self, component: &Component, content_hash: &str) {
+    /// Stores a compiled (and already validated) artifact, the bytes
+    /// `Engine::precompile_component` returned. A failure is logged, not fatal: the next load
+    /// compiles again.
+    pub(crate) fn put_artifact(&self, artifact: &[u8], content_hash: &str) {
         let path = self.path_for(content_hash);
-        let result = component
-            .serialize()
-            .map_err(|e| format!("{e:#}"))
-            .and_then(|bytes| self.store(&path, &bytes).map_err(|e| e.to_string()));
-        if let Err(e) = result {
+        if let Err(e) = self.store(&path, artifact) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the precompiled cache; continuing without it");
+        }
+    }
+
+    /// Stores a compiled component (tests build entries this way).
+    #[cfg(test)]
+    pub(crate) fn put(&self, component: &Component, content_hash: &str) {
+        match component.serialize() {
+            Ok(bytes) => self.put_artifact(&bytes, content_hash),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot serialize a component"),
         }
     }
 

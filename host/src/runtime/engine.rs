@@ -16,6 +16,7 @@ use super::error::{LoadError, RuntimeError};
 use super::host::StoreState;
 use super::plugin::{Plugin, PluginInit};
 use super::validate;
+use sharehost_trusted_cwasm::load_host_precompiled;
 
 /// Which instance allocator the engine ended up with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,12 +45,66 @@ pub struct PluginRuntime {
 }
 
 pub(crate) struct RuntimeInner {
-    pub(crate) engine: Engine,
-    pub(crate) linker: Linker<StoreState>,
+    /// The engine every component tries first: the pool when it could be reserved.
+    pub(crate) primary: Flavor,
+    /// An on-demand engine with the primary's code settings, for a component that does not
+    /// fit one pool slot (more core instances, memories or tables per instance than a slot's
+    /// share: a Python component has about 40 core instances). `None` when the primary is
+    /// on-demand already.
+    overflow: Option<Flavor>,
     pub(crate) config: RuntimeConfig,
-    allocator: AllocatorKind,
     cache: Option<Cache>,
     ticker: Ticker,
+}
+
+/// One wasmtime engine with its linker. Compiled components and linkers belong to the engine
+/// that made them, so each allocator has its own; both engines share code settings, so one
+/// precompiled artifact loads into either.
+pub(crate) struct Flavor {
+    pub(crate) engine: Engine,
+    pub(crate) linker: Linker<StoreState>,
+    kind: AllocatorKind,
+}
+
+impl Flavor {
+    fn new(engine: Engine, kind: AllocatorKind) -> Result<Self, RuntimeError> {
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        super::host::add_to_linker(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        // wasi:http's own interfaces; whether a plugin may import them (and where its
+        // requests may go) is decided per plugin by its grant, never by the linker.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        Ok(Self {
+            engine,
+            linker,
+            kind,
+        })
+    }
+}
+
+/// Where a plugin's instances live, as `/pipelines` and `sharehost test-plugin` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The allocator its instances come from.
+    pub allocator: AllocatorKind,
+    /// Why a component runs on-demand although the runtime has a pool: wasmtime's count of
+    /// what one instance needs against a pool slot's share, e.g. "The component transitively
+    /// contains 38 core module instances, which exceeds the configured maximum of 8".
+    pub reason: Option<String>,
+}
+
+impl AllocatorKind {
+    /// The name `/pipelines` and the CLI show.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllocatorKind::Pooling => "pooling",
+            AllocatorKind::PoolingCompact => "pooling-compact",
+            AllocatorKind::OnDemand => "on-demand",
+        }
+    }
 }
 
 /// The dedicated epoch thread. A tokio task would stop ticking exactly when it matters most:
@@ -69,13 +124,26 @@ impl Drop for RuntimeInner {
     }
 }
 
-/// Where a component came from, for the benchmark.
+/// Where a component came from, for the benchmark and `test-plugin`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
+pub enum Origin {
     /// Compiled now (no cache, or a miss).
     Compiled,
-    /// Mapped from the cache.
+    /// Mapped from the precompiled cache.
     Cached,
+}
+
+/// A component compiled (or mapped from the cache) and checked, not yet instantiated: what
+/// [`PluginRuntime::compile`] hands `check`, the benchmark and tests, which want to know where
+/// a component would run without running it.
+pub struct Compiled {
+    pub(crate) component: Component,
+    /// SHA-256 of the component bytes.
+    pub hash: String,
+    /// Compiled now or mapped from the cache.
+    pub origin: Origin,
+    /// Which allocator its instances would come from.
+    pub placement: Placement,
 }
 
 fn base_config() -> Config {
@@ -94,30 +162,34 @@ impl PluginRuntime {
     /// cannot be reserved), the linker and the cache, and starts the epoch ticker.
     pub fn new(config: RuntimeConfig) -> Result<Self, RuntimeError> {
         let (engine, allocator) = build_engine(&config)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        super::host::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        // wasi:http's own interfaces; whether a plugin may import them (and where its
-        // requests may go) is decided per plugin by its grant, never by the linker.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        let memory = MemorySettings::of(&config, allocator);
+        let overflow = match allocator {
+            AllocatorKind::OnDemand => None,
+            AllocatorKind::Pooling | AllocatorKind::PoolingCompact => {
+                let engine = Engine::new(&on_demand_config(memory))
+                    .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+                Some(Flavor::new(engine, AllocatorKind::OnDemand)?)
+            }
+        };
+        let primary = Flavor::new(engine, allocator)?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(Cache::open(
-                &engine,
+                &primary.engine,
                 dir,
-                &code_settings(&config, allocator),
+                &code_settings(&config, allocator, memory),
             )?),
             None => None,
         };
-        let ticker = start_ticker(engine.clone(), config.epoch_tick)?;
+        let engines = std::iter::once(&primary)
+            .chain(overflow.as_ref())
+            .map(|f| f.engine.clone())
+            .collect();
+        let ticker = start_ticker(engines, config.epoch_tick)?;
         Ok(Self {
             inner: Arc::new(RuntimeInner {
-                engine,
-                linker,
+                primary,
+                overflow,
                 config,
-                allocator,
                 cache,
                 ticker,
             }),
@@ -126,7 +198,7 @@ impl PluginRuntime {
 
     /// Which allocator the engine uses (pooling, or the on-demand fallback).
     pub fn allocator(&self) -> AllocatorKind {
-        self.inner.allocator
+        self.inner.primary.kind
     }
 
     /// Loads, validates, compiles (or maps from the cache) and initialises a plugin.
@@ -162,22 +234,19 @@ impl PluginRuntime {
         limits: PluginLimits,
         init: PluginInit,
     ) -> Result<Plugin, LoadError> {
-        let (component, hash, _) = self.compile(path, &limits)?;
-        Plugin::new(self.clone(), path, component, hash, limits, init).await
+        let compiled = self.compile(path, &limits)?;
+        Plugin::new(self.clone(), path, compiled, limits, init).await
     }
 
-    /// Reads, validates and compiles a component without instantiating it; the third value
-    /// says whether it came from the cache. Exposed for `sharehost check` and benchmarks.
+    /// Reads, validates and compiles a component without instantiating it, and says whether
+    /// it came from the cache and which allocator takes it. Exposed for `sharehost check` and
+    /// benchmarks.
     ///
     /// The file goes through the one component reader (regular file, bounded size, header),
     /// then its imports and exports are checked from its sections *before* compiling: a
     /// component refused for its contract costs a read and a parse, not a compilation (which
     /// for a component with a large data segment costs several times its size in memory).
-    pub(crate) fn compile(
-        &self,
-        path: &Path,
-        limits: &PluginLimits,
-    ) -> Result<(Component, String, Origin), LoadError> {
+    pub fn compile(&self, path: &Path, limits: &PluginLimits) -> Result<Compiled, LoadError> {
         let inner = &self.inner;
         if limits.max_memory > inner.config.max_plugin_memory {
             return Err(LoadError::MemoryLimit {
@@ -200,25 +269,41 @@ impl PluginRuntime {
                 .map(|(n, is_func)| (n.as_str(), *is_func)),
         )?;
         let hash = cache::content_hash(&bytes);
-        let cached = inner
-            .cache
-            .as_ref()
-            .and_then(|c| c.get(&inner.engine, &hash));
-        let origin = if cached.is_some() {
-            Origin::Cached
-        } else {
-            Origin::Compiled
-        };
-        let component = match cached {
-            Some(c) => c,
-            None => Component::new(&inner.engine, &bytes)
-                .map_err(|e| self.compile_error(path, limits, &e))?,
+        let cached = inner.cache.as_ref().and_then(|c| {
+            let artifact = c.get_artifact(&hash)?;
+            match self.place(&artifact) {
+                Ok(placed) => Some(placed),
+                // Not a pool-fit refusal (those fall back to on-demand): an entry wasmtime
+                // cannot load, e.g. truncated by a crash. Compile it again.
+                Err(e) => {
+                    c.discard(&hash, &format!("{e:#}"));
+                    None
+                }
+            }
+        });
+        // `fresh`: the artifact compiled now, cached once the checks below pass.
+        let (component, placement, fresh) = match cached {
+            Some((component, placement)) => (component, placement, None),
+            None => {
+                // Compiled once, without the allocator's check; `place` then loads the code
+                // into the engine whose allocator takes it.
+                let artifact = inner
+                    .primary
+                    .engine
+                    .precompile_component(&bytes)
+                    .map_err(|e| self.compile_error(path, limits, &e))?;
+                let (component, placement) = self
+                    .place(&artifact)
+                    .map_err(|e| self.compile_error(path, limits, &e))?;
+                (component, placement, Some(artifact))
+            }
         };
         drop(bytes);
         // The same checks on the compiled component's types: they also cover a cached entry
         // and export types the section walk does not look at.
+        let engine = component.engine();
         if let Some(found) = validate::foreign_version(
-            validate::names(&inner.engine, &component)
+            validate::names(engine, &component)
                 .iter()
                 .map(String::as_str),
         ) {
@@ -227,23 +312,75 @@ impl PluginRuntime {
                 found,
             });
         }
-        let imports = validate::imports(&inner.engine, &component);
+        let imports = validate::imports(engine, &component);
         check_imports(
             path,
             limits.http.is_some(),
             imports.iter().map(String::as_str),
         )?;
-        if let Some(message) = validate::missing_exports(&inner.engine, &component) {
+        if let Some(message) = validate::missing_exports(engine, &component) {
             return Err(LoadError::WrongWorld {
                 path: path.to_owned(),
                 message,
             });
         }
         // Only components that passed validation are cached.
-        if let (Some(cache), Origin::Compiled) = (&inner.cache, origin) {
-            cache.put(&component, &hash);
+        let origin = match fresh {
+            Some(artifact) => {
+                if let Some(cache) = &inner.cache {
+                    cache.put_artifact(&artifact, &hash);
+                }
+                Origin::Compiled
+            }
+            None => Origin::Cached,
+        };
+        Ok(Compiled {
+            component,
+            hash,
+            origin,
+            placement,
+        })
+    }
+
+    /// Loads precompiled code into the pool's engine, or, when one instance of the component
+    /// needs more than a pool slot's share (core instances, memories, tables, instance
+    /// state), into the on-demand engine, with wasmtime's count as the reason. The artifact is
+    /// this host's own compilation (just made, or read back from its own cache).
+    fn place(&self, artifact: &[u8]) -> wasmtime::Result<(Component, Placement)> {
+        let inner = &self.inner;
+        let primary = load_host_precompiled(&inner.primary.engine, artifact);
+        match (primary, &inner.overflow) {
+            (Ok(component), _) => Ok((
+                component,
+                Placement {
+                    allocator: inner.primary.kind,
+                    reason: None,
+                },
+            )),
+            (Err(e), Some(overflow)) => match exceeds_pool_share(&e) {
+                Some(reason) => {
+                    let component = load_host_precompiled(&overflow.engine, artifact)?;
+                    Ok((
+                        component,
+                        Placement {
+                            allocator: overflow.kind,
+                            reason: Some(reason),
+                        },
+                    ))
+                }
+                None => Err(e),
+            },
+            (Err(e), None) => Err(e),
         }
-        Ok((component, hash, origin))
+    }
+
+    /// The linker of the engine `component` was loaded into.
+    pub(crate) fn linker_for(&self, component: &Component) -> &Linker<StoreState> {
+        let inner = &self.inner;
+        match &inner.overflow {
+            Some(o) if Engine::same(&o.engine, component.engine()) => &o.linker,
+            _ => &inner.primary.linker,
+        }
     }
 
     /// Turns wasmtime's refusal into a load error: a component that does not fit the pool
@@ -277,7 +414,7 @@ impl PluginRuntime {
     ) -> Result<(Duration, Duration), LoadError> {
         let bytes = component_file::read_component(path, self.inner.config.max_component_bytes)?;
         let t = Instant::now();
-        Component::new(&self.inner.engine, &bytes).map_err(|e| LoadError::Compile {
+        Component::new(&self.inner.primary.engine, &bytes).map_err(|e| LoadError::Compile {
             path: path.to_owned(),
             message: format!("{e:#}"),
         })?;
@@ -286,7 +423,7 @@ impl PluginRuntime {
         // First call fills the cache (when configured), second one maps from it.
         self.compile(path, &limits)?;
         let t = Instant::now();
-        let (_, _, origin) = self.compile(path, &limits)?;
+        let origin = self.compile(path, &limits)?.origin;
         let load = t.elapsed();
         if origin != Origin::Cached {
             return Err(LoadError::Cache {
@@ -350,9 +487,44 @@ fn check_imports<'a>(
     })
 }
 
-/// Maps wasmtime's pooling-allocator refusals (raised when a component is compiled or
-/// deserialized, see `validate_component` in wasmtime's pooling allocator) to the setting that
-/// lifts them. The messages matched are wasmtime 48's; an unmatched one keeps wasmtime's text.
+/// What one pool slot offers a plugin instance (its share of the pool's totals): enough for a
+/// Rust or JavaScript component (3 to 6 core instances, one memory). A component needing more
+/// runs on-demand instead of taking several slots' share, so the pool can never run out of
+/// core instances, memories or tables before it runs out of instances.
+const CORE_INSTANCES_PER_SLOT: u32 = 8;
+/// Linear memories one pool slot offers (see [`CORE_INSTANCES_PER_SLOT`]).
+const MEMORIES_PER_SLOT: u32 = 2;
+/// Tables one pool slot offers (see [`CORE_INSTANCES_PER_SLOT`]).
+const TABLES_PER_SLOT: u32 = 8;
+
+/// When wasmtime refuses a component for the pool because one instance needs more than a
+/// slot holds (its per-component limits or a core module's shape), the reason, and the
+/// component runs on-demand. `None` for refusals on-demand would not lift (a memory larger
+/// than the plugin limit, a shared memory) and for everything else. The messages matched
+/// are wasmtime 48's (`validate_component` / `validate_module` of its pooling allocator).
+fn exceeds_pool_share(e: &wasmtime::Error) -> Option<String> {
+    let root = e.root_cause().to_string();
+    let lifted_on_demand = [
+        "which exceeds the configured maximum of",
+        "defined memories count of",
+        "defined tables count of",
+        "minimum element size of",
+        "instance allocation for this module",
+        "instance allocation for this component",
+    ];
+    let chain = format!("{e:#}");
+    lifted_on_demand
+        .iter()
+        .any(|needle| chain.contains(needle))
+        .then(|| {
+            root.trim_end_matches('.')
+                .replace(" in the pooling allocator", " per pool slot")
+        })
+}
+
+/// Maps wasmtime's pooling-allocator refusals that running on-demand would not lift (see
+/// [`exceeds_pool_share`] for those that it does) to the setting that lifts them, if any. The
+/// messages matched are wasmtime 48's; an unmatched one keeps wasmtime's text.
 fn pool_limit_hint(
     e: &wasmtime::Error,
     config: &RuntimeConfig,
@@ -376,62 +548,58 @@ fn pool_limit_hint(
             mib(limits.max_memory),
         ));
     }
-    if has("defined memories count of").is_some() {
-        return Some(
-            "a core module defines more than one linear memory; the pool allows one per core module \
-             (a fixed limit of sharehost: build the plugin with a single memory)"
-                .into(),
-        );
-    }
-    if has("defined tables count of").is_some() {
-        return Some(
-            "a core module defines more tables than the pool allows per module (one) or in all \
-             (8 per instance): a fixed limit of sharehost, build the plugin with one table per core module"
-                .into(),
-        );
-    }
-    if has("minimum element size of").is_some() {
-        return Some(
-            "a table starts with more elements than a pool table holds (20000, wasmtime's \
-             table_elements; a fixed limit of sharehost)"
-                .into(),
-        );
-    }
-    if has("instance allocation for this module").is_some()
-        || has("instance allocation for this component").is_some()
-    {
-        return Some(
-            "its instance state (globals, functions, tables of one core module or of the whole component) \
-             exceeds the pool's 1 MiB per instance; a fixed limit of sharehost"
-                .into(),
-        );
-    }
-    if let Some(m) = has("which exceeds the configured maximum of") {
-        return Some(format!(
-            "{} (the pool's per-component limits are fixed by sharehost)",
-            m.trim_end_matches('.')
-        ));
-    }
     if has("memory is shared").is_some() {
         return Some("it uses a shared memory, which plugins may not".into());
     }
     None
 }
 
+/// How linear memories are reserved: part of the compiled code (bounds checks), so the pool's
+/// engine and the on-demand one beside it use the same, and one artifact loads into both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MemorySettings {
+    /// `None`: wasmtime's defaults on 64-bit hosts (4 GiB reservation plus guard).
+    /// `Some(bytes)`: the compact pool's reservation, the plugin memory limit itself.
+    compact_reservation: Option<u64>,
+}
+
+impl MemorySettings {
+    fn of(config: &RuntimeConfig, allocator: AllocatorKind) -> Self {
+        Self {
+            compact_reservation: (allocator == AllocatorKind::PoolingCompact)
+                .then_some(config.max_plugin_memory as u64),
+        }
+    }
+
+    fn apply(self, c: &mut Config) {
+        if let Some(reservation) = self.compact_reservation {
+            c.memory_reservation(reservation)
+                .memory_guard_size(64 << 10)
+                .memory_reservation_for_growth(0);
+        }
+    }
+}
+
 /// The runtime settings that shape compiled code beyond what wasmtime's
 /// `precompile_compatibility_hash` covers, as stable text for the cache key: the allocator
 /// actually chosen and the plugin memory limit (the compact pool compiles the limit in as the
 /// memory reservation, so an artifact built for 4096 MiB must never serve a 64 MiB runtime,
-/// nor the reverse), plus the reservation and guard each allocator configures.
-fn code_settings(config: &RuntimeConfig, allocator: AllocatorKind) -> String {
-    let (reservation, guard, growth) = match allocator {
-        AllocatorKind::PoolingCompact => (config.max_plugin_memory as u64, 64u64 << 10, 0u64),
+/// nor the reverse), plus the reservation and guard each allocator configures, and the pool
+/// slot's share (which decides whether an entry loads into the pool or on-demand).
+fn code_settings(
+    config: &RuntimeConfig,
+    allocator: AllocatorKind,
+    memory: MemorySettings,
+) -> String {
+    let (reservation, guard, growth) = match memory.compact_reservation {
+        Some(r) => (r, 64u64 << 10, 0u64),
         // wasmtime's defaults on 64-bit hosts.
-        AllocatorKind::Pooling | AllocatorKind::OnDemand => (0, 0, 0),
+        None => (0, 0, 0),
     };
     format!(
-        "v1 allocator={allocator:?} max_plugin_memory={} memory_reservation={reservation} \
-         memory_guard={guard} reservation_for_growth={growth} opt=speed epochs=1 cow=1",
+        "v2 allocator={allocator:?} max_plugin_memory={} memory_reservation={reservation} \
+         memory_guard={guard} reservation_for_growth={growth} opt=speed epochs=1 cow=1 \
+         slot={CORE_INSTANCES_PER_SLOT}/{MEMORIES_PER_SLOT}/{TABLES_PER_SLOT}",
         config.max_plugin_memory
     )
 }
@@ -443,20 +611,32 @@ fn pooling_config(config: &RuntimeConfig, compact: bool) -> Config {
     let n = config.max_instances.max(1);
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(n)
-        // A Rust component has one main module plus a few small shim modules.
-        .total_core_instances(n.saturating_mul(8))
-        .total_memories(n.saturating_mul(2))
-        .total_tables(n.saturating_mul(8))
+        .max_core_instances_per_component(CORE_INSTANCES_PER_SLOT)
+        .max_memories_per_component(MEMORIES_PER_SLOT)
+        .max_tables_per_component(TABLES_PER_SLOT)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_SLOT))
+        .total_memories(n.saturating_mul(MEMORIES_PER_SLOT))
+        .total_tables(n.saturating_mul(TABLES_PER_SLOT))
         .total_stacks(n)
         .max_memory_size(config.max_plugin_memory)
         // Keep a little of each slot resident so recycled instances fault in less.
         .linear_memory_keep_resident(1 << 20);
-    if compact {
-        c.memory_reservation(config.max_plugin_memory as u64)
-            .memory_guard_size(64 << 10)
-            .memory_reservation_for_growth(0);
-    }
+    let allocator = if compact {
+        AllocatorKind::PoolingCompact
+    } else {
+        AllocatorKind::Pooling
+    };
+    MemorySettings::of(config, allocator).apply(&mut c);
     c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    c
+}
+
+/// An on-demand engine whose code settings match `memory` (so the pool's artifacts load into
+/// it unchanged).
+fn on_demand_config(memory: MemorySettings) -> Config {
+    let mut c = base_config();
+    memory.apply(&mut c);
+    c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
     c
 }
 
@@ -480,14 +660,14 @@ fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), Runti
             }
         }
     }
-    let mut c = base_config();
-    c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-    Engine::new(&c)
-        .map(|e| (e, AllocatorKind::OnDemand))
-        .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+    Engine::new(&on_demand_config(MemorySettings {
+        compact_reservation: None,
+    }))
+    .map(|e| (e, AllocatorKind::OnDemand))
+    .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
 }
 
-fn start_ticker(engine: Engine, tick: Duration) -> Result<Ticker, RuntimeError> {
+fn start_ticker(engines: Vec<Engine>, tick: Duration) -> Result<Ticker, RuntimeError> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let tick = tick.max(Duration::from_micros(100));
@@ -497,7 +677,9 @@ fn start_ticker(engine: Engine, tick: Duration) -> Result<Ticker, RuntimeError> 
             while !flag.load(Ordering::Relaxed) {
                 // park_timeout, not sleep: dropping the runtime unparks us at once.
                 std::thread::park_timeout(tick);
-                engine.increment_epoch();
+                for engine in &engines {
+                    engine.increment_epoch();
+                }
             }
         })
         .map_err(RuntimeError::Ticker)?;

@@ -34,9 +34,10 @@ mod secrets;
 mod validate;
 
 pub use batch::Record;
+pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
 pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
-pub use engine::{AllocatorKind, PluginRuntime};
+pub use engine::{AllocatorKind, Compiled, Origin, Placement, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
 pub use http::{
     AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,

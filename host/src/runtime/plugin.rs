@@ -12,7 +12,7 @@ use super::batch::{Record, WireBatch};
 use super::bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
 use super::bindings_v01::sharehost::plugin::types::Verdict as WireVerdictV01;
 use super::config::{InstanceMode, PluginLimits};
-use super::engine::PluginRuntime;
+use super::engine::{Compiled, Origin, Placement, PluginRuntime};
 use super::error::LoadError;
 use super::host::{Deadline, Drained, HOSTCALL_FUEL, StoreState};
 use super::outputs::Emit;
@@ -204,10 +204,16 @@ pub struct PluginInit {
 /// One loaded, validated and initialised plugin version. Handles one batch at a time
 /// (`&mut self`); run several `Plugin`s for parallelism.
 pub struct Plugin {
-    runtime: PluginRuntime,
+    /// Held, never read: it keeps the epoch ticker (the deadlines) running as long as a
+    /// plugin of this runtime exists.
+    _runtime: PluginRuntime,
     name: Arc<str>,
     path: PathBuf,
     content_hash: String,
+    /// Compiled at load, or mapped from the precompiled cache.
+    origin: Origin,
+    /// Which allocator its instances come from, and why not the pool when it is not.
+    placement: Placement,
     contract: Contract,
     pre: InstancePre<StoreState>,
     limits: PluginLimits,
@@ -235,19 +241,23 @@ impl Plugin {
     pub(crate) async fn new(
         runtime: PluginRuntime,
         path: &Path,
-        component: Component,
-        content_hash: String,
+        compiled: Compiled,
         limits: PluginLimits,
         init: PluginInit,
     ) -> Result<Self, LoadError> {
+        let Compiled {
+            component,
+            hash: content_hash,
+            origin,
+            placement,
+        } = compiled;
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             path: path.to_owned(),
             message: format!("{e:#}"),
         };
-        let contract = Contract::of(&component, &runtime.inner.engine);
+        let contract = Contract::of(&component, component.engine());
         let pre = runtime
-            .inner
-            .linker
+            .linker_for(&component)
             .instantiate_pre(&component)
             .map_err(wrong_world)?;
         let name: Arc<str> = path
@@ -256,10 +266,12 @@ impl Plugin {
             .unwrap_or_else(|| "plugin".into())
             .into();
         let mut plugin = Self {
-            runtime,
+            _runtime: runtime,
             name,
             path: path.to_owned(),
             content_hash,
+            origin,
+            placement,
             contract,
             pre,
             limits,
@@ -295,6 +307,18 @@ impl Plugin {
     /// SHA-256 of the component bytes: the identity of this plugin version.
     pub fn content_hash(&self) -> &str {
         &self.content_hash
+    }
+
+    /// Where its instances live (pool or on-demand, and why), for `/pipelines`: a component
+    /// too big for a pool slot still runs, and the operator sees that it pays on-demand cost.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Whether loading compiled the component or mapped it from the precompiled cache (the
+    /// difference is seconds for a Python or JavaScript component), for `test-plugin`.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     /// Counters since load.
@@ -513,9 +537,8 @@ impl Plugin {
     /// A fresh store and instance, with `init(config)` already run under the deadline.
     async fn instantiate(&mut self) -> Result<Warm, Fault> {
         self.stats.instances += 1;
-        let inner = &self.runtime.inner;
         let mut store = Store::new(
-            &inner.engine,
+            self.pre.component().engine(),
             StoreState::new(self.name.clone(), &self.limits, self.init.secrets.clone()),
         );
         store.limiter(|s| &mut s.limiter);
@@ -671,6 +694,20 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         return (
             FaultKind::Panic,
             truncate(text.replace('\n', " "), MAX_FAULT_MESSAGE),
+        );
+    }
+    let root = cause(e);
+    if root.contains("maximum concurrent limit of") {
+        // wasmtime's pool is out of slots (instances, or core instances, memories, tables of
+        // them). Every pooled component fits one slot's share, so this means more instances
+        // are alive than the runtime was sized for.
+        return (
+            FaultKind::Trap,
+            format!(
+                "the plugin instance pool is exhausted ({root}): sharehost reserves \
+                 2 × concurrency + 2 instances per pipeline ([pipeline] concurrency; \
+                 test-plugin reserves 4), so more instances are alive than that"
+            ),
         );
     }
     match e.downcast_ref::<Trap>() {
