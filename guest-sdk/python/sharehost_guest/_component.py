@@ -8,8 +8,12 @@ no working stdout: writing to it would trap). Not a public API.
 
 from __future__ import annotations
 
+import builtins
+import errno
 import io
+import os
 import sys
+import time
 import traceback
 
 from componentize_py_types import Err
@@ -114,6 +118,82 @@ def _flush() -> None:
     _stderr.flush()
 
 
+# --- Runtime guards ---------------------------------------------------------------------------
+# The build stubs every WASI import with a trap (`--stub-wasi`), so a clock read, a random
+# byte, a file open or an import that has to read a module file would kill the instance with a
+# bare "unreachable". These guards turn the common ones into Python exceptions that say what
+# to do instead; they act only once the component runs (the build itself needs the originals).
+# C code that reads the clock directly (datetime.now()) still traps.
+
+
+def _guard(module, name: str, make_error) -> None:
+    original = getattr(module, name, None)
+    if original is None:
+        return
+
+    def guarded(*args, **kwargs):
+        if _live:
+            raise make_error()
+        return original(*args, **kwargs)
+
+    guarded.__name__ = name
+    guarded.__doc__ = getattr(original, "__doc__", None)
+    setattr(module, name, guarded)
+
+
+def _no_clock(name: str):
+    return lambda: RuntimeError(
+        f"time.{name}() is not available in a sharehost Python plugin (the component has no "
+        "clock): use record.timestamp"
+    )
+
+
+def _no_file():
+    return PermissionError(
+        errno.EACCES, "a sharehost plugin has no filesystem: read configuration from init's config"
+    )
+
+
+class _NoImportAtRuntime:
+    """Refuses, with a clear ImportError, imports that would have to read a module file at run
+    time (there is no filesystem: that would trap). Placed just before the path finder, so
+    built-in and frozen modules still import."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if _live:
+            raise ImportError(
+                f"module {name!r} was not imported when the component was built: import it at "
+                "the top of your plugin module (a component cannot load modules at run time)",
+                name=name,
+            )
+        return None
+
+
+def _install_guards() -> None:
+    for name in (
+        "time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
+        "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep",
+    ):
+        _guard(time, name, _no_clock(name))
+    _guard(
+        os,
+        "urandom",
+        lambda: NotImplementedError(
+            "os.urandom() is not available in a sharehost Python plugin (no secure randomness; "
+            "`random` is seeded at build time)"
+        ),
+    )
+    _guard(builtins, "open", _no_file)
+    _guard(io, "open", _no_file)
+    finders = sys.meta_path
+    at = next(
+        (i for i, f in enumerate(finders) if getattr(f, "__name__", "") == "PathFinder"),
+        len(finders),
+    )
+    finders.insert(at, _NoImportAtRuntime)
+
+
 def _describe(e: BaseException) -> str:
     """``Type: message`` plus the stack as file:line lines. Never reads source files (the
     component has no filesystem), unlike ``traceback.format_exc``."""
@@ -213,3 +293,8 @@ def make_world(module) -> type:
             return verdicts
 
     return WitWorld
+
+
+# Installed when this module is imported, i.e. before the plugin module (the build's app
+# module imports this one first), so `from time import time` in a plugin gets the guard too.
+_install_guards()
