@@ -11,7 +11,7 @@
  */
 
 import { Plugin, accept, log, reject } from '@sharehost/guest';
-import { JsonNumber, parse, rustDisplayF64 } from './json.js';
+import { JsonNumber, parseTopLevel, rustDisplayF64 } from './json.js';
 
 const U64_MAX = 18446744073709551615n;
 
@@ -55,7 +55,7 @@ export default class OrderValidator extends Plugin {
     if (value === null) return 'null value (tombstone)';
     let order;
     try {
-      order = parse(value);
+      order = parseTopLevel(value);
     } catch (e) {
       // The reason is the same in every language; the parser's own message goes to the log.
       log.debug(`not JSON: ${e.message}`);

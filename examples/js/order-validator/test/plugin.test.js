@@ -1,12 +1,15 @@
 // Unit tests of the JavaScript order validator under `node --test`: the same cases as the
 // Rust example's tests, plus where JSON.parse and serde_json disagree.
 
-import { test } from 'node:test';
+import { beforeEach, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { accept, reject } from '@sharehost/guest';
 import * as testing from '@sharehost/guest/testing';
 import OrderValidator, { parseU64 } from '../plugin.js';
 import { parse, rustDisplayF64 } from '../json.js';
+
+// A fresh fake host per test: collected logs start empty and are not echoed to stderr.
+beforeEach(() => testing.reset());
 
 const judge = (value, config = { 'max-quantity': '10' }) =>
   testing.create(OrderValidator, config).handle(testing.record({ value }));
@@ -111,4 +114,24 @@ test('the parser keeps strings, numbers, nesting', () => {
   assert.deepEqual(a.slice(0, 3).map((n) => (typeof n === 'string' ? n : n.literal)), ['1', '2.5', 'x']);
   assert.deepEqual(a.slice(3, 6), [true, false, null]);
   assert.equal(a[6].get('b'), '\n\u00e9/');
+});
+
+test('the fast reader (JSON.parse when provably the same) agrees with the strict one on every test record', async () => {
+  const { readFileSync } = await import('node:fs');
+  const { parseTopLevel, JsonNumber: N } = await import('../json.js');
+  const lines = readFileSync(new URL('../testdata/orders.jsonl', import.meta.url), 'utf8').trim().split('\n');
+  const extra = ['{"quantity":5,"x":{"quantity":5.0}}', '{"sku":"quantity","quantity":1e2}', '{"a":1,"a":2.0}', '{"q":[1,2],"n":-0}', '7', '{}', ' {"__proto__":1} '];
+  const values = [...lines.map((l) => JSON.parse(l).value), ...extra].filter((v) => v !== null);
+  const view = (read, v) => {
+    let out;
+    try {
+      out = read(typeof v === 'string' ? v : new Uint8Array(Buffer.from(v.base64, 'base64')));
+    } catch {
+      return 'error';
+    }
+    if (!(out instanceof Map)) return `not an object: ${out instanceof N ? 'number' : typeof out}`;
+    return JSON.stringify([...out].map(([k, x]) => [k, x instanceof N ? `n:${x.literal}` : typeof x === 'string' ? `s:${x}` : typeof x]));
+  };
+  assert.ok(values.length > 60);
+  for (const v of values) assert.equal(view(parseTopLevel, v), view(parse, v), JSON.stringify(v));
 });
