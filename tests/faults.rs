@@ -174,15 +174,11 @@ fn faults_of(status: &serde_json::Value) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
-    let _shared = BROKER.read().await;
-    let s = Scenario::new("trap-every-tenth", 3000, 30_000).await;
-    let manifest = s.manifest(
-        &bootstrap(),
-        &guest("fixture_ledger"),
-        r#"trap-every = "10""#,
-    );
+/// The ledger plugin `component` traps on every tenth call of an instance; every record is
+/// still judged, none twice. Returns the host's last `/pipelines` status.
+async fn traps_every_tenth_batch(name: &'static str, component: &Path) -> serde_json::Value {
+    let s = Scenario::new(name, 3000, 30_000).await;
+    let manifest = s.manifest(&bootstrap(), component, r#"trap-every = "10""#);
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
     let n = s.ids.len();
@@ -201,6 +197,22 @@ async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
         "a trap is contained: the faulted batch is judged once, on a fresh instance"
     );
     assert!(seen.calls > 0);
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
+    let _shared = BROKER.read().await;
+    traps_every_tenth_batch("trap-every-tenth", &guest("fixture_ledger")).await;
+}
+
+/// The same witness written in Python (tests/fixtures/guests-py/ledger): an uncaught exception
+/// is its trap, and its instances come from the on-demand allocator (38 core instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_that_traps_every_tenth_batch_loses_nothing() {
+    let _shared = BROKER.read().await;
+    let status = traps_every_tenth_batch("trap-every-tenth-py", &guest("ledger_py")).await;
+    assert_eq!(status[0]["allocator"], "on-demand", "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
