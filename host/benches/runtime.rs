@@ -4,7 +4,8 @@
 //! the naive `list<record>` layout, and the runtime cost of an emit (contract 0.2 outputs).
 //!
 //! Run (after `dev/build-guests`): `cargo bench -p sharehost --bench runtime`
-//! (`SHAREHOST_BENCH_ONLY=emit` runs the emit case alone).
+//! (`SHAREHOST_BENCH_ONLY=emit` runs the emit case alone, `SHAREHOST_BENCH_ONLY=languages` the
+//! order-validator in Rust, Python and JavaScript).
 //! Method: per point a warm-up, then 7 samples of about 200 ms each; the median is printed.
 //! Time is this thread's **CPU time** (from /proc/thread-self/schedstat, in ns) when the
 //! kernel offers it, so that other processes competing for the two cores (parallel builds)
@@ -281,6 +282,89 @@ async fn emit_case(rt: &PluginRuntime) {
     );
 }
 
+/// 500 valid orders (every one accepted by order-validator), each padded with a `note` field
+/// to `value_len` bytes: the work is parsing JSON, as in a real validator.
+fn orders(n: usize, value_len: usize) -> Vec<Record> {
+    with_values(batch(n, 8), |i| {
+        let head = format!(
+            r#"{{"id":"o{i}","sku":"SKU-{}","quantity":{},"price":{}.5,"note":""#,
+            i % 97,
+            1 + i % 9,
+            i % 50
+        );
+        let pad = value_len.saturating_sub(head.len() + 2);
+        format!("{head}{}\"}}", "x".repeat(pad)).into_bytes()
+    })
+}
+
+/// The three order-validators (Rust, Python, JavaScript: same decisions, tests/languages.rs)
+/// side by side: component size, compile and cached load, cold start (a fresh instance's
+/// instantiate + init, then its first batch), warm ns/record, and what one instance holds in
+/// linear memory.
+async fn languages_case() {
+    const N: usize = 500;
+    let dir = std::env::temp_dir().join(format!("sharehost-bench-lang-{}", std::process::id()));
+    let rt = PluginRuntime::new(RuntimeConfig {
+        cache_dir: Some(dir.clone()),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let limits = || PluginLimits {
+        instance_mode: InstanceMode::Reuse {
+            max_batches: u32::MAX,
+        },
+        batch_deadline: Duration::from_secs(10),
+        ..PluginLimits::default()
+    };
+    println!("\n### Plugin languages: order-validator in Rust, Python and JavaScript\n");
+    println!(
+        "| language | component | allocator | compile | load from cache | instantiate + init | first batch (500 × 100 B) | ns/record 500 × 100 B | ns/record 500 × 1 KiB | instance memory |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (language, name) in [
+        ("Rust", "order_validator"),
+        ("Python", "order_validator_py"),
+        ("JavaScript", "order_validator_js"),
+    ] {
+        let path = guest(name);
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let (compile, cached) = rt
+            .measure_compile_and_cached_load(&path)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Cold start, from the cache: loading maps the code, instantiates and runs init.
+        let t = Instant::now();
+        let mut plugin = rt
+            .load(&path, limits(), Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let load = t.elapsed().saturating_sub(cached);
+        let small = orders(N, 100);
+        let t = Instant::now();
+        match plugin.handle(&small).await {
+            BatchOutcome::Verdicts(v) => assert!(
+                v.iter().all(|v| *v == Verdict::Accept),
+                "{name}: every bench order is valid"
+            ),
+            BatchOutcome::Fault(f) => panic!("{name}: {f:?}"),
+        }
+        let first = t.elapsed();
+        let ns_small = per_record(&mut plugin, &small).await;
+        let ns_large = per_record(&mut plugin, &orders(N, 1024)).await;
+        let memory = plugin.instance_memory_bytes().unwrap_or(0);
+        println!(
+            "| {language} | {:.1} MB | {} | {:.0} ms | {:.1} ms | {:.1} ms | {:.1} ms | {ns_small:.0} | {ns_large:.0} | {:.1} MiB |",
+            size as f64 / 1e6,
+            plugin.placement().allocator.name(),
+            compile.as_secs_f64() * 1e3,
+            cached.as_secs_f64() * 1e3,
+            load.as_secs_f64() * 1e3,
+            first.as_secs_f64() * 1e3,
+            memory as f64 / f64::from(1u32 << 20),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 async fn per_record(plugin: &mut Plugin, records: &[Record]) -> f64 {
     let ns = measure!(match plugin.handle(records).await {
         BatchOutcome::Verdicts(v) => {
@@ -312,6 +396,11 @@ async fn main() {
         while Instant::now() < until {
             black_box(plugin.handle(&records).await);
         }
+        return;
+    }
+    if std::env::var_os("SHAREHOST_BENCH_ONLY").is_some_and(|v| v == "languages") {
+        languages_case().await;
+        let _ = std::fs::remove_dir_all(&cache_dir);
         return;
     }
     if std::env::var_os("SHAREHOST_BENCH_ONLY").is_some_and(|v| v == "emit") {

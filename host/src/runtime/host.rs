@@ -183,6 +183,7 @@ impl StoreState {
             limiter: Limiter {
                 max_memory: limits.max_memory,
                 hit: false,
+                memory_bytes: 0,
             },
             plugin,
             log: LogBudget::default(),
@@ -298,12 +299,15 @@ pub(crate) struct Limiter {
     max_memory: usize,
     /// Whether the guest asked for more than `max_memory`.
     pub(crate) hit: bool,
+    /// Bytes of linear memory the instance holds, all memories together (they never shrink):
+    /// what one instance of a plugin costs, for the benchmark and the plugin guide.
+    pub(crate) memory_bytes: usize,
 }
 
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -314,6 +318,7 @@ impl ResourceLimiter for Limiter {
                 self.max_memory
             ));
         }
+        self.memory_bytes += desired.saturating_sub(current);
         Ok(true)
     }
 

@@ -315,6 +315,14 @@ impl Plugin {
         &self.placement
     }
 
+    /// Bytes of linear memory the warm instance holds (all its memories), if one is warm:
+    /// what one instance of this plugin costs beyond the host's own, for the benchmark.
+    pub fn instance_memory_bytes(&self) -> Option<usize> {
+        self.warm
+            .as_ref()
+            .map(|w| w.store.data().limiter.memory_bytes)
+    }
+
     /// Whether loading compiled the component or mapped it from the precompiled cache (the
     /// difference is seconds for a Python or JavaScript component), for `test-plugin`.
     pub fn origin(&self) -> Origin {
