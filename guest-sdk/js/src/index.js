@@ -108,13 +108,21 @@ export function retry(afterMs) {
   return Object.freeze({ kind: 'retry', afterMs: Math.min(Math.floor(afterMs), U32_MAX) });
 }
 
+// Shared wire verdicts: the bindings only read them, and a batch of accepts then allocates
+// nothing per record.
+const WIRE_ACCEPT = Object.freeze({ tag: 'accept' });
+const WIRE_RELEASE = Object.freeze({ tag: 'release' });
+const WIRE_RENEW = Object.freeze({ tag: 'renew' });
+
 /** The verdict in the shape the component's `handle` export returns (WIT `verdict`). */
 function toWire(v, i, offset) {
   switch (v?.kind) {
     case 'accept':
+      return WIRE_ACCEPT;
     case 'release':
+      return WIRE_RELEASE;
     case 'renew':
-      return { tag: v.kind };
+      return WIRE_RENEW;
     case 'reject':
       return v.reason === null || v.reason === undefined
         ? { tag: 'reject', val: undefined }
@@ -623,7 +631,7 @@ export class Runner {
   handle(batch) {
     const records = recordsOf(batch);
     const p = this.instance;
-    if (p === null) return records.map(() => ({ tag: 'release' }));
+    if (p === null) return records.map(() => WIRE_RELEASE);
     try {
       const verdicts = typeof p.handleBatch === 'function'
         ? p.handleBatch(records)
