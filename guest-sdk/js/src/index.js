@@ -85,7 +85,7 @@ export function renew() {
  * dead-letter topic). The reason is logged and travels with the dead letter; the host
  * bounds its length.
  * @param {string | null} [reason]
- * @returns {Verdict}
+ * @returns {{kind: 'reject', reason: string | null}}
  */
 export function reject(reason) {
   if (reason === undefined || reason === null) return Object.freeze({ kind: 'reject', reason: null });
@@ -99,7 +99,7 @@ export function reject(reason) {
  * (`max_retry_delay_ms`); the record's emits are discarded. Fractions are rounded down,
  * delays past 2^32-1 ms (about 49 days) saturate; a negative or non-numeric delay throws.
  * @param {number} afterMs
- * @returns {Verdict}
+ * @returns {{kind: 'retry', afterMs: number}}
  */
 export function retry(afterMs) {
   if (typeof afterMs !== 'number' || Number.isNaN(afterMs) || afterMs < 0) {
@@ -160,8 +160,8 @@ export class Config {
   #secrets;
 
   /**
-   * @param {Iterable<[string, string]> | Record<string, string>} [pairs]
-   * @param {Iterable<[string, string]> | Record<string, string>} [secrets]
+   * @param {Iterable<[string, string]> | {[key: string]: string}} [pairs]
+   * @param {Iterable<[string, string]> | {[key: string]: string}} [secrets]
    */
   constructor(pairs = [], secrets = []) {
     this.#pairs = toPairs(pairs);
