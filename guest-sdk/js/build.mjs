@@ -18,6 +18,8 @@
 //         routes `console.*` to the host log instead, so nothing vanishes.
 //     `random` and `clocks` stay: the host grants them (Math.random is seeded at run time,
 //     Date.now works).
+//  3. The component's imports are checked against what the host allows without a grant
+//     (listed by jco's `componentWit`); anything else fails the build, naming the import.
 //
 // The toolchain is installed from this package's lockfile (`npm ci`) the first time, when it
 // is missing.
@@ -32,6 +34,19 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 const SDK_DIR = dirname(fileURLToPath(import.meta.url));
 /** The WIT features componentize-js must leave out (see the header comment). */
 export const DISABLED_FEATURES = ['stdio', 'http', 'fetch-event'];
+/**
+ * The interfaces the host lets a plugin import without a grant (host/src/runtime/validate.rs).
+ * The build checks its output against them, so a toolchain that starts importing more fails
+ * here, naming the import, rather than at load in the host.
+ */
+const ALLOWED_IMPORTS = [
+  'sharehost:plugin/host', 'sharehost:plugin/types', 'sharehost:plugin/outputs',
+  'wasi:cli/environment', 'wasi:cli/exit', 'wasi:cli/stdin', 'wasi:cli/stdout', 'wasi:cli/stderr',
+  'wasi:cli/terminal-input', 'wasi:cli/terminal-output', 'wasi:cli/terminal-stdin',
+  'wasi:cli/terminal-stdout', 'wasi:cli/terminal-stderr', 'wasi:io/error', 'wasi:io/poll',
+  'wasi:io/streams', 'wasi:clocks/wall-clock', 'wasi:clocks/monotonic-clock',
+  'wasi:random/random', 'wasi:random/insecure', 'wasi:random/insecure-seed',
+];
 
 function usage(msg) {
   if (msg) process.stderr.write(`sharehost-build-js: ${msg}\n`);
@@ -150,6 +165,13 @@ async function main(argv) {
     }));
   } catch (e) {
     process.stderr.write(`sharehost-build-js: componentize-js failed (bundle kept at ${bundlePath}):\n${e?.stack ?? e}\n`);
+    process.exit(1);
+  }
+  const { componentWit } = await load('@bytecodealliance/jco');
+  const imports = [...(await componentWit(component)).matchAll(/^\s*import ([a-z0-9-]+:[a-z0-9-]+\/[a-z0-9-]+)(@[^;\s]*)?;/gm)].map((m) => m[1]);
+  const refused = imports.filter((i) => !ALLOWED_IMPORTS.includes(i));
+  if (refused.length > 0 || !imports.includes('sharehost:plugin/host')) {
+    process.stderr.write(`sharehost-build-js: the component imports ${refused.join(', ') || '(no sharehost:plugin/host?)'}, which the host refuses; not written (imports: ${imports.join(', ')})\n`);
     process.exit(1);
   }
   mkdirSync(dirname(out), { recursive: true });
