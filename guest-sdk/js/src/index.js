@@ -137,7 +137,12 @@ function toWire(v, i, offset) {
   }
 }
 
+function isThenable(v) {
+  return v !== null && typeof v === 'object' && typeof v.then === 'function';
+}
+
 function describe(v) {
+  if (isThenable(v)) return 'a Promise (plugins are synchronous: drop `async`)';
   if (typeof v === 'function') return `the function ${v.name || '(anonymous)'} (missing "()"?)`;
   if (typeof v === 'string') return JSON.stringify(v);
   try {
@@ -614,7 +619,9 @@ export class Runner {
       if (typeof p.handle !== 'function' && typeof p.handleBatch !== 'function') {
         throw new TypeError('the plugin has neither handle(record) nor handleBatch(records)');
       }
-      if (typeof p.init === 'function') p.init(new Config(pairs, secrets));
+      if (typeof p.init === 'function' && isThenable(p.init(new Config(pairs, secrets)))) {
+        throw new TypeError('init returned a Promise: plugins are synchronous (the contract has no async), drop `async`');
+      }
       this.instance = p;
       return null;
     } catch (e) {

@@ -142,6 +142,12 @@ test('a wrong verdict or count is a clear error, logged before it faults the bat
   assert.match(logs[0].message, /plugin threw while judging a batch of 1/);
 });
 
+test('async plugins are refused with a clear message', () => {
+  assert.throws(() => testing.run({ async init() {}, handle: () => accept() }, []), /init returned a Promise: plugins are synchronous/);
+  assert.throws(() => testing.run({ handle: async () => accept() }, [[{}]]), /returned a Promise \(plugins are synchronous/);
+  assert.throws(() => testing.run({ handleBatch: async () => [accept()] }, [[{}]]), /handleBatch returned a Promise/);
+});
+
 test('a plugin with neither handle nor handleBatch is refused at init', () => {
   assert.throws(() => testing.run({ init() {} }, []), /neither handle\(record\) nor handleBatch\(records\)/);
 });
