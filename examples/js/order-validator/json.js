@@ -258,6 +258,12 @@ export function rustDisplayF64(x) {
     digits = digits.slice(1);
     point--;
   }
+  // A tie: the double lies exactly halfway between two shortest candidates. JavaScript then
+  // picks the even last digit, Rust the larger magnitude (`1140963860933227.25` prints as
+  // `...227.2` in JS, `...227.3` in Rust). The even digit never carries when bumped.
+  if (digits !== '0' && exactDigits(Math.abs(x)) === `${digits}5`) {
+    digits = digits.slice(0, -1) + String(Number(digits[digits.length - 1]) + 1);
+  }
   let out;
   if (point <= 0) out = `0.${'0'.repeat(-point)}${digits}`;
   else if (point >= digits.length) out = digits + '0'.repeat(point - digits.length);
@@ -365,4 +371,27 @@ function brackets(s) {
   for (let at = s.indexOf('['); at >= 0 && n <= MAX_DEPTH; at = s.indexOf('[', at + 1)) n++;
   for (let at = s.indexOf('{'); at >= 0 && n <= MAX_DEPTH; at = s.indexOf('{', at + 1)) n++;
   return n;
+}
+
+/**
+ * The exact decimal digits of a finite positive double (every double is a finite decimal),
+ * without leading or trailing zeros: `0.25` gives `25`. Used to spot formatting ties.
+ * @param {number} x
+ * @returns {string}
+ */
+function exactDigits(x) {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setFloat64(0, x);
+  const bits = view.getBigUint64(0);
+  const biased = Number((bits >> 52n) & 0x7ffn);
+  let mant = bits & ((1n << 52n) - 1n);
+  let e2;
+  if (biased === 0) e2 = -1074;
+  else {
+    mant |= 1n << 52n;
+    e2 = biased - 1075;
+  }
+  // x = mant * 2^e2; for e2 < 0 that is mant * 5^-e2 / 10^-e2: the same digits as mant * 5^-e2.
+  const n = e2 >= 0 ? mant << BigInt(e2) : mant * 5n ** BigInt(-e2);
+  return n.toString().replace(/0+$/, '');
 }

@@ -93,7 +93,9 @@ test('a repeated key keeps its last value, as in serde_json', () => {
 test('prices print like Rust {} for f64: shortest digits, never an exponent', () => {
   const cases = [[-1, '-1'], [-2.5, '-2.5'], [-0.1, '-0.1'], [-1e21, '-1000000000000000000000'], [-1.5e-7, '-0.00000015'],
     [-123456789.125, '-123456789.125'], [-1e-7, '-0.0000001'], [-0, '-0'], [0, '0'], [5e-324, '0.' + '0'.repeat(323) + '5'],
-    [-1.7976931348623157e308, '-17976931348623157' + '0'.repeat(292)]];
+    [-1.7976931348623157e308, '-17976931348623157' + '0'.repeat(292)],
+    // ties between two shortest candidates: JS's String() picks the even digit, Rust the larger
+    [-1140963860933227.25, '-1140963860933227.3'], [99477062663224.625, '99477062663224.63']];
   for (const [x, want] of cases) assert.equal(rustDisplayF64(x), want, String(x));
   assert.equal(reason('{"id":"o","sku":"A","quantity":1,"price":-1e21}'), '`price` -1000000000000000000000 is negative');
   assert.equal(reason('{"id":"o","sku":"A","quantity":1,"price":-12.50}'), '`price` -12.5 is negative');
