@@ -32,8 +32,8 @@ export class JsonNumber {
   constructor(literal) {
     /** The literal text, e.g. `5`, `5.0`, `1e2`, `-0`. */
     this.literal = literal;
-    /** Its value as a double (what serde_json's `as_f64` gives, up to rounding; see README). */
-    this.value = Number(literal);
+    /** Its value as a double, exactly as serde_json reads it (`as_f64`); see `serdeF64`. */
+    this.value = serdeF64(literal);
   }
 
   /**
@@ -227,9 +227,11 @@ export function parse(input) {
     // a dot or an exponent behind.
     if (next !== undefined && /[0-9.eE+-]/.test(next)) fail('invalid number');
     i += m[0].length;
-    const n = new JsonNumber(m[0]);
-    if (!Number.isFinite(n.value)) fail('number out of range');
-    return n;
+    try {
+      return new JsonNumber(m[0]);
+    } catch {
+      return fail('number out of range');
+    }
   };
 
   const v = value();
@@ -394,4 +396,104 @@ function exactDigits(x) {
   // x = mant * 2^e2; for e2 < 0 that is mant * 5^-e2 / 10^-e2: the same digits as mant * 5^-e2.
   const n = e2 >= 0 ? mant << BigInt(e2) : mant * 5n ** BigInt(-e2);
   return n.toString().replace(/0+$/, '');
+}
+
+/** serde_json's powers of ten: the doubles nearest 1e0 ... 1e308 (Rust literals, like JS's). */
+const POW10 = Array.from({ length: 309 }, (_, i) => Number(`1e${i}`));
+const I32_MAX = 2147483647;
+
+/**
+ * The double serde_json 1.x (without its `float_roundtrip` feature, as in this repository)
+ * reads from a valid JSON number literal; throws a `RangeError` where serde_json fails with
+ * "number out of range".
+ *
+ * Why not `Number(literal)`: serde_json's default float reader is fast, not correctly
+ * rounded. It collects up to 19-20 digits into a u64 (ignoring the rest), converts that to a
+ * double and multiplies or divides once by a power of ten, which can land one unit in the last
+ * place away from the nearest double for literals of 16 digits or more
+ * (`-307924402685.9952890786` reads as `-307924402685.99524`, not `...9953`). A price's reason
+ * prints that double, so the JavaScript validator must read the same one. This mirrors
+ * serde_json's `parse_integer`, `parse_long_integer`, `parse_decimal`, `parse_exponent` and
+ * `f64_from_parts` step by step (BigInt for the u64 significand).
+ * @param {string} literal
+ * @returns {number}
+ */
+export function serdeF64(literal) {
+  const neg = literal.charCodeAt(0) === 0x2d;
+  const start = neg ? 1 : 0;
+  const hasExp = literal.includes('e') || literal.includes('E');
+  const dot = literal.indexOf('.');
+  // Up to 15 digits and no exponent: exact significand, one exact power, one rounding, so
+  // serde_json's double is the correctly rounded one. (Integers that fit 64 bits, too: serde
+  // keeps them as integers and `as f64` rounds correctly.)
+  const digits = literal.length - start - (dot < 0 ? 0 : 1);
+  if (!hasExp && (digits <= 15 || (dot < 0 && BigInt(literal.slice(start)) <= U64_MAX))) return Number(literal);
+
+  let i = start;
+  let sig = 0n;
+  let exp = 0;
+  let saturated = false;
+  const digitAt = (k) => {
+    const c = literal.charCodeAt(k);
+    return c >= 0x30 && c <= 0x39 ? c - 0x30 : -1;
+  };
+  // parse_integer, then parse_long_integer once the u64 would overflow: later digits only
+  // raise the exponent.
+  for (let d = digitAt(i); d >= 0; d = digitAt(++i)) {
+    if (saturated) exp++;
+    else if (sig * 10n + BigInt(d) > U64_MAX) {
+      saturated = true;
+      exp++;
+    } else sig = sig * 10n + BigInt(d);
+  }
+  // parse_decimal: digits join the significand until one would overflow it; from then on
+  // the rest of the fraction is ignored.
+  if (literal[i] === '.') {
+    i++;
+    let ignoring = false;
+    for (let d = digitAt(i); d >= 0; d = digitAt(++i)) {
+      if (ignoring) continue;
+      if (sig * 10n + BigInt(d) > U64_MAX) ignoring = true;
+      else {
+        sig = sig * 10n + BigInt(d);
+        exp--;
+      }
+    }
+  }
+  // parse_exponent (and parse_exponent_overflow for exponents past i32).
+  if (literal[i] === 'e' || literal[i] === 'E') {
+    i++;
+    let positiveExp = true;
+    if (literal[i] === '+') i++;
+    else if (literal[i] === '-') {
+      positiveExp = false;
+      i++;
+    }
+    let e = 0;
+    for (let d = digitAt(i); d >= 0; d = digitAt(++i)) {
+      if (e * 10 + d > I32_MAX) {
+        if (sig !== 0n && positiveExp) throw new RangeError('number out of range');
+        return neg ? -0 : 0;
+      }
+      e = e * 10 + d;
+    }
+    exp = positiveExp ? Math.min(exp + e, I32_MAX) : Math.max(exp - e, -I32_MAX - 1);
+  }
+  // f64_from_parts
+  let f = Number(sig);
+  for (;;) {
+    const a = Math.abs(exp);
+    if (a <= 308) {
+      if (exp >= 0) {
+        f *= POW10[a];
+        if (f === Infinity) throw new RangeError('number out of range');
+      } else f /= POW10[a];
+      break;
+    }
+    if (f === 0) break;
+    if (exp >= 0) throw new RangeError('number out of range');
+    f /= 1e308;
+    exp += 308;
+  }
+  return neg ? -f : f;
 }

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { accept, reject } from '@sharehost/guest';
 import * as testing from '@sharehost/guest/testing';
 import OrderValidator, { parseU64 } from '../plugin.js';
-import { parse, rustDisplayF64 } from '../json.js';
+import { parse, rustDisplayF64, serdeF64 } from '../json.js';
 
 // A fresh fake host per test: collected logs start empty and are not echoed to stderr.
 beforeEach(() => testing.reset());
@@ -136,4 +136,19 @@ test('the fast reader (JSON.parse when provably the same) agrees with the strict
   };
   assert.ok(values.length > 60);
   for (const v of values) assert.equal(view(parseTopLevel, v), view(parse, v), JSON.stringify(v));
+});
+
+test('numbers read as serde_json (no float_roundtrip) reads them, not as JSON.parse does', () => {
+  // Values checked against the Rust validator's reasons (testdata/orders.jsonl, offsets 66-70).
+  assert.equal(serdeF64('-307924402685.9952890786'), -307924402685.99524, 'one ulp off the nearest double, like serde');
+  assert.notEqual(Number('-307924402685.9952890786'), -307924402685.99524);
+  assert.throws(() => serdeF64('-1.7976931348623158e308'), RangeError, 'serde: out of range, JSON.parse: the largest double');
+  assert.equal(serdeF64('-0.1e309'), -1e308);
+  assert.equal(serdeF64('-18446744073709551616.1'), -18446744073709552000);
+  assert.throws(() => serdeF64('1e2147483648'), RangeError);
+  assert.ok(Object.is(serdeF64('-1e-2147483649'), -0));
+  assert.equal(serdeF64('9.5'), 9.5);
+  assert.equal(serdeF64('18446744073709551615'), 18446744073709551615);
+  assert.equal(reason('{"id":"o","sku":"A","quantity":1,"price":-307924402685.9952890786}'), '`price` -307924402685.99524 is negative');
+  assert.equal(reason('{"id":"o","sku":"A","quantity":1,"price":-1.7976931348623158e308}'), 'not JSON');
 });
