@@ -12,6 +12,7 @@ import builtins
 import errno
 import io
 import os
+import random
 import sys
 import time
 import traceback
@@ -108,8 +109,25 @@ _stdout = _HostStream("info", "<stdout>", sys.stdout)
 _stderr = _HostStream("warn", "<stderr>", sys.stderr)
 
 
+def _wasi_mode() -> str:
+    """``stub`` (every WASI import traps) or ``deny`` (only files and sockets do), as written
+    by the build into the ``sharehost_build`` module."""
+    try:
+        import sharehost_build
+
+        return sharehost_build.WASI
+    except ImportError:
+        return "stub"
+
+
+_WASI = _wasi_mode()
+
+
 def _go_live() -> None:
     global _live
+    if not _live and _WASI == "deny":
+        # The snapshot carries the build's seed; a real wasi:random gives each instance its own.
+        random.seed()
     _live = True
 
 
@@ -119,11 +137,12 @@ def _flush() -> None:
 
 
 # --- Runtime guards ---------------------------------------------------------------------------
-# The build stubs every WASI import with a trap (`--stub-wasi`), so a clock read, a random
-# byte, a file open or an import that has to read a module file would kill the instance with a
-# bare "unreachable". These guards turn the common ones into Python exceptions that say what
-# to do instead; they act only once the component runs (the build itself needs the originals).
-# C code that reads the clock directly (datetime.now()) still traps.
+# The build stubs WASI imports with traps: all of them (`--wasi stub`), or only files and
+# sockets (`--wasi deny`). So a file open or an import that has to read a module file (and, in
+# stub mode, a clock read or a random byte) would kill the instance with a bare "unreachable".
+# These guards turn the common ones into Python exceptions that say what to do instead; they
+# act only once the component runs (the build itself needs the originals). C code that reads
+# the clock directly (datetime.now()) still traps in stub mode.
 
 
 def _guard(module, name: str, make_error) -> None:
@@ -171,6 +190,19 @@ class _NoImportAtRuntime:
 
 
 def _install_guards() -> None:
+    if _WASI == "stub":
+        _install_clock_and_random_guards()
+    _guard(builtins, "open", _no_file)
+    _guard(io, "open", _no_file)
+    finders = sys.meta_path
+    at = next(
+        (i for i, f in enumerate(finders) if getattr(f, "__name__", "") == "PathFinder"),
+        len(finders),
+    )
+    finders.insert(at, _NoImportAtRuntime)
+
+
+def _install_clock_and_random_guards() -> None:
     for name in (
         "time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
         "process_time", "process_time_ns", "thread_time", "thread_time_ns", "sleep",
@@ -184,14 +216,6 @@ def _install_guards() -> None:
             "`random` is seeded at build time)"
         ),
     )
-    _guard(builtins, "open", _no_file)
-    _guard(io, "open", _no_file)
-    finders = sys.meta_path
-    at = next(
-        (i for i, f in enumerate(finders) if getattr(f, "__name__", "") == "PathFinder"),
-        len(finders),
-    )
-    finders.insert(at, _NoImportAtRuntime)
 
 
 def _describe(e: BaseException) -> str:
