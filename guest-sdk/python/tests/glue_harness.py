@@ -1,4 +1,4 @@
-"""Runs the component glue (sharehost_guest._component) natively against fake generated
+"""Runs the component glue (argv[1]: the WASI mode, stub by default) (sharehost_guest._component) natively against fake generated
 bindings, in its own process (the glue patches time, open and the import system). Used by
 test_component_glue.py; prints one JSON object with what the fake host saw."""
 
@@ -118,6 +118,11 @@ class P(Plugin):
 def main():
     seen = {"logs": [], "emits": [], "results": []}
     Err = fake_bindings(seen)
+    if len(sys.argv) > 1:
+        # What the build writes: which WASI the component has (stub or deny).
+        build = pytypes.ModuleType("sharehost_build")
+        build.WASI = sys.argv[1]
+        sys.modules["sharehost_build"] = build
     from sharehost_guest import _component
     from sharehost_guest.testing import _encode, _spec
 

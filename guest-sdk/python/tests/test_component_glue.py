@@ -10,16 +10,20 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def seen():
+def run_harness(*args):
     out = subprocess.run(
-        [sys.executable, str(HERE / "glue_harness.py")],
+        [sys.executable, str(HERE / "glue_harness.py"), *args],
         env={"PYTHONPATH": str(HERE.parent)},
         capture_output=True,
         text=True,
         check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def seen():
+    return run_harness()
 
 
 def test_init_refusals_reach_the_host_with_their_message(seen):
@@ -64,4 +68,10 @@ def test_print_reaches_the_host_log_line_by_line(seen):
 
 
 def test_files_and_late_imports_are_refused_with_python_errors(seen):
+    assert seen["results"][8:] == ["open refused", "import refused: fractions"]
+
+
+def test_with_deny_wasi_the_clock_is_real_and_files_still_refused():
+    seen = run_harness("deny")
+    assert seen["results"][5][1] == "Verdict_Reject{'value': 's3cret'}", "time.time() worked"
     assert seen["results"][8:] == ["open refused", "import refused: fractions"]
