@@ -307,6 +307,8 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
                 Origin::Compiled => "now",
                 Origin::Cached => "from the cache",
             },
+            "instances": plugin.stats().instances,
+            "recycled_for_memory": plugin.stats().recycled_for_memory,
             "allocator": plugin.placement().allocator.name(),
             "allocator_reason": plugin.placement().reason,
             "plugin": plugin.name(),

@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sharehost_tests::{guest, repo_root};
+use sharehost::runtime::{BatchOutcome, PluginLimits, Verdict};
+use sharehost_tests::{guest, plugin_record, plugin_runtime, repo_root};
 
 const LANGUAGES: [(&str, &str); 3] = [
     ("Rust", "order_validator"),
@@ -117,4 +118,37 @@ fn python_runs_on_demand_and_says_why_rust_and_javascript_in_the_pool() {
             assert!(reason.contains("core module instances"), "{reason}");
         }
     }
+}
+
+/// componentize-js 0.23 components grow by about a batch's bytes on every call (memory the
+/// toolchain never frees). The host replaces an instance that used 3/4 of its memory headroom
+/// between batches: 60 batches of 500 × 1 KiB under a 32 MiB limit, where the first instance
+/// alone would run out after about two dozen, all judged without a fault.
+#[tokio::test]
+async fn a_javascript_instance_that_leaks_per_call_is_replaced_before_it_runs_out_of_memory() {
+    let rt = plugin_runtime();
+    let limits = PluginLimits {
+        max_memory: 32 << 20,
+        ..PluginLimits::default()
+    };
+    let mut plugin = rt
+        .load(&guest("order_validator_js"), limits, Vec::new())
+        .await
+        .expect("loads");
+    let batch: Vec<_> = (0..500)
+        .map(|i| {
+            let head = format!(r#"{{"id":"o{i}","sku":"S","quantity":1,"price":1.5,"note":""#);
+            let value = format!("{head}{}\"}}", "x".repeat(1024 - head.len() - 2));
+            plugin_record(i, &value, &[])
+        })
+        .collect();
+    for n in 0..60 {
+        match plugin.handle(&batch).await {
+            BatchOutcome::Verdicts(v) => assert!(v.iter().all(|v| *v == Verdict::Accept)),
+            BatchOutcome::Fault(f) => panic!("batch {n} faulted: {f:?}"),
+        }
+    }
+    let stats = plugin.stats();
+    assert!(stats.recycled_for_memory >= 1, "{stats:?}");
+    assert_eq!(stats.faults, 0);
 }

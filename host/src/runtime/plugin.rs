@@ -180,6 +180,9 @@ pub struct PluginStats {
     pub emits: u64,
     /// Emits refused (unknown output, over a bound, ...): the guest saw the error.
     pub emits_refused: u64,
+    /// Instances replaced between batches because they had used 3/4 of their memory
+    /// headroom (a guest that leaks per call is recycled before it faults).
+    pub recycled_for_memory: u64,
 }
 
 /// A warm instance and how many batches it has served.
@@ -190,6 +193,23 @@ struct Warm {
     /// bound (the generated binding would copy the whole list, every reason in full).
     handle: Func,
     batches: u32,
+    /// Linear memory held right after `init`: the instance's baseline.
+    baseline_memory: usize,
+}
+
+impl Warm {
+    /// Whether the instance has used three quarters of the memory headroom it had after
+    /// `init`. Memory never shrinks, and some toolchains leak per call (a componentize-js 0.23
+    /// component grows by about the batch's bytes on every call and reached 64 MiB after 98
+    /// batches of 500 × 1 KiB; ComponentizeJS no longer frees what is allocated through
+    /// `cabi_realloc`, see its PR #319 and issue #330), so an instance that kept growing is
+    /// replaced by a fresh one *between* batches, before a batch runs out of memory and
+    /// faults.
+    fn near_memory_limit(&self, max_memory: usize) -> bool {
+        let used = self.store.data().limiter.memory_bytes;
+        let headroom = max_memory.saturating_sub(self.baseline_memory);
+        used > self.baseline_memory + headroom / 4 * 3
+    }
 }
 
 /// The `init` configuration of one plugin version: what every fresh instance receives.
@@ -532,7 +552,18 @@ impl Plugin {
         if let InstanceMode::Reuse { max_batches } = self.limits.instance_mode
             && warm.batches < max_batches
         {
-            self.warm = Some(warm);
+            if warm.near_memory_limit(self.limits.max_memory) {
+                self.stats.recycled_for_memory += 1;
+                tracing::debug!(
+                    plugin = %self.name,
+                    memory = warm.store.data().limiter.memory_bytes,
+                    limit = self.limits.max_memory,
+                    batches = warm.batches,
+                    "replacing an instance that used 3/4 of its memory headroom"
+                );
+            } else {
+                self.warm = Some(warm);
+            }
         }
         BatchOutcome::Verdicts(verdicts)
     }
@@ -615,6 +646,7 @@ impl Plugin {
         let stderr = drained.stderr;
         match result {
             Ok(Ok((handle, Ok(())))) => Ok(Warm {
+                baseline_memory: store.data().limiter.memory_bytes,
                 store,
                 handle,
                 batches: 0,
