@@ -13,8 +13,8 @@ see :func:`parse_json` and the README's list of the differences that remain.
 """
 
 import json
+import math
 import re
-from decimal import Decimal
 
 from sharehost_guest import ConfigError, Plugin, accept, export, log, reject
 
@@ -23,6 +23,7 @@ _I64_MIN = -(2**63)
 # serde_json refuses input nested deeper than this (its recursion limit, 128).
 _MAX_DEPTH = 127
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_INF = float("inf")
 
 
 class NotJson(ValueError):
@@ -31,20 +32,114 @@ class NotJson(ValueError):
 
 def _parse_int(s: str):
     # serde_json: u64 if it fits, else i64 if it fits, else f64 (an error if infinite);
-    # `-0` is the float -0.0, not the integer 0.
-    v = int(s)
-    if 0 <= v <= _U64_MAX and not (v == 0 and s.startswith("-")):
-        return v
-    if _I64_MIN <= v < 0:
-        return v
+    # `-0` is the float -0.0, not the integer 0. Length first: int() refuses 4300+ digits.
+    if len(s) <= 21:
+        v = int(s)
+        if 0 <= v <= _U64_MAX and not (v == 0 and s.startswith("-")):
+            return v
+        if _I64_MIN <= v < 0:
+            return v
     return _parse_float(s)
 
 
 def _parse_float(s: str) -> float:
-    f = float(s)
-    if f in (float("inf"), float("-inf")):
-        raise NotJson(f"number out of range: {s}")
-    return f
+    try:
+        return serde_f64(s)
+    except OverflowError:
+        raise NotJson(f"number out of range: {s}") from None
+
+
+# serde_json's table of powers of ten: the doubles nearest 1e0 ... 1e308 (Rust's literals are
+# correctly rounded, and so is Python's float()).
+_POW10 = [float(f"1e{i}") for i in range(309)]
+_I32_MAX = 2**31 - 1
+_I32_MIN = -(2**31)
+
+
+def serde_f64(literal: str) -> float:
+    """The double serde_json 1.x (without its ``float_roundtrip`` feature, as in the Rust
+    example) reads from a valid JSON number literal; raises :class:`OverflowError` where
+    serde_json fails with "number out of range".
+
+    Why not ``float(literal)``: serde_json's default float reader is fast, not correctly
+    rounded. It gathers digits into a u64 significand while they fit (later integer digits
+    only raise the exponent, later fraction digits are dropped), converts that to a double and
+    multiplies or divides it once by a power of ten. With more than 15 digits, or a power
+    beyond 1e22 (not exact as a double), that can land one unit in the last place away from the
+    nearest double (``-307924402685.9952890786`` reads as ``-307924402685.99524``, not
+    ``...9953``), and ``1.7976931348623158e308`` overflows. A
+    negative price's reason prints that double, so this reads the same one. It follows
+    serde_json's ``parse_integer``, ``parse_long_integer``, ``parse_decimal``,
+    ``parse_exponent`` and ``f64_from_parts`` step by step.
+    """
+    neg = literal.startswith("-")
+    body = literal[1:] if neg else literal
+    mantissa, e_mark, exponent = body.replace("E", "e").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    if not e_mark:
+        # Up to 15 digits: an exact significand and one exact power of ten, so one rounding:
+        # serde's double is the correctly rounded one. An integer of at most 64 bits: serde
+        # keeps it as an integer and `as f64` rounds correctly.
+        if len(whole) + len(fraction) <= 15:
+            return float(literal)
+        if not fraction and len(whole) <= 20 and int(whole) <= _U64_MAX:
+            return float(literal)
+
+    # parse_integer, then parse_long_integer once the u64 would overflow: the integer digits
+    # that did not fit only raise the exponent. (No leading zeros but a lone `0`, so a prefix
+    # fits exactly when each of its digits did.)
+    taken = min(len(whole), 20)
+    sig = int(whole[:taken])
+    if sig > _U64_MAX:
+        taken -= 1
+        sig = int(whole[:taken])
+    exp = len(whole) - taken
+
+    # parse_decimal: fraction digits join the significand until one would overflow it (even
+    # after long integer digits); from then on the rest is ignored.
+    if fraction:
+        i = 0
+        if sig == 0:
+            i = len(fraction) - len(fraction.lstrip("0"))
+        n = len(fraction)
+        while i < n:
+            nxt = sig * 10 + (ord(fraction[i]) - 48)
+            if nxt > _U64_MAX:
+                break
+            sig = nxt
+            i += 1
+        exp -= i
+
+    # parse_exponent, and parse_exponent_overflow for an exponent beyond i32.
+    if e_mark:
+        positive_exp = not exponent.startswith("-")
+        digits = exponent.lstrip("+-").lstrip("0")
+        if len(digits) > 10 or (digits and int(digits) > _I32_MAX):
+            if sig != 0 and positive_exp:
+                raise OverflowError("number out of range")
+            return -0.0 if neg else 0.0
+        e = int(digits) if digits else 0
+        exp = min(exp + e, _I32_MAX) if positive_exp else max(exp - e, _I32_MIN)
+
+    # f64_from_parts
+    f = float(sig)
+    while True:
+        a = abs(exp)
+        if a <= 308:
+            if exp >= 0:
+                f *= _POW10[a]
+                if f == _INF:
+                    raise OverflowError("number out of range")
+            else:
+                f /= _POW10[a]
+            break
+        if f == 0.0:
+            break
+        if exp >= 0:
+            raise OverflowError("number out of range")
+        f /= 1e308
+        exp += 308
+    return -f if neg else f
 
 
 def _refuse_constant(name: str):
@@ -88,8 +183,9 @@ def _strings(v):
 
 def parse_json(raw: bytes):
     """Parses ``raw`` like ``serde_json::from_slice::<Value>``: strict UTF-8 (no BOM, no
-    UTF-16), no NaN/Infinity, integers as u64/i64 or else floats (out of range: an error),
-    ``-0`` a float, lone surrogate escapes refused, at most 127 levels of nesting. Raises
+    UTF-16), no NaN/Infinity, integers as u64/i64 or else floats, floats rounded as serde_json
+    rounds them (:func:`serde_f64`; out of range: an error), ``-0`` a float, lone surrogate
+    escapes refused, at most 127 levels of nesting. Raises
     :class:`NotJson` (or ``ValueError``) when serde_json would fail."""
     text = raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
     if (raw.count(b"[") + raw.count(b"{")) > _MAX_DEPTH and _too_deep(raw):
@@ -109,12 +205,58 @@ def parse_json(raw: bytes):
 
 
 def rust_float(f: float) -> str:
-    """``f`` formatted like Rust's ``{}`` for f64: shortest round-trip digits, never an
-    exponent, no ``.0`` on whole numbers (``-1.0`` -> ``-1``, ``1e20`` -> ``100000000000000000000``)."""
-    s = format(Decimal(repr(f)), "f")
-    if "." in s:
-        s = s.rstrip("0").rstrip(".")
-    return s
+    """``f`` formatted like Rust's ``{}`` for f64, as the Rust example prints a price: the
+    shortest digits that read back as ``f`` (like ``repr``), but never an exponent and no
+    ``.0`` on whole numbers (``-1.0`` -> ``-1``, ``1e20`` -> ``100000000000000000000``,
+    ``1e-7`` -> ``0.0000001``), ``-0`` for minus zero.
+
+    Why not just ``repr``: besides the layout, when ``f`` lies exactly halfway between two
+    shortest candidates, ``repr`` picks the even last digit and Rust the larger magnitude
+    (``-1140963860933227.25`` is ``-1140963860933227.2`` in Python, ``...227.3`` in Rust).
+    """
+    if f != f:
+        return "NaN"
+    if f == _INF:
+        return "inf"
+    if f == -_INF:
+        return "-inf"
+    sign = "-" if math.copysign(1.0, f) < 0 else ""
+    a = abs(f)
+    if a == 0.0:
+        return sign + "0"
+    # repr's shortest digits as `digits` x 10**exp, no leading or trailing zeros.
+    mantissa, _, e = repr(a).partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    exp = int(e or "0") - len(frac)
+    stripped = digits.rstrip("0")
+    exp += len(digits) - len(stripped)
+    digits = stripped
+    # A tie: the exact value is `digits` followed by a 5. repr's digit is then even (at most
+    # 8), so the larger candidate is the last digit plus one, with no carry.
+    exact, exact_exp = _exact_decimal(a)
+    if exact_exp == exp - 1 and exact == digits + "5":
+        digits = digits[:-1] + chr(ord(digits[-1]) + 1)
+    if exp >= 0:
+        out = digits + "0" * exp
+    elif len(digits) + exp > 0:
+        point = len(digits) + exp
+        out = digits[:point] + "." + digits[point:]
+    else:
+        out = "0." + "0" * -(len(digits) + exp) + digits
+    return sign + out
+
+
+def _exact_decimal(a: float):
+    """The exact decimal value of a finite positive double (every double is one) as
+    ``(digits, exp)`` with value ``int(digits) * 10**exp`` and no trailing zeros in
+    ``digits``: what a formatting tie is checked against."""
+    n, d = a.as_integer_ratio()
+    k = d.bit_length() - 1  # d is 2**k
+    # n / 2**k == n * 5**k / 10**k
+    digits = str(n * 5**k)
+    stripped = digits.rstrip("0")
+    return stripped, len(digits) - len(stripped) - k
 
 
 def parse_u64(s: str) -> int:
