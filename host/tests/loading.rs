@@ -670,3 +670,30 @@ fn check_refuses_an_http_importing_component_without_allowed_outbound_hosts_nami
     assert!(ok, "{stdout}{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn an_exhausted_instance_pool_names_the_sizing_rule() {
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 1,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    assert_ne!(rt.allocator(), AllocatorKind::OnDemand, "this test needs the pool");
+    let path = guest("accept_all");
+    // The first plugin holds the pool's one instance while the second loads.
+    let _first = rt
+        .load(&path, PluginLimits::default(), Vec::new())
+        .await
+        .expect("the first fits");
+    let e = rt
+        .load(&path, PluginLimits::default(), Vec::new())
+        .await
+        .expect_err("no instance left");
+    let text = e.to_string();
+    assert!(
+        text.contains("the plugin instance pool is exhausted")
+            && text.contains("maximum concurrent limit of 1")
+            && text.contains("2 × concurrency + 2 instances per pipeline"),
+        "{text}"
+    );
+}
