@@ -678,7 +678,11 @@ async fn an_exhausted_instance_pool_names_the_sizing_rule() {
         ..RuntimeConfig::default()
     })
     .expect("runtime");
-    assert_ne!(rt.allocator(), AllocatorKind::OnDemand, "this test needs the pool");
+    assert_ne!(
+        rt.allocator(),
+        AllocatorKind::OnDemand,
+        "this test needs the pool"
+    );
     let path = guest("accept_all");
     // The first plugin holds the pool's one instance while the second loads.
     let _first = rt
