@@ -15,3 +15,4 @@ pub mod metrics;
 pub mod pipeline;
 pub mod runtime;
 pub mod share;
+pub mod state;
