@@ -8,10 +8,10 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result, bail};
 use sharehost::admin::{self, AdminState};
 use sharehost::kafka::{ConnectionConfig, KafkaClient};
-use sharehost::manifest::Manifest;
+use sharehost::manifest::{Manifest, PipelineSpec};
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{Pipeline, short};
-use sharehost::runtime::{PluginRuntime, RuntimeConfig, default_cache_dir};
+use sharehost::runtime::{PluginRuntime, RuntimeConfig, default_cache_dir, signature_path};
 use tokio_util::sync::CancellationToken;
 
 /// How often component files are checked for replacement.
@@ -46,16 +46,56 @@ pub async fn check(path: &Path) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
-    for p in load_pipelines(&manifest, &runtime, &metrics).await? {
+    let loaded = load_pipelines(&manifest, &runtime, &metrics).await?;
+    for (p, spec) in loaded.iter().zip(&manifest.pipelines) {
         println!(
-            "ok: pipeline {}: {} (version {})",
+            "ok: pipeline {}: {} (version {}{})",
             p.name(),
             p.component().display(),
-            short(&p.active_hash())
+            short(&p.active_hash()),
+            trust_note(spec)
         );
     }
     println!("ok: {} is valid", path.display());
     Ok(())
+}
+
+/// What `check` says of a pipeline's signing policy: nothing when it trusts no key (no
+/// signature needed), else the keys its component's verified signature may come from.
+fn trust_note(spec: &PipelineSpec) -> String {
+    match &spec.trust {
+        Some(t) => format!(
+            ", signature verified; trusted keys {}",
+            t.key_ids().join(", ")
+        ),
+        None => String::new(),
+    }
+}
+
+/// Logs, at start, which pipelines require signed components and from which keys, and warns
+/// when some do and others do not (a mixed manifest is allowed, but worth seeing).
+fn log_trust(manifest: &Manifest) {
+    let unsigned: Vec<&str> = manifest
+        .pipelines
+        .iter()
+        .filter(|p| p.trust.is_none())
+        .map(|p| p.name.as_str())
+        .collect();
+    for p in &manifest.pipelines {
+        if let Some(t) = &p.trust {
+            tracing::info!(
+                pipeline = %p.name,
+                "components must be signed (NAME.wasm.minisig) by one of the keys {}",
+                t.key_ids().join(", ")
+            );
+        }
+    }
+    if !unsigned.is_empty() && unsigned.len() < manifest.pipelines.len() {
+        tracing::warn!(
+            "pipelines without [trust] load unsigned components: {}",
+            unsigned.join(", ")
+        );
+    }
 }
 
 fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
@@ -65,13 +105,23 @@ fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
         .map_err(anyhow::Error::msg)
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// A file's modification time and size.
+type FileStamp = (SystemTime, u64);
+
+fn file_stamp(path: &Path) -> Option<FileStamp> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
 }
 
+/// The component's stamp with its detached signature's (`NAME.wasm.minisig`, when there is
+/// one): a signature put in place after its component (or before) changes the stamp too, so a
+/// swap refused for the old signature is tried again with the new one.
+fn stamp(path: &Path) -> Option<(FileStamp, Option<FileStamp>)> {
+    Some((file_stamp(path)?, file_stamp(&signature_path(path))))
+}
+
 /// What the file watch last saw of a pipeline's active component.
-type Seen = (PathBuf, Option<(SystemTime, u64)>);
+type Seen = (PathBuf, Option<(FileStamp, Option<FileStamp>)>);
 
 /// Swaps every pipeline whose component file changed since `seen` (the file watch), or every
 /// pipeline when `force` (SIGHUP). A pipeline whose active path changed (an HTTP swap) is not
@@ -94,6 +144,7 @@ async fn reload_changed(pipelines: &[Arc<Pipeline>], seen: &mut [Seen], force: b
 /// Runs every pipeline until a signal, then drains.
 pub async fn run(path: &Path) -> Result<()> {
     let manifest = Manifest::load(path)?;
+    log_trust(&manifest);
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
     // Components are loaded and initialised before any group is joined.

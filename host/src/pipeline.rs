@@ -282,6 +282,7 @@ fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
         wall_deadline: Some(spec.wall_deadline),
         http: grants.http.clone(),
         outputs: grants.outputs.clone(),
+        trust: spec.trust.clone(),
         instance_mode: match spec.instance_mode {
             InstanceModeSpec::Reuse => InstanceMode::Reuse {
                 max_batches: spec.recycle_after,

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -16,7 +17,8 @@ use crate::kafka::{
 };
 use crate::runtime::{
     DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, HttpGrant, HttpSettings,
-    LoadError, OutputGrant, RuntimeConfig, Secrets, check_component_path,
+    LoadError, OutputGrant, RuntimeConfig, Secrets, TrustPolicy, TrustedKey, check_component_path,
+    parse_keys_file,
 };
 
 /// A manifest problem, located in its file.
@@ -57,6 +59,8 @@ struct RawManifest {
     admin: Option<RawAdmin>,
     #[serde(default)]
     runtime: Option<RawRuntime>,
+    #[serde(default)]
+    trust: Option<Spanned<RawTrust>>,
     #[serde(default, rename = "pipeline")]
     pipelines: Vec<RawPipeline>,
 }
@@ -111,6 +115,16 @@ struct RawAdmin {
 struct RawRuntime {
     #[serde(default)]
     max_component_mib: Option<Spanned<i64>>,
+}
+
+/// `[trust]` and `[pipeline.trust]`: minisign public keys, inline and/or in a file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrust {
+    #[serde(default)]
+    keys: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    keys_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,6 +184,8 @@ struct RawPipeline {
     http_max_concurrent: Option<Spanned<i64>>,
     #[serde(default)]
     http_ca_file: Option<Spanned<String>>,
+    #[serde(default)]
+    trust: Option<Spanned<RawTrust>>,
 }
 
 /// Where the SASL password comes from (never the manifest itself).
@@ -319,6 +335,10 @@ pub struct PipelineSpec {
     pub secrets: Vec<(String, SecretSource)>,
     /// Outbound HTTP, when `allowed_outbound_hosts` grants any host.
     pub http: Option<HttpSettings>,
+    /// The keys its components must be signed by: the pipeline's own `[pipeline.trust]` when
+    /// it has one (it replaces the host's), else the host's `[trust]`; `None`: no signature
+    /// needed. Goes into the plugin's limits, so every load of the pipeline checks it.
+    pub trust: Option<Arc<TrustPolicy>>,
 }
 
 impl PipelineSpec {
@@ -371,6 +391,9 @@ pub struct Manifest {
     pub admin: AdminSpec,
     /// Host-wide runtime settings.
     pub runtime: RuntimeSpec,
+    /// The host's trusted keys (`[trust]`): every pipeline without its own `[pipeline.trust]`
+    /// requires components signed by one of them.
+    pub trust: Option<Arc<TrustPolicy>>,
     /// The pipelines, in file order.
     pub pipelines: Vec<PipelineSpec>,
 }
@@ -471,6 +494,42 @@ impl Ctx<'_> {
         T::try_from(n).map_err(|_| self.err(Some(v.span()), field, format!("{n} is out of range")))
     }
 
+    /// Reads a `[trust]` table (`field` is `trust` or `pipeline[i].trust`): its inline keys and
+    /// its keys file together. A table that names no key is refused: it would either trust
+    /// nobody or, for a pipeline, silently drop the host's keys.
+    fn trust(
+        &self,
+        raw: &Spanned<RawTrust>,
+        field: &str,
+    ) -> Result<Arc<TrustPolicy>, ManifestError> {
+        let t = raw.get_ref();
+        let mut keys = Vec::new();
+        if let Some(list) = &t.keys {
+            for (i, k) in list.get_ref().iter().enumerate() {
+                keys.push(
+                    TrustedKey::parse(k.get_ref())
+                        .map_err(|e| self.err(Some(k.span()), format!("{field}.keys[{i}]"), e))?,
+                );
+            }
+        }
+        if let Some(file) = &t.keys_file {
+            let path = self.path(file);
+            let text = read_keys_file(&path)
+                .and_then(|text| {
+                    parse_keys_file(&text).map_err(|e| format!("{}: {e}", path.display()))
+                })
+                .map_err(|e| self.err(Some(file.span()), format!("{field}.keys_file"), e))?;
+            keys.extend(text);
+        }
+        TrustPolicy::new(keys).map(Arc::new).ok_or_else(|| {
+            self.err(
+                Some(raw.span()),
+                field,
+                "names no key: list minisign public keys in `keys = [\"RW...\"]` or `keys_file` (a pipeline cannot opt out of the host's [trust])",
+            )
+        })
+    }
+
     fn path(&self, v: &Spanned<String>) -> PathBuf {
         let p = Path::new(v.get_ref());
         if p.is_absolute() {
@@ -479,6 +538,32 @@ impl Ctx<'_> {
             self.file.parent().unwrap_or(Path::new(".")).join(p)
         }
     }
+}
+
+/// The largest keys file read: a public key line is 56 bytes, so 64 KiB is hundreds of keys.
+const MAX_KEYS_FILE_BYTES: u64 = 64 << 10;
+
+/// Reads a `keys_file`: a regular file of at most [`MAX_KEYS_FILE_BYTES`].
+fn read_keys_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    let mut text = String::new();
+    file.take(MAX_KEYS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_KEYS_FILE_BYTES {
+        return Err(format!(
+            "{} is larger than a keys file's {} KiB maximum",
+            path.display(),
+            MAX_KEYS_FILE_BYTES >> 10
+        ));
+    }
+    Ok(text)
 }
 
 fn valid_name(s: &str) -> bool {
@@ -668,6 +753,12 @@ impl Manifest {
         };
         let runtime = RuntimeSpec {
             max_component_bytes: max_component_mib << 20,
+        };
+
+        // Trust.
+        let trust = match &raw.trust {
+            Some(t) => Some(cx.trust(t, "trust")?),
+            None => None,
         };
 
         // Pipelines.
@@ -984,6 +1075,10 @@ impl Manifest {
                 )?,
                 secrets,
                 http,
+                trust: match &p.trust {
+                    Some(t) => Some(cx.trust(t, &f("trust"))?),
+                    None => trust.clone(),
+                },
             });
         }
         Ok(Manifest {
@@ -991,6 +1086,7 @@ impl Manifest {
             cluster,
             admin,
             runtime,
+            trust,
             pipelines,
         })
     }
@@ -1179,6 +1275,86 @@ component = "plugin.wasm"
         );
         let e = parse(&format!("[runtime]\nmax_component_mib = 0\n{MINIMAL}")).expect_err("0");
         assert_eq!(e.field.as_deref(), Some("runtime.max_component_mib"));
+    }
+
+    /// Two minisign public keys (their secret halves were never kept) and their ids.
+    const ALICE: &str = "RWRHs4BcChVSimkp37yexDX7kT2h9Qc3la9J7aDfSJlRObr3f7mo+D3W";
+    const ALICE_ID: &str = "8A52150A5C80B347";
+    const BOB: &str = "RWQBAgMEBQYHCAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    const BOB_ID: &str = "0807060504030201";
+
+    #[test]
+    fn trusted_keys_come_from_the_host_or_replace_it_per_pipeline() {
+        // No [trust]: no signature needed.
+        let m = parse(MINIMAL).expect("valid");
+        assert!(m.trust.is_none() && m.pipelines[0].trust.is_none());
+        // The host's keys apply to every pipeline without its own.
+        let text = format!("[trust]\nkeys = [\"{ALICE}\"]\n{MINIMAL}");
+        let m = parse(&text).expect("valid");
+        let ids = |p: &PipelineSpec| p.trust.as_ref().map(|t| t.key_ids().join(","));
+        assert_eq!(ids(&m.pipelines[0]).as_deref(), Some(ALICE_ID));
+        // A pipeline's own list replaces the host's; a keys file adds to the inline keys.
+        let keys = dir().join("trusted.pub");
+        std::fs::write(
+            &keys,
+            format!("untrusted comment: minisign public key {BOB_ID}\n{BOB}\n"),
+        )
+        .expect("write");
+        let own = format!("{text}[pipeline.trust]\nkeys_file = \"trusted.pub\"\n");
+        let m = parse(&own).expect("valid");
+        assert_eq!(ids(&m.pipelines[0]).as_deref(), Some(BOB_ID));
+        assert_eq!(
+            m.trust.as_ref().map(|t| t.key_ids().join(",")).as_deref(),
+            Some(ALICE_ID)
+        );
+        let both = own.replace(
+            "keys_file = ",
+            &format!("keys = [\"{ALICE}\"]\nkeys_file = "),
+        );
+        let m = parse(&both).expect("valid");
+        assert_eq!(
+            ids(&m.pipelines[0]).as_deref(),
+            Some(format!("{ALICE_ID},{BOB_ID}").as_str())
+        );
+    }
+
+    #[test]
+    fn a_bad_trusted_key_or_an_empty_trust_table_is_refused_naming_the_field() {
+        std::fs::write(dir().join("not-keys.pub"), "not a key\n").expect("write");
+        for (text, field, why) in [
+            (
+                format!("[trust]\nkeys = [\"{ALICE}\", \"RWQnope\"]\n{MINIMAL}"),
+                "trust.keys[1]",
+                "is not base64",
+            ),
+            (
+                format!("{MINIMAL}[pipeline.trust]\nkeys = [\"aGVsbG8=\"]\n"),
+                "pipeline[0].trust.keys[0]",
+                "not a minisign public key",
+            ),
+            (
+                format!("[trust]\nkeys = [\"{ALICE}\"]\n{MINIMAL}[pipeline.trust]\nkeys = []\n"),
+                "pipeline[0].trust",
+                "cannot opt out",
+            ),
+            (
+                format!("[trust]\nkeys_file = \"absent.pub\"\n{MINIMAL}"),
+                "trust.keys_file",
+                "cannot read",
+            ),
+            (
+                format!("[trust]\nkeys_file = \"not-keys.pub\"\n{MINIMAL}"),
+                "trust.keys_file",
+                "line 1: ",
+            ),
+        ] {
+            let e = parse(&text).expect_err(field);
+            assert_eq!(e.field.as_deref(), Some(field), "{e}");
+            assert!(e.message.contains(why), "{e}");
+            assert!(e.line.is_some(), "{e}");
+        }
+        let e = parse(&format!("[trust]\nkey = [\"{ALICE}\"]\n{MINIMAL}")).expect_err("typo");
+        assert!(e.message.contains("unknown field `key`"), "{e}");
     }
 
     #[test]

@@ -81,6 +81,10 @@ pub struct PluginLimits {
     pub http: Option<std::sync::Arc<super::http::HttpGrant>>,
     /// Output names granted to the plugin and the per-batch emit bounds.
     pub outputs: std::sync::Arc<super::outputs::OutputGrant>,
+    /// The keys a component must be signed by (manifest `[trust]`); `None`: no signature
+    /// needed. Checked on every load, before the component is parsed, compiled or looked up
+    /// in the precompiled cache.
+    pub trust: Option<std::sync::Arc<super::trust::TrustPolicy>>,
 }
 
 impl Default for PluginLimits {
@@ -93,6 +97,7 @@ impl Default for PluginLimits {
             http: None,
             outputs: std::sync::Arc::default(),
             wall_deadline: None,
+            trust: None,
         }
     }
 }

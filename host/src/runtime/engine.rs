@@ -144,6 +144,9 @@ pub struct Compiled {
     pub origin: Origin,
     /// Which allocator its instances would come from.
     pub placement: Placement,
+    /// The key id of the trusted key whose signature was verified, when the plugin's limits
+    /// carry a trust policy (`None` without one).
+    pub signer: Option<String>,
 }
 
 fn base_config() -> Config {
@@ -242,6 +245,10 @@ impl PluginRuntime {
     /// it came from the cache and which allocator takes it. Exposed for `sharehost check` and
     /// benchmarks.
     ///
+    /// When `limits.trust` is set, the bytes read must carry a valid signature by a trusted key
+    /// (`PATH.minisig`, see `trust.rs`) or the component is refused ([`LoadError::Untrusted`])
+    /// before it is parsed, compiled or looked up in the cache.
+    ///
     /// The file goes through the one component reader (regular file, bounded size, header),
     /// then its imports and exports are checked from its sections *before* compiling: a
     /// component refused for its contract costs a read and a parse, not a compilation (which
@@ -255,6 +262,21 @@ impl PluginRuntime {
             });
         }
         let bytes = component_file::read_component(path, inner.config.max_component_bytes)?;
+        // The signature covers exactly these bytes, and is checked before anything parses them
+        // and before the cache lookup: a cached artifact never stands in for a signature.
+        let signer = match &limits.trust {
+            Some(policy) => {
+                Some(
+                    policy
+                        .verify(path, &bytes)
+                        .map_err(|refusal| LoadError::Untrusted {
+                            path: path.to_owned(),
+                            refusal,
+                        })?,
+                )
+            }
+            None => None,
+        };
         let surface = Surface::read(&bytes).map_err(|message| LoadError::Compile {
             path: path.to_owned(),
             message,
@@ -339,6 +361,7 @@ impl PluginRuntime {
             hash,
             origin,
             placement,
+            signer,
         })
     }
 

@@ -146,6 +146,16 @@ pub enum LoadError {
         /// The guest's message or the fault.
         message: String,
     },
+    /// The pipeline trusts signing keys and the component has no valid signature by one of
+    /// them (no `.minisig` beside it, a malformed one, an unknown key, a bad signature):
+    /// refused before its bytes were parsed or compiled.
+    #[error("{path}: refused by the pipeline's [trust]: {refusal}")]
+    Untrusted {
+        /// The component path.
+        path: PathBuf,
+        /// Which check failed.
+        refusal: super::trust::TrustRefusal,
+    },
     /// The precompiled cache could not be written (loading still works without it).
     #[error("{path}: precompiled cache: {message}")]
     Cache {

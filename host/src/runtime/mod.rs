@@ -15,6 +15,8 @@
 //! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
 //! - `component_file.rs`: the one reader of component files (regular files only, bounded,
 //!   what-it-is errors) and the pre-compile look at a component's imports and exports.
+//! - `trust.rs`: signed components: the keys a pipeline trusts and the signature check every
+//!   load makes on the bytes it read, before parsing or compiling them.
 //! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
 //!
 //! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
@@ -31,6 +33,7 @@ pub mod offline;
 mod outputs;
 mod plugin;
 mod secrets;
+mod trust;
 mod validate;
 
 pub use batch::Record;
@@ -51,6 +54,10 @@ pub use plugin::{
     BatchOutcome, Contract, Fault, FaultKind, Judged, Plugin, PluginInit, PluginStats, Verdict,
 };
 pub use secrets::Secrets;
+pub use trust::{
+    MAX_SIGNATURE_BYTES, SIGNATURE_SUFFIX, TrustPolicy, TrustRefusal, TrustedKey, parse_keys_file,
+    signature_path,
+};
 pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
 
 /// Bindings generated from `wit/plugin.wit` (contract 0.2); private so the wire shape can

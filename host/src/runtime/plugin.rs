@@ -234,6 +234,9 @@ pub struct Plugin {
     origin: Origin,
     /// Which allocator its instances come from, and why not the pool when it is not.
     placement: Placement,
+    /// The key id of the trusted key that signed it (`None`: its pipeline requires no
+    /// signature).
+    signer: Option<String>,
     contract: Contract,
     pre: InstancePre<StoreState>,
     limits: PluginLimits,
@@ -270,6 +273,7 @@ impl Plugin {
             hash: content_hash,
             origin,
             placement,
+            signer,
         } = compiled;
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             path: path.to_owned(),
@@ -292,6 +296,7 @@ impl Plugin {
             content_hash,
             origin,
             placement,
+            signer,
             contract,
             pre,
             limits,
@@ -327,6 +332,13 @@ impl Plugin {
     /// SHA-256 of the component bytes: the identity of this plugin version.
     pub fn content_hash(&self) -> &str {
         &self.content_hash
+    }
+
+    /// The key id (minisign's, e.g. `8A52150A5C80B347`) of the trusted key whose signature
+    /// was verified at load: who published this version, for `/pipelines`, metrics and
+    /// dead-letter provenance. `None` when its pipeline trusts no keys.
+    pub fn signer(&self) -> Option<&str> {
+        self.signer.as_deref()
     }
 
     /// Where its instances live (pool or on-demand, and why), for `/pipelines`: a component
