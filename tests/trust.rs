@@ -1,0 +1,409 @@
+//! Signed components through the `sharehost` binary: when the manifest trusts minisign keys,
+//! a component without a valid signature by one of them is refused at `check`, at `run` and at
+//! a hot-swap (HTTP or the file watch), naming the file and the reason, while the active
+//! (signed) version keeps judging and nothing is lost; and the precompiled cache never stands
+//! in for a signature.
+//!
+//! Keys and signatures are made here with the `minisign` crate, exactly as `minisign -G` and
+//! `minisign -Sm` make them (a fresh key pair per run; no secret key is kept anywhere).
+//!
+//! Part of the host package's tests (it needs the `sharehost` binary), like tests/faults.rs.
+//! The broker scenario needs `dev/kafka up`; the others need no broker.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sharehost::runtime::{
+    LoadError, PluginLimits, PluginRuntime, RuntimeConfig, TrustPolicy, TrustRefusal, TrustedKey,
+    signature_path,
+};
+use sharehost_tests::host::{HostProcess, PATIENCE};
+use sharehost_tests::ledger::Ledger;
+use sharehost_tests::{
+    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
+    unique, wait_until_drained,
+};
+
+const PARTITIONS: i32 = 3;
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("join")
+}
+
+/// A publisher's key pair, as `minisign -G -W` makes one.
+struct Publisher {
+    pk: minisign::PublicKey,
+    sk: minisign::SecretKey,
+}
+
+impl Publisher {
+    fn new() -> Publisher {
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+        Publisher {
+            pk: kp.pk,
+            sk: kp.sk,
+        }
+    }
+
+    /// The public key line a manifest lists (`RW...`).
+    fn public(&self) -> String {
+        self.pk.to_base64()
+    }
+
+    /// The key id minisign shows, as the host reports the signer.
+    fn id(&self) -> String {
+        TrustedKey::parse(&self.public())
+            .expect("a key")
+            .id()
+            .to_owned()
+    }
+
+    /// Writes `component.minisig`, as `minisign -Sm component` does.
+    fn sign(&self, component: &Path) {
+        let bytes = std::fs::read(component).expect("read component");
+        let sig = minisign::sign(Some(&self.pk), &self.sk, &bytes[..], None, None).expect("sign");
+        std::fs::write(signature_path(component), sig.to_string()).expect("write signature");
+    }
+}
+
+/// A copy of a component with a custom section appended: the same plugin, a different content
+/// hash (a new version for a swap, and a file no earlier run has cached).
+fn new_version(component: &Path, tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(component).expect("read component");
+    let name = b"sharehost-test-version";
+    let payload = tag.as_bytes();
+    let len = 1 + name.len() + payload.len();
+    assert!(len < 128, "one-byte LEB128 sizes");
+    bytes.push(0); // custom section
+    bytes.push(u8::try_from(len).expect("small"));
+    bytes.push(u8::try_from(name.len()).expect("small"));
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(&format!("sharehost-trust-{tag}")));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A ledger manifest (topic, group) whose host trusts `keys`.
+fn trusting_manifest(
+    dir: &Path,
+    keys: &[String],
+    component: &Path,
+    topic: &str,
+    group: &str,
+) -> PathBuf {
+    let keys: Vec<String> = keys.iter().map(|k| format!("\"{k}\"")).collect();
+    let text = format!(
+        "[trust]\nkeys = [{}]\n\n{}",
+        keys.join(", "),
+        ledger_manifest(
+            &bootstrap(),
+            topic,
+            group,
+            component,
+            r#"reject-every = "7""#,
+            FAULT_SETTINGS,
+        )
+    );
+    let path = dir.join(format!("{}.toml", unique("manifest")));
+    std::fs::write(&path, text).expect("write manifest");
+    path
+}
+
+/// Runs `sharehost SUBCOMMAND manifest` to its end; returns success and stdout + stderr.
+fn sharehost_cmd(subcommand: &str, manifest: &Path) -> (bool, String) {
+    let out = Command::new(sharehost())
+        .arg(subcommand)
+        .arg(manifest)
+        .env("SHAREHOST_LOG", "warn")
+        .output()
+        .expect("run sharehost");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Puts a (wrong) signature in place for one case.
+type Arrange<'a> = Box<dyn Fn() + 'a>;
+
+#[test]
+fn check_and_run_refuse_an_unsigned_or_wrongly_signed_component_naming_file_and_reason() {
+    let dir = scratch("cli");
+    let (alice, stranger) = (Publisher::new(), Publisher::new());
+    let component = dir.join("ledger.wasm");
+    std::fs::write(&component, new_version(&guest("fixture_ledger"), "cli")).expect("write");
+    let other = dir.join("other.wasm");
+    std::fs::write(&other, new_version(&guest("fixture_ledger"), "other")).expect("write");
+    let manifest = trusting_manifest(&dir, &[alice.public()], &component, "t", "g");
+    let sig = signature_path(&component);
+    let sig_shown = sig.display().to_string();
+
+    // Each wrong signature, with the words the refusal must contain.
+    let cases: Vec<(&str, Arrange<'_>, Vec<String>)> = vec![
+        (
+            "unsigned",
+            Box::new(|| {
+                let _ = std::fs::remove_file(&sig);
+            }),
+            vec!["no signature".into(), format!("expected {sig_shown}")],
+        ),
+        (
+            "signed by a key not trusted",
+            Box::new(|| stranger.sign(&component)),
+            vec![
+                format!("signed by unknown key {}", stranger.id()),
+                format!("the pipeline trusts {}", alice.id()),
+            ],
+        ),
+        (
+            "a trusted key's signature of another file",
+            Box::new(|| {
+                alice.sign(&other);
+                std::fs::rename(signature_path(&other), &sig).expect("move signature");
+            }),
+            vec![format!(
+                "bad signature: the signature by trusted key {}",
+                alice.id()
+            )],
+        ),
+        (
+            "malformed",
+            Box::new(|| {
+                std::fs::write(&sig, "untrusted comment: hi\nnot base64\n").expect("write")
+            }),
+            vec![format!("malformed signature {sig_shown}")],
+        ),
+    ];
+    let component_shown = component.display().to_string();
+    for (case, arrange, words) in &cases {
+        arrange();
+        for subcommand in ["check", "run"] {
+            let (ok, out) = sharehost_cmd(subcommand, &manifest);
+            assert!(!ok, "{subcommand} refuses a component {case}: {out}");
+            assert!(
+                out.contains(&format!(
+                    "{component_shown}: refused by the pipeline's [trust]"
+                )),
+                "{subcommand}, {case}: names the file: {out}"
+            );
+            for w in words {
+                assert!(
+                    out.contains(w.as_str()),
+                    "{subcommand}, {case}: says {w:?}: {out}"
+                );
+            }
+        }
+    }
+
+    // Signed by the trusted key: check passes and says so.
+    alice.sign(&component);
+    let (ok, out) = sharehost_cmd("check", &manifest);
+    assert!(ok, "a signed component passes check: {out}");
+    assert!(
+        out.contains(&format!("signature verified; trusted keys {}", alice.id())),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cached_compilation_never_stands_in_for_a_signature() {
+    let dir = scratch("cache");
+    let alice = Publisher::new();
+    let component = dir.join("ledger.wasm");
+    std::fs::write(&component, new_version(&guest("fixture_ledger"), "cache")).expect("write");
+    alice.sign(&component);
+    let runtime = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 8,
+        cache_dir: Some(dir.join("cache")),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let limits = PluginLimits {
+        trust: TrustPolicy::new([TrustedKey::parse(&alice.public()).expect("key")]).map(Arc::new),
+        ..PluginLimits::default()
+    };
+    let first = runtime
+        .compile(&component, &limits)
+        .expect("signed: compiled");
+    assert_eq!(first.signer.as_deref(), Some(alice.id().as_str()));
+    let again = runtime
+        .compile(&component, &limits)
+        .expect("signed: from the cache");
+    assert_eq!(again.origin, sharehost::runtime::Origin::Cached);
+    // The same bytes, now without their signature: the cache holds them, and still no load.
+    std::fs::remove_file(signature_path(&component)).expect("remove signature");
+    match runtime.compile(&component, &limits) {
+        Err(LoadError::Untrusted {
+            refusal: TrustRefusal::NoSignature { signature },
+            ..
+        }) => assert_eq!(signature, signature_path(&component)),
+        Err(e) => panic!("refused for the missing signature, not: {e}"),
+        Ok(_) => panic!("a cache hit let an unsigned component in"),
+    }
+    // Without a trust policy the same runtime loads it (the refusal was the policy's).
+    let open = runtime
+        .compile(&component, &PluginLimits::default())
+        .expect("no policy");
+    assert_eq!(open.signer, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls `/pipelines` until `cond` holds on it (a hang guard of [`PATIENCE`]).
+fn wait_status(host: &HostProcess, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let s = host.status();
+        if cond(&s) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting for {what}: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_signed_one_keeps_judging()
+ {
+    let (alice, stranger) = (Publisher::new(), Publisher::new());
+    let client = Arc::new(client().await);
+    let topic = unique("trust-swap");
+    client
+        .create_topic(&topic, PARTITIONS, 1, &[])
+        .await
+        .expect("create topic");
+    let group = fresh_group_with(
+        &client,
+        Some(30_000),
+        &[("share.session.timeout.ms", "6000")],
+    )
+    .await;
+    let mut ids = produce_ids(&client, &topic, PARTITIONS, 0..600).await;
+    let dir = scratch("swap");
+    let original = guest("fixture_ledger");
+    let v1 = dir.join("ledger-v1.wasm");
+    std::fs::write(&v1, new_version(&original, "v1")).expect("write v1");
+    alice.sign(&v1);
+    let manifest = trusting_manifest(&dir, &[alice.public()], &v1, &topic, &group);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    blocking(move || {
+        h.wait_for("records judged by the signed version", |s| {
+            s.judged() >= 100
+        })
+    })
+    .await;
+    let active = host.status()[0]["active_version"]
+        .as_str()
+        .expect("active version")
+        .to_owned();
+
+    // HTTP swaps: unsigned, signed by a stranger, signed by alice over other bytes.
+    let unsigned = dir.join("ledger-unsigned.wasm");
+    std::fs::write(&unsigned, new_version(&original, "unsigned")).expect("write");
+    let foreign = dir.join("ledger-foreign.wasm");
+    std::fs::write(&foreign, new_version(&original, "foreign")).expect("write");
+    stranger.sign(&foreign);
+    let tampered = dir.join("ledger-tampered.wasm");
+    std::fs::write(&tampered, new_version(&original, "tampered")).expect("write");
+    alice.sign(&tampered);
+    std::fs::write(&tampered, new_version(&original, "tampered!")).expect("tamper");
+    for (path, why) in [
+        (
+            &unsigned,
+            format!(
+                "no signature: expected {}",
+                signature_path(&unsigned).display()
+            ),
+        ),
+        (&foreign, format!("signed by unknown key {}", stranger.id())),
+        (
+            &tampered,
+            format!("bad signature: the signature by trusted key {}", alice.id()),
+        ),
+    ] {
+        let (h, body) = (host.clone(), format!(r#"{{"path":"{}"}}"#, path.display()));
+        let (code, answer) =
+            blocking(move || h.http("POST", "/pipelines/ledger/swap", &body)).await;
+        assert_eq!(
+            code,
+            422,
+            "a swap to {} is refused: {answer}",
+            path.display()
+        );
+        assert!(
+            answer.contains(&format!(
+                "{}: refused by the pipeline's [trust]",
+                path.display()
+            )) && answer.contains(&why),
+            "the refusal names the file and says {why:?}: {answer}"
+        );
+    }
+
+    // The file watch: the active file replaced in place by bytes its signature does not cover.
+    // Renamed into place, so the watch sees one change (not a half-written file).
+    let next = dir.join("ledger-v1.next");
+    std::fs::write(&next, new_version(&original, "v1 replaced")).expect("write");
+    std::fs::rename(&next, &v1).expect("replace v1");
+    let (h, refused) = (
+        host.clone(),
+        format!(
+            "{}: refused by the pipeline's [trust]: bad signature",
+            v1.display()
+        ),
+    );
+    blocking(move || {
+        wait_status(&h, "the watched swap refused", |s| {
+            s[0]["last_swap_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(&refused))
+        })
+    })
+    .await;
+
+    // More records: all judged, by the signed version alone, none lost.
+    ids.extend(produce_ids(&client, &topic, PARTITIONS, 600..1200).await);
+    let (h, n) = (host.clone(), ids.len());
+    blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
+    let status = host.status();
+    let (_, metrics) = host.http("GET", "/metrics", "");
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let g = group.clone();
+    blocking(move || wait_until_drained(&g)).await;
+    let mut ledger = Ledger::new("trust-swap", ids.iter().cloned());
+    seen.record(&mut ledger);
+    ledger.check();
+    assert_eq!(ledger.duplicates(), 0, "nothing judged twice: {ledger}");
+    assert_eq!(status[0]["active_version"], active.as_str(), "{status}");
+    let versions = status[0]["versions"].as_object().expect("versions");
+    assert_eq!(
+        versions.keys().collect::<Vec<_>>(),
+        [&active],
+        "only the signed version judged: {status}"
+    );
+    assert!(
+        metrics.contains(r#"sharehost_swaps_total{pipeline="ledger",result="failed"} 4"#)
+            && !metrics.contains(r#"sharehost_swaps_total{pipeline="ledger",result="ok"}"#),
+        "three HTTP swaps and one watched swap refused, none taken: {metrics}"
+    );
+    // The signer, once /pipelines shows it (issue 13: the lead's status field).
+    if let Some(signer) = status[0].get("signer").filter(|s| !s.is_null()) {
+        assert_eq!(signer, &serde_json::Value::from(alice.id()), "{status}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
