@@ -401,9 +401,16 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
             && !metrics.contains(r#"sharehost_swaps_total{pipeline="ledger",result="ok"}"#),
         "three HTTP swaps and one watched swap refused, none taken: {metrics}"
     );
-    // The signer, once /pipelines shows it (issue 13: the lead's status field).
-    if let Some(signer) = status[0].get("signer").filter(|s| !s.is_null()) {
-        assert_eq!(signer, &serde_json::Value::from(alice.id()), "{status}");
-    }
+    // The signer shows in /pipelines and in the version metric.
+    assert_eq!(status[0]["signer"], alice.id().as_str(), "{status}");
+    let version_line = format!(
+        r#"sharehost_plugin_version{{pipeline="ledger",version="{}",signer="{}"}} 1"#,
+        &active[..12],
+        alice.id()
+    );
+    assert!(
+        metrics.contains(&version_line),
+        "{version_line} in {metrics}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

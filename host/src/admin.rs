@@ -1,7 +1,8 @@
 //! The admin HTTP listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`,
-//! `GET /pipelines` (status with active versions and counters, never secrets) and
-//! `POST /pipelines/NAME/swap` (hot-swap to another component file; a bearer token can be
-//! required). Binds 127.0.0.1 by default.
+//! `GET /pipelines` (status with active versions and counters, never secrets),
+//! `GET /pipelines/NAME/versions`, and the rollout endpoints, which a bearer token can guard:
+//! `POST /pipelines/NAME/swap`, `.../rollback`, `.../shadow` (and `DELETE`), `.../canary`
+//! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +17,8 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, SwapError};
+use crate::rollout::{CanaryRequest, ShadowRequest};
 
 /// What the admin handlers share.
 pub struct AdminState {
@@ -111,6 +113,169 @@ async fn swap(
     }
 }
 
+/// The pipeline a mutating request is for, after checking its token: `Err` is the answer to
+/// send (401 or 404).
+fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipeline>, Response> {
+    if !authorized(s, headers) {
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        )
+            .into_response());
+    }
+    s.pipelines
+        .iter()
+        .find(|p| p.name() == name)
+        .cloned()
+        .ok_or_else(|| {
+            (
+                StatusCode::NOT_FOUND,
+                format!("no pipeline named {name:?}\n"),
+            )
+                .into_response()
+        })
+}
+
+/// A JSON body, or the 400 answer naming what was expected.
+fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Response> {
+    // An empty body is an empty object: `{}` and nothing mean the same for optional fields.
+    let text = if text.trim().is_empty() { "{}" } else { text };
+    serde_json::from_str(text).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("expected {expected}: {e}\n"),
+        )
+            .into_response()
+    })
+}
+
+/// The answer to a version change: 200 with `key` = the hash, or 422 with the reason.
+fn outcome(name: &str, key: &str, r: Result<String, SwapError>) -> Response {
+    match r {
+        Ok(hash) => axum::Json(serde_json::json!({ "pipeline": name, key: hash })).into_response(),
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(serde_json::json!({ "pipeline": name, "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
+async fn versions(State(s): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    match s.pipelines.iter().find(|p| p.name() == name) {
+        Some(p) => axum::Json(p.versions()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no pipeline named {name:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct RollbackBody {
+    hash: Option<String>,
+}
+
+async fn rollback(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    text: String,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let b: RollbackBody = match body(&text, r#"{"hash": "..."} or nothing"#) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    outcome(&name, "active_version", p.rollback(b.hash.as_deref()).await)
+}
+
+async fn shadow(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    text: String,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let req: ShadowRequest = match body(&text, r#"{"path": "...", "sample": 0.5}"#) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    outcome(&name, "candidate", p.start_shadow(req).await)
+}
+
+async fn shadow_stop(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    match p.stop_shadow() {
+        Some(status) => {
+            axum::Json(serde_json::json!({ "pipeline": name, "shadow": status })).into_response()
+        }
+        None => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(serde_json::json!({ "pipeline": name, "error": "no shadow is running" })),
+        )
+            .into_response(),
+    }
+}
+
+async fn canary(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    text: String,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let req: CanaryRequest = match body(
+        &text,
+        r#"{"path": "...", "percent": 10, "promote_after": {"batches": 100}, "rollback_if": {...}}"#,
+    ) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    outcome(&name, "candidate", p.start_canary(req).await)
+}
+
+async fn canary_stop(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    outcome(&name, "active_version", p.stop_canary().await)
+}
+
+async fn promote(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let p = match target(&s, &headers, &name) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    outcome(&name, "active_version", p.promote_canary().await)
+}
+
 /// Serves the admin endpoints on `listener` until `shutdown`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -123,6 +288,11 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .route("/pipelines", get(pipelines))
         .route("/pipelines/{name}/swap", post(swap))
+        .route("/pipelines/{name}/versions", get(versions))
+        .route("/pipelines/{name}/rollback", post(rollback))
+        .route("/pipelines/{name}/shadow", post(shadow).delete(shadow_stop))
+        .route("/pipelines/{name}/canary", post(canary).delete(canary_stop))
+        .route("/pipelines/{name}/promote", post(promote))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })

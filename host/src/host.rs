@@ -25,14 +25,21 @@ fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
     .context("cannot start the plugin runtime")
 }
 
+/// Loads every pipeline; with `state_dir` (at `run`), each comes back on the version that was
+/// active before a restart when the rule of [`Pipeline::load_remembering`] allows it.
 async fn load_pipelines(
     manifest: &Manifest,
     runtime: &PluginRuntime,
     metrics: &Arc<Metrics>,
+    state_dir: Option<&Path>,
 ) -> Result<Vec<Arc<Pipeline>>> {
     let mut out = Vec::new();
     for spec in &manifest.pipelines {
-        out.push(Pipeline::load(spec.clone(), runtime.clone(), metrics.clone()).await?);
+        let (spec, runtime, metrics) = (spec.clone(), runtime.clone(), metrics.clone());
+        out.push(match state_dir {
+            Some(dir) => Pipeline::load_remembering(spec, runtime, metrics, dir).await?,
+            None => Pipeline::load(spec, runtime, metrics).await?,
+        });
     }
     Ok(out)
 }
@@ -46,7 +53,7 @@ pub async fn check(path: &Path) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
-    let loaded = load_pipelines(&manifest, &runtime, &metrics).await?;
+    let loaded = load_pipelines(&manifest, &runtime, &metrics, None).await?;
     for (p, spec) in loaded.iter().zip(&manifest.pipelines) {
         println!(
             "ok: pipeline {}: {} (version {}{})",
@@ -148,7 +155,8 @@ pub async fn run(path: &Path) -> Result<()> {
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
     // Components are loaded and initialised before any group is joined.
-    let pipelines = load_pipelines(&manifest, &runtime, &metrics).await?;
+    let state_dir = sharehost::state::default_state_dir();
+    let pipelines = load_pipelines(&manifest, &runtime, &metrics, Some(&state_dir)).await?;
     let config = connection_config(&manifest)?;
     let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
     let token =

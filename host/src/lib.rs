@@ -13,6 +13,7 @@ pub mod kafka;
 pub mod manifest;
 pub mod metrics;
 pub mod pipeline;
+pub mod rollout;
 pub mod runtime;
 pub mod share;
 pub mod state;

@@ -43,8 +43,17 @@ pub struct Metrics {
     pub session_resets: Family<Labels, Gauge>,
     /// Records released by the broker when a session ended.
     pub released_by_broker: Family<Labels, Gauge>,
-    /// Hot-swaps by result (ok / failed).
+    /// Hot-swaps by result (ok / failed / rollback).
     pub swaps: Family<Labels, Counter>,
+    /// One series per plugin version: 1 while active, 0 once replaced, labelled with the key
+    /// id that signed it (empty when unsigned).
+    pub plugin_version: Family<Labels, Gauge>,
+    /// Records a shadow compared, by the active version's and the candidate's verdict kinds
+    /// (`active == candidate`: agreement).
+    pub shadow_verdicts: Family<Labels, Counter>,
+    /// Canary transitions by result (started / promoted / rolled_back): every automatic
+    /// decision is visible to alerting, not only in the log.
+    pub canary_transitions: Family<Labels, Counter>,
     /// Assignment changes (share-group rebalances) seen by the pipeline's member.
     pub rebalances: Family<Labels, Gauge>,
     /// Records plugins emitted, by result: produced (before their source's Accept),
@@ -79,6 +88,9 @@ impl Metrics {
             session_resets: Family::default(),
             released_by_broker: Family::default(),
             swaps: Family::default(),
+            canary_transitions: Family::default(),
+            shadow_verdicts: Family::default(),
+            plugin_version: Family::default(),
             rebalances: Family::default(),
             emits: Family::default(),
             http_requests: Family::default(),
@@ -134,6 +146,21 @@ impl Metrics {
             m.released_by_broker.clone(),
         );
         registry.register("swaps", "Plugin hot-swaps, by result", m.swaps.clone());
+        registry.register(
+            "plugin_version",
+            "Plugin versions by pipeline: 1 while active, 0 once replaced; labelled with the key id that signed it",
+            m.plugin_version.clone(),
+        );
+        registry.register(
+            "shadow_verdicts",
+            "Records a shadow candidate judged, by the active version's and the candidate's verdict",
+            m.shadow_verdicts.clone(),
+        );
+        registry.register(
+            "canary_transitions",
+            "Canary transitions, by result (started, promoted, rolled_back)",
+            m.canary_transitions.clone(),
+        );
         registry.register(
             "rebalances",
             "Assignment changes seen by the pipeline's member",

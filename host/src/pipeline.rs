@@ -20,9 +20,13 @@ use tokio_util::sync::CancellationToken;
 use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
+use crate::rollout::{
+    ActiveState, CanaryDecision, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
+    SHADOW_QUEUE, ShadowRequest, ShadowStatus,
+};
 use crate::runtime::{
-    Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant, Placement, Plugin,
-    PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
+    BatchOutcome, Compiled, Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant,
+    Placement, Plugin, PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
 };
 use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
@@ -113,6 +117,29 @@ impl Handler {
     }
 }
 
+impl Handler {
+    /// Like [`Handler::judge`], but a fault is not isolated: the whole batch gets the policy
+    /// and the fault is returned. For a canary, whose faulting batch the active version judges
+    /// again: isolating would have the candidate judge parts of it once more on fresh instances.
+    async fn judge_whole(&mut self, records: &[Record], policy: &Verdict) -> Judged {
+        match self {
+            Handler::Wasm(plugin) => match plugin.handle(records).await {
+                BatchOutcome::Verdicts(verdicts) => Judged {
+                    verdicts,
+                    emits: plugin.take_emits(),
+                    faults: Vec::new(),
+                },
+                BatchOutcome::Fault(fault) => Judged {
+                    verdicts: vec![policy.clone(); records.len()],
+                    emits: Vec::new(),
+                    faults: vec![fault],
+                },
+            },
+            Handler::Native(_) => self.judge(records, policy).await,
+        }
+    }
+}
+
 /// One loaded plugin version: `concurrency` instances of the same component (or handles on
 /// the same native handler).
 struct Version {
@@ -120,7 +147,59 @@ struct Version {
     path: PathBuf,
     /// Where its instances live (`None` for a native handler).
     placement: Option<Placement>,
+    /// Its compiled code (`None` for a native handler): kept when the version is replaced,
+    /// so a rollback instantiates it again without reading or compiling anything.
+    compiled: Option<Compiled>,
+    /// When it was loaded, in ms since the Unix epoch.
+    loaded_at_ms: u64,
     instances: Mutex<Vec<Handler>>,
+}
+
+impl Version {
+    /// The key id that signed it, when its pipeline requires signatures.
+    fn signer(&self) -> Option<String> {
+        self.compiled.as_ref().and_then(|c| c.signer.clone())
+    }
+}
+
+/// A replaced version kept for rollback: its code, not its instances (which would hold pool
+/// slots for nothing).
+#[derive(Clone)]
+struct Kept {
+    hash: String,
+    path: PathBuf,
+    compiled: Compiled,
+    loaded_at_ms: u64,
+}
+
+/// A running shadow: the candidate's one instance, what it has seen, and a bound on the
+/// batches waiting for it.
+struct ShadowRun {
+    version: Version,
+    sample: f64,
+    /// Batches offered so far, to spread the sample evenly.
+    offered: AtomicU64,
+    /// Free places in its queue ([`SHADOW_QUEUE`]); none free: the batch is dropped.
+    queue: Arc<Semaphore>,
+    /// Its one instance judges one batch at a time.
+    turn: tokio::sync::Mutex<()>,
+    status: Mutex<ShadowStatus>,
+}
+
+/// A running canary: the candidate's instances (as many as the active version's) and its plan.
+struct CanaryRun {
+    version: Arc<Version>,
+    plan: Mutex<CanaryPlan>,
+}
+
+/// Versions kept compiled besides the active one, newest first, for rollback.
+const KEPT_VERSIONS: usize = 3;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 impl Version {
@@ -132,6 +211,8 @@ impl Version {
             hash: id.clone(),
             path: PathBuf::from(id),
             placement: None,
+            compiled: None,
+            loaded_at_ms: now_ms(),
             instances: Mutex::new(
                 (0..concurrency)
                     .map(|_| Handler::Native(handler.clone()))
@@ -166,6 +247,32 @@ pub struct VersionCounters {
     pub emits_failed: u64,
 }
 
+/// One version as `GET /pipelines/NAME/versions` lists it.
+#[derive(Debug, Serialize, Clone)]
+pub struct VersionInfo {
+    /// Content hash (sha256).
+    pub hash: String,
+    /// Component path it was loaded from.
+    pub path: String,
+    /// When it was loaded, ms since the Unix epoch.
+    pub loaded_at_ms: u64,
+    /// The key id that signed it (`[trust]`), `None` when unsigned.
+    pub signer: Option<String>,
+    /// Whether it is the active version.
+    pub active: bool,
+    /// Its counters since this host started.
+    pub counters: VersionCounters,
+}
+
+/// `GET /pipelines/NAME/versions`: the active version first, then the kept ones, newest first.
+#[derive(Debug, Serialize, Clone)]
+pub struct VersionsStatus {
+    /// The active version's hash.
+    pub active: String,
+    /// Active first, then kept for rollback.
+    pub versions: Vec<VersionInfo>,
+}
+
 /// What `GET /pipelines` shows for one pipeline.
 #[derive(Debug, Serialize, Clone)]
 pub struct PipelineStatus {
@@ -187,12 +294,19 @@ pub struct PipelineStatus {
     pub last_swap_error: Option<String>,
     /// What the pipeline grants its plugin beyond computing.
     pub grants: GrantsStatus,
+    /// The key id that signed the active version (`[trust]`), `None` when unsigned.
+    pub signer: Option<String>,
     /// Which instance allocator the active version's instances come from: `pooling` (or
     /// `pooling-compact`), or `on-demand` for a component too big for a pool slot (most
     /// Python components), with the reason; `native` for a native handler.
     pub allocator: String,
     /// Why the active version runs on-demand although the host has a pool.
     pub allocator_reason: Option<String>,
+    /// The running shadow, if any: agreement per verdict kind, faults, time per record, the
+    /// first disagreements.
+    pub shadow: Option<ShadowStatus>,
+    /// The running canary, or how the last one ended.
+    pub canary: Option<CanaryStatus>,
 }
 
 /// The grants of a pipeline as `GET /pipelines` shows them: names and hosts, never a secret's
@@ -263,6 +377,19 @@ pub struct Pipeline {
     runtime: PluginRuntime,
     metrics: Arc<Metrics>,
     active: Mutex<Arc<Version>>,
+    /// Replaced versions, newest first, at most [`KEPT_VERSIONS`].
+    history: Mutex<VecDeque<Kept>>,
+    /// A candidate judging copies of batches, compared and never acted on.
+    shadow: Mutex<Option<Arc<ShadowRun>>>,
+    /// A candidate judging a share of batches for real.
+    canary: Mutex<Option<Arc<CanaryRun>>>,
+    /// How the last canary ended (kept after it is gone, for `GET /pipelines`).
+    last_canary: Mutex<Option<CanaryStatus>>,
+    /// Where the active version is remembered across restarts (`None`: not remembered).
+    state_file: Option<PathBuf>,
+    /// Content hash of the manifest's component, as loaded at start.
+    manifest_hash: String,
+    /// One change of versions at a time (swap, rollback, shadow, canary, promotion).
     swapping: tokio::sync::Mutex<()>,
     state: Mutex<String>,
     counters: Mutex<HashMap<String, VersionCounters>>,
@@ -293,11 +420,32 @@ fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
     }
 }
 
-async fn load_version(
+/// Reads, checks and compiles `path` for the pipeline (or maps it from the cache).
+fn compile_version(
     runtime: &PluginRuntime,
     spec: &PipelineSpec,
     grants: &Grants,
     path: &Path,
+) -> Result<Compiled, SwapError> {
+    runtime
+        .compile(path, &limits(spec, grants))
+        .map_err(|e| SwapError {
+            pipeline: spec.name.clone(),
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// `instances` initialised instances of compiled code under `limits`: a version ready to
+/// take batches.
+async fn instantiate_version(
+    runtime: &PluginRuntime,
+    spec: &PipelineSpec,
+    grants: &Grants,
+    path: &Path,
+    compiled: Compiled,
+    limits: PluginLimits,
+    instances: usize,
 ) -> Result<Version, SwapError> {
     let init = PluginInit {
         config: spec
@@ -307,40 +455,55 @@ async fn load_version(
             .collect(),
         secrets: grants.secrets.clone(),
     };
-    let mut instances = Vec::with_capacity(spec.concurrency);
-    for _ in 0..spec.concurrency {
+    let mut plugins = Vec::with_capacity(instances);
+    for _ in 0..instances {
         let plugin = runtime
-            .load_with(path, limits(spec, grants), init.clone())
+            .instantiate(path, compiled.clone(), limits.clone(), init.clone())
             .await
             .map_err(|e| SwapError {
                 pipeline: spec.name.clone(),
                 path: path.to_owned(),
                 message: e.to_string(),
             })?;
-        instances.push(plugin);
+        plugins.push(plugin);
     }
-    let hash = instances
-        .first()
-        .map(|p| p.content_hash().to_owned())
-        .unwrap_or_default();
-    let placement = instances.first().map(|p| p.placement().clone());
-    let instances = instances
-        .into_iter()
-        .map(|p| Handler::Wasm(Box::new(p)))
-        .collect();
-    if let Some(Placement {
-        reason: Some(reason),
-        ..
-    }) = &placement
-    {
+    let placement = compiled.placement.clone();
+    if let Some(reason) = &placement.reason {
         tracing::info!(pipeline = %spec.name, component = %path.display(), %reason, "this component's instances are allocated on demand: one does not fit a pool slot");
     }
     Ok(Version {
-        hash,
+        hash: compiled.hash.clone(),
         path: path.to_owned(),
-        placement,
-        instances: Mutex::new(instances),
+        placement: Some(placement),
+        compiled: Some(compiled),
+        loaded_at_ms: now_ms(),
+        instances: Mutex::new(
+            plugins
+                .into_iter()
+                .map(|p| Handler::Wasm(Box::new(p)))
+                .collect(),
+        ),
     })
+}
+
+/// Compiles `path` and instantiates it as the pipeline's version (all its workers).
+async fn load_version(
+    runtime: &PluginRuntime,
+    spec: &PipelineSpec,
+    grants: &Grants,
+    path: &Path,
+) -> Result<Version, SwapError> {
+    let compiled = compile_version(runtime, spec, grants, path)?;
+    instantiate_version(
+        runtime,
+        spec,
+        grants,
+        path,
+        compiled,
+        limits(spec, grants),
+        spec.concurrency,
+    )
+    .await
 }
 
 impl Pipeline {
@@ -358,6 +521,87 @@ impl Pipeline {
         let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
         Ok(Self::with_version(spec, grants, runtime, metrics, version))
+    }
+
+    /// Loads the pipeline like [`Pipeline::load`], remembering its active version in
+    /// `state_dir` across restarts. The rule at start: if the state file names another
+    /// version than the manifest's component, and the manifest's component is the one the
+    /// file was written against (unchanged since), the host comes back on the remembered
+    /// version (when its file still has that content) with the manifest's kept for rollback;
+    /// otherwise it starts on the manifest's component. Either way the log says which, and why.
+    pub async fn load_remembering(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        state_dir: &Path,
+    ) -> Result<Arc<Pipeline>, SwapError> {
+        let grants = Grants::build(&spec).map_err(|message| SwapError {
+            pipeline: spec.name.clone(),
+            path: spec.component.clone(),
+            message,
+        })?;
+        let file = ActiveState::file(state_dir, &spec.name, &spec.group);
+        let manifest = compile_version(&runtime, &spec, &grants, &spec.component)?;
+        let remembered = match ActiveState::read(&file) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(pipeline = %spec.name, "ignoring an unreadable state file: {e}");
+                None
+            }
+        };
+        let restore = match remembered {
+            Some(st) if st.active_hash == manifest.hash => None,
+            Some(st) if st.manifest_hash != manifest.hash => {
+                tracing::info!(pipeline = %spec.name, remembered = %short(&st.active_hash), manifest = %short(&manifest.hash), "the manifest's component changed since the last run: starting on it, not on the version active before");
+                None
+            }
+            Some(st) => match compile_version(&runtime, &spec, &grants, &st.active_path) {
+                Ok(c) if c.hash == st.active_hash => Some((st.active_path, c)),
+                Ok(c) => {
+                    tracing::warn!(pipeline = %spec.name, path = %st.active_path.display(), expected = %short(&st.active_hash), found = %short(&c.hash), "the version active before the restart has changed on disk: starting on the manifest's component");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(pipeline = %spec.name, "the version active before the restart cannot be loaded, starting on the manifest's component: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+        let manifest_hash = manifest.hash.clone();
+        let (start, kept) = match restore {
+            Some((path, c)) => {
+                tracing::info!(pipeline = %spec.name, version = %short(&c.hash), manifest = %short(&manifest_hash), "coming back on the version active before the restart (the manifest's component is unchanged; it is kept for rollback)");
+                let kept = Kept {
+                    hash: manifest.hash.clone(),
+                    path: spec.component.clone(),
+                    compiled: manifest,
+                    loaded_at_ms: now_ms(),
+                };
+                ((path, c), Some(kept))
+            }
+            None => ((spec.component.clone(), manifest), None),
+        };
+        let version = instantiate_version(
+            &runtime,
+            &spec,
+            &grants,
+            &start.0,
+            start.1,
+            limits(&spec, &grants),
+            spec.concurrency,
+        )
+        .await?;
+        tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
+        let mut pipeline = Self::with_version(spec, grants, runtime, metrics, version);
+        if let Some(p) = Arc::get_mut(&mut pipeline) {
+            p.state_file = Some(file);
+            p.manifest_hash = manifest_hash;
+            if let Some(k) = kept {
+                lock(&p.history).push_front(k);
+            }
+        }
+        Ok(pipeline)
     }
 
     /// A pipeline whose batches go to a trusted native handler instead of `spec.component`
@@ -386,19 +630,28 @@ impl Pipeline {
         metrics: Arc<Metrics>,
         version: Version,
     ) -> Arc<Pipeline> {
-        Arc::new(Pipeline {
+        let pipeline = Arc::new(Pipeline {
             spec,
             grants,
             runtime,
             metrics,
+            manifest_hash: version.hash.clone(),
             active: Mutex::new(Arc::new(version)),
+            history: Mutex::new(VecDeque::new()),
+            shadow: Mutex::new(None),
+            canary: Mutex::new(None),
+            last_canary: Mutex::new(None),
+            state_file: None,
             swapping: tokio::sync::Mutex::new(()),
             state: Mutex::new("starting".into()),
             counters: Mutex::new(HashMap::new()),
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             last_swap_error: Mutex::new(None),
-        })
+        });
+        let active = lock(&pipeline.active).clone();
+        pipeline.publish_version_info(&active, 1);
+        pipeline
     }
 
     /// The pipeline's name.
@@ -428,12 +681,18 @@ impl Pipeline {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_swap_error: lock(&self.last_swap_error).clone(),
+            signer: active.signer(),
             allocator: active
                 .placement
                 .as_ref()
                 .map_or("native", |p| p.allocator.name())
                 .to_owned(),
             allocator_reason: active.placement.as_ref().and_then(|p| p.reason.clone()),
+            shadow: lock(&self.shadow).as_ref().map(|s| lock(&s.status).clone()),
+            canary: match lock(&self.canary).as_ref() {
+                Some(c) => Some(canary_status(c, CanaryState::Running, None)),
+                None => lock(&self.last_canary).clone(),
+            },
             grants: GrantsStatus {
                 outputs: self.spec.outputs.clone(),
                 allowed_outbound_hosts: self
@@ -455,8 +714,7 @@ impl Pipeline {
         match load_version(&self.runtime, &self.spec, &self.grants, path).await {
             Ok(v) => {
                 let hash = v.hash.clone();
-                let old = std::mem::replace(&mut *lock(&self.active), Arc::new(v));
-                tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin hot-swapped");
+                self.activate(v, "hot-swapped");
                 *lock(&self.last_swap_error) = None;
                 let mut l = labels;
                 l.push(("result", "ok".into()));
@@ -472,6 +730,300 @@ impl Pipeline {
                 Err(e)
             }
         }
+    }
+
+    /// Makes `v` the active version: the replaced one is kept compiled for rollback, and the
+    /// state file remembers `v` for a restart. Batches already running finish on the version
+    /// they started with.
+    fn activate(&self, v: Version, how: &str) {
+        let hash = v.hash.clone();
+        self.publish_version_info(&v, 1);
+        let old = std::mem::replace(&mut *lock(&self.active), Arc::new(v));
+        self.publish_version_info(&old, 0);
+        tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
+        {
+            let mut history = lock(&self.history);
+            history.retain(|k| k.hash != hash && k.hash != old.hash);
+            if let Some(compiled) = &old.compiled {
+                history.push_front(Kept {
+                    hash: old.hash.clone(),
+                    path: old.path.clone(),
+                    compiled: compiled.clone(),
+                    loaded_at_ms: old.loaded_at_ms,
+                });
+            }
+            history.truncate(KEPT_VERSIONS);
+        }
+        self.remember_active();
+    }
+
+    /// `sharehost_plugin_version{pipeline, version, signer}`: 1 for the active version, 0 for
+    /// one it replaced, so dashboards join any per-version metric with who signed it.
+    fn publish_version_info(&self, v: &Version, active: i64) {
+        self.metrics
+            .plugin_version
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("version", short(&v.hash).to_owned()),
+                ("signer", v.signer().unwrap_or_default()),
+            ])
+            .set(active);
+    }
+
+    /// Writes the state file (when this pipeline keeps one); a failure is logged, not fatal.
+    fn remember_active(&self) {
+        let Some(file) = &self.state_file else {
+            return;
+        };
+        let active = lock(&self.active).clone();
+        let state = ActiveState {
+            pipeline: self.spec.name.clone(),
+            group: self.spec.group.clone(),
+            active_hash: active.hash.clone(),
+            active_path: active.path.clone(),
+            manifest_hash: self.manifest_hash.clone(),
+        };
+        if let Err(e) = state.write(file) {
+            tracing::warn!(pipeline = %self.spec.name, "cannot remember the active version for a restart: {e}");
+        }
+    }
+
+    /// Switches back to a kept version (the newest one, or the one whose hash starts with
+    /// `hash`), without compiling: its code was kept. Returns the now active hash.
+    pub async fn rollback(&self, hash: Option<&str>) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        self.rollback_locked(hash).await
+    }
+
+    async fn rollback_locked(&self, hash: Option<&str>) -> Result<String, SwapError> {
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: PathBuf::new(),
+            message,
+        };
+        let kept = {
+            let history = lock(&self.history);
+            match hash {
+                None => history.front().cloned(),
+                Some(h) => history.iter().find(|k| k.hash.starts_with(h)).cloned(),
+            }
+        };
+        let Some(kept) = kept else {
+            let known: Vec<String> = lock(&self.history)
+                .iter()
+                .map(|k| short(&k.hash).to_owned())
+                .collect();
+            return Err(err(match hash {
+                None => "no earlier version is kept to roll back to".into(),
+                Some(h) => format!("no kept version matches {h:?} (kept: {known:?})"),
+            }));
+        };
+        let v = instantiate_version(
+            &self.runtime,
+            &self.spec,
+            &self.grants,
+            &kept.path,
+            kept.compiled.clone(),
+            limits(&self.spec, &self.grants),
+            self.spec.concurrency,
+        )
+        .await?;
+        let hash = v.hash.clone();
+        self.activate(v, "rolled back");
+        self.metrics
+            .swaps
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("result", "rollback".into()),
+            ])
+            .inc();
+        Ok(hash)
+    }
+
+    /// The active version and the kept ones, for `GET /pipelines/NAME/versions`.
+    pub fn versions(&self) -> VersionsStatus {
+        let active = lock(&self.active).clone();
+        let counters = lock(&self.counters).clone();
+        let mut versions = vec![VersionInfo {
+            hash: active.hash.clone(),
+            path: active.path.display().to_string(),
+            loaded_at_ms: active.loaded_at_ms,
+            signer: active.signer(),
+            active: true,
+            counters: counters.get(&active.hash).cloned().unwrap_or_default(),
+        }];
+        for k in lock(&self.history).iter() {
+            versions.push(VersionInfo {
+                hash: k.hash.clone(),
+                path: k.path.display().to_string(),
+                loaded_at_ms: k.loaded_at_ms,
+                signer: k.compiled.signer.clone(),
+                active: false,
+                counters: counters.get(&k.hash).cloned().unwrap_or_default(),
+            });
+        }
+        VersionsStatus {
+            active: active.hash.clone(),
+            versions,
+        }
+    }
+
+    /// Starts shadowing `req.path`: it judges copies of (a sample of) the batches the active
+    /// version judged, on its own single instance, and is compared, never acted on. It gets
+    /// the pipeline's output names but its emits are discarded, and no HTTP: a candidate that
+    /// imports `wasi:http` is refused as a shadow (its answers would depend on calls that a
+    /// shadow must not make). Replaces a running shadow.
+    pub async fn start_shadow(&self, req: ShadowRequest) -> Result<String, SwapError> {
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: req.path.clone(),
+            message,
+        };
+        if !(req.sample > 0.0 && req.sample <= 1.0) {
+            return Err(err(format!("sample must be in (0, 1], got {}", req.sample)));
+        }
+        let _one_at_a_time = self.swapping.lock().await;
+        let shadow_limits = PluginLimits {
+            http: None,
+            ..limits(&self.spec, &self.grants)
+        };
+        let compiled = self
+            .runtime
+            .compile(&req.path, &shadow_limits)
+            .map_err(|e| err(format!("as a shadow: {e}")))?;
+        let version = instantiate_version(
+            &self.runtime,
+            &self.spec,
+            &self.grants,
+            &req.path,
+            compiled,
+            shadow_limits,
+            1,
+        )
+        .await?;
+        let hash = version.hash.clone();
+        let status = ShadowStatus {
+            candidate: hash.clone(),
+            path: req.path.display().to_string(),
+            sample: req.sample,
+            ..ShadowStatus::default()
+        };
+        *lock(&self.shadow) = Some(Arc::new(ShadowRun {
+            version,
+            sample: req.sample,
+            offered: AtomicU64::new(0),
+            queue: Arc::new(Semaphore::new(SHADOW_QUEUE)),
+            turn: tokio::sync::Mutex::new(()),
+            status: Mutex::new(status),
+        }));
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), sample = req.sample, "shadow started");
+        Ok(hash)
+    }
+
+    /// Stops the shadow; returns what it saw.
+    pub fn stop_shadow(&self) -> Option<ShadowStatus> {
+        let run = lock(&self.shadow).take()?;
+        let status = lock(&run.status).clone();
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&status.candidate), records = status.records, disagreed = ?status.disagreed, "shadow stopped");
+        Some(status)
+    }
+
+    /// Starts a canary: the candidate judges `percent` of the batches for real, and is
+    /// promoted or rolled back by [`CanaryPlan`]'s rules. Replaces nothing: a second canary
+    /// while one runs is refused.
+    pub async fn start_canary(&self, req: CanaryRequest) -> Result<String, SwapError> {
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: req.path.clone(),
+            message,
+        };
+        req.validate().map_err(err)?;
+        let _one_at_a_time = self.swapping.lock().await;
+        if let Some(c) = lock(&self.canary).as_ref() {
+            return Err(err(format!(
+                "a canary of {} is already running: promote it or roll it back first",
+                short(&c.version.hash)
+            )));
+        }
+        let version = load_version(&self.runtime, &self.spec, &self.grants, &req.path).await?;
+        if version.hash == lock(&self.active).hash {
+            return Err(err("the candidate is the active version".into()));
+        }
+        let hash = version.hash.clone();
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), percent = req.percent, "canary started");
+        self.count_canary("started");
+        *lock(&self.canary) = Some(Arc::new(CanaryRun {
+            version: Arc::new(version),
+            plan: Mutex::new(CanaryPlan::new(req)),
+        }));
+        Ok(hash)
+    }
+
+    /// Promotes the running canary now (an operator's decision). Returns the active hash.
+    pub async fn promote_canary(&self) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        self.end_canary(true, "promoted by the operator".into())
+            .ok_or_else(|| SwapError {
+                pipeline: self.spec.name.clone(),
+                path: PathBuf::new(),
+                message: "no canary is running".into(),
+            })
+    }
+
+    /// Rolls the running canary back now (an operator's decision).
+    pub async fn stop_canary(&self) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        self.end_canary(false, "rolled back by the operator".into())
+            .ok_or_else(|| SwapError {
+                pipeline: self.spec.name.clone(),
+                path: PathBuf::new(),
+                message: "no canary is running".into(),
+            })
+    }
+
+    /// Ends the running canary (if any, and if it is still the one running): promoted, its
+    /// version becomes the active one; rolled back, it is dropped. Logged, counted and kept
+    /// for `GET /pipelines` with `reason`. Returns the active hash.
+    fn end_canary(&self, promote: bool, reason: String) -> Option<String> {
+        let run = lock(&self.canary).take()?;
+        let state = if promote {
+            CanaryState::Promoted
+        } else {
+            CanaryState::RolledBack
+        };
+        let status = canary_status(&run, state, Some(reason.clone()));
+        *lock(&self.last_canary) = Some(status);
+        self.count_canary(if promote { "promoted" } else { "rolled_back" });
+        if promote {
+            tracing::info!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary promoted");
+            // The canary's instances become the active version's; batches it is judging now
+            // return their instance to it as usual.
+            let version = match Arc::try_unwrap(run.version.clone()) {
+                Ok(v) => v,
+                Err(shared) => Version {
+                    hash: shared.hash.clone(),
+                    path: shared.path.clone(),
+                    placement: shared.placement.clone(),
+                    compiled: shared.compiled.clone(),
+                    loaded_at_ms: shared.loaded_at_ms,
+                    instances: Mutex::new(std::mem::take(&mut *lock(&shared.instances))),
+                },
+            };
+            self.activate(version, "promoted from canary");
+        } else {
+            tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary rolled back");
+        }
+        Some(self.active_hash())
+    }
+
+    fn count_canary(&self, result: &str) {
+        self.metrics
+            .canary_transitions
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("result", result.to_owned()),
+            ])
+            .inc();
     }
 
     fn set_state(&self, s: &str) {
@@ -711,14 +1263,6 @@ impl Pipeline {
         renewals: &Mutex<HashMap<(TopicIdPartition, i64), u32>>,
         retries: &mpsc::UnboundedSender<Held>,
     ) {
-        let version = lock(&self.active).clone();
-        let Some(mut handler) = lock(&version.instances).pop() else {
-            // Cannot happen (one permit per instance); release rather than lose anything.
-            for r in &batch {
-                let _ = consumer.acknowledge(r, AckKind::Release);
-            }
-            return;
-        };
         let records: Vec<Record> = batch
             .iter()
             .map(|r| {
@@ -730,19 +1274,81 @@ impl Pipeline {
                 )
             })
             .collect();
-        let labels = self.labels(&version.hash);
-        let started = Instant::now();
         let policy = match self.spec.fault_policy {
             FaultPolicy::Release => Verdict::Release,
             FaultPolicy::Reject => Verdict::Reject(None),
         };
-        // A faulting batch is split on fresh instances to find the poison record(s), so the
-        // innocent records are judged normally; records that fault alone get the policy verdict.
+        // A canary takes its share of the batches. Its verdicts are used only when it judged
+        // the whole batch without a fault; otherwise nothing it decided is acted on (emits
+        // included), it is rolled back, and the active version judges the batch: every
+        // record is judged for real exactly once, by one version.
+        let canary = lock(&self.canary)
+            .clone()
+            .filter(|c| lock(&c.plan).takes_next());
+        let mut chosen = None;
+        if let Some(run) = &canary {
+            match self.judge_on(&run.version, &records, &policy, false).await {
+                Some((judged, elapsed)) if judged.faults.is_empty() => {
+                    let decision = {
+                        let mut plan = lock(&run.plan);
+                        plan.candidate.add(&judged.verdicts, false);
+                        plan.after_candidate_batch()
+                    };
+                    chosen = Some((run.version.clone(), judged, elapsed));
+                    self.decide_canary(run, decision);
+                }
+                other => {
+                    let message = other
+                        .as_ref()
+                        .and_then(|(j, _)| j.faults.first())
+                        .map_or_else(
+                            || "no free instance".to_owned(),
+                            |f| format!("{}: {}", f.kind, f.message),
+                        );
+                    tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
+                    if let Some((j, _)) = &other {
+                        self.count(&run.version.hash, |c| {
+                            c.faults += j.faults.len() as u64;
+                            c.batches += 1;
+                        });
+                    }
+                    let decision = {
+                        let mut plan = lock(&run.plan);
+                        plan.candidate.add_faulted();
+                        plan.after_candidate_batch()
+                    };
+                    self.decide_canary(run, decision);
+                }
+            }
+        }
+        let by_canary = chosen.is_some();
+        let (version, judged, elapsed) = match chosen {
+            Some(c) => c,
+            None => {
+                let version = lock(&self.active).clone();
+                let Some((judged, elapsed)) =
+                    self.judge_on(&version, &records, &policy, true).await
+                else {
+                    // Cannot happen (one permit per instance); release rather than lose anything.
+                    for r in &batch {
+                        let _ = consumer.acknowledge(r, AckKind::Release);
+                    }
+                    return;
+                };
+                if let Some(run) = lock(&self.canary).as_ref() {
+                    lock(&run.plan)
+                        .active
+                        .add(&judged.verdicts, !judged.faults.is_empty());
+                }
+                (version, judged, elapsed)
+            }
+        };
+        let labels = self.labels(&version.hash);
         let Judged {
             verdicts,
             emits,
             faults,
-        } = handler.judge(&records, &policy).await;
+        } = judged;
         if let Some(first) = faults.first() {
             let (lo, hi) = (
                 batch.first().map(|r| r.record.offset),
@@ -773,8 +1379,10 @@ impl Pipeline {
                 .collect(),
             _ => verdicts,
         };
-        let elapsed = started.elapsed();
-        lock(&version.instances).push(handler);
+        // A shadow compares what the active version decided (never a canary's batch).
+        if !by_canary {
+            self.offer_shadow(&batch, &records, &verdicts, &policy);
+        }
         self.metrics
             .guest_seconds
             .get_or_create(&labels)
@@ -868,6 +1476,108 @@ impl Pipeline {
             self.reject(consumer, client, &rejects, &version.hash, retries)
                 .await;
         }
+    }
+
+    /// Judges `records` on one instance of `version` (taken and given back); `None` when the
+    /// version has no free instance.
+    async fn judge_on(
+        &self,
+        version: &Version,
+        records: &[Record],
+        policy: &Verdict,
+        isolate: bool,
+    ) -> Option<(Judged, Duration)> {
+        let mut handler = lock(&version.instances).pop()?;
+        let started = Instant::now();
+        let judged = if isolate {
+            handler.judge(records, policy).await
+        } else {
+            handler.judge_whole(records, policy).await
+        };
+        let elapsed = started.elapsed();
+        lock(&version.instances).push(handler);
+        Some((judged, elapsed))
+    }
+
+    /// Acts on a canary's decision after one of its batches (if it is still the running one).
+    fn decide_canary(&self, run: &Arc<CanaryRun>, decision: CanaryDecision) {
+        let still_running = lock(&self.canary)
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, run));
+        if !still_running {
+            return;
+        }
+        match decision {
+            CanaryDecision::Continue => {}
+            CanaryDecision::Promote(reason) => {
+                self.end_canary(true, reason);
+            }
+            CanaryDecision::RollBack(reason) => {
+                self.end_canary(false, reason);
+            }
+        }
+    }
+
+    /// Hands a copy of the batch and the active version's verdicts to the shadow, if one runs
+    /// and this batch is in its sample; dropped (and counted) when the shadow is behind.
+    fn offer_shadow(
+        &self,
+        batch: &[ShareRecord],
+        records: &[Record],
+        verdicts: &[Verdict],
+        policy: &Verdict,
+    ) {
+        let Some(run) = lock(&self.shadow).clone() else {
+            return;
+        };
+        let n = run.offered.fetch_add(1, Ordering::Relaxed);
+        let sampled = ((n + 1) as f64 * run.sample).floor() > (n as f64 * run.sample).floor();
+        if !sampled {
+            return;
+        }
+        let Ok(place) = run.queue.clone().try_acquire_owned() else {
+            let mut st = lock(&run.status);
+            st.dropped_batches += 1;
+            st.dropped_records += records.len() as u64;
+            return;
+        };
+        let coordinates: Vec<(String, i32, i64)> = batch
+            .iter()
+            .map(|r| (r.topic.to_string(), r.partition.partition, r.record.offset))
+            .collect();
+        let (records, active, policy) = (records.to_vec(), verdicts.to_vec(), policy.clone());
+        let (metrics, pipeline) = (self.metrics.clone(), self.spec.name.clone());
+        tokio::spawn(async move {
+            let _place = place;
+            let _turn = run.turn.lock().await;
+            let Some(mut handler) = lock(&run.version.instances).pop() else {
+                return;
+            };
+            let started = Instant::now();
+            // Its emits are dropped with `judged`: a shadow never produces anything.
+            let judged = handler.judge(&records, &policy).await;
+            let elapsed = started.elapsed();
+            lock(&run.version.instances).push(handler);
+            if !judged.faults.is_empty() {
+                lock(&run.status).faults += judged.faults.len() as u64;
+                return;
+            }
+            lock(&run.status).compare(&coordinates, &active, &judged.verdicts, elapsed);
+            let mut pairs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+            for (a, c) in active.iter().zip(&judged.verdicts) {
+                *pairs.entry((a.kind(), c.kind())).or_default() += 1;
+            }
+            for ((a, c), n) in pairs {
+                metrics
+                    .shadow_verdicts
+                    .get_or_create(&vec![
+                        ("pipeline", pipeline.clone()),
+                        ("active", a.to_owned()),
+                        ("candidate", c.to_owned()),
+                    ])
+                    .inc_by(n);
+            }
+        });
     }
 
     /// A record whose outputs or dead letter could not be produced: released, never accepted
@@ -1100,9 +1810,9 @@ impl Pipeline {
             }
         };
         let mut by_partition: HashMap<i32, Vec<(&ShareRecord, ProduceRecord)>> = HashMap::new();
-        let plugin = self.component().display().to_string();
+        let (plugin, signer) = self.identity(hash);
         for (r, reason) in rejects {
-            let dl = self.dead_letter(r, reason, &plugin, hash);
+            let dl = self.dead_letter(r, reason, &plugin, hash, signer.as_deref());
             let p = (r.partition.partition as usize % partitions) as i32;
             by_partition.entry(p).or_default().push((r, dl));
         }
@@ -1130,12 +1840,31 @@ impl Pipeline {
         }
     }
 
+    /// The component path and signer of the version with `hash` (active, canary or kept), for
+    /// dead-letter provenance: a record the canary rejected names the canary.
+    fn identity(&self, hash: &str) -> (String, Option<String>) {
+        let active = lock(&self.active).clone();
+        if active.hash == hash {
+            return (active.path.display().to_string(), active.signer());
+        }
+        if let Some(c) = lock(&self.canary).as_ref()
+            && c.version.hash == hash
+        {
+            return (c.version.path.display().to_string(), c.version.signer());
+        }
+        if let Some(k) = lock(&self.history).iter().find(|k| k.hash == hash) {
+            return (k.path.display().to_string(), k.compiled.signer.clone());
+        }
+        (active.path.display().to_string(), active.signer())
+    }
+
     fn dead_letter(
         &self,
         r: &ShareRecord,
         reason: &str,
         plugin: &str,
         hash: &str,
+        signer: Option<&str>,
     ) -> ProduceRecord {
         let h = |k: &str, v: String| Header {
             key: k.to_owned(),
@@ -1155,6 +1884,9 @@ impl Pipeline {
             h("sharehost.plugin", plugin.to_owned()),
             h("sharehost.plugin.version", hash.to_owned()),
         ]);
+        if let Some(signer) = signer {
+            headers.push(h("sharehost.plugin.signer", signer.to_owned()));
+        }
         ProduceRecord {
             key: r.record.key.clone(),
             value: r.record.value.clone(),
@@ -1191,6 +1923,23 @@ impl Pipeline {
             .collect();
         self.reject(consumer, client, &reasons, &hash, retries)
             .await;
+    }
+}
+
+/// A canary's status from its run.
+fn canary_status(run: &CanaryRun, state: CanaryState, reason: Option<String>) -> CanaryStatus {
+    let plan = lock(&run.plan);
+    CanaryStatus {
+        candidate: run.version.hash.clone(),
+        path: run.version.path.display().to_string(),
+        percent: plan.request.percent,
+        state,
+        reason,
+        candidate_tally: plan.candidate,
+        active_tally: plan.active,
+        seconds: plan.started.elapsed().as_secs(),
+        promote_after: plan.request.promote_after.clone(),
+        rollback_if: plan.request.rollback_if.clone(),
     }
 }
 

@@ -697,7 +697,7 @@ async fn an_exhausted_instance_pool_names_the_sizing_rule() {
     assert!(
         text.contains("the plugin instance pool is exhausted")
             && text.contains("maximum concurrent limit of 1")
-            && text.contains("2 × concurrency + 2 instances per pipeline"),
+            && text.contains("3 × concurrency + 3 instances per pipeline"),
         "{text}"
     );
 }

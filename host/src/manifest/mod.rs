@@ -575,8 +575,10 @@ fn valid_name(s: &str) -> bool {
 
 impl Manifest {
     /// Plugin runtime settings sized for every pipeline here: the largest memory limit, and
-    /// instances for each pipeline's workers plus a hot-swap's new set, so `sharehost run` and
-    /// the benchmark host reserve the same. The precompiled cache is the caller's choice.
+    /// instances for each pipeline's workers, a canary's set beside them, a hot-swap's or
+    /// rollback's new set while the old one finishes, and a shadow's one plus two spare
+    /// (3 × concurrency + 3), so `sharehost run` and the benchmark host reserve the same. The
+    /// precompiled cache is the caller's choice.
     pub fn runtime_config(&self) -> RuntimeConfig {
         let max_plugin_memory = self
             .pipelines
@@ -584,7 +586,7 @@ impl Manifest {
             .map(|p| p.memory_limit)
             .max()
             .unwrap_or(64 << 20);
-        let instances: usize = self.pipelines.iter().map(|p| p.concurrency * 2 + 2).sum();
+        let instances: usize = self.pipelines.iter().map(|p| p.concurrency * 3 + 3).sum();
         RuntimeConfig {
             max_plugin_memory,
             max_instances: u32::try_from(instances.max(4)).unwrap_or(64),

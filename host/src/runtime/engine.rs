@@ -135,7 +135,10 @@ pub enum Origin {
 
 /// A component compiled (or mapped from the cache) and checked, not yet instantiated: what
 /// [`PluginRuntime::compile`] hands `check`, the benchmark and tests, which want to know where
-/// a component would run without running it.
+/// a component would run without running it, and what a pipeline keeps of its earlier
+/// versions so that a rollback instantiates them again without compiling (cheap to clone: the
+/// code is shared).
+#[derive(Clone)]
 pub struct Compiled {
     pub(crate) component: Component,
     /// SHA-256 of the component bytes.
@@ -238,6 +241,18 @@ impl PluginRuntime {
         init: PluginInit,
     ) -> Result<Plugin, LoadError> {
         let compiled = self.compile(path, &limits)?;
+        Plugin::new(self.clone(), path, compiled, limits, init).await
+    }
+
+    /// A plugin from a component compiled earlier (a version a pipeline kept): instantiated
+    /// and initialised like [`PluginRuntime::load_with`], nothing read or compiled.
+    pub async fn instantiate(
+        &self,
+        path: &Path,
+        compiled: Compiled,
+        limits: PluginLimits,
+        init: PluginInit,
+    ) -> Result<Plugin, LoadError> {
         Plugin::new(self.clone(), path, compiled, limits, init).await
     }
 

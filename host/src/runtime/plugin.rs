@@ -757,7 +757,7 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
             FaultKind::Trap,
             format!(
                 "the plugin instance pool is exhausted ({root}): sharehost reserves \
-                 2 × concurrency + 2 instances per pipeline ([pipeline] concurrency; \
+                 3 × concurrency + 3 instances per pipeline ([pipeline] concurrency; \
                  test-plugin reserves 4), so more instances are alive than that"
             ),
         );

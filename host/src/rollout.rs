@@ -1,0 +1,559 @@
+//! Safe rollout of a new plugin version beside the active one: a **shadow** judges copies of
+//! batches and is only compared, a **canary** judges a share of batches for real and is
+//! promoted or rolled back by the numbers, and the **state file** brings a restarted host back
+//! on the version that was active. The pipeline (`crate::pipeline`) owns the versions and
+//! calls in here to decide and to count; nothing here touches Kafka.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::Verdict;
+
+/// Disagreements kept with their record coordinates, per shadow: enough to look at, bounded.
+pub const KEPT_DISAGREEMENTS: usize = 20;
+/// Shadow batches that may wait for the candidate; beyond them a batch is dropped (counted),
+/// so a slow candidate falls behind instead of holding records or the active path.
+pub const SHADOW_QUEUE: usize = 8;
+/// Records a canary must have judged before its reject and release rates are compared with
+/// the active version's: below that, a rate is noise (one reject in ten records is 10 %).
+pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 200;
+
+/// The verdict kind as `/pipelines` and the metrics name it.
+pub fn kind(v: &Verdict) -> &'static str {
+    v.kind()
+}
+
+/// A shadow's request: which candidate, and what fraction of batches it sees.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ShadowRequest {
+    /// The candidate component.
+    pub path: PathBuf,
+    /// Fraction of batches copied to the candidate (0 < sample ≤ 1, default 1).
+    #[serde(default = "one")]
+    pub sample: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// One record on which the candidate and the active version disagreed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Disagreement {
+    /// Topic of the record.
+    pub topic: String,
+    /// Partition of the record.
+    pub partition: i32,
+    /// Offset of the record.
+    pub offset: i64,
+    /// What the active version decided.
+    pub active: String,
+    /// What the candidate decided (with its reason for a reject).
+    pub candidate: String,
+}
+
+/// What a shadow has seen so far, as `GET /pipelines` shows it.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ShadowStatus {
+    /// The candidate's content hash.
+    pub candidate: String,
+    /// The candidate's component path.
+    pub path: String,
+    /// Fraction of batches copied to it.
+    pub sample: f64,
+    /// Batches and records the candidate judged and compared.
+    pub batches: u64,
+    /// Records compared.
+    pub records: u64,
+    /// Records on which both decided alike, by the active version's verdict kind.
+    pub agreed: BTreeMap<String, u64>,
+    /// Records on which they differed, by "active→candidate" verdict kinds.
+    pub disagreed: BTreeMap<String, u64>,
+    /// The candidate's faults (its batch is then not compared).
+    pub faults: u64,
+    /// Batches not copied because the candidate was behind (never held for it).
+    pub dropped_batches: u64,
+    /// Records in those batches.
+    pub dropped_records: u64,
+    /// The candidate's time per compared record, in microseconds.
+    pub us_per_record: f64,
+    /// The first disagreements, with their record coordinates.
+    pub first_disagreements: Vec<Disagreement>,
+    #[serde(skip)]
+    pub(crate) nanos: u128,
+}
+
+impl ShadowStatus {
+    /// Compares one batch: `active` and `candidate` verdicts of the same records, in order.
+    pub fn compare(
+        &mut self,
+        coordinates: &[(String, i32, i64)],
+        active: &[Verdict],
+        candidate: &[Verdict],
+        elapsed: Duration,
+    ) {
+        self.batches += 1;
+        self.records += active.len() as u64;
+        self.nanos += elapsed.as_nanos();
+        if self.records > 0 {
+            self.us_per_record =
+                (self.nanos as f64 / self.records as f64 / 1e3 * 10.0).round() / 10.0;
+        }
+        for ((a, c), (topic, partition, offset)) in active.iter().zip(candidate).zip(coordinates) {
+            // Agreement is by kind: two rejects with different reasons agree.
+            if kind(a) == kind(c) {
+                *self.agreed.entry(kind(a).to_owned()).or_default() += 1;
+                continue;
+            }
+            *self
+                .disagreed
+                .entry(format!("{}→{}", kind(a), kind(c)))
+                .or_default() += 1;
+            if self.first_disagreements.len() < KEPT_DISAGREEMENTS {
+                self.first_disagreements.push(Disagreement {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                    active: describe(a),
+                    candidate: describe(c),
+                });
+            }
+        }
+    }
+}
+
+/// A verdict with its detail, for a disagreement.
+fn describe(v: &Verdict) -> String {
+    match v {
+        Verdict::Reject(Some(reason)) => format!("reject: {reason}"),
+        Verdict::Retry(ms) => format!("retry after {ms} ms"),
+        other => other.kind().to_owned(),
+    }
+}
+
+/// When a canary is promoted: after this many of its batches, or this long, whichever first.
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+pub struct PromoteAfter {
+    /// Canary batches judged.
+    pub batches: Option<u64>,
+    /// Seconds since the canary started.
+    pub seconds: Option<u64>,
+}
+
+/// When a canary is rolled back at once (every bound optional).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct RollbackIf {
+    /// Largest share of the canary's batches that may fault (default 0: any fault).
+    #[serde(default)]
+    pub max_fault_rate: f64,
+    /// Largest increase of the canary's reject rate over the active version's in the same
+    /// period, in rate points (0.05 = five percentage points; default 0.05).
+    #[serde(default = "five_points")]
+    pub max_reject_rate_increase: f64,
+    /// The same for releases (default 0.05).
+    #[serde(default = "five_points")]
+    pub max_release_rate_increase: f64,
+}
+
+fn five_points() -> f64 {
+    0.05
+}
+
+impl Default for RollbackIf {
+    fn default() -> Self {
+        Self {
+            max_fault_rate: 0.0,
+            max_reject_rate_increase: five_points(),
+            max_release_rate_increase: five_points(),
+        }
+    }
+}
+
+/// A canary's request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CanaryRequest {
+    /// The candidate component.
+    pub path: PathBuf,
+    /// Share of batches the candidate judges for real (0 < percent ≤ 100).
+    pub percent: f64,
+    /// When it is promoted.
+    #[serde(default)]
+    pub promote_after: PromoteAfter,
+    /// When it is rolled back.
+    #[serde(default)]
+    pub rollback_if: RollbackIf,
+}
+
+impl CanaryRequest {
+    /// Refuses numbers that make no canary, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.percent > 0.0 && self.percent <= 100.0) {
+            return Err(format!("percent must be in (0, 100], got {}", self.percent));
+        }
+        if self.promote_after.batches.is_none() && self.promote_after.seconds.is_none() {
+            return Err("promote_after needs `batches` or `seconds`".into());
+        }
+        let r = &self.rollback_if;
+        for (name, v) in [
+            ("rollback_if.max_fault_rate", r.max_fault_rate),
+            (
+                "rollback_if.max_reject_rate_increase",
+                r.max_reject_rate_increase,
+            ),
+            (
+                "rollback_if.max_release_rate_increase",
+                r.max_release_rate_increase,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be in [0, 1], got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Verdict counts of one side of a canary, over the same period.
+#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+pub struct Tally {
+    /// Batches judged.
+    pub batches: u64,
+    /// Batches that faulted.
+    pub faulted_batches: u64,
+    /// Records judged.
+    pub records: u64,
+    /// Records rejected.
+    pub rejected: u64,
+    /// Records released.
+    pub released: u64,
+}
+
+impl Tally {
+    /// Adds one batch's verdicts.
+    pub fn add(&mut self, verdicts: &[Verdict], faulted: bool) {
+        self.batches += 1;
+        self.faulted_batches += u64::from(faulted);
+        self.records += verdicts.len() as u64;
+        for v in verdicts {
+            match v {
+                Verdict::Reject(_) => self.rejected += 1,
+                Verdict::Release => self.released += 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// Adds a batch the candidate faulted on: none of its verdicts counted (the active
+    /// version judged the records).
+    pub fn add_faulted(&mut self) {
+        self.batches += 1;
+        self.faulted_batches += 1;
+    }
+
+    fn rate(n: u64, of: u64) -> f64 {
+        if of == 0 { 0.0 } else { n as f64 / of as f64 }
+    }
+}
+
+/// What became of a canary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CanaryState {
+    /// Judging its share of batches.
+    Running,
+    /// Made the active version.
+    Promoted,
+    /// Removed; the active version judges everything again.
+    RolledBack,
+}
+
+/// A canary as `GET /pipelines` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CanaryStatus {
+    /// The candidate's content hash.
+    pub candidate: String,
+    /// The candidate's component path.
+    pub path: String,
+    /// Share of batches it judges.
+    pub percent: f64,
+    /// Running, promoted or rolled back.
+    pub state: CanaryState,
+    /// Why it was promoted or rolled back.
+    pub reason: Option<String>,
+    /// The candidate's verdicts since it started.
+    pub candidate_tally: Tally,
+    /// The active version's verdicts over the same period.
+    pub active_tally: Tally,
+    /// Seconds since it started.
+    pub seconds: u64,
+    /// Its bounds.
+    pub promote_after: PromoteAfter,
+    /// Its rollback bounds.
+    pub rollback_if: RollbackIf,
+}
+
+/// The decision after a canary batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CanaryDecision {
+    /// Keep going.
+    Continue,
+    /// Promote it, with the reason.
+    Promote(String),
+    /// Roll it back, with the reason.
+    RollBack(String),
+}
+
+/// A running canary's bookkeeping: which batches it takes and when it is decided.
+#[derive(Debug)]
+pub struct CanaryPlan {
+    /// The request it was started with.
+    pub request: CanaryRequest,
+    /// When it started.
+    pub started: Instant,
+    /// Batches offered so far (canary's and active's), to spread the percent evenly.
+    offered: u64,
+    /// The candidate's tally.
+    pub candidate: Tally,
+    /// The active version's tally since the canary started.
+    pub active: Tally,
+}
+
+impl CanaryPlan {
+    /// A plan for `request` (validated).
+    pub fn new(request: CanaryRequest) -> Self {
+        Self {
+            request,
+            started: Instant::now(),
+            offered: 0,
+            candidate: Tally::default(),
+            active: Tally::default(),
+        }
+    }
+
+    /// Whether the next batch goes to the candidate: exactly `percent` of batches, spread
+    /// evenly (batch n goes to it when ⌊n·p⌋ grows), not by chance, so a small test run sees
+    /// its share.
+    pub fn takes_next(&mut self) -> bool {
+        let p = self.request.percent / 100.0;
+        let before = (self.offered as f64 * p).floor();
+        self.offered += 1;
+        (self.offered as f64 * p).floor() > before
+    }
+
+    /// The decision after the candidate judged a batch (`faulted`: its verdicts were not
+    /// used; the active version judged the batch again).
+    pub fn after_candidate_batch(&mut self) -> CanaryDecision {
+        let r = &self.request.rollback_if;
+        let c = self.candidate;
+        let fault_rate = Tally::rate(c.faulted_batches, c.batches);
+        if c.faulted_batches > 0 && fault_rate > r.max_fault_rate {
+            return CanaryDecision::RollBack(format!(
+                "fault rate {:.3} ({} of {} batches) above rollback_if.max_fault_rate {}",
+                fault_rate, c.faulted_batches, c.batches, r.max_fault_rate
+            ));
+        }
+        if c.records >= MIN_CANARY_RECORDS_FOR_RATES
+            && let Some(reason) = self.rate_breach()
+        {
+            return CanaryDecision::RollBack(reason);
+        }
+        let after = &self.request.promote_after;
+        let by_batches = after.batches.is_some_and(|n| c.batches >= n);
+        let by_time = after
+            .seconds
+            .is_some_and(|s| self.started.elapsed() >= Duration::from_secs(s));
+        if by_batches || by_time {
+            // At promotion the rates are compared whatever the sample size: a canary promoted
+            // early on few records still had to stay within its bounds on them.
+            if let Some(reason) = self.rate_breach() {
+                return CanaryDecision::RollBack(reason);
+            }
+            return CanaryDecision::Promote(format!(
+                "{} batches ({} records) within bounds: fault rate {:.3}, reject rate {:.3} vs {:.3}, release rate {:.3} vs {:.3}",
+                c.batches,
+                c.records,
+                fault_rate,
+                Tally::rate(c.rejected, c.records),
+                Tally::rate(self.active.rejected, self.active.records),
+                Tally::rate(c.released, c.records),
+                Tally::rate(self.active.released, self.active.records),
+            ));
+        }
+        CanaryDecision::Continue
+    }
+
+    fn rate_breach(&self) -> Option<String> {
+        let r = &self.request.rollback_if;
+        let (c, a) = (self.candidate, self.active);
+        for (what, cn, an, bound) in [
+            ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
+            (
+                "release",
+                c.released,
+                a.released,
+                r.max_release_rate_increase,
+            ),
+        ] {
+            let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
+            if cr - ar > bound {
+                return Some(format!(
+                    "{what} rate {cr:.3} ({cn} of {} records) exceeds the active version's {ar:.3} by more than rollback_if.max_{what}_rate_increase {bound}",
+                    c.records
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// What a restarted host reads to come back on the version that was active: written on every
+/// change of the active version (swap, rollback, promotion).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ActiveState {
+    /// The pipeline.
+    pub pipeline: String,
+    /// Its share group.
+    pub group: String,
+    /// Content hash of the active version.
+    pub active_hash: String,
+    /// Its component path.
+    pub active_path: PathBuf,
+    /// Content hash of the manifest's component when this was written: if the manifest's
+    /// component has changed since, the manifest wins at the next start.
+    pub manifest_hash: String,
+}
+
+impl ActiveState {
+    /// Where the state of `pipeline` in `group` lives under `dir`: one file per pipeline and
+    /// group, so two manifests (or tests) that reuse a pipeline name never read each other's.
+    pub fn file(dir: &Path, pipeline: &str, group: &str) -> PathBuf {
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        dir.join("pipelines")
+            .join(format!("{}.{}.json", clean(pipeline), clean(group)))
+    }
+
+    /// Reads a state file; a missing one is `None`, a damaged one an error to log.
+    pub fn read(path: &Path) -> Result<Option<ActiveState>, String> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// Writes it atomically.
+    pub fn write(&self, path: &Path) -> Result<(), String> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        crate::state::write_atomically(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canary(percent: f64, batches: u64) -> CanaryPlan {
+        CanaryPlan::new(CanaryRequest {
+            path: "c.wasm".into(),
+            percent,
+            promote_after: PromoteAfter {
+                batches: Some(batches),
+                seconds: None,
+            },
+            rollback_if: RollbackIf::default(),
+        })
+    }
+
+    #[test]
+    fn a_canary_takes_exactly_its_share_of_batches_spread_evenly() {
+        let mut c = canary(25.0, 10);
+        let taken: Vec<bool> = (0..8).map(|_| c.takes_next()).collect();
+        assert_eq!(
+            taken,
+            [false, false, false, true, false, false, false, true]
+        );
+        let mut c = canary(100.0, 10);
+        assert!((0..5).all(|_| c.takes_next()));
+    }
+
+    #[test]
+    fn a_fault_rolls_back_at_once_and_clean_batches_promote() {
+        let mut c = canary(50.0, 3);
+        c.candidate.add(&[Verdict::Accept; 10], false);
+        assert_eq!(c.after_candidate_batch(), CanaryDecision::Continue);
+        c.candidate.add(&[Verdict::Accept; 10], true);
+        assert!(
+            matches!(c.after_candidate_batch(), CanaryDecision::RollBack(r) if r.contains("fault rate"))
+        );
+        let mut c = canary(50.0, 2);
+        c.candidate.add(&[Verdict::Accept; 10], false);
+        c.candidate.add(&[Verdict::Accept; 10], false);
+        assert!(matches!(
+            c.after_candidate_batch(),
+            CanaryDecision::Promote(_)
+        ));
+    }
+
+    #[test]
+    fn a_canary_that_rejects_more_than_the_active_version_is_rolled_back() {
+        let mut c = canary(50.0, 1000);
+        c.active.add(&vec![Verdict::Accept; 300], false);
+        // 10 % rejects against 0 %: beyond the default 5 points, once enough records are in.
+        let mut v = vec![Verdict::Accept; 180];
+        v.extend(vec![Verdict::Reject(None); 20]);
+        c.candidate.add(&v, false);
+        assert!(
+            matches!(c.after_candidate_batch(), CanaryDecision::RollBack(r) if r.contains("reject rate"))
+        );
+    }
+
+    #[test]
+    fn shadow_comparison_counts_by_kind_and_keeps_coordinates() {
+        let mut s = ShadowStatus::default();
+        let coords = vec![
+            ("t".to_owned(), 0, 1),
+            ("t".to_owned(), 0, 2),
+            ("t".to_owned(), 0, 3),
+        ];
+        s.compare(
+            &coords,
+            &[Verdict::Accept, Verdict::Accept, Verdict::Reject(None)],
+            &[
+                Verdict::Accept,
+                Verdict::Reject(Some("no".into())),
+                Verdict::Reject(None),
+            ],
+            Duration::from_micros(30),
+        );
+        assert_eq!(s.agreed.get("accept"), Some(&1));
+        assert_eq!(s.agreed.get("reject"), Some(&1));
+        assert_eq!(s.disagreed.get("accept→reject"), Some(&1));
+        assert_eq!(s.first_disagreements[0].offset, 2);
+        assert_eq!(s.first_disagreements[0].candidate, "reject: no");
+        assert_eq!(s.us_per_record, 10.0);
+    }
+
+    #[test]
+    fn a_bad_canary_request_names_the_field() {
+        let mut r = canary(0.0, 1).request;
+        assert!(r.validate().is_err_and(|e| e.contains("percent")));
+        r.percent = 10.0;
+        r.promote_after = PromoteAfter::default();
+        assert!(r.validate().is_err_and(|e| e.contains("promote_after")));
+    }
+}
