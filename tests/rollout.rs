@@ -389,3 +389,35 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
     let (log, _) = blocking(move || host.stop()).await;
     assert_eq!(active, v1_hash, "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_named_in_the_manifest_starts_with_the_pipeline_and_stops_on_request() {
+    let s = Scenario::new("shadow-manifest").await;
+    let candidate = guest("fixture_ledger_strict");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &s.topic,
+        &s.group,
+        &guest("fixture_ledger"),
+        "",
+        &format!(
+            "{FAULT_SETTINGS}shadow = \"{}\"\nshadow_sample = 0.25\n",
+            candidate.display()
+        ),
+    );
+    let manifest = s.dir.join("shadow.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await;
+    let status = host.status();
+    assert_eq!(status[0]["shadow"]["sample"], 0.25, "{status}");
+    assert_eq!(
+        status[0]["shadow"]["path"],
+        candidate.display().to_string().as_str()
+    );
+    let (code, stopped) = host.http("DELETE", "/pipelines/ledger/shadow", "");
+    assert_eq!(code, 200, "{stopped}");
+    assert!(host.status()[0]["shadow"].is_null());
+    let (code, again) = host.http("DELETE", "/pipelines/ledger/shadow", "");
+    assert_eq!(code, 422, "a second stop says there is none: {again}");
+    blocking(move || host.stop()).await;
+}

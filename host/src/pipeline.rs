@@ -520,7 +520,22 @@ impl Pipeline {
         })?;
         let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
-        Ok(Self::with_version(spec, grants, runtime, metrics, version))
+        Self::with_version(spec, grants, runtime, metrics, version)
+            .start_manifest_shadow()
+            .await
+    }
+
+    /// Starts the shadow the manifest names, if any: a candidate that cannot be shadowed stops
+    /// the load with the reason, as a bad component would.
+    async fn start_manifest_shadow(self: Arc<Self>) -> Result<Arc<Self>, SwapError> {
+        if let Some(sh) = self.spec.shadow.clone() {
+            self.start_shadow(ShadowRequest {
+                path: sh.path,
+                sample: sh.sample,
+            })
+            .await?;
+        }
+        Ok(self)
     }
 
     /// Loads the pipeline like [`Pipeline::load`], remembering its active version in
@@ -601,7 +616,7 @@ impl Pipeline {
                 lock(&p.history).push_front(k);
             }
         }
-        Ok(pipeline)
+        pipeline.start_manifest_shadow().await
     }
 
     /// A pipeline whose batches go to a trusted native handler instead of `spec.component`

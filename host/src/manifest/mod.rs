@@ -186,6 +186,10 @@ struct RawPipeline {
     http_ca_file: Option<Spanned<String>>,
     #[serde(default)]
     trust: Option<Spanned<RawTrust>>,
+    #[serde(default)]
+    shadow: Option<Spanned<String>>,
+    #[serde(default)]
+    shadow_sample: Option<Spanned<f64>>,
 }
 
 /// Where the SASL password comes from (never the manifest itself).
@@ -339,6 +343,18 @@ pub struct PipelineSpec {
     /// it has one (it replaces the host's), else the host's `[trust]`; `None`: no signature
     /// needed. Goes into the plugin's limits, so every load of the pipeline checks it.
     pub trust: Option<Arc<TrustPolicy>>,
+    /// A candidate to shadow from the start (`shadow`, resolved against the manifest's
+    /// folder) and the fraction of batches it sees (`shadow_sample`, default 1).
+    pub shadow: Option<ShadowSpec>,
+}
+
+/// A shadow candidate named by the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowSpec {
+    /// The candidate component.
+    pub path: PathBuf,
+    /// Fraction of batches it judges, in (0, 1].
+    pub sample: f64,
 }
 
 impl PipelineSpec {
@@ -905,6 +921,37 @@ impl Manifest {
                     ));
                 }
             };
+            let shadow = match (&p.shadow, &p.shadow_sample) {
+                (None, None) => None,
+                (None, Some(v)) => {
+                    return Err(cx.err(
+                        Some(v.span()),
+                        f("shadow_sample"),
+                        "has no effect without shadow (the candidate component)",
+                    ));
+                }
+                (Some(path), sample) => {
+                    let resolved = cx.path(path);
+                    if let Err(e) = check_component_path(&resolved, runtime.max_component_bytes) {
+                        return Err(cx.err(Some(path.span()), f("shadow"), e.to_string()));
+                    }
+                    let sample = match sample {
+                        None => 1.0,
+                        Some(v) if *v.get_ref() > 0.0 && *v.get_ref() <= 1.0 => *v.get_ref(),
+                        Some(v) => {
+                            return Err(cx.err(
+                                Some(v.span()),
+                                f("shadow_sample"),
+                                format!("must be in (0, 1] (got {})", v.get_ref()),
+                            ));
+                        }
+                    };
+                    Some(ShadowSpec {
+                        path: resolved,
+                        sample,
+                    })
+                }
+            };
             let wall_ms: u64 = cx.int(
                 &p.wall_deadline_ms,
                 &f("wall_deadline_ms"),
@@ -1081,6 +1128,7 @@ impl Manifest {
                     Some(t) => Some(cx.trust(t, &f("trust"))?),
                     None => trust.clone(),
                 },
+                shadow,
             });
         }
         Ok(Manifest {
