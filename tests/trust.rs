@@ -23,7 +23,7 @@ use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    unique, wait_until_drained,
+    topic_records, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -112,7 +112,7 @@ fn trusting_manifest(
             group,
             component,
             r#"reject-every = "7""#,
-            FAULT_SETTINGS,
+            &format!("{FAULT_SETTINGS}dead_letter_topic = \"{topic}-dlq\"\n"),
         )
     );
     let path = dir.join(format!("{}.toml", unique("manifest")));
@@ -286,6 +286,10 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
         .create_topic(&topic, PARTITIONS, 1, &[])
         .await
         .expect("create topic");
+    client
+        .create_topic(&format!("{topic}-dlq"), 1, 1, &[])
+        .await
+        .expect("create dead-letter topic");
     let group = fresh_group_with(
         &client,
         Some(30_000),
