@@ -750,10 +750,11 @@ impl Pipeline {
     /// Makes `v` the active version: the replaced one is kept compiled for rollback, and the
     /// state file remembers `v` for a restart. Batches already running finish on the version
     /// they started with.
-    fn activate(&self, v: Version, how: &str) {
+    fn activate(&self, v: impl Into<Arc<Version>>, how: &str) {
+        let v: Arc<Version> = v.into();
         let hash = v.hash.clone();
         self.publish_version_info(&v, 1);
-        let old = std::mem::replace(&mut *lock(&self.active), Arc::new(v));
+        let old = std::mem::replace(&mut *lock(&self.active), v);
         self.publish_version_info(&old, 0);
         tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
         {
@@ -1011,20 +1012,9 @@ impl Pipeline {
         self.count_canary(if promote { "promoted" } else { "rolled_back" });
         if promote {
             tracing::info!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary promoted");
-            // The canary's instances become the active version's; batches it is judging now
-            // return their instance to it as usual.
-            let version = match Arc::try_unwrap(run.version.clone()) {
-                Ok(v) => v,
-                Err(shared) => Version {
-                    hash: shared.hash.clone(),
-                    path: shared.path.clone(),
-                    placement: shared.placement.clone(),
-                    compiled: shared.compiled.clone(),
-                    loaded_at_ms: shared.loaded_at_ms,
-                    instances: Mutex::new(std::mem::take(&mut *lock(&shared.instances))),
-                },
-            };
-            self.activate(version, "promoted from canary");
+            // The canary's version (the same one: batches it is judging now give their
+            // instance back to it) becomes the active one.
+            self.activate(run.version.clone(), "promoted from canary");
         } else {
             tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary rolled back");
         }
