@@ -319,6 +319,8 @@ async fn a_good_canary_is_promoted_and_loses_nothing() {
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     let log = host.log_lines().join("\n");
     assert!(log.contains("canary promoted"), "{log}");
+    // The promoted version has all its instances: no batch went without one.
+    assert!(!log.contains("no free instance"), "{log}");
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(&seen).await;
     assert_eq!(ledger.duplicates(), 0);

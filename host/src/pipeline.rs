@@ -1335,6 +1335,7 @@ impl Pipeline {
                     self.judge_on(&version, &records, &policy, true).await
                 else {
                     // Cannot happen (one permit per instance); release rather than lose anything.
+                    tracing::error!(pipeline = %self.spec.name, version = %short(&version.hash), records = batch.len(), "no free instance of the active version: batch released");
                     for r in &batch {
                         let _ = consumer.acknowledge(r, AckKind::Release);
                     }
