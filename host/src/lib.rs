@@ -9,6 +9,8 @@
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
 pub mod admin;
+pub mod ctl;
+pub mod dlq;
 pub mod kafka;
 pub mod manifest;
 pub mod metrics;

@@ -33,6 +33,12 @@ enum Command {
     /// Validate a manifest and load and validate every component it names, without touching a
     /// broker.
     Check(CheckArgs),
+    /// Read a pipeline's dead-letter topic (plain fetch, no group): list the dead letters with
+    /// their provenance, or replay chosen ones to their original topic, once.
+    Dlq(sharehost::dlq::DlqArgs),
+    /// Control a running host over its admin API: pipelines, versions, swap, rollback,
+    /// shadow, canary, promote.
+    Ctl(sharehost::ctl::CtlArgs),
 }
 
 /// `sharehost run MANIFEST`.
@@ -354,6 +360,10 @@ fn main() -> ExitCode {
             Command::TestPlugin(args) => test_plugin(args).await,
             Command::Run(args) => host::run(&args.manifest).await,
             Command::Check(args) => host::check(&args.manifest).await,
+            Command::Dlq(args) => sharehost::dlq::run(&args, &mut std::io::stdout().lock())
+                .await
+                .map(|_| ()),
+            Command::Ctl(args) => sharehost::ctl::run(&args, &mut std::io::stdout().lock()).await,
         }
     });
     match result {

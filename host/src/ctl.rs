@@ -1,0 +1,643 @@
+//! `sharehost ctl`: the admin API from the command line, so operators do not hand-write curl.
+//!
+//! Each subcommand is one HTTP request to the host's admin listener (plain HTTP/1.1, the
+//! listener is meant for loopback or a private network): tables by default, the host's JSON
+//! answer unchanged with `--json`. A non-2xx answer is an error that names the request, the
+//! status and what the host said (its JSON `"error"`, or its plain-text body), and the command
+//! exits non-zero.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// `sharehost ctl --admin URL [--token-env VAR] [--json] COMMAND`.
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The host's admin listener, e.g. http://127.0.0.1:9464 (the manifest's `admin.listen`).
+    #[arg(long, env = "SHAREHOST_ADMIN", value_name = "URL")]
+    pub admin: String,
+    /// Environment variable holding the bearer token (the manifest's `admin.token_env`); sent
+    /// as `Authorization: Bearer ...`. Never pass the token itself as an argument.
+    #[arg(long, value_name = "VAR")]
+    pub token_env: Option<String>,
+    /// Print the host's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Seconds to wait for an answer (a swap, shadow or canary compiles the component first).
+    #[arg(long, default_value_t = 300, global = true)]
+    pub timeout: u64,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// The admin operations.
+#[derive(Debug, clap::Subcommand)]
+pub enum CtlCommand {
+    /// Every pipeline: state, active version, counters, shadow and canary.
+    Pipelines,
+    /// The versions a pipeline keeps ready (hash, path, signer, loaded at, counters).
+    Versions {
+        /// Pipeline name.
+        name: String,
+    },
+    /// Load a component and make it the active version.
+    Swap {
+        /// Pipeline name.
+        name: String,
+        /// Component path (sent absolute when it exists here; the host reads it).
+        path: PathBuf,
+    },
+    /// Switch back to a kept version (the newest other one, or the one given), without
+    /// compiling.
+    Rollback {
+        /// Pipeline name.
+        name: String,
+        /// Version hash or a prefix of it; default: the newest other version the host keeps.
+        hash: Option<String>,
+    },
+    /// Let a candidate judge copies of the batches, compared and never acted on.
+    Shadow {
+        /// Pipeline name.
+        name: String,
+        /// Candidate component path.
+        path: PathBuf,
+        /// Fraction of batches copied to the candidate, 0 to 1 (host default 1).
+        #[arg(long, value_name = "F")]
+        sample: Option<f64>,
+    },
+    /// Stop the pipeline's shadow.
+    ShadowStop {
+        /// Pipeline name.
+        name: String,
+    },
+    /// Give a candidate a share of the batches for real, promoted or rolled back automatically.
+    Canary {
+        /// Pipeline name.
+        name: String,
+        /// Candidate component path.
+        path: PathBuf,
+        /// Share of batches the candidate judges, in percent (0 < P <= 100).
+        #[arg(long, value_name = "P")]
+        percent: f64,
+        /// Promote after this many candidate batches within bounds.
+        #[arg(long, value_name = "N")]
+        promote_after_batches: Option<u64>,
+        /// Promote after this many seconds within bounds.
+        #[arg(long, value_name = "S")]
+        promote_after_seconds: Option<u64>,
+        /// Roll back when the candidate's fault rate (faults per batch) exceeds this.
+        #[arg(long, value_name = "F")]
+        max_fault_rate: Option<f64>,
+        /// Roll back when its reject rate exceeds the active version's by more than this.
+        #[arg(long, value_name = "F")]
+        max_reject_rate_increase: Option<f64>,
+        /// Roll back when its release rate exceeds the active version's by more than this.
+        #[arg(long, value_name = "F")]
+        max_release_rate_increase: Option<f64>,
+    },
+    /// Stop the canary and roll it back.
+    CanaryStop {
+        /// Pipeline name.
+        name: String,
+    },
+    /// Promote the canary now.
+    Promote {
+        /// Pipeline name.
+        name: String,
+    },
+}
+
+/// One request to the admin API: method, path, JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// GET, POST or DELETE.
+    pub method: &'static str,
+    /// Path from the admin root, e.g. `/pipelines/orders/swap`.
+    pub path: String,
+    /// JSON body (POST only).
+    pub body: Option<Value>,
+}
+
+/// A pipeline name as one URL path segment (percent-encoded beyond unreserved characters).
+fn segment(name: &str) -> String {
+    let mut out = String::new();
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A component path as the host should read it: absolute when the file is here (so the host's
+/// working directory does not matter), else as given (a path on the host's machine).
+fn component_path(path: &std::path::Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+impl CtlCommand {
+    /// The request this command makes; argument mistakes the host would refuse anyway are
+    /// caught here first, with the flag's name.
+    pub fn call(&self) -> Result<Call> {
+        let p = |name: &str, rest: &str| format!("/pipelines/{}{rest}", segment(name));
+        let post = |path: String, body: Option<Value>| Call {
+            method: "POST",
+            path,
+            body,
+        };
+        Ok(match self {
+            CtlCommand::Pipelines => Call {
+                method: "GET",
+                path: "/pipelines".to_owned(),
+                body: None,
+            },
+            CtlCommand::Versions { name } => Call {
+                method: "GET",
+                path: p(name, "/versions"),
+                body: None,
+            },
+            CtlCommand::Swap { name, path } => post(
+                p(name, "/swap"),
+                Some(json!({ "path": component_path(path) })),
+            ),
+            CtlCommand::Rollback { name, hash } => post(
+                p(name, "/rollback"),
+                Some(match hash {
+                    Some(h) => json!({ "hash": h }),
+                    None => json!({}),
+                }),
+            ),
+            CtlCommand::Shadow { name, path, sample } => {
+                let mut body = json!({ "path": component_path(path) });
+                if let Some(s) = sample {
+                    if !(0.0..=1.0).contains(s) {
+                        bail!("--sample {s}: a fraction from 0 to 1");
+                    }
+                    body["sample"] = json!(s);
+                }
+                post(p(name, "/shadow"), Some(body))
+            }
+            CtlCommand::ShadowStop { name } => Call {
+                method: "DELETE",
+                path: p(name, "/shadow"),
+                body: None,
+            },
+            CtlCommand::Canary {
+                name,
+                path,
+                percent,
+                promote_after_batches,
+                promote_after_seconds,
+                max_fault_rate,
+                max_reject_rate_increase,
+                max_release_rate_increase,
+            } => {
+                if !(*percent > 0.0 && *percent <= 100.0) {
+                    bail!("--percent {percent}: a share of batches above 0 and at most 100");
+                }
+                let mut body = json!({ "path": component_path(path), "percent": percent });
+                let mut promote = serde_json::Map::new();
+                if let Some(n) = promote_after_batches {
+                    promote.insert("batches".into(), json!(n));
+                }
+                if let Some(s) = promote_after_seconds {
+                    promote.insert("seconds".into(), json!(s));
+                }
+                if !promote.is_empty() {
+                    body["promote_after"] = Value::Object(promote);
+                }
+                let mut bounds = serde_json::Map::new();
+                for (key, v) in [
+                    ("max_fault_rate", max_fault_rate),
+                    ("max_reject_rate_increase", max_reject_rate_increase),
+                    ("max_release_rate_increase", max_release_rate_increase),
+                ] {
+                    if let Some(v) = v {
+                        if !(v.is_finite() && *v >= 0.0) {
+                            bail!("--{}: {v} is not a rate (0 or more)", key.replace('_', "-"));
+                        }
+                        bounds.insert(key.into(), json!(v));
+                    }
+                }
+                if !bounds.is_empty() {
+                    body["rollback_if"] = Value::Object(bounds);
+                }
+                post(p(name, "/canary"), Some(body))
+            }
+            CtlCommand::CanaryStop { name } => Call {
+                method: "DELETE",
+                path: p(name, "/canary"),
+                body: None,
+            },
+            CtlCommand::Promote { name } => post(p(name, "/promote"), None),
+        })
+    }
+}
+
+/// Where the admin listener is: host:port for the connection, the Host header, a path prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    authority: String,
+    prefix: String,
+}
+
+fn endpoint(url: &str) -> Result<Endpoint> {
+    let rest = match url.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some(_) => bail!(
+            "--admin {url}: only http:// is supported (the admin listener speaks plain HTTP; reach a remote one through a tunnel)"
+        ),
+        None => url,
+    };
+    let (authority, prefix) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        None => (rest, ""),
+    };
+    if authority.is_empty() {
+        bail!("--admin {url}: no host:port");
+    }
+    let authority = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    Ok(Endpoint {
+        authority,
+        prefix: prefix.to_owned(),
+    })
+}
+
+/// The host's answer: status and body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: http::StatusCode,
+    /// Body bytes as text (lossy).
+    pub body: String,
+}
+
+/// Sends `call` to the admin listener at `admin` with `token` as the bearer token.
+pub async fn send(
+    admin: &str,
+    token: Option<&str>,
+    call: &Call,
+    timeout: Duration,
+) -> Result<Answer> {
+    let ep = endpoint(admin)?;
+    let what = format!("{} {admin}{}", call.method, call.path);
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(&ep.authority)
+            .await
+            .with_context(|| format!("cannot reach the admin listener at {}", ep.authority))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .context("HTTP handshake")?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let body = match &call.body {
+            Some(v) => Bytes::from(serde_json::to_vec(v)?),
+            None => Bytes::new(),
+        };
+        let mut req = http::Request::builder()
+            .method(call.method)
+            .uri(format!("{}{}", ep.prefix, call.path))
+            .header(http::header::HOST, &ep.authority)
+            .header(
+                http::header::USER_AGENT,
+                concat!("sharehost-ctl/", env!("CARGO_PKG_VERSION")),
+            );
+        if call.body.is_some() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(t) = token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let resp = sender.send_request(req.body(Full::new(body))?).await?;
+        let status = resp.status();
+        // Answers are small; a runaway one is cut rather than held whole.
+        let limited = http_body_util::Limited::new(resp.into_body(), 16 << 20);
+        let bytes = limited
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
+            .to_bytes();
+        Ok::<_, anyhow::Error>(Answer {
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what}: no answer within {} s", timeout.as_secs()))?
+        .with_context(|| what.clone())
+}
+
+/// What the host said in a failed answer: its JSON `"error"` when the body is JSON with one,
+/// else the body as text (or the status's reason when empty).
+pub fn error_text(answer: &Answer) -> String {
+    if let Ok(v) = serde_json::from_str::<Value>(&answer.body)
+        && let Some(e) = v.get("error")
+    {
+        return match e {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+    }
+    let text = answer.body.trim();
+    if text.is_empty() {
+        answer
+            .status
+            .canonical_reason()
+            .unwrap_or("no reason given")
+            .to_owned()
+    } else {
+        text.to_owned()
+    }
+}
+
+/// Runs `sharehost ctl`, writing the answer to `out`; a non-2xx answer is an error naming the
+/// request, the status and what the host said.
+pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
+    let call = args.command.call()?;
+    let token = match &args.token_env {
+        Some(var) => Some(
+            std::env::var(var)
+                .with_context(|| format!("--token-env: environment variable {var} is not set"))?,
+        ),
+        None => None,
+    };
+    let answer = send(
+        &args.admin,
+        token.as_deref(),
+        &call,
+        Duration::from_secs(args.timeout),
+    )
+    .await?;
+    if !answer.status.is_success() {
+        let hint = if answer.status == http::StatusCode::UNAUTHORIZED && token.is_none() {
+            " (the host requires a token: pass --token-env VAR)"
+        } else {
+            ""
+        };
+        bail!(
+            "{} {}: the host answered {}: {}{hint}",
+            call.method,
+            call.path,
+            answer.status,
+            error_text(&answer)
+        );
+    }
+    let value: Option<Value> = serde_json::from_str(&answer.body).ok();
+    if args.json {
+        match &value {
+            Some(v) => writeln!(out, "{}", serde_json::to_string_pretty(v)?)?,
+            None => write!(out, "{}", answer.body)?,
+        }
+        return Ok(());
+    }
+    let Some(value) = value else {
+        let text = answer.body.trim();
+        writeln!(out, "{}", if text.is_empty() { "ok" } else { text })?;
+        return Ok(());
+    };
+    match &args.command {
+        CtlCommand::Pipelines => render_pipelines(out, &value),
+        CtlCommand::Versions { name } => render_versions(out, name, &value),
+        _ => render_object(out, &value),
+    }
+}
+
+/// A hash as tables show it: its first 12 characters.
+fn short(v: &Value) -> String {
+    match v.as_str() {
+        Some(s) => s.chars().take(12).collect(),
+        None if v.is_null() => "-".to_owned(),
+        None => v.to_string(),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn counter(v: &Value, key: &str) -> String {
+    v.get(key).map_or("-".to_owned(), text)
+}
+
+/// `GET /pipelines` as a table: one row per pipeline with the active version's counters, then
+/// an indented line for each of its shadow, canary, signer and last swap error when present.
+fn render_pipelines(out: &mut dyn Write, value: &Value) -> Result<()> {
+    let Some(list) = value.as_array() else {
+        return render_object(out, value);
+    };
+    writeln!(
+        out,
+        "{:<16} {:<9} {:<12} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}  COMPONENT",
+        "PIPELINE",
+        "STATE",
+        "ACTIVE",
+        "ACCEPTED",
+        "REJECTED",
+        "RELEASED",
+        "FAULTS",
+        "DLQ",
+        "INFLIGHT"
+    )?;
+    for p in list {
+        let active = p.get("active_version").cloned().unwrap_or(Value::Null);
+        let counters = active
+            .as_str()
+            .and_then(|h| p.get("versions")?.get(h))
+            .cloned()
+            .unwrap_or(Value::Null);
+        writeln!(
+            out,
+            "{:<16} {:<9} {:<12} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}  {}",
+            counter(p, "name"),
+            counter(p, "state"),
+            short(&active),
+            counter(&counters, "accepted"),
+            counter(&counters, "rejected"),
+            counter(&counters, "released"),
+            counter(&counters, "faults"),
+            counter(p, "dead_lettered"),
+            counter(p, "in_flight"),
+            counter(p, "component"),
+        )?;
+        for key in ["signer", "shadow", "canary", "last_swap_error"] {
+            match p.get(key) {
+                None | Some(Value::Null) => {}
+                Some(v) => writeln!(out, "  {key}: {}", inline(v))?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A JSON value on one line: objects as `k=v` pairs (nested ones in braces), hashes shortened.
+fn inline(v: &Value) -> String {
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::Object(_) => format!("{k}={{{}}}", inline(v)),
+                Value::String(s) if s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit()) => {
+                    format!("{k}={}", &s[..12])
+                }
+                other => format!("{k}={}", text(other)),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => text(other),
+    }
+}
+
+/// `GET /pipelines/NAME/versions` as a table, the active version marked with `*`.
+fn render_versions(out: &mut dyn Write, name: &str, value: &Value) -> Result<()> {
+    let Some(list) = value.get("versions").and_then(Value::as_array) else {
+        return render_object(out, value);
+    };
+    writeln!(
+        out,
+        "pipeline {name}: active {}",
+        short(value.get("active").unwrap_or(&Value::Null))
+    )?;
+    writeln!(
+        out,
+        "  {:<12} {:<20} {:<16} {:>9} {:>8} {:>8} {:>6} {:>8}  PATH",
+        "VERSION",
+        "LOADED (UTC)",
+        "SIGNER",
+        "ACCEPTED",
+        "REJECTED",
+        "RELEASED",
+        "FAULTS",
+        "BATCHES"
+    )?;
+    for v in list {
+        let mark = if v.get("active").and_then(Value::as_bool) == Some(true) {
+            "*"
+        } else {
+            " "
+        };
+        let counters = v.get("counters").cloned().unwrap_or(Value::Null);
+        let loaded = v
+            .get("loaded_at_ms")
+            .and_then(Value::as_i64)
+            .map_or("-".to_owned(), utc);
+        writeln!(
+            out,
+            "{mark} {:<12} {:<20} {:<16} {:>9} {:>8} {:>8} {:>6} {:>8}  {}",
+            short(v.get("hash").unwrap_or(&Value::Null)),
+            loaded,
+            counter(v, "signer"),
+            counter(&counters, "accepted"),
+            counter(&counters, "rejected"),
+            counter(&counters, "released"),
+            counter(&counters, "faults"),
+            counter(&counters, "batches"),
+            counter(v, "path"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Any other answer: `key: value` lines (`pipeline: orders`, `active_version: 3f2a...`).
+fn render_object(out: &mut dyn Write, value: &Value) -> Result<()> {
+    match value {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, v) in m {
+                let shown = match v {
+                    Value::Object(_) => inline(v),
+                    other => text(other),
+                };
+                writeln!(out, "{k}: {shown}")?;
+            }
+        }
+        Value::Object(_) => writeln!(out, "ok")?,
+        other => writeln!(out, "{}", serde_json::to_string_pretty(other)?)?,
+    }
+    Ok(())
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC), without a date crate: the
+/// days-to-civil conversion of the proleptic Gregorian calendar.
+pub fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_urls_become_an_address_and_a_prefix() {
+        let e = |a: &str, p: &str| Endpoint {
+            authority: a.to_owned(),
+            prefix: p.to_owned(),
+        };
+        assert_eq!(
+            endpoint("http://127.0.0.1:9464").expect("url"),
+            e("127.0.0.1:9464", "")
+        );
+        assert_eq!(
+            endpoint("127.0.0.1:9464/").expect("bare"),
+            e("127.0.0.1:9464", "")
+        );
+        assert_eq!(
+            endpoint("http://admin/host1/").expect("prefix"),
+            e("admin:80", "/host1")
+        );
+        let err = endpoint("https://h:1").expect_err("https").to_string();
+        assert!(err.contains("only http://"), "{err}");
+    }
+
+    #[test]
+    fn dates_are_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_700_000_000_123), "2023-11-14 22:13:20");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+    }
+
+    #[test]
+    fn names_are_one_path_segment() {
+        assert_eq!(segment("orders-v2.eu"), "orders-v2.eu");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+}

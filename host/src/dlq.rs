@@ -1,0 +1,1021 @@
+//! `sharehost dlq`: reads a pipeline's dead-letter topic with plain Fetch (no group), shows
+//! each dead letter with its provenance, and replays chosen ones to their original topic.
+//!
+//! A dead letter (see `dead_letter` in the pipeline) carries the original record's key, value
+//! and headers plus the provenance headers `sharehost.original.topic/partition/offset`,
+//! `sharehost.delivery.count`, `sharehost.reason`, `sharehost.pipeline`, `sharehost.plugin`,
+//! `sharehost.plugin.version` and, with signed components, `sharehost.plugin.signer`. A
+//! replay produces key, value and the original headers (the provenance ones removed) to the
+//! original topic, with `sharehost.replayed-from = "DLQTOPIC/PARTITION/OFFSET"` added.
+//!
+//! Replay happens once per dead letter: the offsets replayed are remembered in a state file
+//! (`dlq-replay-CLUSTER-TOPIC.json` in the host's state directory), keyed by cluster id, DLQ
+//! topic, partition and offset, and written atomically after each produce is acknowledged
+//! (acks=all). A rerun skips them. A crash between a produce and its state write replays that
+//! one produce batch again on the next run (at most [`PRODUCE_BATCH_RECORDS`] records or
+//! [`PRODUCE_BATCH_BYTES`] bytes); those duplicates carry the same `sharehost.replayed-from`
+//! value, which is what a consumer de-duplicates by.
+//!
+//! Memory is bounded by one Fetch response (the client asks for at most 8 MiB per partition):
+//! records are listed or replayed chunk by chunk.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use kafka_protocol::messages::MetadataRequest;
+use serde::{Deserialize, Serialize};
+
+use crate::kafka::{
+    Compression, ConsumedRecord, Header, KafkaClient, OffsetSpec, ProduceRecord, TopicMeta,
+};
+use crate::manifest::Manifest;
+
+/// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
+pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
+
+/// Provenance headers the pipeline adds to a dead letter; a replay removes them again.
+pub const PROVENANCE_HEADERS: [&str; 9] = [
+    "sharehost.original.topic",
+    "sharehost.original.partition",
+    "sharehost.original.offset",
+    "sharehost.delivery.count",
+    "sharehost.reason",
+    "sharehost.pipeline",
+    "sharehost.plugin",
+    "sharehost.plugin.version",
+    "sharehost.plugin.signer",
+];
+
+/// Most records in one replay Produce request (and so the most a crash can replay twice).
+pub const PRODUCE_BATCH_RECORDS: usize = 500;
+/// Most record bytes (key + value + headers) in one replay Produce request: well under the
+/// broker's default `message.max.bytes` (1 MiB).
+pub const PRODUCE_BATCH_BYTES: usize = 512 * 1024;
+
+/// What to do with the dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Action {
+    /// Show the dead letters with their provenance.
+    List,
+    /// Produce the chosen dead letters to their original topic, once.
+    Replay,
+}
+
+/// `sharehost dlq MANIFEST --pipeline NAME list|replay [...]`.
+#[derive(Debug, clap::Args)]
+pub struct DlqArgs {
+    /// The manifest (TOML) whose pipeline's `dead_letter_topic` and cluster are used.
+    pub manifest: PathBuf,
+    /// The pipeline whose dead letters to read.
+    #[arg(long)]
+    pub pipeline: String,
+    /// `list` shows dead letters; `replay` produces them to their original topic once.
+    #[arg(value_enum)]
+    pub action: Action,
+    /// Only dead letters whose `sharehost.reason` matches this regular expression (a search,
+    /// anchor it with ^...$ for a whole match).
+    #[arg(long, value_name = "REGEX")]
+    pub reason: Option<String>,
+    /// Only these dead-letter-topic offsets: `A..B` (B excluded), `A..=B`, `A..`, `..B` or `N`.
+    #[arg(long, value_name = "A..B")]
+    pub offsets: Option<String>,
+    /// Only this partition of the dead-letter topic.
+    #[arg(long, value_name = "P")]
+    pub partition: Option<i32>,
+    /// With `replay`: show what would be replayed, produce nothing and remember nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// One JSON object per line (each dead letter, then a summary) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Characters of key and value shown per dead letter.
+    #[arg(long, default_value_t = 60)]
+    pub preview: usize,
+    /// Where the replay state is kept (default: $SHAREHOST_STATE_DIR or the host's state
+    /// directory beside the precompiled cache).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Dead letters from other pipelines sharing the topic are skipped unless this is given.
+    #[arg(long)]
+    pub any_pipeline: bool,
+}
+
+/// A half-open range of offsets, `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetRange {
+    /// First offset included.
+    pub start: i64,
+    /// First offset excluded.
+    pub end: i64,
+}
+
+impl OffsetRange {
+    /// Every offset.
+    pub const ALL: OffsetRange = OffsetRange {
+        start: 0,
+        end: i64::MAX,
+    };
+
+    /// Parses `A..B` (B excluded), `A..=B`, `A..`, `..B`, `..=B` or a single offset `N`, so an
+    /// operator can paste offsets shown by `list`. Errors say what was expected.
+    pub fn parse(text: &str) -> Result<OffsetRange> {
+        let num = |s: &str, what: &str| -> Result<i64> {
+            let s = s.trim();
+            let n: i64 = s.parse().with_context(|| {
+                format!("--offsets {text:?}: {what} {s:?} is not a whole number (expected A..B, A..=B, A.., ..B or N)")
+            })?;
+            if n < 0 {
+                bail!("--offsets {text:?}: offsets are never negative");
+            }
+            Ok(n)
+        };
+        let range = match text.split_once("..") {
+            None => {
+                let n = num(text, "offset")?;
+                OffsetRange {
+                    start: n,
+                    end: n.saturating_add(1),
+                }
+            }
+            Some((a, b)) => {
+                let start = if a.trim().is_empty() {
+                    0
+                } else {
+                    num(a, "start")?
+                };
+                let end = match b.strip_prefix('=') {
+                    Some(b) => num(b, "end")?.saturating_add(1),
+                    None if b.trim().is_empty() => i64::MAX,
+                    None => num(b, "end")?,
+                };
+                OffsetRange { start, end }
+            }
+        };
+        if range.start >= range.end {
+            bail!(
+                "--offsets {text:?}: the range is empty (start {} is not below end {})",
+                range.start,
+                range.end
+            );
+        }
+        Ok(range)
+    }
+}
+
+/// A dead letter as read back: where it is, where it came from, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetter {
+    /// Dead-letter topic partition.
+    pub partition: i32,
+    /// Offset in the dead-letter topic.
+    pub offset: i64,
+    /// The original record's topic (`sharehost.original.topic`), if the header is there.
+    pub original_topic: Option<String>,
+    /// The original record's partition.
+    pub original_partition: Option<i32>,
+    /// The original record's offset.
+    pub original_offset: Option<i64>,
+    /// Delivery count when it was rejected.
+    pub delivery_count: Option<u32>,
+    /// Why it was rejected (`sharehost.reason`).
+    pub reason: String,
+    /// The pipeline that dead-lettered it.
+    pub pipeline: Option<String>,
+    /// The plugin component.
+    pub plugin: Option<String>,
+    /// The plugin version (content hash) that rejected it.
+    pub plugin_version: Option<String>,
+    /// The key id that signed that version, when the pipeline requires signatures.
+    pub plugin_signer: Option<String>,
+    #[serde(skip)]
+    key: Option<Bytes>,
+    #[serde(skip)]
+    value: Option<Bytes>,
+    #[serde(skip)]
+    headers: Vec<Header>,
+}
+
+fn header_text(headers: &[Header], key: &str) -> Option<String> {
+    headers
+        .iter()
+        .rev()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value.as_deref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+impl DeadLetter {
+    /// Reads the provenance headers of a record of dead-letter partition `partition`.
+    pub fn from_record(partition: i32, r: ConsumedRecord) -> DeadLetter {
+        let h = |k: &str| header_text(&r.headers, k);
+        DeadLetter {
+            partition,
+            offset: r.offset,
+            original_topic: h("sharehost.original.topic"),
+            original_partition: h("sharehost.original.partition").and_then(|v| v.parse().ok()),
+            original_offset: h("sharehost.original.offset").and_then(|v| v.parse().ok()),
+            delivery_count: h("sharehost.delivery.count").and_then(|v| v.parse().ok()),
+            reason: h("sharehost.reason").unwrap_or_default(),
+            pipeline: h("sharehost.pipeline"),
+            plugin: h("sharehost.plugin"),
+            plugin_version: h("sharehost.plugin.version"),
+            plugin_signer: h("sharehost.plugin.signer"),
+            key: r.key,
+            value: r.value,
+            headers: r.headers,
+        }
+    }
+
+    /// The record a replay produces: key and value as they were, the original headers without
+    /// the dead letter's provenance (and without an older `sharehost.replayed-from`), then
+    /// `sharehost.replayed-from = "DLQTOPIC/PARTITION/OFFSET"`. The timestamp is the replay's
+    /// (an old one could put the record behind the topic's retention at once).
+    pub fn replay_record(&self, dlq_topic: &str) -> ProduceRecord {
+        let mut headers: Vec<Header> = self
+            .headers
+            .iter()
+            .filter(|h| h.key != REPLAYED_FROM && !PROVENANCE_HEADERS.contains(&h.key.as_str()))
+            .cloned()
+            .collect();
+        headers.push(Header {
+            key: REPLAYED_FROM.to_owned(),
+            value: Some(Bytes::from(format!(
+                "{dlq_topic}/{}/{}",
+                self.partition, self.offset
+            ))),
+        });
+        ProduceRecord {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            headers,
+            timestamp: None,
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Bytes::len)
+            + self.value.as_ref().map_or(0, Bytes::len)
+            + self
+                .headers
+                .iter()
+                .map(|h| h.key.len() + h.value.as_ref().map_or(0, Bytes::len))
+                .sum::<usize>()
+            + 64
+    }
+
+    fn original(&self) -> String {
+        match (
+            &self.original_topic,
+            self.original_partition,
+            self.original_offset,
+        ) {
+            (Some(t), Some(p), Some(o)) => format!("{t}/{p}/{o}"),
+            (Some(t), Some(p), None) => format!("{t}/{p}/?"),
+            (Some(t), None, _) => format!("{t}/?/?"),
+            _ => "-".to_owned(),
+        }
+    }
+}
+
+/// Text of `bytes` for a table: UTF-8 (lossy), control characters escaped, at most `max`
+/// characters then `…`; `null` for a null field.
+pub fn preview(bytes: Option<&[u8]>, max: usize) -> String {
+    let Some(b) = bytes else {
+        return "null".to_owned();
+    };
+    let text = String::from_utf8_lossy(&b[..b.len().min(max.saturating_mul(4))]);
+    let mut out = String::new();
+    for (n, c) in text.chars().enumerate() {
+        if n == max {
+            out.push('…');
+            return out;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if b.len() > max.saturating_mul(4) {
+        out.push('…');
+    }
+    out
+}
+
+/// Offsets already replayed, per dead-letter partition, as merged half-open ranges.
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplayState {
+    /// The cluster id (or the bootstrap list when the broker gives none).
+    pub cluster: String,
+    /// The dead-letter topic.
+    pub topic: String,
+    /// Partition → start → end (excluded) of each replayed range.
+    pub replayed: BTreeMap<i32, BTreeMap<i64, i64>>,
+}
+
+impl ReplayState {
+    /// Whether `offset` of `partition` was replayed.
+    pub fn contains(&self, partition: i32, offset: i64) -> bool {
+        self.replayed
+            .get(&partition)
+            .and_then(|m| m.range(..=offset).next_back())
+            .is_some_and(|(_, end)| offset < *end)
+    }
+
+    /// Remembers `offset` of `partition` as replayed, merging it with its neighbours so a
+    /// contiguous replay stays one range.
+    pub fn insert(&mut self, partition: i32, offset: i64) {
+        if self.contains(partition, offset) {
+            return;
+        }
+        let m = self.replayed.entry(partition).or_default();
+        let (mut start, mut end) = (offset, offset + 1);
+        if let Some((&s, &e)) = m.range(..=offset).next_back()
+            && e == offset
+        {
+            start = s;
+            m.remove(&s);
+        }
+        if let Some(&e) = m.get(&end) {
+            m.remove(&end);
+            end = e;
+        }
+        m.insert(start, end);
+    }
+
+    /// How many offsets are remembered.
+    pub fn count(&self) -> u64 {
+        self.replayed
+            .values()
+            .flat_map(|m| m.iter())
+            .map(|(s, e)| (e - s) as u64)
+            .sum()
+    }
+}
+
+/// The state file of one cluster's dead-letter topic in `dir`.
+pub fn state_path(dir: &Path, cluster: &str, topic: &str) -> PathBuf {
+    let safe = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    dir.join(format!("dlq-replay-{}-{}.json", safe(cluster), safe(topic)))
+}
+
+fn load_state(path: &Path, cluster: &str, topic: &str) -> Result<ReplayState> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let state: ReplayState = serde_json::from_slice(&bytes)
+                .with_context(|| format!("replay state {}", path.display()))?;
+            if state.cluster != cluster || state.topic != topic {
+                bail!(
+                    "replay state {}: written for {}/{}, not {cluster}/{topic}",
+                    path.display(),
+                    state.cluster,
+                    state.topic
+                );
+            }
+            Ok(state)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ReplayState {
+            cluster: cluster.to_owned(),
+            topic: topic.to_owned(),
+            replayed: BTreeMap::new(),
+        }),
+        Err(e) => Err(e).with_context(|| format!("replay state {}", path.display())),
+    }
+}
+
+fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
+    let bytes = serde_json::to_vec(state)?;
+    crate::state::write_atomically(path, &bytes)
+        .with_context(|| format!("writing the replay state {}", path.display()))
+}
+
+/// What one run did, printed last (as `{"summary": ...}` with `--json`).
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct Summary {
+    /// Dead-letter records read in the offsets asked for.
+    pub read: u64,
+    /// Dead letters that matched the selection.
+    pub selected: u64,
+    /// Produced to their original topic now (with `--dry-run`: would have been).
+    pub replayed: u64,
+    /// Selected but replayed by an earlier run, so skipped.
+    pub already_replayed: u64,
+    /// Records from another pipeline sharing the topic.
+    pub other_pipeline: u64,
+    /// Records without the provenance headers (not written by sharehost).
+    pub not_dead_letters: u64,
+    /// Selected records whose original topic no longer exists (not replayed).
+    pub original_topic_missing: u64,
+    /// Whether nothing was produced or remembered.
+    pub dry_run: bool,
+}
+
+/// A filter over dead letters: reason, pipeline.
+struct Selection {
+    reason: Option<regex_automata::meta::Regex>,
+    pipeline: Option<String>,
+}
+
+impl Selection {
+    fn new(args: &DlqArgs) -> Result<Selection> {
+        let reason = match &args.reason {
+            None => None,
+            Some(r) => Some(regex_automata::meta::Regex::new(r).map_err(|e| {
+                // The syntax error's text is several lines (pattern, caret, message): keep
+                // the message, so the one-line error says what is wrong.
+                let why = e.syntax_error().map_or_else(
+                    || e.to_string(),
+                    |s| {
+                        let text = s.to_string();
+                        text.lines()
+                            .find_map(|l| l.strip_prefix("error: "))
+                            .unwrap_or(text.trim())
+                            .to_owned()
+                    },
+                );
+                anyhow::anyhow!("--reason {r:?} is not a valid regular expression: {why}")
+            })?),
+        };
+        Ok(Selection {
+            reason,
+            pipeline: (!args.any_pipeline).then(|| args.pipeline.clone()),
+        })
+    }
+}
+
+/// Runs `sharehost dlq`, writing its table or JSON lines to `out`.
+pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
+    let selection = Selection::new(args)?;
+    let range = match &args.offsets {
+        Some(t) => OffsetRange::parse(t)?,
+        None => OffsetRange::ALL,
+    };
+    if args.dry_run && args.action == Action::List {
+        bail!("--dry-run goes with replay (list never produces)");
+    }
+    let manifest = Manifest::load(&args.manifest)?;
+    let spec = manifest
+        .pipelines
+        .iter()
+        .find(|p| p.name == args.pipeline)
+        .with_context(|| {
+            let names: Vec<&str> = manifest.pipelines.iter().map(|p| p.name.as_str()).collect();
+            format!(
+                "{}: no pipeline named {:?} (there are: {})",
+                args.manifest.display(),
+                args.pipeline,
+                names.join(", ")
+            )
+        })?;
+    let dlq = spec.dead_letter_topic.clone().with_context(|| {
+        format!(
+            "pipeline {}: no dead_letter_topic in {} (rejected records are not kept)",
+            spec.name,
+            args.manifest.display()
+        )
+    })?;
+    let config = manifest
+        .cluster
+        .connection_config()
+        .map_err(anyhow::Error::msg)?;
+    let client = KafkaClient::connect(&manifest.cluster.bootstrap, config).await?;
+    if !topic_exists(&client, &dlq).await? {
+        bail!("the dead-letter topic {dlq} does not exist");
+    }
+    client.refresh_metadata(std::slice::from_ref(&dlq)).await?;
+    let meta = client
+        .topic(&dlq)
+        .with_context(|| format!("the dead-letter topic {dlq} does not exist"))?;
+    let partitions: Vec<i32> = match args.partition {
+        None => meta.partitions.iter().map(|p| p.index).collect(),
+        Some(p) if meta.partitions.iter().any(|m| m.index == p) => vec![p],
+        Some(p) => bail!(
+            "--partition {p}: the dead-letter topic {dlq} has partitions 0..{}",
+            meta.partitions.len()
+        ),
+    };
+
+    let mut replay = match args.action {
+        Action::List => None,
+        Action::Replay => {
+            let cluster = cluster_id(&client)
+                .await
+                .unwrap_or_else(|| manifest.cluster.bootstrap.clone());
+            let dir = args
+                .state_dir
+                .clone()
+                .unwrap_or_else(crate::state::default_state_dir);
+            let path = state_path(&dir, &cluster, &dlq);
+            let state = load_state(&path, &cluster, &dlq)?;
+            Some(Replayer {
+                client: &client,
+                dlq: dlq.clone(),
+                path,
+                state,
+                topics: HashMap::new(),
+                dry_run: args.dry_run,
+            })
+        }
+    };
+
+    let mut summary = Summary {
+        dry_run: args.dry_run,
+        ..Summary::default()
+    };
+    if !args.json && replay.is_none() {
+        writeln!(
+            out,
+            "{:<4} {:>8}  {:<40} {:>3}  {:<30} {:<12} {:<20} VALUE",
+            "PART", "OFFSET", "ORIGINAL", "DC", "REASON", "VERSION", "KEY"
+        )?;
+    }
+    for p in partitions {
+        let earliest = client.list_offset(&dlq, p, OffsetSpec::Earliest).await?;
+        let latest = client.list_offset(&dlq, p, OffsetSpec::Latest).await?;
+        let mut next = earliest.max(range.start);
+        let end = latest.min(range.end);
+        let mut empty_fetches = 0;
+        while next < end {
+            let fetched = client
+                .fetch(&dlq, p, next, Duration::from_millis(500))
+                .await
+                .with_context(|| format!("fetching {dlq}/{p} at offset {next}"))?;
+            if fetched.records.is_empty() {
+                // Only control records (or nothing yet) at this offset: give up after a few.
+                empty_fetches += 1;
+                if empty_fetches >= 3 {
+                    bail!(
+                        "{dlq}/{p}: no records at offset {next} below the end {end} after {empty_fetches} fetches"
+                    );
+                }
+                continue;
+            }
+            empty_fetches = 0;
+            let mut chunk = Vec::new();
+            for r in fetched.records {
+                next = next.max(r.offset + 1);
+                if r.offset >= end {
+                    break;
+                }
+                summary.read += 1;
+                let d = DeadLetter::from_record(p, r);
+                if d.original_topic.is_none() {
+                    summary.not_dead_letters += 1;
+                    continue;
+                }
+                if let Some(want) = &selection.pipeline
+                    && d.pipeline.as_deref() != Some(want.as_str())
+                {
+                    summary.other_pipeline += 1;
+                    continue;
+                }
+                if let Some(re) = &selection.reason
+                    && !re.is_match(&d.reason)
+                {
+                    continue;
+                }
+                summary.selected += 1;
+                chunk.push(d);
+            }
+            match &mut replay {
+                None => {
+                    for d in &chunk {
+                        show(out, &dlq, d, args, None)?;
+                    }
+                }
+                Some(r) => r.replay(chunk, out, args, &mut summary).await?,
+            }
+        }
+    }
+    if args.json {
+        writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
+    } else {
+        let verb = if args.dry_run {
+            "would replay"
+        } else {
+            "replayed"
+        };
+        match args.action {
+            Action::List => writeln!(
+                out,
+                "{} dead letters read, {} shown ({} from other pipelines, {} without provenance)",
+                summary.read, summary.selected, summary.other_pipeline, summary.not_dead_letters
+            )?,
+            Action::Replay => writeln!(
+                out,
+                "{} dead letters read, {} selected, {verb} {}, {} already replayed before, {} with their original topic missing ({} from other pipelines, {} without provenance)",
+                summary.read,
+                summary.selected,
+                summary.replayed,
+                summary.already_replayed,
+                summary.original_topic_missing,
+                summary.other_pipeline,
+                summary.not_dead_letters
+            )?,
+        }
+    }
+    Ok(summary)
+}
+
+/// The cluster id from Metadata, the key of the replay state (so two spellings of one
+/// bootstrap list share it, and two clusters behind one address do not).
+async fn cluster_id(client: &KafkaClient) -> Option<String> {
+    let resp = client
+        .send_any(&MetadataRequest::default().with_topics(Some(Vec::new())))
+        .await
+        .ok()?;
+    resp.cluster_id
+        .map(|c| c.as_str().to_owned())
+        .filter(|c| !c.is_empty())
+}
+
+/// Whether `topic` exists, asked without letting the broker create it: the client's metadata
+/// refresh allows auto-creation (as producers do), and neither a typo'd dead-letter topic nor
+/// a deleted original topic should come back into existence because someone looked.
+async fn topic_exists(client: &KafkaClient, topic: &str) -> Result<bool> {
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::protocol::StrBytes;
+    let req = MetadataRequest::default()
+        .with_allow_auto_topic_creation(false)
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
+            TopicName(StrBytes::from_string(topic.to_owned())),
+        ))]));
+    let resp = client
+        .send_any(&req)
+        .await
+        .with_context(|| format!("metadata of {topic}"))?;
+    Ok(resp
+        .topics
+        .iter()
+        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic) && t.error_code == 0))
+}
+
+/// One line of `list` or `replay` output for `d`; `to` is where a replay went.
+fn show(
+    out: &mut dyn Write,
+    dlq: &str,
+    d: &DeadLetter,
+    args: &DlqArgs,
+    to: Option<(&str, serde_json::Value)>,
+) -> Result<()> {
+    if args.json {
+        let mut v = serde_json::to_value(d)?;
+        // Previews, and a null field stays JSON null.
+        v["key"] = d
+            .key
+            .as_deref()
+            .map(|k| preview(Some(k), args.preview))
+            .into();
+        v["value"] = d
+            .value
+            .as_deref()
+            .map(|k| preview(Some(k), args.preview))
+            .into();
+        if let Some((status, target)) = to {
+            v["replay"] = serde_json::json!({ "status": status, "to": target });
+        }
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    match to {
+        None => {
+            let version = d.plugin_version.as_deref().unwrap_or("-");
+            writeln!(
+                out,
+                "{:<4} {:>8}  {:<40} {:>3}  {:<30} {:<12} {:<20} {}",
+                d.partition,
+                d.offset,
+                d.original(),
+                d.delivery_count.map_or("-".to_owned(), |c| c.to_string()),
+                preview(Some(d.reason.as_bytes()), 30),
+                &version[..version.len().min(12)],
+                preview(d.key.as_deref(), 20),
+                preview(d.value.as_deref(), args.preview),
+            )?;
+        }
+        Some((status, target)) => {
+            let target = match target {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            writeln!(
+                out,
+                "{status:<16} {dlq}/{}/{} -> {target}  reason {:?}",
+                d.partition, d.offset, d.reason
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Produces chosen dead letters to their original topics and remembers what it produced.
+struct Replayer<'a> {
+    client: &'a KafkaClient,
+    dlq: String,
+    path: PathBuf,
+    state: ReplayState,
+    topics: HashMap<String, Option<TopicMeta>>,
+    dry_run: bool,
+}
+
+impl Replayer<'_> {
+    async fn topic(&mut self, name: &str) -> Option<TopicMeta> {
+        if !self.topics.contains_key(name) {
+            let meta = match topic_exists(self.client, name).await {
+                Ok(true) => match self.client.refresh_metadata(&[name.to_owned()]).await {
+                    Ok(()) => self.client.topic(name),
+                    Err(_) => None,
+                },
+                _ => None,
+            };
+            self.topics.insert(name.to_owned(), meta);
+        }
+        self.topics.get(name).cloned().flatten()
+    }
+
+    /// Replays the records of one fetched chunk: grouped by target partition (in dead-letter
+    /// order within each), each group produced in batches, each batch remembered once the
+    /// broker acknowledged it.
+    async fn replay(
+        &mut self,
+        chunk: Vec<DeadLetter>,
+        out: &mut dyn Write,
+        args: &DlqArgs,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        let mut groups: Vec<((String, i32), Vec<DeadLetter>)> = Vec::new();
+        for d in chunk {
+            if self.state.contains(d.partition, d.offset) {
+                summary.already_replayed += 1;
+                if args.json {
+                    show(
+                        out,
+                        &self.dlq,
+                        &d,
+                        args,
+                        Some(("already-replayed", serde_json::Value::Null)),
+                    )?;
+                }
+                continue;
+            }
+            let topic = d.original_topic.clone().unwrap_or_default();
+            let Some(meta) = self.topic(&topic).await else {
+                summary.original_topic_missing += 1;
+                show(
+                    out,
+                    &self.dlq,
+                    &d,
+                    args,
+                    Some(("topic-missing", serde_json::Value::String(topic))),
+                )?;
+                continue;
+            };
+            let p = target_partition(&meta, d.original_partition, d.key.as_deref());
+            let target = (topic, p);
+            match groups.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, v)) => v.push(d),
+                None => groups.push((target, vec![d])),
+            }
+        }
+        for ((topic, p), records) in groups {
+            let mut batch: Vec<DeadLetter> = Vec::new();
+            let mut bytes = 0;
+            for d in records {
+                if !batch.is_empty()
+                    && (batch.len() >= PRODUCE_BATCH_RECORDS
+                        || bytes + d.size() > PRODUCE_BATCH_BYTES)
+                {
+                    self.produce(&topic, p, std::mem::take(&mut batch), out, args, summary)
+                        .await?;
+                    bytes = 0;
+                }
+                bytes += d.size();
+                batch.push(d);
+            }
+            if !batch.is_empty() {
+                self.produce(&topic, p, batch, out, args, summary).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn produce(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        batch: Vec<DeadLetter>,
+        out: &mut dyn Write,
+        args: &DlqArgs,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        if self.dry_run {
+            for d in &batch {
+                summary.replayed += 1;
+                let to = serde_json::Value::String(format!("{topic}/{partition}"));
+                show(out, &self.dlq, d, args, Some(("would-replay", to)))?;
+            }
+            return Ok(());
+        }
+        let records: Vec<ProduceRecord> =
+            batch.iter().map(|d| d.replay_record(&self.dlq)).collect();
+        let base = self
+            .client
+            .produce(topic, partition, &records, Compression::None)
+            .await
+            .with_context(|| {
+                format!(
+                    "replaying {} dead letters to {topic}/{partition} (nothing of this batch was remembered; a rerun tries it again)",
+                    batch.len()
+                )
+            })?;
+        for (i, d) in batch.iter().enumerate() {
+            self.state.insert(d.partition, d.offset);
+            summary.replayed += 1;
+            let to = serde_json::Value::String(format!("{topic}/{partition}/{}", base + i as i64));
+            show(out, &self.dlq, d, args, Some(("replayed", to)))?;
+        }
+        save_state(&self.path, &self.state)
+    }
+}
+
+/// Where a replayed record goes: its original partition while the topic still has it, else by
+/// key like the Java client's default partitioner (murmur2), else (no key) the original
+/// partition modulo the partition count.
+pub fn target_partition(meta: &TopicMeta, original: Option<i32>, key: Option<&[u8]>) -> i32 {
+    let n = meta.partitions.len().max(1) as u32;
+    if let Some(p) = original
+        && meta.partitions.iter().any(|m| m.index == p)
+    {
+        return p;
+    }
+    match key {
+        Some(k) => ((murmur2(k) & 0x7fff_ffff) % n) as i32,
+        None => (original.unwrap_or(0).unsigned_abs() % n) as i32,
+    }
+}
+
+/// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c).
+///
+/// The pipeline has the same function for output partitions, private to it; this copy is here
+/// until that one is shared (`pub(crate)`), and is held to the same Java test vectors.
+fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let rest = chunks.remainder();
+    for (i, b) in rest.iter().enumerate().rev() {
+        h ^= u32::from(*b) << (8 * i);
+    }
+    if !rest.is_empty() {
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offset_ranges_parse_like_rust_ranges_and_refuse_nonsense() {
+        let r = |a, b| OffsetRange { start: a, end: b };
+        assert_eq!(OffsetRange::parse("3..7").expect("a..b"), r(3, 7));
+        assert_eq!(OffsetRange::parse("3..=7").expect("a..=b"), r(3, 8));
+        assert_eq!(OffsetRange::parse("3..").expect("a.."), r(3, i64::MAX));
+        assert_eq!(OffsetRange::parse("..7").expect("..b"), r(0, 7));
+        assert_eq!(OffsetRange::parse("5").expect("n"), r(5, 6));
+        for bad in ["7..3", "3..3", "x..4", "1..y", "-1..4", "", "..", "1...4"] {
+            let e = OffsetRange::parse(bad);
+            if bad == ".." {
+                assert_eq!(e.expect("all"), OffsetRange::ALL);
+                continue;
+            }
+            let e = e.expect_err(bad).to_string();
+            assert!(e.contains("--offsets"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn replay_state_merges_ranges_and_survives_json() {
+        let mut s = ReplayState::default();
+        for o in [5, 7, 6, 1, 2, 0, 9] {
+            s.insert(0, o);
+        }
+        s.insert(1, 4);
+        assert_eq!(
+            s.replayed[&0]
+                .iter()
+                .map(|(a, b)| (*a, *b))
+                .collect::<Vec<_>>(),
+            [(0, 3), (5, 8), (9, 10)]
+        );
+        assert!(s.contains(0, 7) && s.contains(0, 0) && s.contains(1, 4));
+        assert!(!s.contains(0, 3) && !s.contains(0, 8) && !s.contains(1, 5) && !s.contains(2, 4));
+        assert_eq!(s.count(), 8);
+        let back: ReplayState =
+            serde_json::from_str(&serde_json::to_string(&s).expect("json")).expect("parse");
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn a_replayed_record_loses_the_provenance_and_names_its_dead_letter() {
+        let h = |k: &str, v: &str| Header {
+            key: k.to_owned(),
+            value: Some(Bytes::from(v.to_owned())),
+        };
+        let mut headers = vec![h("trace", "abc"), h(REPLAYED_FROM, "old/0/1")];
+        headers.extend(PROVENANCE_HEADERS.iter().map(|k| h(k, "x")));
+        headers[2].value = Some(Bytes::from_static(b"orders"));
+        let d = DeadLetter::from_record(
+            2,
+            ConsumedRecord {
+                offset: 41,
+                timestamp: 0,
+                key: Some(Bytes::from_static(b"k")),
+                value: None,
+                headers,
+            },
+        );
+        assert_eq!(d.original_topic.as_deref(), Some("orders"));
+        let r = d.replay_record("orders-dlq");
+        assert_eq!(r.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(r.value, None);
+        assert_eq!(
+            r.headers,
+            [h("trace", "abc"), h(REPLAYED_FROM, "orders-dlq/2/41")]
+        );
+    }
+
+    #[test]
+    fn previews_are_bounded_and_escaped() {
+        assert_eq!(preview(None, 5), "null");
+        assert_eq!(preview(Some(b"abc"), 5), "abc");
+        assert_eq!(preview(Some(b"abcdefgh"), 5), "abcde…");
+        assert_eq!(preview(Some(b"a\nb"), 5), "a\\nb");
+        assert_eq!(preview(Some(&[0xff; 100]), 3), "\u{fffd}\u{fffd}\u{fffd}…");
+    }
+
+    #[test]
+    fn murmur2_matches_the_java_clients_default_partitioner() {
+        for (key, want) in [
+            (&b"21"[..], -973_932_308),
+            (b"foobar", -790_332_482),
+            (b"a-little-bit-long-string", -985_981_536),
+            (b"a-little-bit-longer-string", -1_486_304_829),
+            (
+                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            (b"abc", 479_470_107),
+        ] {
+            assert_eq!(
+                murmur2(key) as i32,
+                want,
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
+        let meta = TopicMeta {
+            name: "t".into(),
+            id: uuid::Uuid::nil(),
+            partitions: (0..7)
+                .map(|index| crate::kafka::client::PartitionMeta {
+                    index,
+                    leader: 1,
+                    leader_epoch: 0,
+                })
+                .collect(),
+        };
+        assert_eq!(target_partition(&meta, Some(3), Some(b"21")), 3);
+        assert_eq!(
+            target_partition(&meta, Some(9), Some(b"21")),
+            (-973_932_308i32 & 0x7fff_ffff) % 7
+        );
+        assert_eq!(target_partition(&meta, Some(9), None), 2);
+    }
+}
