@@ -1,0 +1,402 @@
+//! `sharehost ctl` through the binary against a stub admin server: each command sends the
+//! request the admin API expects (method, path, JSON body, bearer token), renders the answer
+//! as a table or unchanged JSON, and turns an error answer (plain text or JSON `error`) into a
+//! non-zero exit that says what the host answered. No broker is needed.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// One request the stub saw.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    auth: Option<String>,
+    body: Option<Value>,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+fn sha(c: char) -> String {
+    std::iter::repeat_n(c, 64).collect()
+}
+
+/// The stub's answers: a realistic status for every endpoint, and errors for pipeline `bad`
+/// (JSON error), `plain` (plain-text error) and anything `POST`ed without the token `t0k`.
+async fn answer(method: Method, uri: Uri, headers: HeaderMap, body: Bytes, log: Log) -> Response {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let path = uri.path().to_owned();
+    log.lock().expect("log").push(Seen {
+        method: method.to_string(),
+        path: path.clone(),
+        auth: auth.clone(),
+        body: serde_json::from_slice(&body).ok(),
+    });
+    if method != Method::GET && auth.as_deref() != Some("Bearer t0k") {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        )
+            .into_response();
+    }
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["pipelines"]) => axum::Json(json!([{
+            "name": "orders", "state": "running", "active_version": sha('a'),
+            "component": "/srv/orders.wasm",
+            "versions": { sha('a'): { "accepted": 120, "rejected": 3, "released": 1,
+                                      "faults": 0, "batches": 7 },
+                          sha('b'): { "accepted": 5, "rejected": 0, "released": 0,
+                                      "faults": 2, "batches": 2 } },
+            "dead_lettered": 3, "in_flight": 17, "last_swap_error": null,
+            "signer": null, "shadow": null,
+            "canary": { "candidate": sha('c'), "percent": 10, "batches": 4 },
+        }]))
+        .into_response(),
+        ("GET", ["pipelines", "orders", "versions"]) => axum::Json(json!({
+            "active": sha('a'),
+            "versions": [
+                { "hash": sha('a'), "path": "/srv/orders.wasm", "signer": "RWQf6LRC",
+                  "loaded_at_ms": 1_700_000_000_000i64, "active": true,
+                  "counters": { "accepted": 120, "rejected": 3, "released": 1, "faults": 0, "batches": 7 } },
+                { "hash": sha('b'), "path": "/srv/orders-old.wasm", "signer": null,
+                  "loaded_at_ms": 1_699_999_000_000i64, "active": false,
+                  "counters": { "accepted": 5, "rejected": 0, "released": 0, "faults": 2, "batches": 2 } },
+            ]
+        }))
+        .into_response(),
+        (_, ["pipelines", "bad", ..]) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({ "pipeline": "bad", "error": "component x.wasm: bad signature" })),
+        )
+            .into_response(),
+        (_, ["pipelines", "plain", ..]) => {
+            (StatusCode::NOT_FOUND, "no pipeline named \"plain\"\n").into_response()
+        }
+        ("POST", ["pipelines", name, "swap" | "rollback"]) => {
+            axum::Json(json!({ "pipeline": name, "active_version": sha('d') })).into_response()
+        }
+        ("POST", ["pipelines", name, "shadow" | "canary"]) => {
+            axum::Json(json!({ "pipeline": name, "candidate": sha('e') })).into_response()
+        }
+        ("POST", ["pipelines", name, "promote"]) => {
+            axum::Json(json!({ "pipeline": name, "active_version": sha('e') })).into_response()
+        }
+        ("DELETE", ["pipelines", _, "shadow" | "canary"]) => StatusCode::NO_CONTENT.into_response(),
+        _ => (StatusCode::NOT_FOUND, "no such endpoint\n").into_response(),
+    }
+}
+
+/// Starts the stub on an ephemeral loopback port; returns its URL and what it saw.
+async fn stub() -> (String, Log) {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let app = axum::Router::new().fallback(
+        move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            answer(method, uri, headers, body, l.clone())
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), log)
+}
+
+/// Runs `sharehost ctl --admin URL ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its
+/// environment; returns success, stdout and stderr.
+async fn ctl(url: &str, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    cmd.args(["ctl", "--admin", url])
+        .args(args)
+        .env("SHAREHOST_TEST_TOKEN", "t0k");
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run sharehost ctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const TOKEN: [&str; 2] = ["--token-env", "SHAREHOST_TEST_TOKEN"];
+
+fn last(log: &Log) -> Seen {
+    log.lock().expect("log").last().cloned().expect("a request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_and_versions_are_tables_and_json_is_the_answer_unchanged() {
+    let (url, log) = stub().await;
+    let (ok, out, err) = ctl(&url, &["pipelines"]).await;
+    assert!(ok, "{err}");
+    let seen = last(&log);
+    assert_eq!(
+        (seen.method.as_str(), seen.path.as_str()),
+        ("GET", "/pipelines")
+    );
+    assert_eq!(seen.auth, None, "no token unless --token-env");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("PIPELINE") && lines[0].contains("ACCEPTED"),
+        "{out}"
+    );
+    // The active version's counters, not the sum over versions.
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        row,
+        [
+            "orders",
+            "running",
+            "aaaaaaaaaaaa",
+            "120",
+            "3",
+            "1",
+            "0",
+            "3",
+            "17",
+            "/srv/orders.wasm"
+        ],
+        "{out}"
+    );
+    assert!(
+        lines.contains(&"  canary: batches=4 candidate=cccccccccccc percent=10"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("shadow:"),
+        "a null shadow is not shown: {out}"
+    );
+
+    let (ok, out, err) = ctl(&url, &["pipelines", "--json"]).await;
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).expect("--json prints JSON");
+    assert_eq!(v[0]["versions"][sha('b')]["faults"], 2);
+
+    let (ok, out, err) = ctl(&url, &["versions", "orders"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(last(&log).path, "/pipelines/orders/versions");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "pipeline orders: active aaaaaaaaaaaa", "{out}");
+    let active: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(
+        active,
+        [
+            "*",
+            "aaaaaaaaaaaa",
+            "2023-11-14",
+            "22:13:20",
+            "RWQf6LRC",
+            "120",
+            "3",
+            "1",
+            "0",
+            "7",
+            "/srv/orders.wasm"
+        ],
+        "{out}"
+    );
+    let old: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(old[0], "bbbbbbbbbbbb", "{out}");
+    assert_eq!(old[3], "-", "no signer: {out}");
+}
+
+/// Arguments, then the method, path and body the host must see, and a line the output shows.
+type Case<'a> = (Vec<&'a str>, &'a str, &'a str, Option<Value>, String);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_sends_its_path_body_and_token() {
+    let (url, log) = stub().await;
+    let component = std::env::temp_dir().join(format!("ctl-{}.wasm", std::process::id()));
+    std::fs::write(&component, b"\0asm").expect("write a component file");
+    let abs = std::fs::canonicalize(&component)
+        .expect("canonical")
+        .display()
+        .to_string();
+    let here = component.to_str().expect("utf-8 path");
+    let cases: Vec<Case<'_>> = vec![
+        (
+            vec!["swap", "orders", here],
+            "POST",
+            "/pipelines/orders/swap",
+            Some(json!({ "path": abs })),
+            format!("active_version: {}", sha('d')),
+        ),
+        (
+            vec!["swap", "orders", "/on/the/host.wasm"],
+            "POST",
+            "/pipelines/orders/swap",
+            Some(json!({ "path": "/on/the/host.wasm" })),
+            "pipeline: orders".to_owned(),
+        ),
+        (
+            vec!["rollback", "orders"],
+            "POST",
+            "/pipelines/orders/rollback",
+            Some(json!({})),
+            format!("active_version: {}", sha('d')),
+        ),
+        (
+            vec!["rollback", "orders", "abc123"],
+            "POST",
+            "/pipelines/orders/rollback",
+            Some(json!({ "hash": "abc123" })),
+            "pipeline: orders".to_owned(),
+        ),
+        (
+            vec!["shadow", "orders", here, "--sample", "0.25"],
+            "POST",
+            "/pipelines/orders/shadow",
+            Some(json!({ "path": abs, "sample": 0.25 })),
+            format!("candidate: {}", sha('e')),
+        ),
+        (
+            vec!["shadow-stop", "orders"],
+            "DELETE",
+            "/pipelines/orders/shadow",
+            None,
+            "ok".to_owned(),
+        ),
+        (
+            vec![
+                "canary",
+                "orders",
+                here,
+                "--percent",
+                "10",
+                "--promote-after-batches",
+                "50",
+                "--max-fault-rate",
+                "0.01",
+                "--max-reject-rate-increase",
+                "0.05",
+            ],
+            "POST",
+            "/pipelines/orders/canary",
+            Some(json!({
+                "path": abs, "percent": 10.0,
+                "promote_after": { "batches": 50 },
+                "rollback_if": { "max_fault_rate": 0.01, "max_reject_rate_increase": 0.05 },
+            })),
+            format!("candidate: {}", sha('e')),
+        ),
+        (
+            vec![
+                "canary",
+                "orders",
+                "/c.wasm",
+                "--percent",
+                "5",
+                "--promote-after-seconds",
+                "600",
+                "--max-release-rate-increase",
+                "0.2",
+            ],
+            "POST",
+            "/pipelines/orders/canary",
+            Some(json!({
+                "path": "/c.wasm", "percent": 5.0,
+                "promote_after": { "seconds": 600 },
+                "rollback_if": { "max_release_rate_increase": 0.2 },
+            })),
+            "pipeline: orders".to_owned(),
+        ),
+        (
+            vec!["canary-stop", "orders"],
+            "DELETE",
+            "/pipelines/orders/canary",
+            None,
+            "ok".to_owned(),
+        ),
+        (
+            vec!["promote", "orders"],
+            "POST",
+            "/pipelines/orders/promote",
+            None,
+            format!("active_version: {}", sha('e')),
+        ),
+    ];
+    for (args, method, path, body, shows) in cases {
+        let mut full = TOKEN.to_vec();
+        full.extend(&args);
+        let (ok, out, err) = ctl(&url, &full).await;
+        assert!(ok, "{args:?}: {err}");
+        let seen = last(&log);
+        assert_eq!(seen.method, method, "{args:?}");
+        assert_eq!(seen.path, path, "{args:?}");
+        assert_eq!(seen.body, body, "{args:?}");
+        assert_eq!(seen.auth.as_deref(), Some("Bearer t0k"), "{args:?}");
+        assert!(
+            out.lines().any(|l| l == shows),
+            "{args:?} shows {shows:?}: {out}"
+        );
+    }
+    let _ = std::fs::remove_file(&component);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_what_the_host_answered_and_exit_non_zero() {
+    let (url, log) = stub().await;
+    let (ok, out, err) = ctl(&url, &["swap", "orders", "/x.wasm"]).await;
+    assert!(!ok && out.is_empty());
+    assert!(
+        err.contains("POST /pipelines/orders/swap: the host answered 401 Unauthorized: a valid bearer token is required")
+            && err.contains("pass --token-env"),
+        "{err}"
+    );
+    let mut args = TOKEN.to_vec();
+    args.extend(["swap", "bad", "/x.wasm"]);
+    let (ok, _, err) = ctl(&url, &args).await;
+    assert!(!ok);
+    assert!(
+        err.contains("the host answered 422 Unprocessable Entity: component x.wasm: bad signature"),
+        "the JSON error is shown: {err}"
+    );
+    let (ok, _, err) = ctl(&url, &["versions", "plain", "--json"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("GET /pipelines/plain/versions: the host answered 404 Not Found: no pipeline named \"plain\""),
+        "the plain-text error is shown: {err}"
+    );
+    let requests = log.lock().expect("log").len();
+    // Mistakes caught before any request, and a host that is not there.
+    let (ok, _, err) = ctl(&url, &["canary", "orders", "/c.wasm", "--percent", "0"]).await;
+    assert!(!ok && err.contains("--percent 0"), "{err}");
+    let (ok, _, err) = ctl(&url, &["shadow", "orders", "/c.wasm", "--sample", "2"]).await;
+    assert!(!ok && err.contains("--sample 2"), "{err}");
+    let (ok, _, err) = ctl(
+        &url,
+        &["--token-env", "SHAREHOST_NO_SUCH_VAR", "promote", "orders"],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("SHAREHOST_NO_SUCH_VAR is not set"),
+        "{err}"
+    );
+    assert_eq!(
+        log.lock().expect("log").len(),
+        requests,
+        "no request was sent"
+    );
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let (ok, _, err) = ctl(&format!("http://{closed}"), &["pipelines"]).await;
+    assert!(
+        !ok && err.contains("cannot reach the admin listener"),
+        "{err}"
+    );
+}
