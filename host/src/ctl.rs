@@ -419,6 +419,13 @@ pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
     match &args.command {
         CtlCommand::Pipelines => render_pipelines(out, &value),
         CtlCommand::Versions { name } => render_versions(out, name, &value),
+        CtlCommand::ShadowStop { .. } => {
+            writeln!(out, "pipeline: {}", counter(&value, "pipeline"))?;
+            match value.get("shadow") {
+                Some(v) => render_shadow(out, "", v),
+                None => render_object(out, &value),
+            }
+        }
         _ => render_object(out, &value),
     }
 }
@@ -484,13 +491,151 @@ fn render_pipelines(out: &mut dyn Write, value: &Value) -> Result<()> {
             counter(p, "in_flight"),
             counter(p, "component"),
         )?;
-        for key in ["signer", "shadow", "canary", "last_swap_error"] {
+        for key in ["signer", "last_swap_error"] {
             match p.get(key) {
                 None | Some(Value::Null) => {}
                 Some(v) => writeln!(out, "  {key}: {}", inline(v))?,
             }
         }
+        if let Some(v) = p.get("shadow").filter(|v| !v.is_null()) {
+            render_shadow(out, "  ", v)?;
+        }
+        if let Some(v) = p.get("canary").filter(|v| !v.is_null()) {
+            render_canary(out, "  ", v)?;
+        }
     }
+    Ok(())
+}
+
+/// `k1 n1, k2 n2` of a JSON object of counts (`accept 120, reject 3`), `none` when empty.
+fn counts(v: Option<&Value>) -> String {
+    match v.and_then(Value::as_object) {
+        Some(m) if !m.is_empty() => m
+            .iter()
+            .map(|(k, n)| format!("{k} {}", text(n)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "none".to_owned(),
+    }
+}
+
+/// Most first disagreements a table shows (`--json` has them all).
+const SHOWN_DISAGREEMENTS: usize = 5;
+
+/// A shadow (`GET /pipelines`' `shadow`, or what `shadow-stop` answers): the candidate, what
+/// was compared, agreement and disagreement by verdict kind, and the first disagreements with
+/// their record coordinates.
+fn render_shadow(out: &mut dyn Write, indent: &str, v: &Value) -> Result<()> {
+    if v.get("candidate").is_none() {
+        writeln!(out, "{indent}shadow: {}", inline(v))?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{indent}shadow: candidate {} ({}), sample {}",
+        short(&v["candidate"]),
+        counter(v, "path"),
+        counter(v, "sample"),
+    )?;
+    writeln!(
+        out,
+        "{indent}  compared {} records in {} batches; candidate faults {}; dropped {} batches ({} records); {} us/record",
+        counter(v, "records"),
+        counter(v, "batches"),
+        counter(v, "faults"),
+        counter(v, "dropped_batches"),
+        counter(v, "dropped_records"),
+        counter(v, "us_per_record"),
+    )?;
+    writeln!(out, "{indent}  agreed: {}", counts(v.get("agreed")))?;
+    writeln!(out, "{indent}  disagreed: {}", counts(v.get("disagreed")))?;
+    let first = v
+        .get("first_disagreements")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if !first.is_empty() {
+        writeln!(out, "{indent}  first disagreements:")?;
+        for d in first.iter().take(SHOWN_DISAGREEMENTS) {
+            writeln!(
+                out,
+                "{indent}    {}/{}/{}: active {}, candidate {}",
+                counter(d, "topic"),
+                counter(d, "partition"),
+                counter(d, "offset"),
+                counter(d, "active"),
+                counter(d, "candidate"),
+            )?;
+        }
+        if first.len() > SHOWN_DISAGREEMENTS {
+            writeln!(
+                out,
+                "{indent}    ... {} more (--json shows them)",
+                first.len() - SHOWN_DISAGREEMENTS
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// One side of a canary: batches (faulted), records, reject and release rates.
+fn tally(v: Option<&Value>) -> String {
+    let Some(t) = v.filter(|t| t.is_object()) else {
+        return "-".to_owned();
+    };
+    let n = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let rate = |k: &str| match n("records") {
+        0 => "-".to_owned(),
+        r => format!("{:.1}%", n(k) as f64 * 100.0 / r as f64),
+    };
+    format!(
+        "{} batches ({} faulted), {} records, rejected {} ({}), released {} ({})",
+        n("batches"),
+        n("faulted_batches"),
+        n("records"),
+        n("rejected"),
+        rate("rejected"),
+        n("released"),
+        rate("released"),
+    )
+}
+
+/// A canary (`GET /pipelines`' `canary`): candidate, share, state and why, both sides' tallies
+/// and its bounds.
+fn render_canary(out: &mut dyn Write, indent: &str, v: &Value) -> Result<()> {
+    if v.get("candidate").is_none() {
+        writeln!(out, "{indent}canary: {}", inline(v))?;
+        return Ok(());
+    }
+    let reason = match v.get("reason") {
+        Some(Value::String(r)) => format!(": {r}"),
+        _ => String::new(),
+    };
+    writeln!(
+        out,
+        "{indent}canary: candidate {} ({}), {}% of batches, {} after {} s{reason}",
+        short(&v["candidate"]),
+        counter(v, "path"),
+        counter(v, "percent"),
+        counter(v, "state"),
+        counter(v, "seconds"),
+    )?;
+    writeln!(
+        out,
+        "{indent}  candidate: {}",
+        tally(v.get("candidate_tally"))
+    )?;
+    writeln!(out, "{indent}  active:    {}", tally(v.get("active_tally")))?;
+    let field = |o: &str, k: &str| v.get(o).and_then(|o| o.get(k)).map_or("-".to_owned(), text);
+    writeln!(
+        out,
+        "{indent}  promote after: {} batches or {} s; roll back if fault rate > {}, reject rate +{}, release rate +{}",
+        field("promote_after", "batches"),
+        field("promote_after", "seconds"),
+        field("rollback_if", "max_fault_rate"),
+        field("rollback_if", "max_reject_rate_increase"),
+        field("rollback_if", "max_release_rate_increase"),
+    )?;
     Ok(())
 }
 

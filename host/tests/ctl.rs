@@ -25,6 +25,33 @@ fn sha(c: char) -> String {
     std::iter::repeat_n(c, 64).collect()
 }
 
+/// A shadow as `GET /pipelines` shows it (rollout.rs `ShadowStatus`).
+fn shadow_status() -> Value {
+    json!({
+        "candidate": sha('c'), "path": "/srv/cand.wasm", "sample": 0.5, "batches": 4,
+        "records": 400, "agreed": { "accept": 390, "reject": 5 },
+        "disagreed": { "accept→reject": 5 }, "faults": 1, "dropped_batches": 0,
+        "dropped_records": 0, "us_per_record": 12.5,
+        "first_disagreements": [{ "topic": "orders", "partition": 2, "offset": 17,
+                                  "active": "accept", "candidate": "reject: too big" }],
+    })
+}
+
+/// A canary as `GET /pipelines` shows it (rollout.rs `CanaryStatus`).
+fn canary_status() -> Value {
+    json!({
+        "candidate": sha('e'), "path": "/srv/canary.wasm", "percent": 10.0, "state": "running",
+        "reason": null, "seconds": 42,
+        "candidate_tally": { "batches": 4, "faulted_batches": 0, "records": 400,
+                             "rejected": 8, "released": 0 },
+        "active_tally": { "batches": 36, "faulted_batches": 0, "records": 3600,
+                          "rejected": 36, "released": 0 },
+        "promote_after": { "batches": 100, "seconds": null },
+        "rollback_if": { "max_fault_rate": 0.0, "max_reject_rate_increase": 0.05,
+                         "max_release_rate_increase": 0.05 },
+    })
+}
+
 /// The stub's answers: a realistic status for every endpoint, and errors for pipeline `bad`
 /// (JSON error), `plain` (plain-text error) and anything `POST`ed without the token `t0k`.
 async fn answer(method: Method, uri: Uri, headers: HeaderMap, body: Bytes, log: Log) -> Response {
@@ -56,8 +83,12 @@ async fn answer(method: Method, uri: Uri, headers: HeaderMap, body: Bytes, log: 
                           sha('b'): { "accepted": 5, "rejected": 0, "released": 0,
                                       "faults": 2, "batches": 2 } },
             "dead_lettered": 3, "in_flight": 17, "last_swap_error": null,
-            "signer": null, "shadow": null,
-            "canary": { "candidate": sha('c'), "percent": 10, "batches": 4 },
+            "signer": null, "shadow": shadow_status(), "canary": canary_status(),
+        }, {
+            "name": "idle", "state": "running", "active_version": sha('f'),
+            "component": "/srv/idle.wasm", "versions": {}, "dead_lettered": 0, "in_flight": 0,
+            "last_swap_error": "component /srv/x.wasm: no signature", "signer": "RWQf6LRC",
+            "shadow": null, "canary": null,
         }]))
         .into_response(),
         ("GET", ["pipelines", "orders", "versions"]) => axum::Json(json!({
@@ -89,7 +120,12 @@ async fn answer(method: Method, uri: Uri, headers: HeaderMap, body: Bytes, log: 
         ("POST", ["pipelines", name, "promote"]) => {
             axum::Json(json!({ "pipeline": name, "active_version": sha('e') })).into_response()
         }
-        ("DELETE", ["pipelines", _, "shadow" | "canary"]) => StatusCode::NO_CONTENT.into_response(),
+        ("DELETE", ["pipelines", name, "shadow"]) => {
+            axum::Json(json!({ "pipeline": name, "shadow": shadow_status() })).into_response()
+        }
+        ("DELETE", ["pipelines", name, "canary"]) => {
+            axum::Json(json!({ "pipeline": name, "active_version": sha('a') })).into_response()
+        }
         _ => (StatusCode::NOT_FOUND, "no such endpoint\n").into_response(),
     }
 }
@@ -171,13 +207,45 @@ async fn pipelines_and_versions_are_tables_and_json_is_the_answer_unchanged() {
         ],
         "{out}"
     );
-    assert!(
-        lines.contains(&"  canary: batches=4 candidate=cccccccccccc percent=10"),
+    let block: Vec<&str> = lines[2..lines.len() - 3].to_vec();
+    assert_eq!(
+        block,
+        [
+            "  shadow: candidate cccccccccccc (/srv/cand.wasm), sample 0.5",
+            "    compared 400 records in 4 batches; candidate faults 1; dropped 0 batches (0 records); 12.5 us/record",
+            "    agreed: accept 390, reject 5",
+            "    disagreed: accept→reject 5",
+            "    first disagreements:",
+            "      orders/2/17: active accept, candidate reject: too big",
+            "  canary: candidate eeeeeeeeeeee (/srv/canary.wasm), 10.0% of batches, running after 42 s",
+            "    candidate: 4 batches (0 faulted), 400 records, rejected 8 (2.0%), released 0 (0.0%)",
+            "    active:    36 batches (0 faulted), 3600 records, rejected 36 (1.0%), released 0 (0.0%)",
+            "    promote after: 100 batches or - s; roll back if fault rate > 0.0, reject rate +0.05, release rate +0.05",
+        ],
         "{out}"
     );
-    assert!(
-        !out.contains("shadow:"),
-        "a null shadow is not shown: {out}"
+    // A pipeline without counters, shadow or canary: dashes, and its signer and swap error.
+    let idle: Vec<&str> = lines[lines.len() - 3].split_whitespace().collect();
+    assert_eq!(
+        idle,
+        [
+            "idle",
+            "running",
+            "ffffffffffff",
+            "-",
+            "-",
+            "-",
+            "-",
+            "0",
+            "0",
+            "/srv/idle.wasm"
+        ],
+        "{out}"
+    );
+    assert_eq!(lines[lines.len() - 2], "  signer: RWQf6LRC");
+    assert_eq!(
+        lines[lines.len() - 1],
+        "  last_swap_error: component /srv/x.wasm: no signature"
     );
 
     let (ok, out, err) = ctl(&url, &["pipelines", "--json"]).await;
@@ -267,7 +335,7 @@ async fn every_command_sends_its_path_body_and_token() {
             "DELETE",
             "/pipelines/orders/shadow",
             None,
-            "ok".to_owned(),
+            "shadow: candidate cccccccccccc (/srv/cand.wasm), sample 0.5".to_owned(),
         ),
         (
             vec![
@@ -318,7 +386,7 @@ async fn every_command_sends_its_path_body_and_token() {
             "DELETE",
             "/pipelines/orders/canary",
             None,
-            "ok".to_owned(),
+            format!("active_version: {}", sha('a')),
         ),
         (
             vec!["promote", "orders"],
