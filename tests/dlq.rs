@@ -470,3 +470,103 @@ async fn reason_offsets_and_dry_run_choose_what_is_replayed() {
         "dlq select: --reason/--offsets/--partition chose 3, the rest 9, a rerun 0, dry run produced 0",
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_left_unanswered_by_a_stopped_run_is_found_not_replayed_again() {
+    let client = client().await;
+    let topic = unique("dlq-pending");
+    let dlq = format!("{topic}-dlq");
+    client
+        .create_topic(&topic, 1, 1, &[])
+        .await
+        .expect("create topic");
+    client
+        .create_topic(&dlq, 1, 1, &[])
+        .await
+        .expect("create dead-letter topic");
+    let letters: Vec<ProduceRecord> = (0..4)
+        .map(|o| dead_letter("ledger", &topic, 0, o, "too big"))
+        .collect();
+    client
+        .produce(&dlq, 0, &letters, Compression::None)
+        .await
+        .expect("produce dead letters");
+    let dir = scratch();
+    manifest(&dir, &topic, "unused-group", &dlq);
+    // A first run replays dead letter 3: the original topic's offset 0.
+    let first = sharehost_dlq(&dir, &["replay", "--offsets", "3"]).await;
+    assert!(first.ok, "{}", first.stderr);
+    assert_eq!(first.summary["replayed"], 1);
+
+    // Then a run that stopped mid-produce: it had noted dead letters 0, 1 and 2 as pending at
+    // the partition's end (1), and 0 and 1 reached the broker before it died.
+    let state_dir = dir.join("state");
+    let files: Vec<PathBuf> = std::fs::read_dir(&state_dir)
+        .expect("state dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    assert_eq!(files.len(), 1, "one state file: {files:?}");
+    let mut state: Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).expect("read state")).expect("json");
+    assert_eq!(state["topic"], dlq.as_str());
+    state["pending"] = serde_json::json!({
+        "topic": topic, "partition": 0, "from_offset": 1,
+        "dead_letters": [[0, 0], [0, 1], [0, 2]],
+    });
+    std::fs::write(&files[0], state.to_string()).expect("write state");
+    let arrived: Vec<ProduceRecord> = (0..2)
+        .map(|o| {
+            let mut r = dead_letter("ledger", &topic, 0, o, "too big");
+            r.headers = vec![Header {
+                key: "sharehost.replayed-from".to_owned(),
+                value: Some(Bytes::from(format!("{dlq}/0/{o}"))),
+            }];
+            r
+        })
+        .collect();
+    client
+        .produce(&topic, 0, &arrived, Compression::None)
+        .await
+        .expect("produce what the stopped run got through");
+
+    let dry = sharehost_dlq(&dir, &["replay", "--dry-run"]).await;
+    assert!(dry.ok, "{}", dry.stderr);
+    assert_eq!(
+        (&dry.summary["recovered"], &dry.summary["replayed"]),
+        (&Value::from(2), &Value::from(1)),
+        "a dry run sees the same: {}",
+        dry.summary
+    );
+    let rerun = sharehost_dlq(&dir, &["replay"]).await;
+    assert!(rerun.ok, "{}", rerun.stderr);
+    assert_eq!(
+        (
+            &rerun.summary["recovered"],
+            &rerun.summary["replayed"],
+            &rerun.summary["already_replayed"]
+        ),
+        (&Value::from(2), &Value::from(1), &Value::from(3)),
+        "{}",
+        rerun.summary
+    );
+    let mut froms: Vec<String> = topic_records(&client, &topic, 1)
+        .await
+        .iter()
+        .filter_map(|(_, r)| header(r, "sharehost.replayed-from").map(str::to_owned))
+        .collect();
+    froms.sort();
+    let want: Vec<String> = (0..4).map(|o| format!("{dlq}/0/{o}")).collect();
+    assert_eq!(froms, want, "every dead letter in the topic exactly once");
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).expect("read state")).expect("json");
+    assert!(state.get("pending").is_none(), "settled: {state}");
+    let again = sharehost_dlq(&dir, &["replay"]).await;
+    assert_eq!(
+        (&again.summary["replayed"], &again.summary["recovered"]),
+        (&Value::from(0), &Value::from(0))
+    );
+    report(
+        "dlq pending: a stopped run's 3-record produce (2 arrived) settled: 2 found, 1 replayed, 0 twice",
+    );
+}

@@ -10,11 +10,16 @@
 //!
 //! Replay happens once per dead letter: the offsets replayed are remembered in a state file
 //! (`dlq-replay-CLUSTER-TOPIC.json` in the host's state directory), keyed by cluster id, DLQ
-//! topic, partition and offset, and written atomically after each produce is acknowledged
-//! (acks=all). A rerun skips them. A crash between a produce and its state write replays that
-//! one produce batch again on the next run (at most [`PRODUCE_BATCH_RECORDS`] records or
-//! [`PRODUCE_BATCH_BYTES`] bytes); those duplicates carry the same `sharehost.replayed-from`
-//! value, which is what a consumer de-duplicates by.
+//! topic, partition and offset, written atomically. Each produce batch (at most
+//! [`PRODUCE_BATCH_RECORDS`] records or [`PRODUCE_BATCH_BYTES`] bytes, acks=all) is noted as
+//! pending, with the end offset of its partition, before it is sent, and remembered as
+//! replayed when the broker answers. A rerun skips what is remembered; a run that finds a
+//! pending batch (the last one stopped or failed before the answer) reads that partition from
+//! the noted offset and remembers the dead letters whose `sharehost.replayed-from` it finds
+//! there, so they are not produced again. What can still duplicate: the client resends a
+//! produce after a transport error within its request timeout, and if the first one had been
+//! written both are in the log, with the same `sharehost.replayed-from` (the de-duplication
+//! key).
 //!
 //! Memory is bounded by one Fetch response (the client asks for at most 8 MiB per partition):
 //! records are listed or replayed chunk by chunk.
@@ -315,6 +320,26 @@ pub struct ReplayState {
     pub topic: String,
     /// Partition → start → end (excluded) of each replayed range.
     pub replayed: BTreeMap<i32, BTreeMap<i64, i64>>,
+    /// The produce in progress when the state was written last, if any: a run that stopped
+    /// between writing it and the broker's answer left it, and the next run looks for its
+    /// records in the original topic before replaying anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
+}
+
+/// One replay produce, remembered before it is sent: where it goes, the end of that partition
+/// before it, and the dead letters in it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pending {
+    /// Original topic produced to.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
+    /// The partition's end offset just before the produce: its records, if any, are at or
+    /// after it.
+    pub from_offset: i64,
+    /// The dead letters in the produce, as (dead-letter partition, offset).
+    pub dead_letters: Vec<(i32, i64)>,
 }
 
 impl ReplayState {
@@ -392,8 +417,34 @@ fn load_state(path: &Path, cluster: &str, topic: &str) -> Result<ReplayState> {
             cluster: cluster.to_owned(),
             topic: topic.to_owned(),
             replayed: BTreeMap::new(),
+            pending: None,
         }),
         Err(e) => Err(e).with_context(|| format!("replay state {}", path.display())),
+    }
+}
+
+/// Takes the replay lock of a state file (`STATE.lock`, an advisory `flock` the kernel drops
+/// when the process ends, so a crash leaves no stale lock): two replays of one topic at once
+/// would each produce what the other has not remembered yet.
+fn lock_replay(state: &Path) -> Result<std::fs::File> {
+    let dir = state.parent().unwrap_or_else(|| Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("state directory {}", dir.display()))?;
+    let mut name = state.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("replay lock {}", path.display()))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::WOULDBLOCK) => bail!(
+            "another `sharehost dlq replay` of this dead-letter topic is running (it holds {})",
+            path.display()
+        ),
+        Err(e) => Err(e).with_context(|| format!("replay lock {}", path.display())),
     }
 }
 
@@ -414,6 +465,9 @@ pub struct Summary {
     pub replayed: u64,
     /// Selected but replayed by an earlier run, so skipped.
     pub already_replayed: u64,
+    /// Dead letters of a produce an earlier run did not see answered (it stopped or failed),
+    /// found in the original topic now and remembered as replayed.
+    pub recovered: u64,
     /// Records from another pipeline sharing the topic.
     pub other_pipeline: u64,
     /// Records without the provenance headers (not written by sharehost).
@@ -509,6 +563,12 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
         ),
     };
 
+    let mut summary = Summary {
+        dry_run: args.dry_run,
+        ..Summary::default()
+    };
+    // Held until the run ends: a second replay of the same topic waits for nothing, it fails.
+    let mut lock: Option<std::fs::File> = None;
     let mut replay = match args.action {
         Action::List => None,
         Action::Replay => {
@@ -520,22 +580,21 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
                 .clone()
                 .unwrap_or_else(crate::state::default_state_dir);
             let path = state_path(&dir, &cluster, &dlq);
+            lock = Some(lock_replay(&path)?);
             let state = load_state(&path, &cluster, &dlq)?;
-            Some(Replayer {
+            let mut r = Replayer {
                 client: &client,
                 dlq: dlq.clone(),
                 path,
                 state,
                 topics: HashMap::new(),
                 dry_run: args.dry_run,
-            })
+            };
+            r.recover(&mut summary).await?;
+            Some(r)
         }
     };
 
-    let mut summary = Summary {
-        dry_run: args.dry_run,
-        ..Summary::default()
-    };
     if !args.json && replay.is_none() {
         writeln!(
             out,
@@ -617,17 +676,19 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
             )?,
             Action::Replay => writeln!(
                 out,
-                "{} dead letters read, {} selected, {verb} {}, {} already replayed before, {} with their original topic missing ({} from other pipelines, {} without provenance)",
+                "{} dead letters read, {} selected, {verb} {}, {} already replayed before, {} found in the topic from an earlier run's unanswered produce, {} with their original topic missing ({} from other pipelines, {} without provenance)",
                 summary.read,
                 summary.selected,
                 summary.replayed,
                 summary.already_replayed,
+                summary.recovered,
                 summary.original_topic_missing,
                 summary.other_pipeline,
                 summary.not_dead_letters
             )?,
         }
     }
+    drop(lock);
     Ok(summary)
 }
 
@@ -833,13 +894,27 @@ impl Replayer<'_> {
         }
         let records: Vec<ProduceRecord> =
             batch.iter().map(|d| d.replay_record(&self.dlq)).collect();
+        // Remember the produce before sending it, so that a run stopped before the answer
+        // leaves enough for the next one to find what arrived (see `recover`).
+        let from_offset = self
+            .client
+            .list_offset(topic, partition, OffsetSpec::Latest)
+            .await
+            .with_context(|| format!("end offset of {topic}/{partition}"))?;
+        self.state.pending = Some(Pending {
+            topic: topic.to_owned(),
+            partition,
+            from_offset,
+            dead_letters: batch.iter().map(|d| (d.partition, d.offset)).collect(),
+        });
+        save_state(&self.path, &self.state)?;
         let base = self
             .client
             .produce(topic, partition, &records, Compression::None)
             .await
             .with_context(|| {
                 format!(
-                    "replaying {} dead letters to {topic}/{partition} (nothing of this batch was remembered; a rerun tries it again)",
+                    "replaying {} dead letters to {topic}/{partition} (the next run looks for them there and replays only those that did not arrive)",
                     batch.len()
                 )
             })?;
@@ -849,7 +924,73 @@ impl Replayer<'_> {
             let to = serde_json::Value::String(format!("{topic}/{partition}/{}", base + i as i64));
             show(out, &self.dlq, d, args, Some(("replayed", to)))?;
         }
+        self.state.pending = None;
         save_state(&self.path, &self.state)
+    }
+
+    /// Settles a produce an earlier run did not see answered: reads its original partition
+    /// from the end offset noted before it, and remembers as replayed each of its dead letters
+    /// whose `sharehost.replayed-from` is there; the others are replayed like any other. A dry
+    /// run looks too, but writes nothing.
+    async fn recover(&mut self, summary: &mut Summary) -> Result<()> {
+        let Some(p) = self.state.pending.clone() else {
+            return Ok(());
+        };
+        let wanted: HashMap<String, (i32, i64)> = p
+            .dead_letters
+            .iter()
+            .map(|&(dp, o)| (format!("{}/{dp}/{o}", self.dlq), (dp, o)))
+            .collect();
+        if topic_exists(self.client, &p.topic).await? {
+            self.client
+                .refresh_metadata(std::slice::from_ref(&p.topic))
+                .await?;
+            let earliest = self
+                .client
+                .list_offset(&p.topic, p.partition, OffsetSpec::Earliest)
+                .await?;
+            let end = self
+                .client
+                .list_offset(&p.topic, p.partition, OffsetSpec::Latest)
+                .await?;
+            let mut next = p.from_offset.max(earliest);
+            let mut empty_fetches = 0;
+            while next < end {
+                let fetched = self
+                    .client
+                    .fetch(&p.topic, p.partition, next, Duration::from_millis(500))
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "looking for an unanswered replay in {}/{} at offset {next}",
+                            p.topic, p.partition
+                        )
+                    })?;
+                if fetched.records.is_empty() {
+                    empty_fetches += 1;
+                    if empty_fetches >= 3 {
+                        break;
+                    }
+                    continue;
+                }
+                empty_fetches = 0;
+                for r in fetched.records {
+                    next = next.max(r.offset + 1);
+                    if let Some(&(dp, o)) =
+                        header_text(&r.headers, REPLAYED_FROM).and_then(|v| wanted.get(&v))
+                        && !self.state.contains(dp, o)
+                    {
+                        self.state.insert(dp, o);
+                        summary.recovered += 1;
+                    }
+                }
+            }
+        }
+        self.state.pending = None;
+        if !self.dry_run {
+            save_state(&self.path, &self.state)?;
+        }
+        Ok(())
     }
 }
 
@@ -969,6 +1110,19 @@ mod tests {
             r.headers,
             [h("trace", "abc"), h(REPLAYED_FROM, "orders-dlq/2/41")]
         );
+    }
+
+    #[test]
+    fn one_replay_at_a_time_per_state_file() {
+        let dir = std::env::temp_dir().join(format!("sharehost-dlq-lock-{}", std::process::id()));
+        let state = dir.join("dlq-replay-c-t.json");
+        let held = lock_replay(&state).expect("first lock");
+        let e = lock_replay(&state).expect_err("second lock").to_string();
+        assert!(e.contains("another `sharehost dlq replay`"), "{e}");
+        let other = lock_replay(&dir.join("dlq-replay-c-u.json")).expect("another topic");
+        drop((held, other));
+        lock_replay(&state).expect("free again once dropped");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
