@@ -567,7 +567,7 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
         dry_run: args.dry_run,
         ..Summary::default()
     };
-    // Held until the run ends: a second replay of the same topic waits for nothing, it fails.
+    // Held until the run ends: a second replay of the same topic fails at once.
     let mut lock: Option<std::fs::File> = None;
     let mut replay = match args.action {
         Action::List => None,
