@@ -7,7 +7,7 @@
 //! exits non-zero.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -20,8 +20,18 @@ use serde_json::{Value, json};
 #[derive(Debug, clap::Args)]
 pub struct CtlArgs {
     /// The host's admin listener, e.g. http://127.0.0.1:9464 (the manifest's `admin.listen`).
-    #[arg(long, env = "SHAREHOST_ADMIN", value_name = "URL")]
-    pub admin: String,
+    #[arg(
+        long,
+        env = "SHAREHOST_ADMIN",
+        value_name = "URL",
+        required_unless_present = "manifest"
+    )]
+    pub admin: Option<String>,
+    /// Take the admin listener (`admin.listen`, a wildcard address reached on loopback) and
+    /// the token's variable (`admin.token_env`) from the host's manifest instead; `--admin`
+    /// and `--token-env` win over it.
+    #[arg(long, value_name = "MANIFEST")]
+    pub manifest: Option<PathBuf>,
     /// Environment variable holding the bearer token (the manifest's `admin.token_env`); sent
     /// as `Authorization: Bearer ...`. Never pass the token itself as an argument.
     #[arg(long, value_name = "VAR")]
@@ -282,6 +292,56 @@ fn endpoint(url: &str) -> Result<Endpoint> {
     })
 }
 
+/// The `[admin]` table of a manifest, read on its own: `ctl` may run where the manifest's
+/// component files and TLS files are not, so the rest is not validated here.
+fn manifest_admin(path: &Path) -> Result<crate::manifest::AdminSpec> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the manifest {}", path.display()))?;
+    let value: toml::Table =
+        toml::from_str(&text).with_context(|| format!("manifest {}", path.display()))?;
+    let admin = value.get("admin").and_then(toml::Value::as_table);
+    let field = |key: &str| -> Result<Option<String>> {
+        match admin.and_then(|a| a.get(key)) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => bail!(
+                "{}: admin.{key} must be a string, not a {}",
+                path.display(),
+                other.type_str()
+            ),
+        }
+    };
+    Ok(crate::manifest::AdminSpec {
+        listen: field("listen")?
+            .unwrap_or_else(|| crate::manifest::defaults::ADMIN_LISTEN.to_owned()),
+        token_env: field("token_env")?,
+    })
+}
+
+/// The URL `ctl` reaches a listener bound at `listen` on: a wildcard address (0.0.0.0, [::])
+/// on loopback, the same port. An ephemeral port (0) cannot be known from the manifest.
+pub fn admin_url(listen: &str) -> Result<String> {
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("not an address and port: {e}"))?;
+    if addr.port() == 0 {
+        bail!("the port is chosen when the host starts (0): pass --admin with the one it logged");
+    }
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) if v4.is_unspecified() => {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        }
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        }
+        ip => ip,
+    };
+    Ok(format!(
+        "http://{}",
+        std::net::SocketAddr::new(ip, addr.port())
+    ))
+}
+
 /// The host's answer: status and body.
 #[derive(Debug, Clone)]
 pub struct Answer {
@@ -375,7 +435,26 @@ pub fn error_text(answer: &Answer) -> String {
 /// request, the status and what the host said.
 pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
     let call = args.command.call()?;
-    let token = match &args.token_env {
+    let from_manifest = match &args.manifest {
+        Some(path) => Some(manifest_admin(path)?),
+        None => None,
+    };
+    let admin = match (&args.admin, &from_manifest) {
+        (Some(url), _) => url.clone(),
+        (None, Some(spec)) => admin_url(&spec.listen).with_context(|| {
+            format!(
+                "{}: admin.listen {:?}",
+                args.manifest.as_deref().unwrap_or(Path::new("")).display(),
+                spec.listen
+            )
+        })?,
+        (None, None) => bail!("--admin URL or --manifest MANIFEST is required"),
+    };
+    let token_env = args
+        .token_env
+        .clone()
+        .or_else(|| from_manifest.and_then(|spec| spec.token_env));
+    let token = match &token_env {
         Some(var) => Some(
             std::env::var(var)
                 .with_context(|| format!("--token-env: environment variable {var} is not set"))?,
@@ -383,7 +462,7 @@ pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
         None => None,
     };
     let answer = send(
-        &args.admin,
+        &admin,
         token.as_deref(),
         &call,
         Duration::from_secs(args.timeout),
@@ -771,6 +850,22 @@ mod tests {
         );
         let err = endpoint("https://h:1").expect_err("https").to_string();
         assert!(err.contains("only http://"), "{err}");
+    }
+
+    #[test]
+    fn a_manifest_listener_becomes_a_url_to_reach_it() {
+        assert_eq!(
+            admin_url("127.0.0.1:9464").expect("v4"),
+            "http://127.0.0.1:9464"
+        );
+        assert_eq!(
+            admin_url("0.0.0.0:9464").expect("any v4"),
+            "http://127.0.0.1:9464"
+        );
+        assert_eq!(admin_url("[::]:9464").expect("any v6"), "http://[::1]:9464");
+        let e = admin_url("127.0.0.1:0").expect_err("ephemeral").to_string();
+        assert!(e.contains("pass --admin"), "{e}");
+        assert!(admin_url("localhost:9464").is_err());
     }
 
     #[test]

@@ -149,6 +149,25 @@ async fn stub() -> (String, Log) {
     (format!("http://{addr}"), log)
 }
 
+/// Runs `sharehost ctl ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its environment (and no
+/// `SHAREHOST_ADMIN`); returns success, stdout and stderr.
+async fn ctl_bare(args: &[&str]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    cmd.arg("ctl")
+        .args(args)
+        .env("SHAREHOST_TEST_TOKEN", "t0k")
+        .env_remove("SHAREHOST_ADMIN");
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run sharehost ctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Runs `sharehost ctl --admin URL ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its
 /// environment; returns success, stdout and stderr.
 async fn ctl(url: &str, args: &[&str]) -> (bool, String, String) {
@@ -467,4 +486,67 @@ async fn errors_say_what_the_host_answered_and_exit_non_zero() {
         !ok && err.contains("cannot reach the admin listener"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifest_names_the_listener_and_the_token_variable() {
+    let (url, log) = stub().await;
+    let listen = url.trim_start_matches("http://").to_owned();
+    let dir = std::env::temp_dir().join(format!("sharehost-ctl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("host.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"[cluster]
+bootstrap = "127.0.0.1:9092"
+
+[admin]
+listen = "{listen}"
+token_env = "SHAREHOST_TEST_TOKEN"
+
+[[pipeline]]
+name = "orders"
+topics = ["orders"]
+group = "g"
+component = "orders.wasm"
+"#
+        ),
+    )
+    .expect("write manifest");
+    let m = manifest.to_str().expect("utf-8 path");
+    let (ok, out, err) = ctl_bare(&["--manifest", m, "promote", "orders"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("active_version: "), "{out}");
+    let seen = last(&log);
+    assert_eq!(seen.path, "/pipelines/orders/promote");
+    assert_eq!(
+        seen.auth.as_deref(),
+        Some("Bearer t0k"),
+        "the manifest's token_env"
+    );
+    // --token-env wins over the manifest's (here: a variable that is not set).
+    let (ok, _, err) = ctl_bare(&[
+        "--manifest",
+        m,
+        "--token-env",
+        "SHAREHOST_NO_SUCH_VAR",
+        "pipelines",
+    ])
+    .await;
+    assert!(
+        !ok && err.contains("SHAREHOST_NO_SUCH_VAR is not set"),
+        "{err}"
+    );
+    // An ephemeral port cannot be known from the manifest; neither --admin nor --manifest is
+    // a usage error.
+    let text = std::fs::read_to_string(&manifest)
+        .expect("read")
+        .replace(&listen, "127.0.0.1:0");
+    std::fs::write(&manifest, text).expect("write");
+    let (ok, _, err) = ctl_bare(&["--manifest", m, "pipelines"]).await;
+    assert!(!ok && err.contains("pass --admin"), "{err}");
+    let (ok, _, err) = ctl_bare(&["pipelines"]).await;
+    assert!(!ok && err.contains("--admin"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
