@@ -573,7 +573,7 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
         Action::List => None,
         Action::Replay => {
             let cluster = cluster_id(&client)
-                .await
+                .await?
                 .unwrap_or_else(|| manifest.cluster.bootstrap.clone());
             let dir = args
                 .state_dir
@@ -693,15 +693,18 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
 }
 
 /// The cluster id from Metadata, the key of the replay state (so two spellings of one
-/// bootstrap list share it, and two clusters behind one address do not).
-async fn cluster_id(client: &KafkaClient) -> Option<String> {
+/// bootstrap list share it, and two clusters behind one address do not). A failed request is
+/// an error, never a fallback: a state file keyed differently on one run would replay again.
+/// `None` only when the broker says it has no id.
+async fn cluster_id(client: &KafkaClient) -> Result<Option<String>> {
     let resp = client
         .send_any(&MetadataRequest::default().with_topics(Some(Vec::new())))
         .await
-        .ok()?;
-    resp.cluster_id
+        .context("asking the cluster for its id (the key of the replay state)")?;
+    Ok(resp
+        .cluster_id
         .map(|c| c.as_str().to_owned())
-        .filter(|c| !c.is_empty())
+        .filter(|c| !c.is_empty()))
 }
 
 /// Whether `topic` exists, asked without letting the broker create it: the client's metadata
