@@ -223,6 +223,7 @@ async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
     assert_eq!(second.summary["replayed"], 0, "{}", second.summary);
     assert_eq!(second.summary["already_replayed"], rejected.len());
     assert_eq!(topic_records(&client, &topic, 3).await.len(), after.len());
+    let _ = std::fs::remove_dir_all(&dir);
     report(&format!(
         "dlq replay: {} produced, {} dead-lettered by the host, {} replayed to {topic} once, rerun replayed 0",
         ids.len(),
@@ -466,6 +467,8 @@ async fn reason_offsets_and_dry_run_choose_what_is_replayed() {
         "looking for the original topic did not create it"
     );
     assert_eq!(topic_records(&client, &topic, 2).await.len(), 12);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&elsewhere);
     report(
         "dlq select: --reason/--offsets/--partition chose 3, the rest 9, a rerun 0, dry run produced 0",
     );
@@ -566,6 +569,7 @@ async fn a_produce_left_unanswered_by_a_stopped_run_is_found_not_replayed_again(
         (&again.summary["replayed"], &again.summary["recovered"]),
         (&Value::from(0), &Value::from(0))
     );
+    let _ = std::fs::remove_dir_all(&dir);
     report(
         "dlq pending: a stopped run's 3-record produce (2 arrived) settled: 2 found, 1 replayed, 0 twice",
     );

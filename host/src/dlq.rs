@@ -9,8 +9,8 @@
 //! original topic, with `sharehost.replayed-from = "DLQTOPIC/PARTITION/OFFSET"` added.
 //!
 //! Replay happens once per dead letter: the offsets replayed are remembered in a state file
-//! (`dlq-replay-CLUSTER-TOPIC.json` in the host's state directory), keyed by cluster id, DLQ
-//! topic, partition and offset, written atomically. Each produce batch (at most
+//! (`dlq-replay-CLUSTER-TOPIC-TOPICID.json` in the host's state directory), keyed by cluster
+//! id, DLQ topic (name and id), partition and offset, written atomically. Each produce batch (at most
 //! [`PRODUCE_BATCH_RECORDS`] records or [`PRODUCE_BATCH_BYTES`] bytes, acks=all) is noted as
 //! pending, with the end offset of its partition, before it is sent, and remembered as
 //! replayed when the broker answers. A rerun skips what is remembered; a run that finds a
@@ -318,6 +318,10 @@ pub struct ReplayState {
     pub cluster: String,
     /// The dead-letter topic.
     pub topic: String,
+    /// Its topic id: offsets of a topic deleted and created again under the same name start
+    /// at 0 again and are other dead letters, so the id is part of the key.
+    #[serde(default)]
+    pub topic_id: String,
     /// Partition → start → end (excluded) of each replayed range.
     pub replayed: BTreeMap<i32, BTreeMap<i64, i64>>,
     /// The produce in progress when the state was written last, if any: a run that stopped
@@ -382,8 +386,8 @@ impl ReplayState {
     }
 }
 
-/// The state file of one cluster's dead-letter topic in `dir`.
-pub fn state_path(dir: &Path, cluster: &str, topic: &str) -> PathBuf {
+/// The state file of one cluster's dead-letter topic (name and id) in `dir`.
+pub fn state_path(dir: &Path, cluster: &str, topic: &str, topic_id: &str) -> PathBuf {
     let safe = |s: &str| -> String {
         s.chars()
             .map(|c| {
@@ -395,20 +399,26 @@ pub fn state_path(dir: &Path, cluster: &str, topic: &str) -> PathBuf {
             })
             .collect()
     };
-    dir.join(format!("dlq-replay-{}-{}.json", safe(cluster), safe(topic)))
+    dir.join(format!(
+        "dlq-replay-{}-{}-{}.json",
+        safe(cluster),
+        safe(topic),
+        safe(topic_id)
+    ))
 }
 
-fn load_state(path: &Path, cluster: &str, topic: &str) -> Result<ReplayState> {
+fn load_state(path: &Path, cluster: &str, topic: &str, topic_id: &str) -> Result<ReplayState> {
     match std::fs::read(path) {
         Ok(bytes) => {
             let state: ReplayState = serde_json::from_slice(&bytes)
                 .with_context(|| format!("replay state {}", path.display()))?;
-            if state.cluster != cluster || state.topic != topic {
+            if state.cluster != cluster || state.topic != topic || state.topic_id != topic_id {
                 bail!(
-                    "replay state {}: written for {}/{}, not {cluster}/{topic}",
+                    "replay state {}: written for {}/{} ({}), not {cluster}/{topic} ({topic_id})",
                     path.display(),
                     state.cluster,
-                    state.topic
+                    state.topic,
+                    state.topic_id
                 );
             }
             Ok(state)
@@ -416,6 +426,7 @@ fn load_state(path: &Path, cluster: &str, topic: &str) -> Result<ReplayState> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ReplayState {
             cluster: cluster.to_owned(),
             topic: topic.to_owned(),
+            topic_id: topic_id.to_owned(),
             replayed: BTreeMap::new(),
             pending: None,
         }),
@@ -579,9 +590,10 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
                 .state_dir
                 .clone()
                 .unwrap_or_else(crate::state::default_state_dir);
-            let path = state_path(&dir, &cluster, &dlq);
+            let topic_id = meta.id.simple().to_string();
+            let path = state_path(&dir, &cluster, &dlq, &topic_id);
             lock = Some(lock_replay(&path)?);
-            let state = load_state(&path, &cluster, &dlq)?;
+            let state = load_state(&path, &cluster, &dlq, &topic_id)?;
             let mut r = Replayer {
                 client: &client,
                 dlq: dlq.clone(),
