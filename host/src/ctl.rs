@@ -102,13 +102,15 @@ pub enum CtlCommand {
         /// Promote after this many seconds within bounds.
         #[arg(long, value_name = "S")]
         promote_after_seconds: Option<u64>,
-        /// Roll back when the candidate's fault rate (faults per batch) exceeds this.
+        /// Roll back when a larger share of the candidate's batches fault (host default 0: at
+        /// the first fault).
         #[arg(long, value_name = "F")]
         max_fault_rate: Option<f64>,
-        /// Roll back when its reject rate exceeds the active version's by more than this.
+        /// Roll back when its reject rate exceeds the active version's by more than this, in
+        /// rate points (0.05 = five percentage points, the host's default).
         #[arg(long, value_name = "F")]
         max_reject_rate_increase: Option<f64>,
-        /// Roll back when its release rate exceeds the active version's by more than this.
+        /// The same for releases (host default 0.05).
         #[arg(long, value_name = "F")]
         max_release_rate_increase: Option<f64>,
     },
