@@ -416,5 +416,16 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
         metrics.contains(&version_line),
         "{version_line} in {metrics}"
     );
+    // And in every dead letter's provenance.
+    let dead = topic_records(&client, &format!("{topic}-dlq"), 1).await;
+    assert!(!dead.is_empty(), "every 7th id was dead-lettered");
+    for (_, r) in &dead {
+        let signer = r
+            .headers
+            .iter()
+            .find(|h| h.key == "sharehost.plugin.signer")
+            .and_then(|h| h.value.as_deref());
+        assert_eq!(signer, Some(alice.id().as_bytes()), "{:?}", r.headers);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -115,37 +115,43 @@ async fn swap(
 
 /// The pipeline a mutating request is for, after checking its token: `Err` is the answer to
 /// send (401 or 404).
-fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipeline>, Response> {
+fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipeline>, Box<Response>> {
     if !authorized(s, headers) {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            "a valid bearer token is required\n",
-        )
-            .into_response());
+        return Err(Box::new(
+            (
+                StatusCode::UNAUTHORIZED,
+                "a valid bearer token is required\n",
+            )
+                .into_response(),
+        ));
     }
     s.pipelines
         .iter()
         .find(|p| p.name() == name)
         .cloned()
         .ok_or_else(|| {
-            (
-                StatusCode::NOT_FOUND,
-                format!("no pipeline named {name:?}\n"),
+            Box::new(
+                (
+                    StatusCode::NOT_FOUND,
+                    format!("no pipeline named {name:?}\n"),
+                )
+                    .into_response(),
             )
-                .into_response()
         })
 }
 
 /// A JSON body, or the 400 answer naming what was expected.
-fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Response> {
+fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Box<Response>> {
     // An empty body is an empty object: `{}` and nothing mean the same for optional fields.
     let text = if text.trim().is_empty() { "{}" } else { text };
     serde_json::from_str(text).map_err(|e| {
-        (
-            StatusCode::BAD_REQUEST,
-            format!("expected {expected}: {e}\n"),
+        Box::new(
+            (
+                StatusCode::BAD_REQUEST,
+                format!("expected {expected}: {e}\n"),
+            )
+                .into_response(),
         )
-            .into_response()
     })
 }
 
@@ -185,11 +191,11 @@ async fn rollback(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let b: RollbackBody = match body(&text, r#"{"hash": "..."} or nothing"#) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     outcome(&name, "active_version", p.rollback(b.hash.as_deref()).await)
 }
@@ -202,11 +208,11 @@ async fn shadow(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let req: ShadowRequest = match body(&text, r#"{"path": "...", "sample": 0.5}"#) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     outcome(&name, "candidate", p.start_shadow(req).await)
 }
@@ -218,7 +224,7 @@ async fn shadow_stop(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match p.stop_shadow() {
         Some(status) => {
@@ -240,14 +246,14 @@ async fn canary(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let req: CanaryRequest = match body(
         &text,
         r#"{"path": "...", "percent": 10, "promote_after": {"batches": 100}, "rollback_if": {...}}"#,
     ) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     outcome(&name, "candidate", p.start_canary(req).await)
 }
@@ -259,7 +265,7 @@ async fn canary_stop(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     outcome(&name, "active_version", p.stop_canary().await)
 }
@@ -271,7 +277,7 @@ async fn promote(
 ) -> Response {
     let p = match target(&s, &headers, &name) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     outcome(&name, "active_version", p.promote_canary().await)
 }

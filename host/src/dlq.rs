@@ -38,6 +38,7 @@ use crate::kafka::{
     Compression, ConsumedRecord, Header, KafkaClient, OffsetSpec, ProduceRecord, TopicMeta,
 };
 use crate::manifest::Manifest;
+use crate::pipeline::murmur2;
 
 /// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
 pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
@@ -1025,34 +1026,6 @@ pub fn target_partition(meta: &TopicMeta, original: Option<i32>, key: Option<&[u
     }
 }
 
-/// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c).
-///
-/// The pipeline has the same function for output partitions, private to it; this copy is here
-/// until that one is shared (`pub(crate)`), and is held to the same Java test vectors.
-fn murmur2(data: &[u8]) -> u32 {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    let mut h = SEED ^ data.len() as u32;
-    let mut chunks = data.chunks_exact(4);
-    for c in &mut chunks {
-        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> 24;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M) ^ k;
-    }
-    let rest = chunks.remainder();
-    for (i, b) in rest.iter().enumerate().rev() {
-        h ^= u32::from(*b) << (8 * i);
-    }
-    if !rest.is_empty() {
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^ (h >> 15)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1150,25 +1123,7 @@ mod tests {
     }
 
     #[test]
-    fn murmur2_matches_the_java_clients_default_partitioner() {
-        for (key, want) in [
-            (&b"21"[..], -973_932_308),
-            (b"foobar", -790_332_482),
-            (b"a-little-bit-long-string", -985_981_536),
-            (b"a-little-bit-longer-string", -1_486_304_829),
-            (
-                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
-                -58_897_971,
-            ),
-            (b"abc", 479_470_107),
-        ] {
-            assert_eq!(
-                murmur2(key) as i32,
-                want,
-                "{}",
-                String::from_utf8_lossy(key)
-            );
-        }
+    fn a_replay_goes_to_the_original_partition_or_where_a_java_producer_puts_the_key() {
         let meta = TopicMeta {
             name: "t".into(),
             id: uuid::Uuid::nil(),

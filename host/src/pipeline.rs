@@ -51,7 +51,7 @@ const PRODUCE_FAILURE_BACKOFF_MS: u32 = 2_000;
 
 /// Why a plugin version could not be made active.
 #[derive(Debug, thiserror::Error)]
-#[error("pipeline {pipeline}: cannot load {path}: {message}")]
+#[error("pipeline {pipeline}: {}{message}", if path.as_os_str().is_empty() { String::new() } else { format!("cannot load {}: ", path.display()) })]
 pub struct SwapError {
     /// The pipeline.
     pub pipeline: String,
@@ -844,6 +844,11 @@ impl Pipeline {
             self.spec.concurrency,
         )
         .await?;
+        // The same version as before, loaded when it first was.
+        let v = Version {
+            loaded_at_ms: kept.loaded_at_ms,
+            ..v
+        };
         let hash = v.hash.clone();
         self.activate(v, "rolled back");
         self.metrics
@@ -2008,7 +2013,7 @@ fn output_partition(key: Option<&[u8]>, source_partition: i32, partitions: usize
 /// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c), written out because
 /// the default partitioner's exact hash is a fact of the Java client no Rust crate we use
 /// exposes.
-fn murmur2(data: &[u8]) -> u32 {
+pub(crate) fn murmur2(data: &[u8]) -> u32 {
     const SEED: u32 = 0x9747_b28c;
     const M: u32 = 0x5bd1_e995;
     const R: u32 = 24;

@@ -494,15 +494,15 @@ mod tests {
     #[test]
     fn a_fault_rolls_back_at_once_and_clean_batches_promote() {
         let mut c = canary(50.0, 3);
-        c.candidate.add(&[Verdict::Accept; 10], false);
+        c.candidate.add(&vec![Verdict::Accept; 10], false);
         assert_eq!(c.after_candidate_batch(), CanaryDecision::Continue);
-        c.candidate.add(&[Verdict::Accept; 10], true);
+        c.candidate.add(&vec![Verdict::Accept; 10], true);
         assert!(
             matches!(c.after_candidate_batch(), CanaryDecision::RollBack(r) if r.contains("fault rate"))
         );
         let mut c = canary(50.0, 2);
-        c.candidate.add(&[Verdict::Accept; 10], false);
-        c.candidate.add(&[Verdict::Accept; 10], false);
+        c.candidate.add(&vec![Verdict::Accept; 10], false);
+        c.candidate.add(&vec![Verdict::Accept; 10], false);
         assert!(matches!(
             c.after_candidate_batch(),
             CanaryDecision::Promote(_)
