@@ -354,6 +354,11 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
     let m = manifest.clone();
     let host = blocking(move || HostProcess::start(sharehost(), &m, "second")).await;
     assert_eq!(host.status()[0]["active_version"], v2_hash.as_str());
+    let log = host.log_lines().join("\n");
+    assert!(
+        log.contains("coming back on the version active before the restart"),
+        "the log says which rule applied: {log}"
+    );
     let (code, versions) = host.http("GET", "/pipelines/ledger/versions", "");
     assert_eq!(code, 200, "{versions}");
     let versions: serde_json::Value = serde_json::from_str(&versions).expect("JSON");

@@ -565,7 +565,10 @@ impl Pipeline {
             }
         };
         let restore = match remembered {
-            Some(st) if st.active_hash == manifest.hash => None,
+            Some(st) if st.active_hash == manifest.hash => {
+                tracing::info!(pipeline = %spec.name, version = %short(&manifest.hash), state = %file.display(), "the version active before the restart is the manifest's component: starting on it");
+                None
+            }
             Some(st) if st.manifest_hash != manifest.hash => {
                 tracing::info!(pipeline = %spec.name, remembered = %short(&st.active_hash), manifest = %short(&manifest.hash), "the manifest's component changed since the last run: starting on it, not on the version active before");
                 None
@@ -581,7 +584,10 @@ impl Pipeline {
                     None
                 }
             },
-            None => None,
+            None => {
+                tracing::info!(pipeline = %spec.name, state = %file.display(), "no version remembered for this pipeline and group: starting on the manifest's component");
+                None
+            }
         };
         let manifest_hash = manifest.hash.clone();
         let (start, kept) = match restore {
