@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen};
-use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
     unique, wait_until_drained,
@@ -287,9 +287,6 @@ async fn a_canary_that_traps_every_fifth_batch_is_rolled_back_and_loses_nothing(
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(&seen).await;
     assert_eq!(ledger.duplicates(), 0, "no record judged by both versions");
-    report(&format!(
-        "{ledger} (canary trapping every 5th batch, rolled back)"
-    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -324,7 +321,6 @@ async fn a_good_canary_is_promoted_and_loses_nothing() {
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(&seen).await;
     assert_eq!(ledger.duplicates(), 0);
-    report(&format!("{ledger} (good canary, promoted after 4 batches)"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
