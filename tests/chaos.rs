@@ -49,7 +49,8 @@ use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
-    FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, topic_values, unique,
+    FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, new_version,
+    topic_values, unique,
 };
 use tokio::sync::watch;
 
@@ -260,22 +261,6 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn sharehost() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
-
-/// A copy of a component with a custom section appended: the same plugin, a different content
-/// hash, i.e. a new version for a hot-swap.
-fn new_version(component: &Path, tag: &str) -> Vec<u8> {
-    let mut bytes = std::fs::read(component).expect("read component");
-    let name = b"sharehost-test-version";
-    let payload = tag.as_bytes();
-    let len = 1 + name.len() + payload.len();
-    assert!(len < 128, "one-byte LEB128 sizes");
-    bytes.push(0); // custom section
-    bytes.push(u8::try_from(len).expect("small"));
-    bytes.push(u8::try_from(name.len()).expect("small"));
-    bytes.extend_from_slice(name);
-    bytes.extend_from_slice(payload);
-    bytes
 }
 
 /// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's

@@ -21,7 +21,7 @@ use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
-    produce_ids, proxied_listener, topic_values, unique, wait_until_drained,
+    new_version, produce_ids, proxied_listener, topic_values, unique, wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -149,22 +149,6 @@ impl Scenario {
 /// Runs blocking process work (start, wait, kill) off the async runtime.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("join")
-}
-
-/// A copy of a component with a custom section appended: the same plugin, a different content
-/// hash, i.e. a new version for a hot-swap.
-fn new_version(component: &Path, tag: &str) -> Vec<u8> {
-    let mut bytes = std::fs::read(component).expect("read component");
-    let name = b"sharehost-test-version";
-    let payload = tag.as_bytes();
-    let len = 1 + name.len() + payload.len();
-    assert!(len < 128 && name.len() < 128, "one-byte LEB128 sizes");
-    bytes.push(0); // custom section
-    bytes.push(u8::try_from(len).expect("small"));
-    bytes.push(u8::try_from(name.len()).expect("small"));
-    bytes.extend_from_slice(name);
-    bytes.extend_from_slice(payload);
-    bytes
 }
 
 fn faults_of(status: &serde_json::Value) -> u64 {

@@ -18,8 +18,8 @@ use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    unique, wait_until_drained,
+    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, new_version,
+    produce_ids, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -88,17 +88,10 @@ impl Scenario {
         self.ids.extend(more);
     }
 
-    /// A copy of `component` with a marker section: the same behaviour, another hash.
+    /// A new version of `component` (same behaviour, another hash), written to the scenario's
+    /// directory.
     fn new_version(&self, component: &Path, tag: &str) -> PathBuf {
-        let mut bytes = std::fs::read(component).expect("read component");
-        let name = b"sharehost-test-version";
-        let len = 1 + name.len() + tag.len();
-        assert!(len < 128, "one-byte LEB128 sizes");
-        bytes.push(0);
-        bytes.push(u8::try_from(len).expect("small"));
-        bytes.push(u8::try_from(name.len()).expect("small"));
-        bytes.extend_from_slice(name);
-        bytes.extend_from_slice(tag.as_bytes());
+        let bytes = new_version(component, tag);
         let path = self.dir.join(format!("{tag}.wasm"));
         std::fs::write(&path, bytes).expect("write candidate");
         path

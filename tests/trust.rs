@@ -22,8 +22,8 @@ use sharehost::runtime::{
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    topic_records, unique, wait_until_drained,
+    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, new_version,
+    produce_ids, topic_records, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -70,22 +70,6 @@ impl Publisher {
         let sig = minisign::sign(Some(&self.pk), &self.sk, &bytes[..], None, None).expect("sign");
         std::fs::write(signature_path(component), sig.to_string()).expect("write signature");
     }
-}
-
-/// A copy of a component with a custom section appended: the same plugin, a different content
-/// hash (a new version for a swap, and a file no earlier run has cached).
-fn new_version(component: &Path, tag: &str) -> Vec<u8> {
-    let mut bytes = std::fs::read(component).expect("read component");
-    let name = b"sharehost-test-version";
-    let payload = tag.as_bytes();
-    let len = 1 + name.len() + payload.len();
-    assert!(len < 128, "one-byte LEB128 sizes");
-    bytes.push(0); // custom section
-    bytes.push(u8::try_from(len).expect("small"));
-    bytes.push(u8::try_from(name.len()).expect("small"));
-    bytes.extend_from_slice(name);
-    bytes.extend_from_slice(payload);
-    bytes
 }
 
 fn scratch(tag: &str) -> PathBuf {

@@ -312,6 +312,23 @@ config = {{ {plugin_config} }}
     )
 }
 
+/// The bytes of `component` with a custom section appended: the same plugin, another content
+/// hash. A new version for a hot-swap, a canary or a rollback, and a file no earlier run has
+/// cached.
+pub fn new_version(component: &std::path::Path, tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(component).expect("read component");
+    let name = b"sharehost-test-version";
+    let payload = tag.as_bytes();
+    let len = 1 + name.len() + payload.len();
+    assert!(len < 128, "one-byte LEB128 sizes");
+    bytes.push(0); // custom section
+    bytes.push(u8::try_from(len).expect("small"));
+    bytes.push(u8::try_from(name.len()).expect("small"));
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
 /// A plugin runtime for the runtime tests: 64 MiB plugins, 8 instances in the pool.
 pub fn plugin_runtime() -> sharehost::runtime::PluginRuntime {
     sharehost::runtime::PluginRuntime::new(sharehost::runtime::RuntimeConfig {
