@@ -131,6 +131,11 @@ fn crafted_component(pages: u64, memories: u32, data: usize, imports: &[&str]) -
     }
     let module = b.core_module(None, &core_module(pages, memories, data));
     let instance = b.core_instantiate(None, module, Vec::<(&str, wasm_encoder::ModuleArg)>::new());
+    export_f_as_init_and_handle(b, instance)
+}
+
+/// Lifts core instance `instance`'s `f` and exports it as both `init` and `handle`.
+fn export_f_as_init_and_handle(mut b: ComponentBuilder, instance: u32) -> Vec<u8> {
     let core_f = b.core_alias_export(None, instance, "f", ExportKind::Func);
     let (ty, encoder) = b.ty(None);
     encoder
@@ -319,21 +324,7 @@ fn component_with_instances(instances: u32) -> Vec<u8> {
             Some(b.core_instantiate(None, module, Vec::<(&str, wasm_encoder::ModuleArg)>::new()));
     }
     let instance = last.expect("at least one instance");
-    let core_f = b.core_alias_export(None, instance, "f", ExportKind::Func);
-    let (ty, encoder) = b.ty(None);
-    encoder
-        .function()
-        .params(Vec::<(&str, wasm_encoder::ComponentValType)>::new())
-        .result(None);
-    let f = b.lift_func(
-        None,
-        core_f,
-        ty,
-        Vec::<wasm_encoder::CanonicalOption>::new(),
-    );
-    b.export("init", ComponentExportKind::Func, f, None);
-    b.export("handle", ComponentExportKind::Func, f, None);
-    b.finish()
+    export_f_as_init_and_handle(b, instance)
 }
 
 #[test]
