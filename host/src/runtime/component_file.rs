@@ -93,6 +93,14 @@ pub fn check_component_path(path: &Path, max_bytes: u64) -> Result<(), LoadError
 /// Reads a component file: a regular file of at most `max_bytes`, whose header says it is a
 /// component (see the module doc). Only then are its bytes handed to a parser.
 pub fn read_component(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError> {
+    let bytes = read_regular(path, max_bytes)?;
+    identify(path, &bytes)?;
+    Ok(bytes)
+}
+
+/// Reads a regular file of at most `max_bytes` (a FIFO cannot hang the read, `/dev/zero`
+/// cannot fill memory): the reader behind components and their signatures.
+pub(crate) fn read_regular(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError> {
     let (file, size) = open_regular(path, max_bytes)?;
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     // One byte more than allowed tells a file that grew since the fstat from one that did not.
@@ -110,7 +118,6 @@ pub fn read_component(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError>
             setting: MAX_SETTING,
         });
     }
-    identify(path, &bytes)?;
     Ok(bytes)
 }
 

@@ -13,12 +13,12 @@
 //! the algorithm, shown as minisign shows them (`minisign public key 8A52150A5C80B347`).
 
 use std::fmt;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use rustix::fs::{Mode, OFlags};
+
+use super::component_file::read_regular;
+use super::error::LoadError;
 
 /// The largest `.minisig` file read: a signature is about 300 bytes with its comments, so
 /// anything much bigger is not one (and is not read into memory).
@@ -183,46 +183,31 @@ pub fn signature_path(component: &Path) -> PathBuf {
 /// Reads a signature file: a regular file (a FIFO cannot hang the load, `/dev/zero` cannot
 /// fill memory) of at most [`MAX_SIGNATURE_BYTES`], in UTF-8.
 fn read_signature(path: &Path) -> Result<String, TrustRefusal> {
-    let unreadable = |source: std::io::Error| {
-        if source.kind() == std::io::ErrorKind::NotFound {
+    let bytes = read_regular(path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
+        LoadError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             TrustRefusal::NoSignature {
                 signature: path.to_owned(),
             }
-        } else {
-            TrustRefusal::UnreadableSignature {
-                signature: path.to_owned(),
-                reason: source.to_string(),
-            }
         }
-    };
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    )
-    .map_err(|e| unreadable(e.into()))?;
-    let file = File::from(fd);
-    let meta = file.metadata().map_err(unreadable)?;
-    if !meta.file_type().is_file() {
-        return Err(TrustRefusal::UnreadableSignature {
+        LoadError::TooLarge { size, .. } => TrustRefusal::MalformedSignature {
+            signature: path.to_owned(),
+            reason: format!(
+                "{size} bytes, more than a signature's {MAX_SIGNATURE_BYTES}-byte maximum"
+            ),
+        },
+        LoadError::NotAFile { .. } => TrustRefusal::UnreadableSignature {
             signature: path.to_owned(),
             reason: "not a regular file".into(),
-        });
-    }
-    let too_large = |size: u64| TrustRefusal::MalformedSignature {
-        signature: path.to_owned(),
-        reason: format!("{size} bytes, more than a signature's {MAX_SIGNATURE_BYTES}-byte maximum"),
-    };
-    if meta.len() > MAX_SIGNATURE_BYTES {
-        return Err(too_large(meta.len()));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_SIGNATURE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() as u64 > MAX_SIGNATURE_BYTES {
-        return Err(too_large(bytes.len() as u64));
-    }
+        },
+        LoadError::Read { source, .. } => TrustRefusal::UnreadableSignature {
+            signature: path.to_owned(),
+            reason: source.to_string(),
+        },
+        other => TrustRefusal::UnreadableSignature {
+            signature: path.to_owned(),
+            reason: other.to_string(),
+        },
+    })?;
     String::from_utf8(bytes).map_err(|_| TrustRefusal::MalformedSignature {
         signature: path.to_owned(),
         reason: "not text (a minisign signature is four lines of text)".into(),
