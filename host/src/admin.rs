@@ -76,53 +76,36 @@ async fn swap(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: String,
-) -> Response {
-    if !authorized(&s, &headers) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            "a valid bearer token is required\n",
-        )
-            .into_response();
-    }
-    let Some(p) = s.pipelines.iter().find(|p| p.name() == name) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("no pipeline named {name:?}\n"),
-        )
-            .into_response();
-    };
-    let path = match serde_json::from_str::<SwapBody>(&body) {
-        Ok(b) => b.path,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("expected {{\"path\": \"...\"}}: {e}\n"),
-            )
-                .into_response();
-        }
-    };
-    match p.swap(&path).await {
-        Ok(hash) => axum::Json(serde_json::json!({ "pipeline": name, "active_version": hash }))
-            .into_response(),
-        Err(e) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(serde_json::json!({ "pipeline": name, "error": e.to_string() })),
-        )
-            .into_response(),
+    text: String,
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    let b: SwapBody = body(&text, r#"{"path": "..."}"#)?;
+    Ok(outcome(&name, "active_version", p.swap(&b.path).await))
+}
+
+/// A request refused before it reached its pipeline (401, 404, 400): the answer to send.
+/// Boxed because a `Response` is large and travels in every handler's `Err`.
+struct Refusal(Box<Response>);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        *self.0
     }
 }
 
-/// The pipeline a mutating request is for, after checking its token: `Err` is the answer to
-/// send (401 or 404).
-fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipeline>, Box<Response>> {
+fn refusal(status: StatusCode, text: String) -> Refusal {
+    Refusal(Box::new((status, text).into_response()))
+}
+
+/// What a mutating handler answers: the pipeline's answer, or why it never got there.
+type Answer = Result<Response, Refusal>;
+
+/// The pipeline a mutating request is for, after checking its token (401, 404 otherwise).
+fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipeline>, Refusal> {
     if !authorized(s, headers) {
-        return Err(Box::new(
-            (
-                StatusCode::UNAUTHORIZED,
-                "a valid bearer token is required\n",
-            )
-                .into_response(),
+        return Err(refusal(
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n".into(),
         ));
     }
     s.pipelines
@@ -130,27 +113,21 @@ fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipelin
         .find(|p| p.name() == name)
         .cloned()
         .ok_or_else(|| {
-            Box::new(
-                (
-                    StatusCode::NOT_FOUND,
-                    format!("no pipeline named {name:?}\n"),
-                )
-                    .into_response(),
+            refusal(
+                StatusCode::NOT_FOUND,
+                format!("no pipeline named {name:?}\n"),
             )
         })
 }
 
 /// A JSON body, or the 400 answer naming what was expected.
-fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Box<Response>> {
+fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Refusal> {
     // An empty body is an empty object: `{}` and nothing mean the same for optional fields.
     let text = if text.trim().is_empty() { "{}" } else { text };
     serde_json::from_str(text).map_err(|e| {
-        Box::new(
-            (
-                StatusCode::BAD_REQUEST,
-                format!("expected {expected}: {e}\n"),
-            )
-                .into_response(),
+        refusal(
+            StatusCode::BAD_REQUEST,
+            format!("expected {expected}: {e}\n"),
         )
     })
 }
@@ -188,16 +165,14 @@ async fn rollback(
     Path(name): Path<String>,
     headers: HeaderMap,
     text: String,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let b: RollbackBody = match body(&text, r#"{"hash": "..."} or nothing"#) {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    outcome(&name, "active_version", p.rollback(b.hash.as_deref()).await)
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    let b: RollbackBody = body(&text, r#"{"hash": "..."} or nothing"#)?;
+    Ok(outcome(
+        &name,
+        "active_version",
+        p.rollback(b.hash.as_deref()).await,
+    ))
 }
 
 async fn shadow(
@@ -205,28 +180,19 @@ async fn shadow(
     Path(name): Path<String>,
     headers: HeaderMap,
     text: String,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let req: ShadowRequest = match body(&text, r#"{"path": "...", "sample": 0.5}"#) {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    outcome(&name, "candidate", p.start_shadow(req).await)
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    let req: ShadowRequest = body(&text, r#"{"path": "...", "sample": 0.5}"#)?;
+    Ok(outcome(&name, "candidate", p.start_shadow(req).await))
 }
 
 async fn shadow_stop(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    match p.stop_shadow() {
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    Ok(match p.stop_shadow() {
         Some(status) => {
             axum::Json(serde_json::json!({ "pipeline": name, "shadow": status })).into_response()
         }
@@ -235,7 +201,7 @@ async fn shadow_stop(
             axum::Json(serde_json::json!({ "pipeline": name, "error": "no shadow is running" })),
         )
             .into_response(),
-    }
+    })
 }
 
 async fn canary(
@@ -243,43 +209,39 @@ async fn canary(
     Path(name): Path<String>,
     headers: HeaderMap,
     text: String,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let req: CanaryRequest = match body(
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    let req: CanaryRequest = body(
         &text,
         r#"{"path": "...", "percent": 10, "promote_after": {"batches": 100}, "rollback_if": {...}}"#,
-    ) {
-        Ok(b) => b,
-        Err(r) => return *r,
-    };
-    outcome(&name, "candidate", p.start_canary(req).await)
+    )?;
+    Ok(outcome(&name, "candidate", p.start_canary(req).await))
 }
 
 async fn canary_stop(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    outcome(&name, "active_version", p.stop_canary().await)
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    Ok(outcome(
+        &name,
+        "active_version",
+        p.end_canary_now(false).await,
+    ))
 }
 
 async fn promote(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-) -> Response {
-    let p = match target(&s, &headers, &name) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    outcome(&name, "active_version", p.promote_canary().await)
+) -> Answer {
+    let p = target(&s, &headers, &name)?;
+    Ok(outcome(
+        &name,
+        "active_version",
+        p.end_canary_now(true).await,
+    ))
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown`.

@@ -814,10 +814,6 @@ impl Pipeline {
     /// `hash`), without compiling: its code was kept. Returns the now active hash.
     pub async fn rollback(&self, hash: Option<&str>) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
-        self.rollback_locked(hash).await
-    }
-
-    async fn rollback_locked(&self, hash: Option<&str>) -> Result<String, SwapError> {
         let err = |message: String| SwapError {
             pipeline: self.spec.name.clone(),
             path: PathBuf::new(),
@@ -986,21 +982,16 @@ impl Pipeline {
         Ok(hash)
     }
 
-    /// Promotes the running canary now (an operator's decision). Returns the active hash.
-    pub async fn promote_canary(&self) -> Result<String, SwapError> {
+    /// Ends the running canary now, an operator's decision: promoted (`promote`) or rolled
+    /// back. Returns the active hash.
+    pub async fn end_canary_now(&self, promote: bool) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
-        self.end_canary(true, "promoted by the operator".into())
-            .ok_or_else(|| SwapError {
-                pipeline: self.spec.name.clone(),
-                path: PathBuf::new(),
-                message: "no canary is running".into(),
-            })
-    }
-
-    /// Rolls the running canary back now (an operator's decision).
-    pub async fn stop_canary(&self) -> Result<String, SwapError> {
-        let _one_at_a_time = self.swapping.lock().await;
-        self.end_canary(false, "rolled back by the operator".into())
+        let reason = if promote {
+            "promoted by the operator"
+        } else {
+            "rolled back by the operator"
+        };
+        self.end_canary(promote, reason.into())
             .ok_or_else(|| SwapError {
                 pipeline: self.spec.name.clone(),
                 path: PathBuf::new(),
