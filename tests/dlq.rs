@@ -18,7 +18,7 @@ use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::report;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    topic_records, unique,
+    topic_records, topic_with_dead_letters, unique,
 };
 
 fn sharehost() -> &'static Path {
@@ -121,16 +121,7 @@ async fn wait_for_records(client: &KafkaClient, topic: &str, count: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
     let client = Arc::new(client().await);
-    let topic = unique("dlq-replay");
-    let dlq = format!("{topic}-dlq");
-    client
-        .create_topic(&topic, 3, 1, &[])
-        .await
-        .expect("create topic");
-    client
-        .create_topic(&dlq, 1, 1, &[])
-        .await
-        .expect("create dead-letter topic");
+    let (topic, dlq) = topic_with_dead_letters(&client, "dlq-replay", 3, 1).await;
     let ids = produce_ids(&client, &topic, 3, 0..300).await;
     let rejected: HashSet<String> = ids
         .iter()
@@ -280,16 +271,7 @@ fn dead_letter(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reason_offsets_and_dry_run_choose_what_is_replayed() {
     let client = client().await;
-    let topic = unique("dlq-select");
-    let dlq = format!("{topic}-dlq");
-    client
-        .create_topic(&topic, 2, 1, &[])
-        .await
-        .expect("create topic");
-    client
-        .create_topic(&dlq, 2, 1, &[])
-        .await
-        .expect("create dead-letter topic");
+    let (topic, dlq) = topic_with_dead_letters(&client, "dlq-select", 2, 2).await;
     // Partition 0: offsets 0..10 alternate "too big" / "no sku"; offset 10 comes from another
     // pipeline, 11 is no dead letter at all, 12 names a partition the topic no longer has.
     let mut records: Vec<ProduceRecord> = (0..10)
@@ -477,16 +459,7 @@ async fn reason_offsets_and_dry_run_choose_what_is_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_produce_left_unanswered_by_a_stopped_run_is_found_not_replayed_again() {
     let client = client().await;
-    let topic = unique("dlq-pending");
-    let dlq = format!("{topic}-dlq");
-    client
-        .create_topic(&topic, 1, 1, &[])
-        .await
-        .expect("create topic");
-    client
-        .create_topic(&dlq, 1, 1, &[])
-        .await
-        .expect("create dead-letter topic");
+    let (topic, dlq) = topic_with_dead_letters(&client, "dlq-pending", 1, 1).await;
     let letters: Vec<ProduceRecord> = (0..4)
         .map(|o| dead_letter("ledger", &topic, 0, o, "too big"))
         .collect();

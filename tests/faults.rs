@@ -21,7 +21,8 @@ use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
-    new_version, produce_ids, proxied_listener, topic_values, unique, wait_until_drained,
+    new_version, produce_ids, proxied_listener, topic_values, topic_with_dead_letters, unique,
+    wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -64,16 +65,7 @@ impl Scenario {
     /// [`Scenario::new`] with the ids produced up front chosen by the caller.
     async fn with_records(name: &'static str, ids: std::ops::Range<u64>, lock_ms: u32) -> Scenario {
         let client = Arc::new(client().await);
-        let topic = unique(name);
-        let dlq = format!("{topic}-dlq");
-        client
-            .create_topic(&topic, PARTITIONS, 1, &[])
-            .await
-            .expect("create topic");
-        client
-            .create_topic(&dlq, 1, 1, &[])
-            .await
-            .expect("create dead-letter topic");
+        let (topic, dlq) = topic_with_dead_letters(&client, name, PARTITIONS, 1).await;
         let group = fresh_group_with(
             &client,
             Some(lock_ms),

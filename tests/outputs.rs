@@ -25,7 +25,7 @@ use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    topic_records, topic_values, unique, wait_until_drained,
+    topic_records, topic_values, topic_with_dead_letters, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -65,16 +65,8 @@ impl Scenario {
     /// the test) and a fresh group with a `lock_ms` lock and a 6 s member session.
     async fn new(name: &'static str, records: u64, lock_ms: u32, create_output: bool) -> Self {
         let client = Arc::new(client().await);
-        let topic = unique(name);
-        let (output, dlq) = (format!("{topic}-out"), format!("{topic}-dlq"));
-        client
-            .create_topic(&topic, PARTITIONS, 1, &[])
-            .await
-            .expect("create topic");
-        client
-            .create_topic(&dlq, 1, 1, &[])
-            .await
-            .expect("create dead-letter topic");
+        let (topic, dlq) = topic_with_dead_letters(&client, name, PARTITIONS, 1).await;
+        let output = format!("{topic}-out");
         if create_output {
             client
                 .create_topic(&output, OUTPUT_PARTITIONS, 1, &[])
@@ -453,16 +445,7 @@ async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_l
 /// `extra` pipeline lines (and a dead-letter topic).
 async fn text_scenario(name: &'static str, values: &[&str]) -> Scenario {
     let client = Arc::new(client().await);
-    let topic = unique(name);
-    let dlq = format!("{topic}-dlq");
-    client
-        .create_topic(&topic, 1, 1, &[])
-        .await
-        .expect("create topic");
-    client
-        .create_topic(&dlq, 1, 1, &[])
-        .await
-        .expect("create dead-letter topic");
+    let (topic, dlq) = topic_with_dead_letters(&client, name, 1, 1).await;
     let records: Vec<sharehost::kafka::ProduceRecord> = values
         .iter()
         .map(|v| sharehost::kafka::ProduceRecord {

@@ -23,7 +23,7 @@ use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, new_version,
-    produce_ids, topic_records, unique, wait_until_drained,
+    produce_ids, topic_records, topic_with_dead_letters, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -265,15 +265,7 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
  {
     let (alice, stranger) = (Publisher::new(), Publisher::new());
     let client = Arc::new(client().await);
-    let topic = unique("trust-swap");
-    client
-        .create_topic(&topic, PARTITIONS, 1, &[])
-        .await
-        .expect("create topic");
-    client
-        .create_topic(&format!("{topic}-dlq"), 1, 1, &[])
-        .await
-        .expect("create dead-letter topic");
+    let (topic, dlq) = topic_with_dead_letters(&client, "trust-swap", PARTITIONS, 1).await;
     let group = fresh_group_with(
         &client,
         Some(30_000),
@@ -401,7 +393,7 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
         "{version_line} in {metrics}"
     );
     // And in every dead letter's provenance.
-    let dead = topic_records(&client, &format!("{topic}-dlq"), 1).await;
+    let dead = topic_records(&client, &dlq, 1).await;
     assert!(!dead.is_empty(), "every 7th id was dead-lettered");
     for (_, r) in &dead {
         let signer = r

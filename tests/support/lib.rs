@@ -312,6 +312,28 @@ config = {{ {plugin_config} }}
     )
 }
 
+/// A fresh topic named after `prefix` with `partitions` partitions, and its dead-letter topic
+/// `TOPIC-dlq` with `dlq_partitions` (both with one replica): what every scenario whose
+/// pipeline rejects records starts from. Returns (topic, dead-letter topic).
+pub async fn topic_with_dead_letters(
+    client: &KafkaClient,
+    prefix: &str,
+    partitions: i32,
+    dlq_partitions: i32,
+) -> (String, String) {
+    let topic = unique(prefix);
+    let dlq = format!("{topic}-dlq");
+    client
+        .create_topic(&topic, partitions, 1, &[])
+        .await
+        .expect("create topic");
+    client
+        .create_topic(&dlq, dlq_partitions, 1, &[])
+        .await
+        .expect("create dead-letter topic");
+    (topic, dlq)
+}
+
 /// The bytes of `component` with a custom section appended: the same plugin, another content
 /// hash. A new version for a hot-swap, a canary or a rollback, and a file no earlier run has
 /// cached.
