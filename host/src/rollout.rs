@@ -21,11 +21,6 @@ pub const SHADOW_QUEUE: usize = 8;
 /// the active version's: below that, a rate is noise (one reject in ten records is 10 %).
 pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 200;
 
-/// The verdict kind as `/pipelines` and the metrics name it.
-pub fn kind(v: &Verdict) -> &'static str {
-    v.kind()
-}
-
 /// A shadow's request: which candidate, and what fraction of batches it sees.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ShadowRequest {
@@ -104,13 +99,13 @@ impl ShadowStatus {
         }
         for ((a, c), (topic, partition, offset)) in active.iter().zip(candidate).zip(coordinates) {
             // Agreement is by kind: two rejects with different reasons agree.
-            if kind(a) == kind(c) {
-                *self.agreed.entry(kind(a).to_owned()).or_default() += 1;
+            if a.kind() == c.kind() {
+                *self.agreed.entry(a.kind().to_owned()).or_default() += 1;
                 continue;
             }
             *self
                 .disagreed
-                .entry(format!("{}→{}", kind(a), kind(c)))
+                .entry(format!("{}→{}", a.kind(), c.kind()))
                 .or_default() += 1;
             if self.first_disagreements.len() < KEPT_DISAGREEMENTS {
                 self.first_disagreements.push(Disagreement {
