@@ -1,5 +1,5 @@
-//! `pipeline_bench`: `sharehost run` with a native accept-all handler in place of every
-//! pipeline's Wasm component (issue 6, head-to-head benchmark).
+//! `pipeline_bench`: `sharehost run` with a native handler in place of every pipeline's Wasm
+//! component (issue 6, head-to-head benchmark; issue 14, plugin work rows).
 //!
 //! It reads the same manifest as `sharehost run`, builds the same plugin runtime, serves the
 //! same admin endpoints and drains the same way on SIGTERM, and runs every pipeline through
@@ -9,7 +9,10 @@
 //! sandbox alone.
 //!
 //! Usage: `pipeline_bench MANIFEST` (plaintext, TLS and SASL as the manifest says). Logging
-//! goes to stderr, filtered by `SHAREHOST_LOG` (default `warn`).
+//! goes to stderr, filtered by `SHAREHOST_LOG` (default `warn`). `PIPELINE_BENCH_HANDLER`
+//! picks the handler: `accept-all` (default), `value-reader` or `order-validator`, the native
+//! twins of `target/guests/{accept_all,value_reader,order_validator}.wasm`. The last two are
+//! compiled from the examples' own source files, so both sides run one logic.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +40,65 @@ impl NativeHandler for AcceptAll {
     }
 }
 
+#[path = "../../examples/value-reader/src/judge.rs"]
+mod value_reader;
+
+#[path = "../../examples/order-validator/src/check.rs"]
+mod order_validator;
+
+/// The native twin of `examples/value-reader`: reads every byte of every value.
+struct ValueReader;
+
+impl NativeHandler for ValueReader {
+    fn name(&self) -> &str {
+        "value-reader"
+    }
+
+    fn handle(&self, records: &[Record]) -> Vec<Verdict> {
+        records
+            .iter()
+            .map(|r| match value_reader::accepts(r.value.as_deref()) {
+                true => Verdict::Accept,
+                false => Verdict::Reject(None),
+            })
+            .collect()
+    }
+}
+
+/// The native twin of `examples/order-validator` at its default `max-quantity` (1000).
+struct OrderValidator;
+
+impl NativeHandler for OrderValidator {
+    fn name(&self) -> &str {
+        "order-validator"
+    }
+
+    fn handle(&self, records: &[Record]) -> Vec<Verdict> {
+        records
+            .iter()
+            .map(
+                |r| match order_validator::check(r.value.as_deref(), 1000, |_| ()) {
+                    Ok(()) => Verdict::Accept,
+                    Err(reason) => Verdict::Reject(Some(reason)),
+                },
+            )
+            .collect()
+    }
+}
+
+/// The handler `PIPELINE_BENCH_HANDLER` names.
+fn handler() -> Result<Arc<dyn NativeHandler>> {
+    let name = std::env::var("PIPELINE_BENCH_HANDLER").unwrap_or_default();
+    Ok(match name.as_str() {
+        "" | "accept-all" => Arc::new(AcceptAll),
+        "value-reader" => Arc::new(ValueReader),
+        "order-validator" => Arc::new(OrderValidator),
+        other => bail!(
+            "PIPELINE_BENCH_HANDLER: unknown handler `{other}` (accept-all, value-reader, order-validator)"
+        ),
+    })
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -56,13 +118,13 @@ fn main() -> Result<()> {
 }
 
 async fn run(path: PathBuf) -> Result<()> {
+    let handler = handler()?;
     let manifest = Manifest::load(&path)?;
     // Built as `sharehost run` builds it, so both processes carry the same runtime (pool
     // reservation, epoch ticker thread) and differ only in the handler.
     let runtime =
         PluginRuntime::new(manifest.runtime_config()).context("cannot start the plugin runtime")?;
     let metrics = Arc::new(Metrics::new());
-    let handler: Arc<dyn NativeHandler> = Arc::new(AcceptAll);
     let pipelines: Vec<Arc<Pipeline>> = manifest
         .pipelines
         .iter()

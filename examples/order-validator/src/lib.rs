@@ -7,7 +7,8 @@
 //!
 //! Configuration: `max-quantity` (default 1000).
 
-use serde_json::Value;
+pub mod check;
+
 use sharehost_guest::{Config, Plugin, Record, Verdict, log};
 
 /// The order validator.
@@ -18,36 +19,9 @@ pub struct OrderValidator {
 impl OrderValidator {
     /// Checks one value; `Err` is the rejection reason.
     pub fn check(&self, value: Option<&[u8]>) -> Result<(), String> {
-        let value = value.ok_or("null value (tombstone)")?;
-        // The reason is the same in every language's order-validator (examples/python, examples/js):
-        // the parser's own message differs per language, so it goes to the debug log instead.
-        let order: Value = serde_json::from_slice(value).map_err(|e| {
-            log::debug(&format!("not JSON: {e}"));
-            "not JSON".to_owned()
-        })?;
-        let obj = order.as_object().ok_or("not a JSON object")?;
-        for field in ["id", "sku"] {
-            match obj.get(field).and_then(Value::as_str) {
-                Some(s) if !s.is_empty() => {}
-                Some(_) => return Err(format!("`{field}` is empty")),
-                None => return Err(format!("`{field}` missing or not a string")),
-            }
-        }
-        let quantity = obj
-            .get("quantity")
-            .and_then(Value::as_u64)
-            .ok_or("`quantity` missing or not a non-negative integer")?;
-        if quantity == 0 || quantity > self.max_quantity {
-            return Err(format!(
-                "`quantity` {quantity} outside 1..={}",
-                self.max_quantity
-            ));
-        }
-        match obj.get("price").and_then(Value::as_f64) {
-            Some(p) if p >= 0.0 => Ok(()),
-            Some(p) => Err(format!("`price` {p} is negative")),
-            None => Err("`price` missing or not a number".into()),
-        }
+        check::check(value, self.max_quantity, |e| {
+            log::debug(&format!("not JSON: {e}"))
+        })
     }
 }
 
