@@ -5,7 +5,8 @@
 //!
 //! Run (after `dev/build-guests`): `cargo bench -p sharehost --bench runtime`
 //! (`SHAREHOST_BENCH_ONLY=emit` runs the emit case alone, `SHAREHOST_BENCH_ONLY=languages` the
-//! order-validator in Rust, Python and JavaScript).
+//! order-validator in Rust, Python and JavaScript, `SHAREHOST_BENCH_ONLY=reader` the reused
+//! instance table).
 //! Method: per point a warm-up, then 7 samples of about 200 ms each; the median is printed.
 //! Time is this thread's **CPU time** (from /proc/thread-self/schedstat, in ns) when the
 //! kernel offers it, so that other processes competing for the two cores (parallel builds)
@@ -389,6 +390,32 @@ async fn languages_case() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Reused instances: accept-all and value-reader in Wasm against the value reader natively,
+/// per batch size and value size (where a guest's own reading costs, issue 14 item 3).
+async fn reused_case(rt: &PluginRuntime, reuse: InstanceMode) {
+    println!("\n### Reused instance: ns/record (median of {SAMPLES} samples)\n");
+    println!(
+        "| records × value | accept-all wasm | value-reader wasm | native accept (borrowed) | native read (borrowed) | native read (incl. copy) | value-reader wasm / native incl. copy |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut accept = load(rt, "accept_all", reuse).await;
+    let mut reader = load(rt, "value_reader", reuse).await;
+    for &v in &VALUES {
+        for &n in &SIZES {
+            let records = batch(n, v);
+            let a = per_record(&mut accept, &records).await;
+            let r = per_record(&mut reader, &records).await;
+            let na = measure!(black_box(native_borrowed(black_box(&records), false))) / n as f64;
+            let nr = measure!(black_box(native_borrowed(black_box(&records), true))) / n as f64;
+            let nc = measure!(black_box(native_copied(black_box(&records), true))) / n as f64;
+            println!(
+                "| {n} × {v} B | {a:.1} | {r:.1} | {na:.1} | {nr:.1} | {nc:.1} | {:.1}× |",
+                r / nc
+            );
+        }
+    }
+}
+
 async fn per_record(plugin: &mut Plugin, records: &[Record]) -> f64 {
     let ns = measure!(match plugin.handle(records).await {
         BatchOutcome::Verdicts(v) => {
@@ -427,6 +454,11 @@ async fn main() {
         let _ = std::fs::remove_dir_all(&cache_dir);
         return;
     }
+    if std::env::var_os("SHAREHOST_BENCH_ONLY").is_some_and(|v| v == "reader") {
+        reused_case(&rt, reuse).await;
+        let _ = std::fs::remove_dir_all(&cache_dir);
+        return;
+    }
     if std::env::var_os("SHAREHOST_BENCH_ONLY").is_some_and(|v| v == "emit") {
         emit_case(&rt).await;
         let _ = std::fs::remove_dir_all(&cache_dir);
@@ -442,33 +474,15 @@ async fn main() {
         }
     );
 
-    println!("\n### Reused instance: ns/record (median of {SAMPLES} samples)\n");
-    println!(
-        "| records × value | accept-all wasm | value-reader wasm | native accept (borrowed) | native read (borrowed) | native read (incl. copy) | value-reader wasm / native incl. copy |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let mut accept = load(&rt, "accept_all", reuse).await;
-    let mut reader = load(&rt, "value_reader", reuse).await;
-    for &v in &VALUES {
-        for &n in &SIZES {
-            let records = batch(n, v);
-            let a = per_record(&mut accept, &records).await;
-            let r = per_record(&mut reader, &records).await;
-            let na = measure!(black_box(native_borrowed(black_box(&records), false))) / n as f64;
-            let nr = measure!(black_box(native_borrowed(black_box(&records), true))) / n as f64;
-            let nc = measure!(black_box(native_copied(black_box(&records), true))) / n as f64;
-            println!(
-                "| {n} × {v} B | {a:.1} | {r:.1} | {na:.1} | {nr:.1} | {nc:.1} | {:.1}× |",
-                r / nc
-            );
-        }
-    }
+    reused_case(&rt, reuse).await;
 
     println!(
         "\n### Fresh instance per batch vs reused (µs per batch, accept-all / value-reader)\n"
     );
     println!("| records × value | accept reused | accept fresh | reader reused | reader fresh |");
     println!("|---|---|---|---|---|");
+    let mut accept = load(&rt, "accept_all", reuse).await;
+    let mut reader = load(&rt, "value_reader", reuse).await;
     let mut accept_fresh = load(&rt, "accept_all", InstanceMode::FreshPerBatch).await;
     let mut reader_fresh = load(&rt, "value_reader", InstanceMode::FreshPerBatch).await;
     for (n, v) in [(1, 100), (100, 1024), (500, 100), (1000, 1024)] {

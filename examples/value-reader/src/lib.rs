@@ -2,7 +2,8 @@
 //!
 //! Rejects a record when its value does not start with `{` or when the wrapping sum of its
 //! bytes is divisible by 16 (about 11% of random text), so the work cannot be optimised away.
-//! `host/benches/runtime.rs` runs the identical logic natively for comparison.
+//! `host/benches/runtime.rs` and `host/examples/pipeline_bench.rs` run the same source
+//! (`judge.rs`) natively for comparison.
 
 pub mod judge;
 
