@@ -132,6 +132,9 @@ macro_rules! measure {
 #[path = "../../examples/value-reader/src/judge.rs"]
 mod value_reader;
 
+#[path = "../../examples/order-validator/src/check.rs"]
+mod order_validator;
+
 /// The value reader's logic, natively: the example's own source file.
 fn judge(value: Option<&[u8]>) -> Verdict {
     if value_reader::accepts(value) {
@@ -411,6 +414,29 @@ async fn reused_case(rt: &PluginRuntime, reuse: InstanceMode) {
             println!(
                 "| {n} × {v} B | {a:.1} | {r:.1} | {na:.1} | {nr:.1} | {nc:.1} | {:.1}× |",
                 r / nc
+            );
+        }
+    }
+    println!("\n### Order validator, reused instance: ns/record (median of {SAMPLES} samples)\n");
+    println!(
+        "| records × value | order-validator wasm | native (same source, borrowed) | wasm / native |"
+    );
+    println!("|---|---|---|---|");
+    let mut validator = load(rt, "order_validator", reuse).await;
+    for &v in &VALUES {
+        for n in [100, 500] {
+            let records = orders(n, v);
+            let w = per_record(&mut validator, &records).await;
+            let native = measure!(black_box(
+                black_box(&records)
+                    .iter()
+                    .map(|r| order_validator::check(r.value.as_deref(), 1000, |_| ()).is_ok())
+                    .filter(|ok| *ok)
+                    .count()
+            )) / n as f64;
+            println!(
+                "| {n} × {v} B | {w:.1} | {native:.1} | {:.2}× |",
+                w / native
             );
         }
     }
