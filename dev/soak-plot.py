@@ -83,6 +83,29 @@ def main():
         "load1_mean": round(sum(load) / len(load), 2) if load else None,
         "samples": len(rows),
     }
+    # What each swap and the broker restart did to RSS: the last sample before the next such event (or the end)
+    # minus the last sample before this one; events less than 5 s apart count as one. A one-time step that stays,
+    # or growth that comes back with every event, tells a warm-up from a leak.
+    marks = []
+    for t, what in events:
+        if what.startswith("swap"):
+            label = what.split(" (")[0]
+        elif what.startswith("broker: stop-broker"):
+            label = "broker restart"
+        else:
+            continue
+        if marks and t - marks[-1][0] < 5:
+            marks[-1] = (marks[-1][0], marks[-1][1] + " + " + label)
+        else:
+            marks.append((t, label))
+    steps = []
+    for i, (t, label) in enumerate(marks):
+        until = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        before = [v for ts, v in rss if ts <= t]
+        period = [v for ts, v in rss if t < ts <= until]
+        if before and period:
+            steps.append({"t_s": t, "event": label, "rss_step_kib": period[-1] - before[-1]})
+    figures["rss_steps"] = steps
     with open(a.json, "w") as f:
         json.dump(figures, f, indent=1)
 
@@ -130,6 +153,11 @@ def main():
         f"(min {figures['records_per_s_min']}, max {figures['records_per_s_max']}), host CPU mean "
         f"{figures['host_cpu_pct_mean']} %, 1-min load mean {figures['load1_mean']}"
     )
+    if steps:
+        print(
+            "rss steps at events: "
+            + ", ".join(f"{s['event']} at {s['t_s'] / 60:.1f} min {s['rss_step_kib'] / 1024:+.2f} MiB" for s in steps)
+        )
     if not ok:
         print(f"rss: grew {figures['growth_max_pct']:+.1f} % over the warm-up baseline (limit {a.growth_pct:g} %)")
         sys.exit(1)
