@@ -200,19 +200,27 @@ pub enum ShareError {
 /// Most outcomes kept for the caller; older ones are dropped (and counted) if nobody reads them.
 const MAX_OUTCOMES: usize = 100_000;
 
+/// Which leader serves each partition (looked up per record of every batch, hence the fast
+/// hasher).
+type Route = foldhash::HashMap<TopicIdPartition, i32>;
+
 /// Per-leader bookkeeping shared between the caller and the leader's task.
 #[derive(Default)]
 struct LeaderState {
     /// Current session id; verdicts for records of other sessions are moot.
     session: u64,
     /// Delivered records without a final verdict, with the time their lock (re)started.
-    outstanding: HashMap<(TopicIdPartition, i64), Instant>,
+    outstanding: foldhash::HashMap<(TopicIdPartition, i64), Instant>,
     /// Lock duration the broker reported.
     lock_timeout: Option<Duration>,
     /// The task's connection, so a test can cut it.
     conn: Option<Arc<BrokerConnection>>,
     /// Whether the broker speaks ShareFetch v2.
     renew_supported: bool,
+    /// When the next auto-renew scan can find a record due, and the threshold that was
+    /// computed with: the scan walks every outstanding record, so it runs only then, not on
+    /// every step of the leader's loop.
+    next_renew_scan: Option<(Instant, Duration)>,
 }
 
 impl LeaderState {
@@ -233,7 +241,7 @@ struct Shared {
     ledger: Mutex<AckLedger>,
     leaders: Mutex<HashMap<i32, LeaderState>>,
     /// Which leader serves a partition (for routing verdicts to sessions).
-    route: Mutex<HashMap<TopicIdPartition, i32>>,
+    route: Mutex<Route>,
     in_flight: AtomicUsize,
     /// Requests carrying acknowledgements that have not been answered yet.
     acks_in_flight: AtomicUsize,
@@ -438,7 +446,7 @@ impl ShareConsumer {
             config,
             ledger: Mutex::new(AckLedger::new()),
             leaders: Mutex::new(HashMap::new()),
-            route: Mutex::new(HashMap::new()),
+            route: Mutex::new(foldhash::HashMap::default()),
             in_flight: AtomicUsize::new(0),
             acks_in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
@@ -1045,14 +1053,25 @@ impl LeaderWorker {
             return;
         };
         let due = lock_timeout.mul_f64(fraction);
+        if st
+            .next_renew_scan
+            .is_some_and(|(next, at_due)| at_due == due && now < next)
+        {
+            return;
+        }
         let mut ledger = lock(&self.shared.ledger);
+        // Records delivered after this scan are held since `now` or later, so none is due
+        // before the earliest `since` left here plus `due`.
+        let mut earliest = now;
         for ((tp, offset), since) in st.outstanding.iter_mut() {
             if now.duration_since(*since) >= due
                 && ledger.record(*tp, *offset, AckKind::Renew).is_ok()
             {
                 *since = now;
             }
+            earliest = earliest.min(*since);
         }
+        st.next_renew_scan = Some((earliest + due, due));
     }
 
     async fn step(
@@ -1366,7 +1385,7 @@ impl LeaderWorker {
                         // the lock expires, and say so (within the same bound as below: a
                         // huge claimed range is not walked, the lock timeout returns the rest).
                         tracing::error!(topic = %topic, partition = p.partition, "cannot decode records, releasing them: {e}");
-                        let plan = plan_unrecorded(&ranges, &[], |_| false, MAX_UNRECORDED_OFFSETS);
+                        let plan = plan_unrecorded(&ranges, &[], &[], MAX_UNRECORDED_OFFSETS);
                         let mut ledger = lock(&self.shared.ledger);
                         for o in plan.release {
                             let _ = ledger.record(tp, o, AckKind::Release);
@@ -1374,14 +1393,22 @@ impl LeaderWorker {
                         continue;
                     }
                 };
-                let mut by_offset: BTreeMap<i64, ConsumedRecord> =
-                    records.into_iter().map(|r| (r.offset, r)).collect();
+                // Batches come in offset order and so do their records: a broker that sends
+                // them otherwise costs a sort, and a duplicate offset keeps its first record.
+                let mut records = records;
+                if !records.is_sorted_by_key(|r| r.offset) {
+                    records.sort_by_key(|r| r.offset);
+                }
+                records.dedup_by_key(|r| r.offset);
+                let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
                 let plan = plan_unrecorded(
                     &ranges,
                     &batch_spans(&p.records),
-                    |o| by_offset.contains_key(&o),
+                    &offsets,
                     MAX_UNRECORDED_OFFSETS,
                 );
+                let mut slots: Vec<Option<ConsumedRecord>> =
+                    records.into_iter().map(Some).collect();
                 if !plan.release.is_empty() || plan.left_alone > 0 {
                     tracing::warn!(
                         topic = %topic,
@@ -1407,13 +1434,12 @@ impl LeaderWorker {
                     if a.first_offset > a.last_offset {
                         continue;
                     }
-                    // Only the records the response carries are walked, not the range itself.
-                    let present: Vec<i64> = by_offset
-                        .range(a.first_offset..=a.last_offset)
-                        .map(|(o, _)| *o)
-                        .collect();
-                    for o in present {
-                        let Some(rec) = by_offset.remove(&o) else {
+                    // Only the records the response carries are walked, not the range itself;
+                    // a record in two overlapping ranges is delivered once.
+                    let from = offsets.partition_point(|&o| o < a.first_offset);
+                    let to = offsets.partition_point(|&o| o <= a.last_offset);
+                    for (slot, &o) in slots[from..to].iter_mut().zip(&offsets[from..to]) {
+                        let Some(rec) = slot.take() else {
                             continue;
                         };
                         let sr = ShareRecord {
@@ -1713,7 +1739,7 @@ fn served(
     leader: i32,
     wanted: &BTreeSet<TopicIdPartition>,
     in_session: &BTreeSet<TopicIdPartition>,
-    route: &HashMap<TopicIdPartition, i32>,
+    route: &Route,
 ) -> BTreeSet<TopicIdPartition> {
     wanted
         .iter()
@@ -1726,7 +1752,7 @@ fn served(
 /// Partitions a new mapping gives to another leader than `route` does, grouped by the leader
 /// they leave.
 fn moved_away(
-    route: &HashMap<TopicIdPartition, i32>,
+    route: &Route,
     by_leader: &BTreeMap<i32, BTreeSet<TopicIdPartition>>,
 ) -> BTreeMap<i32, BTreeSet<TopicIdPartition>> {
     let mut moved: BTreeMap<i32, BTreeSet<TopicIdPartition>> = BTreeMap::new();
@@ -1769,12 +1795,13 @@ struct Unrecorded {
 
 /// Splits acquired `ranges` (first, last) at the last offset the `spans` of the response's
 /// complete batches cover, recording at most `budget` offsets without a record (see
-/// [`MAX_UNRECORDED_OFFSETS`]). Work is bounded by the budget plus the records present,
-/// whatever the ranges claim.
+/// [`MAX_UNRECORDED_OFFSETS`]). `present` holds the offsets that have a record, ascending.
+/// Work is bounded by the budget plus the records present, whatever the ranges claim; a
+/// range whose every offset has a record (the common case) costs two binary searches.
 fn plan_unrecorded(
     ranges: &[(i64, i64)],
     spans: &[(i64, i64)],
-    has_record: impl Fn(i64) -> bool,
+    present: &[i64],
     budget: usize,
 ) -> Unrecorded {
     let covered_to = spans.iter().map(|&(_, end)| end).max();
@@ -1782,9 +1809,18 @@ fn plan_unrecorded(
     let mut left = budget;
     // Walks `from..=to`, sending each offset without a record to the gaps or the releases.
     let mut walk = |from: i64, to: i64, gap: bool, out: &mut Unrecorded| {
+        let mut at = present.partition_point(|&p| p < from);
+        let end = present.partition_point(|&p| p <= to);
+        if u128::from(to.abs_diff(from)) + 1 == (end - at) as u128 {
+            return; // every offset has its record
+        }
         let mut o = from;
         loop {
-            if !has_record(o) {
+            // `present` is ascending: step past what lies before `o`, then look.
+            while at < end && present[at] < o {
+                at += 1;
+            }
+            if at == end || present[at] != o {
                 if left == 0 {
                     out.left_alone = out
                         .left_alone
@@ -1829,7 +1865,7 @@ mod tests {
         // A broker claims 0..=i64::MAX with one 10-offset batch holding records 0-4: the batch's
         // other offsets are Gaps, a bounded number of the rest is released, the rest left to
         // the lock timeout. The old loop walked all 2^63 offsets into the ledger.
-        let plan = plan_unrecorded(&[(0, i64::MAX)], &[(0, 9)], |o| o < 5, 100);
+        let plan = plan_unrecorded(&[(0, i64::MAX)], &[(0, 9)], &[0, 1, 2, 3, 4], 100);
         assert_eq!(plan.gaps, (5..=9).collect::<Vec<_>>());
         assert_eq!(plan.release, (10..105).collect::<Vec<_>>());
         assert_eq!(plan.left_alone, (i64::MAX - 105 + 1) as u64);
@@ -1838,7 +1874,12 @@ mod tests {
     #[test]
     fn honest_acquired_ranges_gap_only_offsets_their_batches_cover() {
         // Compaction left offset 3 without a record; a transaction marker batch covers 10.
-        let plan = plan_unrecorded(&[(0, 10)], &[(0, 9), (10, 10)], |o| o != 3 && o != 10, 64);
+        let plan = plan_unrecorded(
+            &[(0, 10)],
+            &[(0, 9), (10, 10)],
+            &[0, 1, 2, 4, 5, 6, 7, 8, 9],
+            64,
+        );
         assert_eq!(
             plan,
             Unrecorded {
@@ -1852,7 +1893,7 @@ mod tests {
         let plan = plan_unrecorded(
             &[(5, 29)],
             &[(8, 9), (20, 29)],
-            |o| (8..=9).contains(&o) || o >= 20,
+            &[8, 9, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
             64,
         );
         assert_eq!(
@@ -1862,20 +1903,20 @@ mod tests {
         assert!(plan.release.is_empty());
         // A batch cut short at the byte limit (11-14 acquired, no complete batch): released,
         // never Gap-acked, so those records are delivered again.
-        let plan = plan_unrecorded(&[(0, 14)], &[(0, 9)], |o| o <= 9, 64);
+        let plan = plan_unrecorded(&[(0, 14)], &[(0, 9)], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 64);
         assert_eq!(plan.gaps, Vec::<i64>::new());
         assert_eq!(plan.release, vec![10, 11, 12, 13, 14]);
         // At the very top of the offset space nothing overflows.
         let top = plan_unrecorded(
             &[(i64::MAX - 1, i64::MAX)],
             &[(i64::MAX - 1, i64::MAX)],
-            |_| false,
+            &[],
             64,
         );
         assert_eq!(top.gaps, vec![i64::MAX - 1, i64::MAX]);
         // Reversed and empty ranges are nothing.
         assert_eq!(
-            plan_unrecorded(&[(5, 4)], &[(0, 9)], |_| false, 64),
+            plan_unrecorded(&[(5, 4)], &[(0, 9)], &[], 64),
             Unrecorded::default()
         );
     }
@@ -1895,7 +1936,7 @@ mod tests {
     fn a_moved_partition_is_served_by_its_new_leader_only() {
         // Partition 0 moved from leader 1 to leader 2; leader 1's session still lists it
         // until its next fetch forgets it. Partition 1 was unassigned but still leads on 1.
-        let route: HashMap<TopicIdPartition, i32> = [(tp(0), 2), (tp(1), 1), (tp(2), 1)].into();
+        let route: Route = [(tp(0), 2), (tp(1), 1), (tp(2), 1)].into_iter().collect();
         let old = served(1, &set(&[2]), &set(&[0, 1, 2]), &route);
         assert_eq!(
             old,
@@ -1910,7 +1951,7 @@ mod tests {
 
     #[test]
     fn moves_are_found_per_old_leader() {
-        let route: HashMap<TopicIdPartition, i32> = [(tp(0), 1), (tp(1), 1), (tp(2), 3)].into();
+        let route: Route = [(tp(0), 1), (tp(1), 1), (tp(2), 3)].into_iter().collect();
         let by_leader: BTreeMap<i32, BTreeSet<TopicIdPartition>> =
             [(2, set(&[0, 1])), (3, set(&[2, 4]))].into();
         let moved = moved_away(&route, &by_leader);
