@@ -630,3 +630,31 @@ async fn guest_output_is_logged_with_the_plugin_name_and_bounded() {
     assert!((1..=17).contains(&stderr), "{stderr} stderr lines");
     assert!(text.contains("were dropped"), "drops are reported");
 }
+
+#[tokio::test]
+async fn versions_loaded_one_after_another_take_over_the_pool_slots_their_predecessors_left() {
+    // Every load compiles a new module, as a hot swap does: with wasmtime's default each one
+    // took a cold slot and its predecessor's slot stayed warm (1 MiB resident per memory), so
+    // a long-running host grew by every swap.
+    let rt = runtime();
+    let mut after_first = None;
+    for version in 0..12 {
+        let mut plugin = load(&rt, "accept_all").await;
+        assert!(matches!(
+            plugin.handle(&good_batch()).await,
+            BatchOutcome::Verdicts(_)
+        ));
+        drop(plugin);
+        let (warm, resident) = rt
+            .pool_unused_warm_memories()
+            .expect("the test runtime has an instance pool");
+        let first = *after_first.get_or_insert((warm, resident));
+        assert!(
+            warm <= first.0 && resident <= first.1,
+            "version {version}: {warm} unused warm memories holding {resident} B, \
+             after the first version {} holding {} B",
+            first.0,
+            first.1
+        );
+    }
+}
