@@ -292,6 +292,11 @@ pub struct PipelineStatus {
     pub in_flight: u64,
     /// Last hot-swap failure, if the last swap failed.
     pub last_swap_error: Option<String>,
+    /// How long judging paused around the last hot swap: the longest gap between two judged
+    /// batches from the last one before the swap was asked for to the first one the new
+    /// version judged (ms, fractional). Meaningful while records flow: an idle pipeline
+    /// reports its idle time. `None` before the first swap completes a batch.
+    pub last_swap_stall_ms: Option<f64>,
     /// What the pipeline grants its plugin beyond computing.
     pub grants: GrantsStatus,
     /// The key id that signed the active version (`[trust]`), `None` when unsigned.
@@ -396,6 +401,7 @@ pub struct Pipeline {
     dead_lettered: AtomicU64,
     in_flight: AtomicU64,
     last_swap_error: Mutex<Option<String>>,
+    stall: Mutex<SwapStall>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -669,6 +675,7 @@ impl Pipeline {
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             last_swap_error: Mutex::new(None),
+            stall: Mutex::new(SwapStall::default()),
         });
         let active = lock(&pipeline.active).clone();
         pipeline.publish_version_info(&active, 1);
@@ -702,6 +709,7 @@ impl Pipeline {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_swap_error: lock(&self.last_swap_error).clone(),
+            last_swap_stall_ms: lock(&self.stall).last.map(|d| d.as_secs_f64() * 1e3),
             signer: active.signer(),
             allocator: active
                 .placement
@@ -732,9 +740,11 @@ impl Pipeline {
     pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
         let labels: Labels = vec![("pipeline", self.spec.name.clone())];
+        lock(&self.stall).swap_requested();
         match load_version(&self.runtime, &self.spec, &self.grants, path).await {
             Ok(v) => {
                 let hash = v.hash.clone();
+                lock(&self.stall).swap_ready(&hash);
                 self.activate(v, "hot-swapped");
                 *lock(&self.last_swap_error) = None;
                 let mut l = labels;
@@ -743,6 +753,7 @@ impl Pipeline {
                 Ok(hash)
             }
             Err(e) => {
+                lock(&self.stall).swap_refused();
                 tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
                 *lock(&self.last_swap_error) = Some(e.to_string());
                 let mut l = labels;
@@ -1351,6 +1362,10 @@ impl Pipeline {
                 (version, judged, elapsed)
             }
         };
+        let stall = lock(&self.stall).judged(&version.hash, Instant::now());
+        if let Some(stall) = stall {
+            tracing::info!(pipeline = %self.spec.name, version = %short(&version.hash), stall_ms = stall.as_secs_f64() * 1e3, "first batch judged by the swapped-in version");
+        }
         let labels = self.labels(&version.hash);
         let Judged {
             verdicts,
@@ -2110,9 +2125,95 @@ pub fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
 }
 
+/// How long judging paused around a hot swap (issue 14: a swap under load must not stall the
+/// pipeline): the longest gap between two consecutive judged batches, from the last batch
+/// judged before the swap was asked for to the first batch the new version judged.
+#[derive(Debug, Default)]
+struct SwapStall {
+    /// When the last batch finished judging.
+    last_done: Option<Instant>,
+    /// A swap under way: the longest gap so far, and the new version's hash once it loaded.
+    open: Option<(Duration, Option<String>)>,
+    /// The last completed swap's stall.
+    last: Option<Duration>,
+}
+
+impl SwapStall {
+    fn swap_requested(&mut self) {
+        self.open = Some((Duration::ZERO, None));
+    }
+
+    /// The new version loaded and is about to become active.
+    fn swap_ready(&mut self, hash: &str) {
+        if let Some((_, new)) = &mut self.open {
+            *new = Some(hash.to_owned());
+        }
+    }
+
+    fn swap_refused(&mut self) {
+        self.open = None;
+    }
+
+    /// A batch finished judging on version `hash` at `now`; returns the stall of the swap
+    /// that this batch, the new version's first, completes.
+    fn judged(&mut self, hash: &str, now: Instant) -> Option<Duration> {
+        let gap = self.last_done.map(|l| now.saturating_duration_since(l));
+        self.last_done = Some(now);
+        let (longest, new) = self.open.as_mut()?;
+        *longest = (*longest).max(gap.unwrap_or_default());
+        if new.as_deref() != Some(hash) {
+            return None;
+        }
+        let stall = *longest;
+        self.open = None;
+        self.last = Some(stall);
+        Some(stall)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_swap_stall_is_the_longest_gap_from_the_last_old_batch_to_the_first_new_one() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut stall = SwapStall::default();
+        assert_eq!(stall.judged("old", at(0)), None, "no swap under way");
+        assert_eq!(stall.judged("old", at(1)), None);
+        stall.swap_requested();
+        assert_eq!(
+            stall.judged("old", at(3)),
+            None,
+            "a gap of 2 ms, still the old version"
+        );
+        stall.swap_ready("new");
+        assert_eq!(
+            stall.judged("old", at(10)),
+            None,
+            "a batch that started before the swap"
+        );
+        assert_eq!(
+            stall.judged("new", at(12)),
+            Some(Duration::from_millis(7)),
+            "the longest gap: 3 -> 10"
+        );
+        assert_eq!(stall.last, Some(Duration::from_millis(7)));
+        assert_eq!(
+            stall.judged("new", at(100)),
+            None,
+            "closed: later gaps are not the swap's"
+        );
+        stall.swap_requested();
+        stall.swap_refused();
+        assert_eq!(
+            stall.judged("new", at(101)),
+            None,
+            "a refused swap measures nothing"
+        );
+        assert_eq!(stall.last, Some(Duration::from_millis(7)));
+    }
 
     #[test]
     fn murmur2_matches_the_java_clients_default_partitioner() {
