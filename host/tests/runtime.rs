@@ -156,6 +156,36 @@ async fn spinning_guest_is_stopped_by_its_deadline() {
     assert_eq!(kind, FaultKind::Timeout);
 }
 
+#[test]
+fn a_guest_spinning_in_init_is_stopped_by_its_deadline() {
+    // The epoch ticker parks while no guest runs and must be woken for instantiation and init
+    // too: without it this load never returns (a spinning guest never yields to the timers).
+    // The load runs on its own thread so that a regression fails here instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                runtime()
+                    .load(
+                        &guest("fixture_spin"),
+                        limits(),
+                        vec![("spin-in-init".into(), "1".into())],
+                    )
+                    .await
+                    .map(|_| ())
+            });
+        let _ = tx.send(outcome);
+    });
+    let outcome = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the load never returned: nothing stopped the spinning init");
+    let err = outcome.expect_err("a spinning init cannot load");
+    assert!(matches!(err, LoadError::Init { .. }), "{err}");
+}
+
 #[tokio::test]
 async fn guest_blocked_in_a_host_call_is_stopped_by_its_deadline() {
     let (kind, _) = contained("fixture_sleep").await;

@@ -224,9 +224,9 @@ pub struct PluginInit {
 /// One loaded, validated and initialised plugin version. Handles one batch at a time
 /// (`&mut self`); run several `Plugin`s for parallelism.
 pub struct Plugin {
-    /// Held, never read: it keeps the epoch ticker (the deadlines) running as long as a
-    /// plugin of this runtime exists.
-    _runtime: PluginRuntime,
+    /// Keeps the epoch ticker (the deadlines) alive as long as a plugin of this runtime
+    /// exists, and wakes it for each call.
+    runtime: PluginRuntime,
     name: Arc<str>,
     path: PathBuf,
     content_hash: String,
@@ -290,7 +290,7 @@ impl Plugin {
             .unwrap_or_else(|| "plugin".into())
             .into();
         let mut plugin = Self {
-            _runtime: runtime,
+            runtime,
             name,
             path: path.to_owned(),
             content_hash,
@@ -498,6 +498,7 @@ impl Plugin {
             },
         };
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
+        let _ticking = self.runtime.guest_running();
         let state = warm.store.data_mut();
         state.begin_call(cpu, wall);
         state.emits.begin(u32::try_from(n).ok());
@@ -609,6 +610,7 @@ impl Plugin {
             ))
         });
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
+        let _ticking = self.runtime.guest_running();
         store.data_mut().begin_call(cpu, wall);
         store.data_mut().emits.begin(None);
         store.set_epoch_deadline(1);
