@@ -109,7 +109,7 @@ impl AllocatorKind {
 
 /// The dedicated epoch thread. A tokio task would stop ticking exactly when it matters most:
 /// when a spinning guest (or anything else) blocks the executor's threads. It ticks only while
-/// guest code may run: idle, it parked instead of waking 500 times a second (half a percent of
+/// guest code may run: idle, it parks instead of waking 500 times a second (half a percent of
 /// a core whatever the number of pipelines, issue 14).
 struct Ticker {
     stop: Arc<AtomicBool>,

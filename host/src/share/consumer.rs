@@ -1872,6 +1872,21 @@ mod tests {
     }
 
     #[test]
+    fn a_range_whose_every_offset_has_its_record_plans_nothing() {
+        let present: Vec<i64> = (100..600).collect();
+        assert_eq!(
+            plan_unrecorded(&[(100, 349), (350, 599)], &[(100, 599)], &present, 64),
+            Unrecorded::default()
+        );
+        // One offset short of full: the walk finds exactly that one.
+        let holed: Vec<i64> = present.iter().copied().filter(|&o| o != 420).collect();
+        assert_eq!(
+            plan_unrecorded(&[(100, 599)], &[(100, 599)], &holed, 64).gaps,
+            vec![420]
+        );
+    }
+
+    #[test]
     fn honest_acquired_ranges_gap_only_offsets_their_batches_cover() {
         // Compaction left offset 3 without a record; a transaction marker batch covers 10.
         let plan = plan_unrecorded(
