@@ -336,18 +336,27 @@ struct Grants {
 }
 
 impl Grants {
-    fn build(spec: &PipelineSpec) -> Result<Grants, String> {
-        let http = match &spec.http {
-            Some(settings) => Some(
-                HttpGrant::named(&spec.name, settings.clone())
-                    .map_err(|e| format!("allowed_outbound_hosts: {e}"))?,
-            ),
-            None => None,
+    /// The grants `spec` names; a bad one (a secret that is not set, an unusable host list)
+    /// refuses the pipeline's component as a load failure would.
+    fn build(spec: &PipelineSpec) -> Result<Grants, SwapError> {
+        let built = || -> Result<Grants, String> {
+            let http = match &spec.http {
+                Some(settings) => Some(
+                    HttpGrant::named(&spec.name, settings.clone())
+                        .map_err(|e| format!("allowed_outbound_hosts: {e}"))?,
+                ),
+                None => None,
+            };
+            Ok(Grants {
+                http,
+                outputs: Arc::new(spec.output_grant()),
+                secrets: Arc::new(spec.resolve_secrets()?),
+            })
         };
-        Ok(Grants {
-            http,
-            outputs: Arc::new(spec.output_grant()),
-            secrets: Arc::new(spec.resolve_secrets()?),
+        built().map_err(|message| SwapError {
+            pipeline: spec.name.clone(),
+            path: spec.component.clone(),
+            message,
         })
     }
 }
@@ -426,20 +435,26 @@ fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
     }
 }
 
-/// Reads, checks and compiles `path` for the pipeline (or maps it from the cache).
-fn compile_version(
+/// Reads, checks and compiles `path` for the pipeline (or maps it from the cache) on a
+/// blocking thread: on a runtime worker the read, hash, signature check and compile held up
+/// the batches queued behind it (a cached swap under load stalled judging up to 17 ms, an
+/// uncached one for its whole compile).
+async fn compile_version(
     runtime: &PluginRuntime,
     spec: &PipelineSpec,
     grants: &Grants,
     path: &Path,
 ) -> Result<Compiled, SwapError> {
-    runtime
-        .compile(path, &limits(spec, grants))
-        .map_err(|e| SwapError {
-            pipeline: spec.name.clone(),
-            path: path.to_owned(),
-            message: e.to_string(),
-        })
+    let failed = |message: String| SwapError {
+        pipeline: spec.name.clone(),
+        path: path.to_owned(),
+        message,
+    };
+    let (runtime, limits, owned) = (runtime.clone(), limits(spec, grants), path.to_owned());
+    tokio::task::spawn_blocking(move || runtime.compile(&owned, &limits))
+        .await
+        .map_err(|e| failed(format!("the compile task failed: {e}")))?
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// `instances` initialised instances of compiled code under `limits`: a version ready to
@@ -492,31 +507,14 @@ async fn instantiate_version(
     })
 }
 
-/// Compiles `path` and instantiates it as the pipeline's version (all its workers). The read,
-/// hash, signature check and compile (or cache mapping) run on a blocking thread: on a
-/// runtime worker they held up the batches queued behind it (a cached swap under load
-/// stalled judging up to 17 ms, an uncached one for its whole compile).
+/// Compiles `path` and instantiates it as the pipeline's version (all its workers).
 async fn load_version(
     runtime: &PluginRuntime,
     spec: &PipelineSpec,
     grants: &Grants,
     path: &Path,
 ) -> Result<Version, SwapError> {
-    let compiled = {
-        let (runtime, spec, grants, path) = (
-            runtime.clone(),
-            spec.clone(),
-            grants.clone(),
-            path.to_owned(),
-        );
-        tokio::task::spawn_blocking(move || compile_version(&runtime, &spec, &grants, &path))
-    }
-    .await
-    .map_err(|e| SwapError {
-        pipeline: spec.name.clone(),
-        path: path.to_owned(),
-        message: format!("the compile task failed: {e}"),
-    })??;
+    let compiled = compile_version(runtime, spec, grants, path).await?;
     instantiate_version(
         runtime,
         spec,
@@ -536,11 +534,7 @@ impl Pipeline {
         runtime: PluginRuntime,
         metrics: Arc<Metrics>,
     ) -> Result<Arc<Pipeline>, SwapError> {
-        let grants = Grants::build(&spec).map_err(|message| SwapError {
-            pipeline: spec.name.clone(),
-            path: spec.component.clone(),
-            message,
-        })?;
+        let grants = Grants::build(&spec)?;
         let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
         Self::with_version(spec, grants, runtime, metrics, version)
@@ -573,13 +567,9 @@ impl Pipeline {
         metrics: Arc<Metrics>,
         state_dir: &Path,
     ) -> Result<Arc<Pipeline>, SwapError> {
-        let grants = Grants::build(&spec).map_err(|message| SwapError {
-            pipeline: spec.name.clone(),
-            path: spec.component.clone(),
-            message,
-        })?;
+        let grants = Grants::build(&spec)?;
         let file = ActiveState::file(state_dir, &spec.name, &spec.group);
-        let manifest = compile_version(&runtime, &spec, &grants, &spec.component)?;
+        let manifest = compile_version(&runtime, &spec, &grants, &spec.component).await?;
         let remembered = match ActiveState::read(&file) {
             Ok(r) => r,
             Err(e) => {
@@ -596,7 +586,7 @@ impl Pipeline {
                 tracing::info!(pipeline = %spec.name, remembered = %short(&st.active_hash), manifest = %short(&manifest.hash), "the manifest's component changed since the last run: starting on it, not on the version active before");
                 None
             }
-            Some(st) => match compile_version(&runtime, &spec, &grants, &st.active_path) {
+            Some(st) => match compile_version(&runtime, &spec, &grants, &st.active_path).await {
                 Ok(c) if c.hash == st.active_hash => Some((st.active_path, c)),
                 Ok(c) => {
                     tracing::warn!(pipeline = %spec.name, path = %st.active_path.display(), expected = %short(&st.active_hash), found = %short(&c.hash), "the version active before the restart has changed on disk: starting on the manifest's component");
