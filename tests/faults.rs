@@ -20,7 +20,7 @@ use sharehost_tests::host::{HostProcess, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
     new_version, produce_ids, proxied_listener, topic_values, topic_with_dead_letters, unique,
     wait_until_drained,
 };
@@ -139,10 +139,6 @@ impl Scenario {
 }
 
 /// Runs blocking process work (start, wait, kill) off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("join")
-}
-
 fn faults_of(status: &serde_json::Value) -> u64 {
     status[0]["versions"]
         .as_object()

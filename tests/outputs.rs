@@ -24,8 +24,9 @@ use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
-    topic_records, topic_values, topic_with_dead_letters, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
+    produce_ids, serve_on_loopback, topic_records, topic_values, topic_with_dead_letters, unique,
+    wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -33,10 +34,6 @@ const OUTPUT_PARTITIONS: i32 = 2;
 
 fn sharehost() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("join")
 }
 
 /// One output record as read back: its value (the source id) and provenance headers.
@@ -622,13 +619,7 @@ async fn retry_server() -> (String, Hits) {
             ),
         )
         .with_state(hits.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = serve_on_loopback(app).await;
     (format!("http://{addr}"), hits)
 }
 

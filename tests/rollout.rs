@@ -18,18 +18,14 @@ use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, new_version,
-    produce_ids, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
+    new_version, produce_ids, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
 
 fn sharehost() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("join")
 }
 
 /// A topic (empty: records are produced once the candidate is in place), a group, and the

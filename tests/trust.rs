@@ -22,18 +22,14 @@ use sharehost::runtime::{
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
-    FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, new_version,
-    produce_ids, topic_records, topic_with_dead_letters, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
+    new_version, produce_ids, topic_records, topic_with_dead_letters, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
 
 fn sharehost() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    tokio::task::spawn_blocking(f).await.expect("join")
 }
 
 /// A publisher's key pair, as `minisign -G -W` makes one.

@@ -139,13 +139,7 @@ async fn stub() -> (String, Log) {
             answer(method, uri, headers, body, l.clone())
         },
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = sharehost_tests::serve_on_loopback(app).await;
     (format!("http://{addr}"), log)
 }
 
@@ -153,31 +147,23 @@ async fn stub() -> (String, Log) {
 /// `SHAREHOST_ADMIN`); returns success, stdout and stderr.
 async fn ctl_bare(args: &[&str]) -> (bool, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
-    cmd.arg("ctl")
-        .args(args)
-        .env("SHAREHOST_TEST_TOKEN", "t0k")
-        .env_remove("SHAREHOST_ADMIN");
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .expect("join")
-        .expect("run sharehost ctl");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cmd.arg("ctl").args(args).env_remove("SHAREHOST_ADMIN");
+    run_ctl(cmd).await
 }
 
 /// Runs `sharehost ctl --admin URL ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its
 /// environment; returns success, stdout and stderr.
 async fn ctl(url: &str, args: &[&str]) -> (bool, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
-    cmd.args(["ctl", "--admin", url])
-        .args(args)
-        .env("SHAREHOST_TEST_TOKEN", "t0k");
-    let out = tokio::task::spawn_blocking(move || cmd.output())
+    cmd.args(["ctl", "--admin", url]).args(args);
+    run_ctl(cmd).await
+}
+
+/// Runs a `sharehost ctl` command line with the test token in its environment.
+async fn run_ctl(mut cmd: std::process::Command) -> (bool, String, String) {
+    cmd.env("SHAREHOST_TEST_TOKEN", "t0k");
+    let out = sharehost_tests::blocking(move || cmd.output())
         .await
-        .expect("join")
         .expect("run sharehost ctl");
     (
         out.status.success(),

@@ -63,11 +63,7 @@ impl Server {
     async fn start() -> Server {
         let seen = Arc::new(Seen::default());
         let app = Self::app(&seen);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let addr = sharehost_tests::serve_on_loopback(app).await;
         Server { addr, seen }
     }
 

@@ -361,6 +361,23 @@ pub fn plugin_runtime() -> sharehost::runtime::PluginRuntime {
     .expect("runtime")
 }
 
+/// Runs blocking work (a child process, a tool) off the test's async workers.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("join")
+}
+
+/// Serves `app` on an ephemeral loopback port for the rest of the test; returns its address.
+pub async fn serve_on_loopback(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
 /// A record as a plugin judges it (topic `orders`, partition 3, first delivery, key `k{offset}`)
 /// with `value` and `headers`: what the runtime tests hand to fixtures.
 pub fn plugin_record(
