@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use sharehost::dlq::DeadLetter;
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
@@ -94,10 +96,14 @@ impl Scenario {
     /// One ledger pipeline emitting every record's id to output `valid` (this scenario's
     /// output topic), every 7th id rejected and dead-lettered, plus `plugin_config`.
     fn manifest(&self, plugin_config: &str) -> PathBuf {
-        self.manifest_with(plugin_config, "")
+        self.manifest_with(
+            plugin_config,
+            &format!("dead_letter_topic = \"{}\"\n", self.dlq),
+        )
     }
 
-    /// [`Scenario::manifest`] with `settings`, more pipeline lines.
+    /// [`Scenario::manifest`] without a dead-letter topic (every 7th id is rejected, and that
+    /// is all), with `settings`, more pipeline lines.
     fn manifest_with(&self, plugin_config: &str, settings: &str) -> PathBuf {
         let text = ledger_manifest(
             &bootstrap(),
@@ -106,8 +112,8 @@ impl Scenario {
             &guest("fixture_ledger"),
             &format!(r#"reject-every = "7", emit-to = "valid", {plugin_config}"#),
             &format!(
-                "{FAULT_SETTINGS}{settings}dead_letter_topic = \"{}\"\n[pipeline.outputs]\nvalid = \"{}\"\n",
-                self.dlq, self.output
+                "{FAULT_SETTINGS}{settings}[pipeline.outputs]\nvalid = \"{}\"\n",
+                self.output
             ),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
@@ -192,7 +198,19 @@ impl Scenario {
     /// provenance names its source record, no rejected id has one; prints the ledger line and
     /// returns the outputs per id.
     async fn check_outputs(&self, ledger: &Ledger, accepted: &HashSet<String>) -> OutputLedger {
-        let outputs = self.outputs().await;
+        self.check_outputs_with(ledger, accepted, Vec::new()).await
+    }
+
+    /// [`Scenario::check_outputs`] counting `earlier` too: the outputs read from an output
+    /// topic that was deleted since.
+    async fn check_outputs_with(
+        &self,
+        ledger: &Ledger,
+        accepted: &HashSet<String>,
+        earlier: Vec<Output>,
+    ) -> OutputLedger {
+        let mut outputs = earlier;
+        outputs.extend(self.outputs().await);
         let coordinates = self.coordinates().await;
         let mut by_id: BTreeMap<String, Vec<Output>> = BTreeMap::new();
         for o in outputs {
@@ -358,39 +376,77 @@ async fn a_host_killed_mid_stream_and_restarted_loses_no_output_of_an_accepted_r
     ));
 }
 
+/// The pipeline-level number `key` of the host's `GET /pipelines` (its one pipeline).
+fn pipeline_number(status: &serde_json::Value, key: &str) -> u64 {
+    status[0][key].as_u64().unwrap_or(0)
+}
+
+/// Polls the host's `GET /pipelines` until the pipeline-level number `key` reaches `at_least`
+/// (the host's own events; there is nothing finer to wait on from outside).
+fn pipeline_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = host.status();
+        if pipeline_number(&status, key) >= at_least {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} never reached {at_least}: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Keeps a fault in place for `outage` (a fault's duration, not a wait for an event): checks
+/// every second that the host shows itself degraded, and returns how many of its writes had
+/// failed by the end.
+fn hold_outage(host: &HostProcess, outage: Duration) -> u64 {
+    let started = Instant::now();
+    loop {
+        let status = host.status();
+        assert_eq!(
+            status[0]["state"], "degraded",
+            "the pipeline shows itself degraded while its writes wait: {status}"
+        );
+        if started.elapsed() >= outage {
+            return pipeline_number(&status, "write_failures");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// How many ids of `ids` the ledger plugin accepts (all but the multiples of 7).
+fn to_accept(ids: &[String]) -> u64 {
+    ids.iter()
+        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 7 != 0))
+        .count() as u64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_topic_that_cannot_be_written_releases_the_sources_until_it_can() {
-    // No output topic yet: producing fails, the sources are released (after a back-off), never
-    // accepted. Once the topic exists they end accepted, with their outputs.
+async fn an_output_topic_missing_at_start_holds_the_sources_until_it_can_be_written() {
+    // No output topic yet: producing fails and the sources stay acquired, never accepted nor
+    // released. Once the topic exists they end accepted, with their outputs, on their first
+    // delivery.
     let s = Scenario::new("outputs-missing-topic", 300, 30_000, false).await;
     let manifest = s.manifest("");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
-    let failed = blocking(move || {
-        let status = status_reaches(&h, "emits_failed", 1);
-        (
-            status_counter(&status, "emits_failed"),
-            status_counter(&status, "accepted"),
-        )
-    })
-    .await;
+    let status = blocking(move || pipeline_reaches(&h, "write_failures", 1)).await;
     assert_eq!(
-        failed.1, 0,
-        "nothing is accepted while its output cannot be written"
+        status_counter(&status, "accepted"),
+        0,
+        "nothing is accepted while its output cannot be written: {status}"
     );
     s.client
         .create_topic(&s.output, OUTPUT_PARTITIONS, 1, &[])
         .await
         .expect("create the output topic");
     // The plugin accepted every record it judged before the topic existed too (its log says
-    // so); the host released them. So wait for the host's own count of accepted records.
-    let to_accept = s
-        .ids
-        .iter()
-        .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 7 != 0))
-        .count() as u64;
+    // so); the host held them. So wait for the host's own count of accepted records.
+    let want = to_accept(&s.ids);
     let h = host.clone();
-    blocking(move || status_reaches(&h, "accepted", to_accept)).await;
+    let status = blocking(move || status_reaches(&h, "accepted", want)).await;
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
@@ -398,16 +454,123 @@ async fn an_output_topic_that_cannot_be_written_releases_the_sources_until_it_ca
     let redelivered = outputs
         .by_id
         .values()
-        .filter(|o| o.iter().all(|o| o.delivery_count >= 2))
+        .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
         .count();
     report(&format!(
-        "outputs {}: emits failed first {}, sources accepted on a later delivery {redelivered}",
-        s.name, failed.0
+        "outputs {}: failed produce requests {}, sources redelivered {redelivered}, released unwritten {}",
+        s.name,
+        pipeline_number(&status, "write_failures"),
+        pipeline_number(&status, "released_unwritten"),
     ));
-    assert!(
-        redelivered > 0,
-        "the failed sources came back and ended accepted"
+    assert_eq!(
+        redelivered, 0,
+        "a failed write spends no delivery of its source"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery() {
+    // No dead-letter topic (the splitter example's own setup), a 10 s lock that the engine
+    // renews while the writes wait. A host that released its sources at every failed write
+    // spent their five deliveries within seconds, and the broker archived them.
+    let s = Scenario::new("outputs-deleted", 700, 10_000, true).await;
+    let manifest = s.manifest_with("", "");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, first) = (host.clone(), to_accept(&s.ids));
+    blocking(move || status_reaches(&h, "accepted", first)).await;
+    // What was written before the topic goes; the host writes nothing more until new ids come.
+    let earlier = s.outputs().await;
+    s.client
+        .delete_topic(&s.output)
+        .await
+        .expect("delete the output topic");
+    let mut ids = s.ids.clone();
+    ids.extend(produce_ids(&s.client, &s.topic, PARTITIONS, 700..1400).await);
+    let h = host.clone();
+    blocking(move || pipeline_reaches(&h, "write_failures", 1)).await;
+    let h = host.clone();
+    let failures = blocking(move || hold_outage(&h, Duration::from_secs(40))).await;
+    s.client
+        .create_topic(&s.output, OUTPUT_PARTITIONS, 1, &[])
+        .await
+        .expect("create the output topic again");
+    let (h, all) = (host.clone(), to_accept(&ids));
+    let status = blocking(move || status_reaches(&h, "accepted", all)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let s = Scenario { ids, ..s };
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let outputs = s
+        .check_outputs_with(&ledger, &accepted(&[&seen]), earlier)
+        .await;
+    let redelivered = outputs
+        .by_id
+        .values()
+        .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
+        .count();
+    report(&format!(
+        "outputs {}: output topic gone 40 s, failed produce requests {failures}, sources redelivered {redelivered}, released unwritten {}",
+        s.name,
+        pipeline_number(&status, "released_unwritten"),
+    ));
+    assert!(failures > 1, "the writes were retried during the outage");
+    assert_eq!(
+        redelivered, 0,
+        "a failed write spends no delivery of its source"
+    );
+    assert_eq!(outputs.duplicates, 0, "no crash, no duplicate output");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason() {
+    // The dead-letter topic refuses every record (max.message.bytes 1) for 60 s; accepted
+    // records flow on meanwhile, the rejected ones stay acquired until their dead letters land.
+    let s = Scenario::new("dlq-unwritable", 700, 10_000, true).await;
+    s.client
+        .alter_topic_configs(&s.dlq, &[("max.message.bytes", Some("1"))])
+        .await
+        .expect("make the dead-letter topic refuse every record");
+    let manifest = s.manifest("");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, accepts) = (host.clone(), to_accept(&s.ids));
+    blocking(move || {
+        pipeline_reaches(&h, "write_failures", 1);
+        // Nobody starved: the accepted records end while the dead letters wait.
+        status_reaches(&h, "accepted", accepts)
+    })
+    .await;
+    let h = host.clone();
+    let failures = blocking(move || hold_outage(&h, Duration::from_secs(60))).await;
+    s.client
+        .alter_topic_configs(&s.dlq, &[("max.message.bytes", None)])
+        .await
+        .expect("let the dead-letter topic take records again");
+    let rejects = s.ids.len() as u64 - accepts;
+    let h = host.clone();
+    let status = blocking(move || pipeline_reaches(&h, "dead_lettered", rejects)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    let ledger = s.ledger(std::slice::from_ref(&seen)).await;
+    let letters = s.dead_letters().await;
+    let text =
+        |d: &DeadLetter| String::from_utf8_lossy(d.value().map_or(&[][..], |v| v)).into_owned();
+    let ids: HashSet<String> = letters.iter().map(text).collect();
+    let rejected: HashSet<String> = seen.rejected.iter().cloned().collect();
+    report(&format!(
+        "outputs {}: dead-letter topic unwritable 60 s, failed produce requests {failures}, rejected {}, dead letters {}, lost {}",
+        s.name,
+        rejected.len(),
+        letters.len(),
+        ledger.lost().len()
+    ));
+    assert_eq!(ids, rejected, "every reject has its dead letter");
+    assert_eq!(letters.len(), rejected.len(), "and only one");
+    for d in &letters {
+        assert_eq!(d.reason, format!("ledger: {} is divisible by 7", text(d)));
+        assert_eq!(d.delivery_count, Some(1), "no delivery spent: {d:?}");
+    }
+    assert_eq!(pipeline_number(&status, "dead_letters_shrunk"), 0);
+    assert_eq!(pipeline_number(&status, "released_unwritten"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,19 +604,32 @@ async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_l
 /// A scenario of plain text values (not ids) and a manifest running `component` on them with
 /// `extra` pipeline lines (and a dead-letter topic).
 async fn text_scenario(name: &'static str, values: &[&str]) -> Scenario {
+    let values: Vec<Bytes> = values
+        .iter()
+        .map(|v| Bytes::from((*v).to_owned()))
+        .collect();
+    bytes_scenario(name, &values).await
+}
+
+/// A scenario of one partition holding `values` (any bytes), with a dead-letter topic of
+/// one partition; its ids are the values' positions.
+async fn bytes_scenario(name: &'static str, values: &[Bytes]) -> Scenario {
     let client = Arc::new(client().await);
     let (topic, dlq) = topic_with_dead_letters(&client, name, 1, 1).await;
-    let records: Vec<sharehost::kafka::ProduceRecord> = values
-        .iter()
-        .map(|v| sharehost::kafka::ProduceRecord {
-            value: Some(bytes::Bytes::from((*v).to_owned())),
-            ..Default::default()
-        })
-        .collect();
-    client
-        .produce(&topic, 0, &records, sharehost::kafka::Compression::None)
-        .await
-        .expect("produce");
+    // In produce requests of at most 512 KiB, like the host's own writes.
+    for chunk in values.chunks(16) {
+        let records: Vec<sharehost::kafka::ProduceRecord> = chunk
+            .iter()
+            .map(|v| sharehost::kafka::ProduceRecord {
+                value: Some(v.clone()),
+                ..Default::default()
+            })
+            .collect();
+        client
+            .produce(&topic, 0, &records, sharehost::kafka::Compression::None)
+            .await
+            .expect("produce");
+    }
     let group = fresh_group_with(&client, Some(30_000), &[]).await;
     let dir = std::env::temp_dir().join(unique("sharehost-outputs"));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -465,7 +641,7 @@ async fn text_scenario(name: &'static str, values: &[&str]) -> Scenario {
         dlq,
         group,
         dir,
-        ids: values.iter().map(|v| (*v).to_owned()).collect(),
+        ids: (0..values.len()).map(|i| i.to_string()).collect(),
     }
 }
 
@@ -484,6 +660,16 @@ impl Scenario {
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");
         path
+    }
+
+    /// Every dead letter of the scenario's dead-letter topic (one partition), as the host's
+    /// own reader (`sharehost dlq`) sees it.
+    async fn dead_letters(&self) -> Vec<DeadLetter> {
+        topic_records(&self.client, &self.dlq, 1)
+            .await
+            .into_iter()
+            .map(|(p, r)| DeadLetter::from_record(p, r))
+            .collect()
     }
 
     /// The dead-letter topic's `sharehost.reason` headers, in order.
@@ -699,4 +885,98 @@ async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
         outputs.by_id.values().all(|o| o[0].delivery_count == 2),
         "every id came back once, on its second delivery"
     );
+}
+
+/// `n` values of `bytes` bytes each that neither compress nor parse as an id: `N:` then bytes
+/// of a xorshift stream (the ledger plugin rejects them as "not a decimal id").
+fn incompressible_values(n: usize, bytes: usize) -> Vec<Bytes> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|i| {
+            let mut v = format!("{i}:").into_bytes();
+            while v.len() < bytes {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v.truncate(bytes);
+            Bytes::from(v)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason() {
+    // 2 MB of dead letters from one batch: over the broker's 1 MiB limit as one request.
+    let values = incompressible_values(100, 20 << 10);
+    let s = bytes_scenario("dlq-20kb", &values).await;
+    let manifest = s.text_manifest(&guest("fixture_ledger"), "batch_size = 100\n");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let status = blocking(move || pipeline_reaches(&h, "dead_lettered", 100)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let letters = s.dead_letters().await;
+    let written: HashSet<&[u8]> = letters
+        .iter()
+        .filter_map(|d| d.value().map(|v| &v[..]))
+        .collect();
+    let produced: HashSet<&[u8]> = values.iter().map(|v| &v[..]).collect();
+    report(&format!(
+        "outputs {}: 100 rejects of 20 KiB, dead letters {}, whole {}, failed produce requests {}",
+        s.name,
+        letters.len(),
+        written.len(),
+        pipeline_number(&status, "write_failures")
+    ));
+    assert_eq!(letters.len(), 100, "one dead letter per reject");
+    assert_eq!(written, produced, "each with its value");
+    for d in &letters {
+        assert_eq!(d.reason, "ledger: value is not a decimal id", "{d:?}");
+        assert_eq!(d.delivery_count, Some(1), "on its first delivery: {d:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value() {
+    let values = vec![
+        Bytes::from_static(b"small"),
+        incompressible_values(1, 20 << 10).remove(0),
+    ];
+    let s = bytes_scenario("dlq-too-large", &values).await;
+    s.client
+        .alter_topic_configs(&s.dlq, &[("max.message.bytes", Some("8192"))])
+        .await
+        .expect("limit the dead-letter topic's record size");
+    let manifest = s.text_manifest(&guest("fixture_ledger"), "");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let status = blocking(move || pipeline_reaches(&h, "dead_lettered", 2)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let letters = s.dead_letters().await;
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    let whole: Vec<&DeadLetter> = letters.iter().filter(|d| d.value().is_some()).collect();
+    let shrunk: Vec<&DeadLetter> = letters.iter().filter(|d| d.value().is_none()).collect();
+    assert_eq!(whole.len(), 1, "the small reject is dead-lettered whole");
+    assert_eq!(whole[0].value().map(|v| &v[..]), Some(&b"small"[..]));
+    assert_eq!(shrunk.len(), 1, "the large one without its value");
+    let d = shrunk[0];
+    assert_eq!(d.reason, "ledger: value is not a decimal id");
+    assert_eq!(d.original_offset, Some(1), "with its provenance: {d:?}");
+    assert_eq!(
+        d.header("sharehost.dropped-bytes").as_deref(),
+        Some("20480"),
+        "and the size of what was left out"
+    );
+    assert_eq!(pipeline_number(&status, "dead_letters_shrunk"), 1);
+    report(&format!(
+        "outputs {}: a 20 KiB reject against an 8 KiB dead-letter limit: dead-lettered without its value, with its reason and provenance",
+        s.name
+    ));
 }

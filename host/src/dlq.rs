@@ -3,7 +3,7 @@
 //!
 //! A dead letter (see `dead_letter` in the pipeline) carries the original record's key, value
 //! and headers plus the provenance headers `sharehost.original.topic/partition/offset`,
-//! `sharehost.delivery.count`, `sharehost.reason`, `sharehost.pipeline`, `sharehost.plugin`,
+//! `sharehost.original.delivery-count`, `sharehost.reason`, `sharehost.pipeline`, `sharehost.plugin`,
 //! `sharehost.plugin.version` and, with signed components, `sharehost.plugin.signer`. A
 //! replay produces key, value and the original headers (the provenance ones removed) to the
 //! original topic, with `sharehost.replayed-from = "DLQTOPIC/PARTITION/OFFSET"` added.
@@ -38,23 +38,11 @@ use crate::kafka::{
     Compression, ConsumedRecord, Header, KafkaClient, OffsetSpec, ProduceRecord, TopicMeta,
 };
 use crate::manifest::Manifest;
-use crate::pipeline::murmur2;
+use crate::provenance::{self as pv, DEAD_LETTER_HEADERS};
+use crate::writes::murmur2;
 
 /// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
 pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
-
-/// Provenance headers the pipeline adds to a dead letter; a replay removes them again.
-pub const PROVENANCE_HEADERS: [&str; 9] = [
-    "sharehost.original.topic",
-    "sharehost.original.partition",
-    "sharehost.original.offset",
-    "sharehost.delivery.count",
-    "sharehost.reason",
-    "sharehost.pipeline",
-    "sharehost.plugin",
-    "sharehost.plugin.version",
-    "sharehost.plugin.signer",
-];
 
 /// Most records in one replay Produce request (and so the most a crash can replay twice).
 pub const PRODUCE_BATCH_RECORDS: usize = 500;
@@ -215,21 +203,34 @@ fn header_text(headers: &[Header], key: &str) -> Option<String> {
 }
 
 impl DeadLetter {
+    /// The original record's value as the dead letter carries it (`None` for a null value, or
+    /// for a dead letter written without it: see `sharehost.dropped-bytes`).
+    pub fn value(&self) -> Option<&Bytes> {
+        self.value.as_ref()
+    }
+
+    /// The text of the dead letter's header `key` (the last one of that name).
+    pub fn header(&self, key: &str) -> Option<String> {
+        header_text(&self.headers, key)
+    }
+
     /// Reads the provenance headers of a record of dead-letter partition `partition`.
     pub fn from_record(partition: i32, r: ConsumedRecord) -> DeadLetter {
         let h = |k: &str| header_text(&r.headers, k);
         DeadLetter {
             partition,
             offset: r.offset,
-            original_topic: h("sharehost.original.topic"),
-            original_partition: h("sharehost.original.partition").and_then(|v| v.parse().ok()),
-            original_offset: h("sharehost.original.offset").and_then(|v| v.parse().ok()),
-            delivery_count: h("sharehost.delivery.count").and_then(|v| v.parse().ok()),
-            reason: h("sharehost.reason").unwrap_or_default(),
-            pipeline: h("sharehost.pipeline"),
-            plugin: h("sharehost.plugin"),
-            plugin_version: h("sharehost.plugin.version"),
-            plugin_signer: h("sharehost.plugin.signer"),
+            original_topic: h(pv::ORIGINAL_TOPIC),
+            original_partition: h(pv::ORIGINAL_PARTITION).and_then(|v| v.parse().ok()),
+            original_offset: h(pv::ORIGINAL_OFFSET).and_then(|v| v.parse().ok()),
+            delivery_count: h(pv::ORIGINAL_DELIVERY_COUNT)
+                .or_else(|| h(pv::LEGACY_DELIVERY_COUNT))
+                .and_then(|v| v.parse().ok()),
+            reason: h(pv::REASON).unwrap_or_default(),
+            pipeline: h(pv::PIPELINE),
+            plugin: h(pv::PLUGIN),
+            plugin_version: h(pv::PLUGIN_VERSION),
+            plugin_signer: h(pv::PLUGIN_SIGNER),
             key: r.key,
             value: r.value,
             headers: r.headers,
@@ -244,7 +245,7 @@ impl DeadLetter {
         let mut headers: Vec<Header> = self
             .headers
             .iter()
-            .filter(|h| h.key != REPLAYED_FROM && !PROVENANCE_HEADERS.contains(&h.key.as_str()))
+            .filter(|h| h.key != REPLAYED_FROM && !DEAD_LETTER_HEADERS.contains(&h.key.as_str()))
             .cloned()
             .collect();
         headers.push(Header {
@@ -1078,7 +1079,7 @@ mod tests {
             value: Some(Bytes::from(v.to_owned())),
         };
         let mut headers = vec![h("trace", "abc"), h(REPLAYED_FROM, "old/0/1")];
-        headers.extend(PROVENANCE_HEADERS.iter().map(|k| h(k, "x")));
+        headers.extend(DEAD_LETTER_HEADERS.iter().map(|k| h(k, "x")));
         headers[2].value = Some(Bytes::from_static(b"orders"));
         let d = DeadLetter::from_record(
             2,

@@ -63,6 +63,16 @@ pub struct Metrics {
     /// Outbound HTTP requests of plugins, by result (sent, refused by the allow-list or the
     /// address check, failed, timed out, response too large).
     pub http_requests: Family<Labels, Gauge>,
+    /// Failed produce requests of outputs and dead letters, by pipeline, kind, topic and
+    /// error: each is retried, its records stay acquired (not a plugin verdict).
+    pub write_failures: Family<Labels, Counter>,
+    /// Batches whose writes wait for a retry now (the pipeline is degraded meanwhile).
+    pub writes_waiting: Family<Labels, Gauge>,
+    /// Records released because the pipeline stopped before their writes landed.
+    pub released_unwritten: Family<Labels, Counter>,
+    /// Dead letters written without the record's key, value and headers (the whole record
+    /// was larger than the dead-letter topic accepts).
+    pub dead_letters_shrunk: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -94,6 +104,10 @@ impl Metrics {
             rebalances: Family::default(),
             emits: Family::default(),
             http_requests: Family::default(),
+            write_failures: Family::default(),
+            writes_waiting: Family::default(),
+            released_unwritten: Family::default(),
+            dead_letters_shrunk: Family::default(),
         };
         registry.register(
             "records",
@@ -175,6 +189,26 @@ impl Metrics {
             "http_requests",
             "Outbound HTTP requests of plugins, by pipeline and result",
             m.http_requests.clone(),
+        );
+        registry.register(
+            "write_failures",
+            "Failed produce requests of outputs and dead letters (retried; their records stay acquired)",
+            m.write_failures.clone(),
+        );
+        registry.register(
+            "writes_waiting",
+            "Batches whose outputs or dead letters wait for a retry",
+            m.writes_waiting.clone(),
+        );
+        registry.register(
+            "released_unwritten",
+            "Records released because the pipeline stopped before their writes landed",
+            m.released_unwritten.clone(),
+        );
+        registry.register(
+            "dead_letters_shrunk",
+            "Dead letters written without the record's key, value and headers (too large for the topic)",
+            m.dead_letters_shrunk.clone(),
         );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m

@@ -7,19 +7,20 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::kafka::{Compression, Header, KafkaClient, ProduceRecord};
+use crate::kafka::{Header, KafkaClient, KafkaError, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
+use crate::provenance as pv;
 use crate::rollout::{
     ActiveState, CanaryDecision, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
     SHADOW_QUEUE, ShadowRequest, ShadowStatus,
@@ -30,24 +31,16 @@ use crate::runtime::{
 };
 use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
+use crate::writes::{Landing, PartitionBy, Write, WriteObserver, record_bytes, write_all};
 
 /// How long running batches may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most extra plugin calls spent isolating poison records in a faulting batch.
 const MAX_ISOLATION_CALLS: usize = 16;
-/// Outputs are produced compressed: emitted records are usually small and alike (JSON), and
-/// lz4 costs the least CPU of Kafka's codecs, on a machine whose cores the broker shares.
-const OUTPUT_COMPRESSION: Compression = Compression::Lz4;
-/// Uncompressed bytes per produce batch of outputs: well under the broker's default
-/// `message.max.bytes` (1 MiB), which a larger batch would exceed and be refused whole.
-const MAX_OUTPUT_BATCH_BYTES: usize = 512 << 10;
-/// A held record (`retry`) is released this long before its lock would run out on a broker
-/// without renew, so the release lands while the record is still ours.
+/// A held record (`retry`, or one whose writes wait for a retry) is released this long before
+/// its lock would run out on a broker without renew, so the release lands while the record is
+/// still ours.
 const RETRY_LOCK_MARGIN: Duration = Duration::from_secs(1);
-/// How long a record whose outputs or dead letter could not be produced is held before it is
-/// released: released at once, it would come straight back and fail again, burning its
-/// delivery count against a dependency that is down for seconds, not milliseconds.
-const PRODUCE_FAILURE_BACKOFF_MS: u32 = 2_000;
 
 /// Why a plugin version could not be made active.
 #[derive(Debug, thiserror::Error)]
@@ -243,7 +236,9 @@ pub struct VersionCounters {
     pub emits_produced: u64,
     /// Emitted records discarded (their source was released, rejected, renewed or retried).
     pub emits_discarded: u64,
-    /// Emitted records whose produce failed (their source was released).
+    /// Emitted records never produced: the pipeline stopped while their produce was being
+    /// retried (their source was released), or the record is larger than its topic accepts
+    /// (its source was rejected).
     pub emits_failed: u64,
 }
 
@@ -278,7 +273,7 @@ pub struct VersionsStatus {
 pub struct PipelineStatus {
     /// Pipeline name.
     pub name: String,
-    /// starting, running, draining, stopped or failed.
+    /// starting, running, degraded (writes wait for a retry), draining, stopped or failed.
     pub state: String,
     /// Content hash (sha256) of the active plugin version.
     pub active_version: String,
@@ -290,6 +285,16 @@ pub struct PipelineStatus {
     pub dead_lettered: u64,
     /// Records acquired and not yet judged.
     pub in_flight: u64,
+    /// Batches whose outputs or dead letters wait for a retry of their produce (their records
+    /// stay acquired); the state is `degraded` meanwhile.
+    pub writes_waiting: u64,
+    /// Failed produce requests of outputs and dead letters, retried (not plugin verdicts).
+    pub write_failures: u64,
+    /// Records released because the pipeline stopped before their writes landed.
+    pub released_unwritten: u64,
+    /// Dead letters written without the record's key, value and headers, because the whole
+    /// record was larger than the dead-letter topic accepts.
+    pub dead_letters_shrunk: u64,
     /// Last hot-swap failure, if the last swap failed.
     pub last_swap_error: Option<String>,
     /// How long judging paused around the last hot swap: the longest gap between two judged
@@ -384,6 +389,82 @@ impl Ord for Held {
     }
 }
 
+/// What a batch's task needs of the run loop: the engine, the client, the loop's queues and
+/// the stop that ends write retries.
+struct BatchContext {
+    consumer: Arc<ShareConsumer>,
+    client: Arc<KafkaClient>,
+    /// Renewed records go back to the backlog to be judged again.
+    requeue: mpsc::UnboundedSender<ShareRecord>,
+    /// How often the plugin renewed each record it holds (for `max_renewals`).
+    renewals: Arc<Mutex<HashMap<(TopicIdPartition, i64), u32>>>,
+    /// Records held at the plugin's `retry`.
+    retries: mpsc::UnboundedSender<Held>,
+    /// The pipeline is stopping: writes stop retrying and release their records.
+    stop: CancellationToken,
+}
+
+/// The pipeline's own count of its writes (outputs and dead letters), apart from verdicts.
+#[derive(Debug, Default)]
+struct WriteCounts {
+    /// Batches whose writes wait for a retry now.
+    waiting: AtomicUsize,
+    /// Failed produce requests.
+    failures: AtomicU64,
+    /// Records released because the pipeline stopped before their writes landed.
+    released: AtomicU64,
+    /// Dead letters written without the record's key, value and headers.
+    shrunk: AtomicU64,
+}
+
+/// Watches one batch's writes: counts failures by topic, shows the pipeline degraded while
+/// they wait, and gives the batch's permit back at the first wait, so other batches are judged
+/// meanwhile (their records stay bounded by `max_in_flight`).
+struct WriteWatch<'a> {
+    pipeline: &'a Pipeline,
+    kind: &'static str,
+    permit: &'a Mutex<Option<OwnedSemaphorePermit>>,
+}
+
+impl WriteObserver for WriteWatch<'_> {
+    fn failed(&self, topic: &str, _records: usize, error: &KafkaError) {
+        let p = self.pipeline;
+        p.writes.failures.fetch_add(1, Ordering::Relaxed);
+        p.metrics
+            .write_failures
+            .get_or_create(&vec![
+                ("pipeline", p.spec.name.clone()),
+                ("kind", self.kind.to_owned()),
+                ("topic", topic.to_owned()),
+                ("error", error.kind()),
+            ])
+            .inc();
+    }
+
+    fn shrunk(&self, topic: &str) {
+        let p = self.pipeline;
+        p.writes.shrunk.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(pipeline = %p.spec.name, topic, "a record larger than the dead-letter topic accepts was dead-lettered without its key, value and headers");
+        p.metrics
+            .dead_letters_shrunk
+            .get_or_create(&vec![("pipeline", p.spec.name.clone())])
+            .inc();
+    }
+
+    fn waiting(&self, waiting: bool) {
+        let p = self.pipeline;
+        let labels = vec![("pipeline", p.spec.name.clone())];
+        if waiting {
+            lock(self.permit).take();
+            p.writes.waiting.fetch_add(1, Ordering::Relaxed);
+            p.metrics.writes_waiting.get_or_create(&labels).inc();
+        } else {
+            p.writes.waiting.fetch_sub(1, Ordering::Relaxed);
+            p.metrics.writes_waiting.get_or_create(&labels).dec();
+        }
+    }
+}
+
 /// A running pipeline as the admin endpoints see it.
 pub struct Pipeline {
     spec: PipelineSpec,
@@ -409,6 +490,7 @@ pub struct Pipeline {
     counters: Mutex<HashMap<String, VersionCounters>>,
     dead_lettered: AtomicU64,
     in_flight: AtomicU64,
+    writes: WriteCounts,
     last_swap_error: Mutex<Option<String>>,
     stall: Mutex<SwapStall>,
 }
@@ -681,6 +763,7 @@ impl Pipeline {
             counters: Mutex::new(HashMap::new()),
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            writes: WriteCounts::default(),
             last_swap_error: Mutex::new(None),
             stall: Mutex::new(SwapStall::default()),
         });
@@ -707,9 +790,19 @@ impl Pipeline {
     /// Status for `GET /pipelines`.
     pub fn status(&self) -> PipelineStatus {
         let active = lock(&self.active).clone();
+        let waiting = self.writes.waiting.load(Ordering::Relaxed);
+        let state = lock(&self.state).clone();
         PipelineStatus {
             name: self.spec.name.clone(),
-            state: lock(&self.state).clone(),
+            state: if state == "running" && waiting > 0 {
+                "degraded".to_owned()
+            } else {
+                state
+            },
+            writes_waiting: waiting as u64,
+            write_failures: self.writes.failures.load(Ordering::Relaxed),
+            released_unwritten: self.writes.released.load(Ordering::Relaxed),
+            dead_letters_shrunk: self.writes.shrunk.load(Ordering::Relaxed),
             active_version: active.hash.clone(),
             component: active.path.display().to_string(),
             versions: lock(&self.counters).clone(),
@@ -1124,8 +1217,8 @@ impl Pipeline {
                         Ok(Some(d)) => {
                             if !d.poison.is_empty() {
                                 let this = self.clone();
-                                let (c, k, rt) = (consumer.clone(), client.clone(), retry_tx.clone());
-                                running.spawn(async move { this.handle_poison(&c, &k, d.poison, &rt).await });
+                                let (c, k, stop) = (consumer.clone(), client.clone(), shutdown.clone());
+                                running.spawn(async move { this.handle_poison(&c, &k, d.poison, &stop).await });
                             }
                             backlog.extend(d.records);
                         }
@@ -1160,17 +1253,15 @@ impl Pipeline {
                 continue;
             }
             let this = self.clone();
-            let (c, k, rq, rn, rt) = (
-                consumer.clone(),
-                client.clone(),
-                requeue_tx.clone(),
-                renewals.clone(),
-                retry_tx.clone(),
-            );
-            running.spawn(async move {
-                this.judge(&c, &k, batch, &rq, &rn, &rt).await;
-                drop(permit);
-            });
+            let ctx = BatchContext {
+                consumer: consumer.clone(),
+                client: client.clone(),
+                requeue: requeue_tx.clone(),
+                renewals: renewals.clone(),
+                retries: retry_tx.clone(),
+                stop: shutdown.clone(),
+            };
+            running.spawn(async move { this.judge(&ctx, batch, permit).await });
         }
         // Drain: records not yet handed to a plugin are released at close; running batches
         // get a bounded time to finish.
@@ -1278,16 +1369,23 @@ impl Pipeline {
         }
     }
 
-    /// One batch: plugin call, verdicts, acknowledgements.
+    /// One batch: plugin call, verdicts, acknowledgements. `permit` (one of the pipeline's
+    /// `concurrency`) is held while the batch is judged and its writes first tried; a batch
+    /// whose writes wait for a retry gives it back, so the pipeline judges on meanwhile.
     async fn judge(
         &self,
-        consumer: &ShareConsumer,
-        client: &KafkaClient,
+        ctx: &BatchContext,
         batch: Vec<ShareRecord>,
-        requeue: &mpsc::UnboundedSender<ShareRecord>,
-        renewals: &Mutex<HashMap<(TopicIdPartition, i64), u32>>,
-        retries: &mpsc::UnboundedSender<Held>,
+        permit: OwnedSemaphorePermit,
     ) {
+        let BatchContext {
+            consumer,
+            client,
+            requeue,
+            renewals,
+            retries,
+            stop,
+        } = ctx;
         let records: Vec<Record> = batch
             .iter()
             .map(|r| {
@@ -1438,13 +1536,29 @@ impl Pipeline {
                 if !matches!(v, Verdict::Accept) {
                     discarded += own.as_ref().map_or(0, |e| e.len() as u64);
                 }
+                // A renewal the engine granted keeps the record's count; every other verdict
+                // ends what the map knows of it (it only holds records a plugin renewed, so it
+                // is usually empty, and it never outlives its records).
+                if let Verdict::Renew = v {
+                    let n = renewed.entry(key).or_insert(0);
+                    *n += 1;
+                    if *n <= self.spec.max_renewals
+                        && matches!(consumer.acknowledge(r, AckKind::Renew), Ok(true))
+                    {
+                        self.record(&version.hash, "renew");
+                        self.metrics.renewals.get_or_create(&labels).inc();
+                        self.count(&version.hash, |c| c.renewed += 1);
+                        let _ = requeue.send(r.clone());
+                        continue;
+                    }
+                }
+                if !renewed.is_empty() {
+                    renewed.remove(&key);
+                }
                 let kind = match v {
                     Verdict::Accept => match own {
                         Some(own) => {
                             producing.push((r, own));
-                            if !renewed.is_empty() {
-                                renewed.remove(&key);
-                            }
                             continue;
                         }
                         None => AckKind::Accept,
@@ -1455,32 +1569,13 @@ impl Pipeline {
                         continue;
                     }
                     Verdict::Retry(after_ms) => {
-                        if !renewed.is_empty() {
-                            renewed.remove(&key);
-                        }
                         self.hold_for_retry(consumer, r, after_ms, retries, &version.hash);
                         continue;
                     }
-                    Verdict::Renew => {
-                        let n = renewed.entry(key).or_insert(0);
-                        *n += 1;
-                        if *n <= self.spec.max_renewals {
-                            if matches!(consumer.acknowledge(r, AckKind::Renew), Ok(true)) {
-                                self.record(&version.hash, "renew");
-                                self.metrics.renewals.get_or_create(&labels).inc();
-                                self.count(&version.hash, |c| c.renewed += 1);
-                                let _ = requeue.send(r.clone());
-                            }
-                            continue;
-                        }
-                        // Out of renewals: give it back for another member or a later try.
-                        AckKind::Release
-                    }
+                    // Out of renewals (or the record is no longer ours): give it back for
+                    // another member or a later try.
+                    Verdict::Renew => AckKind::Release,
                 };
-                // The map only holds records a plugin renewed: usually empty.
-                if !renewed.is_empty() {
-                    renewed.remove(&key);
-                }
                 finals.push((r, kind));
             }
         }
@@ -1488,22 +1583,15 @@ impl Pipeline {
             self.count_emits(&version.hash, "discarded", discarded);
         }
         self.ack_all(consumer, &finals, &version.hash);
+        let permit = Mutex::new(Some(permit));
         if !producing.is_empty() {
-            let produced = self
-                .produce_outputs(client, &producing, &version.hash)
+            let unwritable = self
+                .produce_outputs(client, consumer, &producing, &version.hash, stop, &permit)
                 .await;
-            let mut accepted = Vec::with_capacity(producing.len());
-            for ((r, _), ok) in producing.iter().zip(produced) {
-                if ok {
-                    accepted.push((*r, AckKind::Accept));
-                } else {
-                    self.back_off(consumer, r, retries, &version.hash);
-                }
-            }
-            self.ack_all(consumer, &accepted, &version.hash);
+            rejects.extend(unwritable);
         }
         if !rejects.is_empty() {
-            self.reject(consumer, client, &rejects, &version.hash, retries)
+            self.reject(consumer, client, &rejects, &version.hash, stop, &permit)
                 .await;
         }
     }
@@ -1610,30 +1698,6 @@ impl Pipeline {
         });
     }
 
-    /// A record whose outputs or dead letter could not be produced: released, never accepted
-    /// or rejected, after [`PRODUCE_FAILURE_BACKOFF_MS`] (held like a `retry`, within its lock).
-    fn back_off(
-        &self,
-        consumer: &ShareConsumer,
-        r: &ShareRecord,
-        retries: &mpsc::UnboundedSender<Held>,
-        hash: &str,
-    ) {
-        let mut delay = Duration::from_millis(u64::from(PRODUCE_FAILURE_BACKOFF_MS));
-        if let Some(left) = consumer.hold_limit(r) {
-            delay = delay.min(left.saturating_sub(RETRY_LOCK_MARGIN));
-        }
-        let held = Held {
-            due: Instant::now() + delay,
-            record: r.clone(),
-        };
-        if let Err(mpsc::error::SendError(held)) = retries.send(held) {
-            let _ = consumer.acknowledge(&held.record, AckKind::Release);
-        }
-        self.record(hash, "release");
-        self.count(hash, |c| c.released += 1);
-    }
-
     /// Holds a record a plugin asked to `retry` until its delay has passed (capped by
     /// `max_retry_delay_ms`, and by the lock time left when the engine cannot renew it), then
     /// the run loop releases it for redelivery. The record stays acquired and counted in
@@ -1673,81 +1737,61 @@ impl Pipeline {
         });
     }
 
-    /// Produces the emits of accepted records (acks=all, compressed, in batches per output
-    /// partition) and says, per record, whether every one of its emits was written. A record
-    /// with any failed emit is released by the caller, never accepted: its outputs may then
-    /// appear twice (those that did land), but an accepted record never lacks one.
-    async fn produce_outputs(
+    /// Produces the emits of accepted records (see [`crate::writes`]) and accepts each record
+    /// once all of its emits landed. A record whose emits are still unwritten when the pipeline
+    /// stops is released, never accepted: its outputs may then appear twice (those that did
+    /// land), but an accepted record never lacks one. Returns the records whose emit can never
+    /// be written (larger than its topic accepts), with the reason to reject them by.
+    async fn produce_outputs<'r>(
         &self,
         client: &KafkaClient,
-        producing: &[(&ShareRecord, Vec<Emit>)],
+        consumer: &ShareConsumer,
+        producing: &[(&'r ShareRecord, Vec<Emit>)],
         hash: &str,
-    ) -> Vec<bool> {
-        // (topic, partition) -> (record position, produce record), in record order.
-        let mut groups: BTreeMap<(&str, i32), Vec<(usize, ProduceRecord)>> = BTreeMap::new();
-        let mut ok = vec![true; producing.len()];
-        let (mut produced, mut failed) = (0u64, 0u64);
-        // Partition counts of the outputs, looked up once per batch (0: the topic is unknown).
-        let mut known: HashMap<&str, usize> = HashMap::new();
-        for (pos, (r, emits)) in producing.iter().enumerate() {
+        stop: &CancellationToken,
+        permit: &Mutex<Option<OwnedSemaphorePermit>>,
+    ) -> Vec<(&'r ShareRecord, String)> {
+        let mut writes = Vec::new();
+        let mut unmapped = Vec::new();
+        for (owner, (r, emits)) in producing.iter().enumerate() {
             for e in emits {
-                let Some(topic) = self.spec.outputs.get(&*e.output) else {
-                    // The runtime only keeps granted names; a swap cannot change them.
-                    ok[pos] = false;
-                    failed += 1;
-                    continue;
-                };
-                let partitions = match known.get(topic.as_str()) {
-                    Some(n) => *n,
-                    None => {
-                        let n = match client.topic(topic) {
-                            Some(t) => t.partitions.len(),
-                            None => {
-                                let _ = client.refresh_metadata(std::slice::from_ref(topic)).await;
-                                client.topic(topic).map_or(0, |t| t.partitions.len())
-                            }
-                        };
-                        if n == 0 {
-                            tracing::error!(pipeline = %self.spec.name, output = %e.output, topic = %topic, "output topic unknown to the cluster: its source records are released");
-                        }
-                        known.insert(topic, n);
-                        n
-                    }
-                };
-                if partitions == 0 {
-                    ok[pos] = false;
-                    failed += 1;
-                    continue;
+                match self.spec.outputs.get(&*e.output) {
+                    Some(topic) => writes.push(Write::new(
+                        owner,
+                        topic,
+                        PartitionBy::KeyOrSource(r.partition.partition),
+                        output_record(r, e),
+                    )),
+                    // The runtime only keeps granted names, and a swap cannot change them.
+                    None => unmapped.push(owner),
                 }
-                let partition =
-                    output_partition(e.key.as_deref(), r.partition.partition, partitions);
-                groups
-                    .entry((topic.as_str(), partition))
-                    .or_default()
-                    .push((pos, output_record(r, e)));
             }
         }
-        let sends = groups.into_iter().flat_map(|((topic, partition), items)| {
-            chunks_by_size(items)
-                .into_iter()
-                .map(move |chunk| async move {
-                    let records: Vec<ProduceRecord> =
-                        chunk.iter().map(|(_, p)| p.clone()).collect();
-                    let result = client
-                        .produce(topic, partition, &records, OUTPUT_COMPRESSION)
-                        .await;
-                    (topic, partition, chunk, result)
-                })
-        });
-        for (topic, partition, chunk, result) in futures::future::join_all(sends).await {
-            match result {
-                Ok(_) => produced += chunk.len() as u64,
-                Err(e) => {
-                    failed += chunk.len() as u64;
-                    tracing::error!(pipeline = %self.spec.name, topic, partition, records = chunk.len(), "producing outputs failed, their source records are released: {e}");
-                    for (pos, _) in chunk {
-                        ok[pos] = false;
-                    }
+        let per_owner: Vec<u64> = producing.iter().map(|(_, e)| e.len() as u64).collect();
+        let records: Vec<&ShareRecord> = producing.iter().map(|(r, _)| *r).collect();
+        let mut landings = self
+            .write(client, consumer, &records, writes, "output", stop, permit)
+            .await;
+        for owner in unmapped {
+            landings[owner] =
+                Landing::Unwritable("an emit to an output the manifest does not map".into());
+        }
+        let (mut accepted, mut released, mut unwritable) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut produced, mut failed) = (0u64, 0u64);
+        for ((r, _), (landing, n)) in producing.iter().zip(landings.into_iter().zip(per_owner)) {
+            match landing {
+                Landing::Landed => {
+                    produced += n;
+                    accepted.push((*r, AckKind::Accept));
+                }
+                Landing::Stopped => {
+                    failed += n;
+                    released.push((*r, AckKind::Release));
+                }
+                Landing::Unwritable(why) => {
+                    failed += n;
+                    tracing::error!(pipeline = %self.spec.name, topic = %r.topic, partition = r.partition.partition, offset = r.record.offset, "an output of an accepted record can never be written; the record is rejected: {why}");
+                    unwritable.push((*r, format!("output not writable: {why}")));
                 }
             }
         }
@@ -1757,7 +1801,68 @@ impl Pipeline {
         if failed > 0 {
             self.count_emits(hash, "failed", failed);
         }
-        ok
+        self.ack_all(consumer, &accepted, hash);
+        self.release_unwritten(consumer, &released);
+        unwritable
+    }
+
+    /// Writes what `records` owe (see [`write_all`]): held until it lands or `stop`, within
+    /// the records' locks on a broker that cannot renew them. `kind` (output, dead_letter)
+    /// labels the failures.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &self,
+        client: &KafkaClient,
+        consumer: &ShareConsumer,
+        records: &[&ShareRecord],
+        writes: Vec<Write>,
+        kind: &'static str,
+        stop: &CancellationToken,
+        permit: &Mutex<Option<OwnedSemaphorePermit>>,
+    ) -> Vec<Landing> {
+        if writes.is_empty() {
+            return vec![Landing::Landed; records.len()];
+        }
+        let now = Instant::now();
+        let deadline = records
+            .iter()
+            .filter_map(|r| consumer.hold_limit(r))
+            .min()
+            .map(|left| now + left.saturating_sub(RETRY_LOCK_MARGIN));
+        let observer = WriteWatch {
+            pipeline: self,
+            kind,
+            permit,
+        };
+        write_all(
+            client,
+            &self.spec.name,
+            records.len(),
+            writes,
+            stop,
+            deadline,
+            &observer,
+        )
+        .await
+        .landings
+    }
+
+    /// Releases records whose writes did not land before the pipeline stopped (or their lock
+    /// ran out): the one delivery a stop spends. Counted apart from the plugin's releases.
+    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[(&ShareRecord, AckKind)]) {
+        if released.is_empty() {
+            return;
+        }
+        let taken = consumer
+            .acknowledge_all(released)
+            .into_iter()
+            .filter(|r| matches!(r, Ok(true)))
+            .count() as u64;
+        self.writes.released.fetch_add(taken, Ordering::Relaxed);
+        self.metrics
+            .released_unwritten
+            .get_or_create(&vec![("pipeline", self.spec.name.clone())])
+            .inc_by(taken);
     }
 
     fn record(&self, hash: &str, verdict: &str) {
@@ -1814,60 +1919,67 @@ impl Pipeline {
         }
     }
 
-    /// Rejects records: dead-letters them first when a topic is configured; a record whose
-    /// dead-letter produce failed is released instead (after a back-off), never lost.
+    /// Rejects records: dead-letters them first when a topic is configured (see
+    /// [`crate::writes`]); a record whose dead letter is still unwritten when the pipeline stops
+    /// is released instead, never rejected unwritten.
     async fn reject(
         &self,
         consumer: &ShareConsumer,
         client: &KafkaClient,
         rejects: &[(&ShareRecord, String)],
         hash: &str,
-        retries: &mpsc::UnboundedSender<Held>,
+        stop: &CancellationToken,
+        permit: &Mutex<Option<OwnedSemaphorePermit>>,
     ) {
         let Some(dlq) = &self.spec.dead_letter_topic else {
             let all: Vec<_> = rejects.iter().map(|(r, _)| (*r, AckKind::Reject)).collect();
             self.ack_all(consumer, &all, hash);
             return;
         };
-        let partitions = match client.topic(dlq) {
-            Some(t) => t.partitions.len().max(1),
-            None => {
-                let _ = client.refresh_metadata(std::slice::from_ref(dlq)).await;
-                client
-                    .topic(dlq)
-                    .map(|t| t.partitions.len().max(1))
-                    .unwrap_or(1)
-            }
-        };
-        let mut by_partition: HashMap<i32, Vec<(&ShareRecord, ProduceRecord)>> = HashMap::new();
         let (plugin, signer) = self.identity(hash);
-        for (r, reason) in rejects {
-            let dl = self.dead_letter(r, reason, &plugin, hash, signer.as_deref());
-            let p = (r.partition.partition as usize % partitions) as i32;
-            by_partition.entry(p).or_default().push((r, dl));
-        }
-        let labels = self.labels(hash);
-        for (p, items) in by_partition {
-            let produce: Vec<ProduceRecord> = items.iter().map(|(_, d)| d.clone()).collect();
-            match client.produce(dlq, p, &produce, Compression::None).await {
-                Ok(_) => {
-                    self.dead_lettered
-                        .fetch_add(items.len() as u64, Ordering::Relaxed);
-                    self.metrics
-                        .dead_lettered
-                        .get_or_create(&labels)
-                        .inc_by(items.len() as u64);
-                    let all: Vec<_> = items.iter().map(|(r, _)| (*r, AckKind::Reject)).collect();
-                    self.ack_all(consumer, &all, hash);
-                }
-                Err(e) => {
-                    tracing::error!(pipeline = %self.spec.name, topic = %dlq, records = items.len(), "dead-letter produce failed, releasing the records instead: {e}");
-                    for (r, _) in &items {
-                        self.back_off(consumer, r, retries, hash);
-                    }
-                }
+        let writes: Vec<Write> = rejects
+            .iter()
+            .enumerate()
+            .map(|(owner, (r, reason))| {
+                let full = self.dead_letter(r, reason, &plugin, hash, signer.as_deref(), true);
+                let mut w =
+                    Write::new(owner, dlq, PartitionBy::Source(r.partition.partition), full);
+                w.smaller =
+                    Some(self.dead_letter(r, reason, &plugin, hash, signer.as_deref(), false));
+                w
+            })
+            .collect();
+        let records: Vec<&ShareRecord> = rejects.iter().map(|(r, _)| *r).collect();
+        let landings = self
+            .write(
+                client,
+                consumer,
+                &records,
+                writes,
+                "dead_letter",
+                stop,
+                permit,
+            )
+            .await;
+        let (mut rejected, mut released) = (Vec::new(), Vec::new());
+        for ((r, _), landing) in rejects.iter().zip(landings) {
+            match landing {
+                Landing::Landed => rejected.push((*r, AckKind::Reject)),
+                // A dead letter always has a smaller form to fall back on; what cannot land
+                // is released like what the stop cut short.
+                Landing::Stopped | Landing::Unwritable(_) => released.push((*r, AckKind::Release)),
             }
         }
+        if !rejected.is_empty() {
+            let n = rejected.len() as u64;
+            self.dead_lettered.fetch_add(n, Ordering::Relaxed);
+            self.metrics
+                .dead_lettered
+                .get_or_create(&self.labels(hash))
+                .inc_by(n);
+            self.ack_all(consumer, &rejected, hash);
+        }
+        self.release_unwritten(consumer, &released);
     }
 
     /// The component path and signer of the version with `hash` (active, canary or kept), for
@@ -1888,6 +2000,9 @@ impl Pipeline {
         (active.path.display().to_string(), active.signer())
     }
 
+    /// The dead letter of `r`: its key, value and headers (`whole`; without them when the whole
+    /// record is larger than the dead-letter topic accepts, with their size instead), then
+    /// its provenance and the reason it was rejected.
     fn dead_letter(
         &self,
         r: &ShareRecord,
@@ -1895,34 +2010,41 @@ impl Pipeline {
         plugin: &str,
         hash: &str,
         signer: Option<&str>,
+        whole: bool,
     ) -> ProduceRecord {
         let h = |k: &str, v: String| Header {
             key: k.to_owned(),
             value: Some(Bytes::from(v)),
         };
-        let mut headers = r.record.headers.clone();
-        headers.extend([
-            h("sharehost.original.topic", r.topic.to_string()),
-            h(
-                "sharehost.original.partition",
-                r.partition.partition.to_string(),
-            ),
-            h("sharehost.original.offset", r.record.offset.to_string()),
-            h("sharehost.delivery.count", r.delivery_count.to_string()),
-            h("sharehost.reason", reason.to_owned()),
-            h("sharehost.pipeline", self.spec.name.clone()),
-            h("sharehost.plugin", plugin.to_owned()),
-            h("sharehost.plugin.version", hash.to_owned()),
-        ]);
-        if let Some(signer) = signer {
-            headers.push(h("sharehost.plugin.signer", signer.to_owned()));
-        }
-        ProduceRecord {
+        let original = ProduceRecord {
             key: r.record.key.clone(),
             value: r.record.value.clone(),
-            headers,
+            headers: r.record.headers.clone(),
             timestamp: Some(r.record.timestamp),
+        };
+        let mut dl = if whole {
+            original
+        } else {
+            ProduceRecord {
+                headers: vec![h(pv::DROPPED_BYTES, record_bytes(&original).to_string())],
+                timestamp: original.timestamp,
+                ..Default::default()
+            }
+        };
+        dl.headers.extend([
+            h(pv::ORIGINAL_TOPIC, r.topic.to_string()),
+            h(pv::ORIGINAL_PARTITION, r.partition.partition.to_string()),
+            h(pv::ORIGINAL_OFFSET, r.record.offset.to_string()),
+            h(pv::ORIGINAL_DELIVERY_COUNT, r.delivery_count.to_string()),
+            h(pv::REASON, reason.to_owned()),
+            h(pv::PIPELINE, self.spec.name.clone()),
+            h(pv::PLUGIN, plugin.to_owned()),
+            h(pv::PLUGIN_VERSION, hash.to_owned()),
+        ]);
+        if let Some(signer) = signer {
+            dl.headers.push(h(pv::PLUGIN_SIGNER, signer.to_owned()));
         }
+        dl
     }
 
     /// Records at the delivery cap: dead-letter (when configured) then Reject.
@@ -1931,7 +2053,7 @@ impl Pipeline {
         consumer: &ShareConsumer,
         client: &KafkaClient,
         poison: Vec<ShareRecord>,
-        retries: &mpsc::UnboundedSender<Held>,
+        stop: &CancellationToken,
     ) {
         let hash = self.active_hash();
         if self.spec.dead_letter_topic.is_none() {
@@ -1951,7 +2073,7 @@ impl Pipeline {
                 )
             })
             .collect();
-        self.reject(consumer, client, &reasons, &hash, retries)
+        self.reject(consumer, client, &reasons, &hash, stop, &Mutex::new(None))
             .await;
     }
 }
@@ -2015,54 +2137,6 @@ fn release_due(consumer: &ShareConsumer, held: &mut BinaryHeap<Reverse<Held>>) {
     }
 }
 
-/// The partition of an output topic an emit goes to: by key like the Java client's default
-/// partitioner (murmur2, so keyed outputs land where Java producers put the same keys), and
-/// keyless ones to the source record's partition modulo the output's, so the outputs of one
-/// source partition stay in order in one output partition and a re-emit after a crash lands
-/// beside the first.
-fn output_partition(key: Option<&[u8]>, source_partition: i32, partitions: usize) -> i32 {
-    let n = partitions.max(1) as u32;
-    let p = match key {
-        Some(k) => (murmur2(k) & 0x7fff_ffff) % n,
-        None => source_partition.unsigned_abs() % n,
-    };
-    p as i32
-}
-
-/// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c), written out because
-/// the default partitioner's exact hash is a fact of the Java client no Rust crate we use
-/// exposes.
-pub(crate) fn murmur2(data: &[u8]) -> u32 {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    const R: u32 = 24;
-    let mut h = SEED ^ data.len() as u32;
-    let mut chunks = data.chunks_exact(4);
-    for c in &mut chunks {
-        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> R;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M);
-        h ^= k;
-    }
-    let rest = chunks.remainder();
-    if rest.len() >= 3 {
-        h ^= u32::from(rest[2]) << 16;
-    }
-    if rest.len() >= 2 {
-        h ^= u32::from(rest[1]) << 8;
-    }
-    if !rest.is_empty() {
-        h ^= u32::from(rest[0]);
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    h
-}
-
 /// An emit as the record produced to its output topic: the plugin's key, value and headers,
 /// then the provenance headers a downstream consumer de-duplicates by.
 fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
@@ -2079,16 +2153,10 @@ fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
         })
         .collect();
     headers.extend([
-        h("sharehost.source.topic", source.topic.to_string()),
-        h(
-            "sharehost.source.partition",
-            source.partition.partition.to_string(),
-        ),
-        h("sharehost.source.offset", source.record.offset.to_string()),
-        h(
-            "sharehost.source.delivery-count",
-            source.delivery_count.to_string(),
-        ),
+        h(pv::SOURCE_TOPIC, source.topic.to_string()),
+        h(pv::SOURCE_PARTITION, source.partition.partition.to_string()),
+        h(pv::SOURCE_OFFSET, source.record.offset.to_string()),
+        h(pv::SOURCE_DELIVERY_COUNT, source.delivery_count.to_string()),
     ]);
     ProduceRecord {
         key: e.key.clone(),
@@ -2096,35 +2164,6 @@ fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
         headers,
         timestamp: None,
     }
-}
-
-/// Splits one partition's outputs into produce batches of at most [`MAX_OUTPUT_BATCH_BYTES`]
-/// (uncompressed; a single larger record goes alone, and the broker decides).
-fn chunks_by_size(items: Vec<(usize, ProduceRecord)>) -> Vec<Vec<(usize, ProduceRecord)>> {
-    let size = |p: &ProduceRecord| {
-        let len = |b: &Option<Bytes>| b.as_ref().map_or(0, Bytes::len);
-        len(&p.key)
-            + len(&p.value)
-            + p.headers
-                .iter()
-                .map(|h| h.key.len() + len(&h.value))
-                .sum::<usize>()
-    };
-    let mut chunks = Vec::new();
-    let (mut current, mut bytes) = (Vec::new(), 0usize);
-    for item in items {
-        let n = size(&item.1);
-        if !current.is_empty() && bytes + n > MAX_OUTPUT_BATCH_BYTES {
-            chunks.push(std::mem::take(&mut current));
-            bytes = 0;
-        }
-        bytes += n;
-        current.push(item);
-    }
-    if !current.is_empty() {
-        chunks.push(current);
-    }
-    chunks
 }
 
 /// The first 12 hex digits of a content hash, for logs and metric labels.
@@ -2220,54 +2259,6 @@ mod tests {
             "a refused swap measures nothing"
         );
         assert_eq!(stall.last, Some(Duration::from_millis(7)));
-    }
-
-    #[test]
-    fn murmur2_matches_the_java_clients_default_partitioner() {
-        // Kafka's UtilsTest.testMurmur2 vectors (Java ints, compared as i32).
-        for (key, want) in [
-            (&b"21"[..], -973_932_308),
-            (b"foobar", -790_332_482),
-            (b"a-little-bit-long-string", -985_981_536),
-            (b"a-little-bit-longer-string", -1_486_304_829),
-            (
-                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
-                -58_897_971,
-            ),
-            (b"abc", 479_470_107),
-        ] {
-            assert_eq!(
-                murmur2(key) as i32,
-                want,
-                "{}",
-                String::from_utf8_lossy(key)
-            );
-        }
-        // Keyless outputs follow their source partition.
-        assert_eq!(output_partition(None, 5, 3), 2);
-        assert_eq!(
-            output_partition(Some(b"21"), 0, 7),
-            ((-973_932_308i32 & 0x7fff_ffff) % 7)
-        );
-    }
-
-    #[test]
-    fn output_batches_stay_under_the_size_bound_and_keep_record_order() {
-        let rec = |n: usize| ProduceRecord {
-            key: None,
-            value: Some(Bytes::from(vec![0u8; n])),
-            headers: Vec::new(),
-            timestamp: None,
-        };
-        let items: Vec<(usize, ProduceRecord)> = (0..10)
-            .map(|i| (i, rec(MAX_OUTPUT_BATCH_BYTES / 4)))
-            .chain([(10, rec(MAX_OUTPUT_BATCH_BYTES * 2))])
-            .collect();
-        let chunks = chunks_by_size(items);
-        let sizes: Vec<usize> = chunks.iter().map(Vec::len).collect();
-        assert_eq!(sizes, [4, 4, 2, 1]);
-        let order: Vec<usize> = chunks.iter().flatten().map(|(i, _)| *i).collect();
-        assert_eq!(order, (0..11).collect::<Vec<_>>());
     }
 
     /// Accepts every record, or answers one verdict short when told to.

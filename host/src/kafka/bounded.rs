@@ -350,6 +350,15 @@ const ALTER_CONFIGS_RESOURCE: Struct = plain(&[all(I16), all(Kind::Str), all(I8)
 const INCREMENTAL_ALTER_CONFIGS: Struct =
     plain(&[all(I32), all(Kind::Array(&ALTER_CONFIGS_RESOURCE))]);
 
+// DeleteTopics v1-6 (flexible from 4).
+const DELETE_TOPICS_RESULT: Struct = plain(&[
+    all(Kind::Str),
+    since(6, UUID),
+    all(I16),
+    since(5, Kind::Str),
+]);
+const DELETE_TOPICS: Struct = plain(&[all(I32), all(Kind::Array(&DELETE_TOPICS_RESULT))]);
+
 const fn body(min: i16, max: i16, flexible_from: i16, root: &'static Struct) -> Body {
     Body {
         min,
@@ -374,6 +383,7 @@ fn schema(api: ApiKey) -> Option<Body> {
         ApiKey::ListOffsets => body(1, 10, 6, &LIST_OFFSETS),
         ApiKey::CreateTopics => body(2, 7, 5, &CREATE_TOPICS),
         ApiKey::IncrementalAlterConfigs => body(0, 1, 1, &INCREMENTAL_ALTER_CONFIGS),
+        ApiKey::DeleteTopics => body(1, 6, 4, &DELETE_TOPICS),
         _ => return None,
     })
 }
@@ -632,13 +642,14 @@ mod tests {
         use kafka_protocol::messages::create_topics_response::{
             CreatableTopicConfigs, CreatableTopicResult,
         };
+        use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
         use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
         use kafka_protocol::messages::list_offsets_response::{
             ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
         };
         use kafka_protocol::messages::{
-            CreateTopicsResponse, IncrementalAlterConfigsResponse, ListOffsetsResponse,
-            SaslAuthenticateResponse, SaslHandshakeResponse, TopicName,
+            CreateTopicsResponse, DeleteTopicsResponse, IncrementalAlterConfigsResponse,
+            ListOffsetsResponse, SaslAuthenticateResponse, SaslHandshakeResponse, TopicName,
         };
         use kafka_protocol::protocol::StrBytes;
         let name = || StrBytes::from_static_str("orders");
@@ -669,6 +680,14 @@ mod tests {
         ]);
         for v in 0..=1 {
             whole_passes_prefixes_fail(ApiKey::IncrementalAlterConfigs, v, &encode(&iac, v));
+        }
+        let dt = DeleteTopicsResponse::default().with_responses(vec![
+            DeletableTopicResult::default()
+                .with_name(Some(TopicName(name())))
+                .with_error_code(3),
+        ]);
+        for v in 1..=6 {
+            whole_passes_prefixes_fail(ApiKey::DeleteTopics, v, &encode(&dt, v));
         }
         let hs = SaslHandshakeResponse::default().with_mechanisms(vec![name(), name()]);
         for v in 0..=1 {

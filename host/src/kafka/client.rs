@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::incremental_alter_configs_request::{
     AlterConfigsResource, AlterableConfig,
@@ -16,9 +17,9 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, FetchRequest, FindCoordinatorRequest,
-    IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest, MetadataResponse,
-    ProduceRequest, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, FetchRequest,
+    FindCoordinatorRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest,
+    MetadataResponse, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::{Request, StrBytes, VersionRange};
 use tokio::time::Instant;
@@ -40,6 +41,8 @@ const FIND_COORDINATOR_VERSIONS: VersionRange = VersionRange { min: 4, max: 6 };
 const METADATA_VERSIONS: VersionRange = VersionRange { min: 10, max: 13 };
 /// Config resource type of groups (KIP-848/932 group configs).
 pub const CONFIG_RESOURCE_GROUP: i8 = 32;
+/// Config resource type of topics.
+pub const CONFIG_RESOURCE_TOPIC: i8 = 2;
 
 /// One partition's place in the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -694,18 +697,40 @@ impl KafkaClient {
     /// Sets dynamic configs on a group (e.g. `share.auto.offset.reset=earliest` before the first
     /// member joins).
     pub async fn alter_group_configs(&self, group: &str, configs: &[(&str, &str)]) -> Result<()> {
+        let set: Vec<(&str, Option<&str>)> = configs.iter().map(|(k, v)| (*k, Some(*v))).collect();
+        self.alter_configs(CONFIG_RESOURCE_GROUP, group, &set).await
+    }
+
+    /// Sets (`Some`) or removes (`None`, back to the broker's default) dynamic configs of a
+    /// topic, e.g. `max.message.bytes`.
+    pub async fn alter_topic_configs(
+        &self,
+        topic: &str,
+        configs: &[(&str, Option<&str>)],
+    ) -> Result<()> {
+        self.alter_configs(CONFIG_RESOURCE_TOPIC, topic, configs)
+            .await
+    }
+
+    /// IncrementalAlterConfigs on one resource: SET for `Some(value)`, DELETE for `None`.
+    async fn alter_configs(
+        &self,
+        resource_type: i8,
+        name: &str,
+        configs: &[(&str, Option<&str>)],
+    ) -> Result<()> {
         let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
             AlterConfigsResource::default()
-                .with_resource_type(CONFIG_RESOURCE_GROUP)
-                .with_resource_name(StrBytes::from_string(group.to_owned()))
+                .with_resource_type(resource_type)
+                .with_resource_name(StrBytes::from_string(name.to_owned()))
                 .with_configs(
                     configs
                         .iter()
                         .map(|(k, v)| {
                             AlterableConfig::default()
                                 .with_name(StrBytes::from_string((*k).to_owned()))
-                                .with_config_operation(0)
-                                .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                                .with_config_operation(if v.is_some() { 0 } else { 1 })
+                                .with_value(v.map(|v| StrBytes::from_string(v.to_owned())))
                         })
                         .collect(),
                 ),
@@ -723,6 +748,32 @@ impl KafkaClient {
                 return Err(e);
             }
         }
+        Ok(())
+    }
+
+    /// Deletes a topic and forgets its metadata (fault tests take an output topic away).
+    pub async fn delete_topic(&self, name: &str) -> Result<()> {
+        // By name in the v6 form (every broker of 4.2 or newer speaks it).
+        let req = DeleteTopicsRequest::default()
+            .with_timeout_ms(30_000)
+            .with_topics(vec![
+                DeleteTopicState::default()
+                    .with_name(Some(TopicName(StrBytes::from_string(name.to_owned())))),
+            ]);
+        let resp = self.send_any(&req).await?;
+        let (_, conn) = self.any_connection().await?;
+        for r in &resp.responses {
+            if let Some(e) = KafkaError::from_code(
+                conn.broker(),
+                ApiKey::DeleteTopics,
+                0,
+                r.error_code,
+                r.error_message.as_deref(),
+            ) {
+                return Err(e);
+            }
+        }
+        let _ = self.refresh_metadata(&[name.to_owned()]).await;
         Ok(())
     }
 }

@@ -201,6 +201,25 @@ impl KafkaError {
         }
     }
 
+    /// A short name of the error's variant, for metric labels (broker codes by their name).
+    pub fn kind(&self) -> String {
+        let name = match self {
+            KafkaError::Broker { code, .. } => return format!("{code:?}"),
+            KafkaError::Config(_) => "config",
+            KafkaError::Connect { .. } => "connect",
+            KafkaError::Tls { .. } => "tls",
+            KafkaError::Auth { .. } => "auth",
+            KafkaError::UnsupportedVersion { .. } => "unsupported_version",
+            KafkaError::Timeout { .. } => "timeout",
+            KafkaError::ConnectionLost { .. } => "connection_lost",
+            KafkaError::Encode { .. } => "encode",
+            KafkaError::Decode { .. } => "decode",
+            KafkaError::UnknownTopic(_) => "unknown_topic",
+            KafkaError::NoBroker(_) => "no_broker",
+        };
+        name.to_owned()
+    }
+
     /// The broker error code, when the broker sent one.
     pub fn code(&self) -> Option<ResponseError> {
         match self {
