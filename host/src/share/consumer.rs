@@ -80,6 +80,16 @@ pub struct ShareConsumerConfig {
     /// Renew records held longer than this fraction of the lock duration automatically (KIP-1222;
     /// needs ShareFetch v2). `None` renews only when the caller asks.
     pub auto_renew_after: Option<f64>,
+    /// Acquire no more than the caller judges in this long at its measured rate (and in half
+    /// the lock duration), but at least `min_in_flight`: what a stop or a crash hands back
+    /// then stays small, whatever `max_in_flight` allows. `None`: up to `max_in_flight`.
+    pub pace_within: Option<Duration>,
+    /// The least a paced consumer keeps acquired (say a batch per concurrent handler), so a
+    /// slow start or an idle spell never starves the caller.
+    pub min_in_flight: usize,
+    /// The member id to join with (one kept across restarts, so a restarted host rejoins as
+    /// the same member); `None`: a fresh one.
+    pub member_id: Option<String>,
 }
 
 impl ShareConsumerConfig {
@@ -98,6 +108,9 @@ impl ShareConsumerConfig {
             delivery_count_limit: None,
             reject_poison: true,
             auto_renew_after: None,
+            pace_within: None,
+            min_in_flight: 1,
+            member_id: None,
         }
     }
 }
@@ -178,6 +191,12 @@ pub struct ConsumerStats {
     pub renewed: AtomicU64,
     /// Times the coordinator changed this member's assignment (share-group rebalances).
     pub assignment_changes: AtomicU64,
+    /// ShareFetch requests sent.
+    pub fetches: AtomicU64,
+    /// Records those fetches acquired (with `fetches`: records per ShareFetch).
+    pub acquired: AtomicU64,
+    /// The most records ever held at once (never above `max_in_flight`).
+    pub in_flight_peak: AtomicU64,
 }
 
 /// Why the consumer stopped or refused a call.
@@ -243,6 +262,16 @@ struct Shared {
     /// Which leader serves a partition (for routing verdicts to sessions).
     route: Mutex<Route>,
     in_flight: AtomicUsize,
+    /// Records asked for by fetches not answered yet: their room is taken until then, so
+    /// leaders fetching at once never ask for more than the bound together.
+    reserved: AtomicUsize,
+    /// Final verdicts recorded (the caller's judging rate, for pacing).
+    finals: AtomicU64,
+    /// Whether fetches may acquire more (off while a caller drains what it holds).
+    acquiring: std::sync::atomic::AtomicBool,
+    /// Whether the coordinator answered the last heartbeat as a member of the group.
+    joined: std::sync::atomic::AtomicBool,
+    pace: Mutex<Pace>,
     /// Requests carrying acknowledgements that have not been answered yet.
     acks_in_flight: AtomicUsize,
     /// Verdicts arrived or the in-flight count dropped: leader tasks may have work.
@@ -264,7 +293,73 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The caller's judging rate, measured over windows of at least [`PACE_WINDOW`].
+#[derive(Debug, Default)]
+struct Pace {
+    window: Option<(Instant, u64)>,
+    /// Final verdicts per second (an average over the last windows; 0 before the first).
+    rate: f64,
+}
+
+/// Shortest window over which the judging rate is measured.
+const PACE_WINDOW: Duration = Duration::from_secs(1);
+
+impl Pace {
+    /// Folds in the verdict count `finals` seen at `now`; returns the rate.
+    fn update(&mut self, now: Instant, finals: u64) -> f64 {
+        match self.window {
+            None => self.window = Some((now, finals)),
+            Some((start, at_start)) => {
+                let elapsed = now.duration_since(start);
+                if elapsed >= PACE_WINDOW {
+                    let rate = finals.saturating_sub(at_start) as f64 / elapsed.as_secs_f64();
+                    // Half the weight on the newest window: a slowing handler is followed
+                    // within a few seconds, a burst does not swing the bound at once.
+                    self.rate = if self.rate == 0.0 {
+                        rate
+                    } else {
+                        (self.rate + rate) / 2.0
+                    };
+                    self.window = Some((now, finals));
+                }
+            }
+        }
+        self.rate
+    }
+}
+
+/// How many records a paced consumer keeps acquired: what it judges within `horizon` at
+/// `rate` per second, between `floor` and `max`.
+fn paced_limit(rate: f64, horizon: Duration, floor: usize, max: usize) -> usize {
+    let judged = (rate * horizon.as_secs_f64()).ceil();
+    let judged = if judged.is_finite() && judged < max as f64 {
+        judged as usize
+    } else {
+        max
+    };
+    judged.max(floor).min(max)
+}
+
 impl Shared {
+    /// How many records this consumer may hold now: 0 while it does not acquire, else
+    /// `max_in_flight`, or with pacing what the caller judges within the pace horizon.
+    fn in_flight_limit(&self) -> usize {
+        if !self.acquiring.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let cfg = &self.config;
+        let Some(within) = cfg.pace_within else {
+            return cfg.max_in_flight;
+        };
+        let lock_timeout = lock(&self.leaders)
+            .values()
+            .filter_map(|l| l.lock_timeout)
+            .min();
+        let horizon = lock_timeout.map_or(within, |t| within.min(t / 2));
+        let rate = lock(&self.pace).update(Instant::now(), self.finals.load(Ordering::Relaxed));
+        paced_limit(rate, horizon, cfg.min_in_flight.max(1), cfg.max_in_flight)
+    }
+
     fn set_fatal(&self, why: String) {
         tracing::error!(group = %self.config.group, "{why}");
         lock(&self.fatal).get_or_insert(why);
@@ -439,7 +534,10 @@ impl ShareConsumer {
                 return Err(ShareError::Kafka(KafkaError::UnknownTopic(t.clone())));
             }
         }
-        let membership = Membership::new(&config.group, &config.topics);
+        let membership = match &config.member_id {
+            Some(id) => Membership::with_member_id(&config.group, &config.topics, id),
+            None => Membership::new(&config.group, &config.topics),
+        };
         let shared = Arc::new(Shared {
             client,
             member_id: membership.member_id().to_owned(),
@@ -448,6 +546,11 @@ impl ShareConsumer {
             leaders: Mutex::new(HashMap::new()),
             route: Mutex::new(foldhash::HashMap::default()),
             in_flight: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
+            finals: AtomicU64::new(0),
+            acquiring: std::sync::atomic::AtomicBool::new(true),
+            joined: std::sync::atomic::AtomicBool::new(false),
+            pace: Mutex::new(Pace::default()),
             acks_in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
             acked: Notify::new(),
@@ -497,6 +600,25 @@ impl ShareConsumer {
     /// Records acquired and not yet judged.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether this member is in its group now: the coordinator answered its last heartbeat
+    /// (false before the join, while the coordinator cannot be reached, and after leaving).
+    pub fn joined(&self) -> bool {
+        self.shared.joined.load(Ordering::Relaxed)
+    }
+
+    /// How many records this consumer may hold now (see [`ShareConsumerConfig::pace_within`]).
+    pub fn in_flight_limit(&self) -> usize {
+        self.shared.in_flight_limit()
+    }
+
+    /// Stops acquiring records while keeping the sessions open: verdicts and renewals still go
+    /// out, so a caller that drains can judge what it holds before [`ShareConsumer::close`]
+    /// releases the rest.
+    pub fn stop_acquiring(&self) {
+        self.shared.acquiring.store(false, Ordering::Relaxed);
+        self.shared.wake.notify_waiters();
     }
 
     /// The lock duration the broker reported (AcquisitionLockTimeoutMs), once known.
@@ -652,6 +774,9 @@ impl ShareConsumer {
         };
         if finals > 0 {
             self.shared.in_flight.fetch_sub(finals, Ordering::Relaxed);
+            self.shared
+                .finals
+                .fetch_add(finals as u64, Ordering::Relaxed);
         }
         if recorded {
             self.shared.wake.notify_waiters();
@@ -793,6 +918,10 @@ async fn heartbeat_loop(
             );
             let _ = assign_tx.send(membership.assignment().clone());
         }
+        shared.joined.store(
+            matches!(action, HeartbeatAction::Wait(_)) && membership.epoch() > 0,
+            Ordering::Relaxed,
+        );
         if let MemberState::Fatal(why) = membership.state() {
             shared.set_fatal(why.clone());
             break;
@@ -816,6 +945,7 @@ async fn heartbeat_loop(
             }
         }
     }
+    shared.joined.store(false, Ordering::Relaxed);
     let _ = assign_tx.send(BTreeSet::new());
 }
 
@@ -1104,9 +1234,16 @@ impl LeaderWorker {
         if !session.is_opening() && has_renew {
             return self.send_acks(conn, session, version, true).await;
         }
-        let budget = cfg
-            .max_in_flight
-            .saturating_sub(self.shared.in_flight.load(Ordering::Relaxed));
+        let limit = self.shared.in_flight_limit();
+        let budget = limit
+            .saturating_sub(self.shared.in_flight.load(Ordering::Relaxed))
+            .saturating_sub(self.shared.reserved.load(Ordering::Relaxed));
+        // Fetch in large steps: at least half the bound (or all of a small one) per ShareFetch,
+        // whatever the caller's speed. A trickle of verdicts does not send a trickle of small
+        // fetches (each costs the broker as much as a large one); it rides on a standalone
+        // acknowledgement instead.
+        let step = (limit / 2).max(1).min(cfg.max_records.max(1) as usize);
+        let budget = if budget >= step { budget } else { 0 };
         // While the caller still holds records of this leader, a fetch does not long-poll:
         // the verdicts it makes meanwhile would wait behind it, and when this member holds the
         // broker's per-partition lock limit the broker has nothing to give until it gets them
@@ -1204,6 +1341,11 @@ impl LeaderWorker {
         let max_records = cfg
             .max_records
             .min(i32::try_from(budget).unwrap_or(i32::MAX));
+        // The room is taken until the answer is in, so other leaders fetching meanwhile ask
+        // only for what is left.
+        let reserved = usize::try_from(max_records).unwrap_or(0);
+        self.shared.reserved.fetch_add(reserved, Ordering::AcqRel);
+        self.shared.stats.fetches.fetch_add(1, Ordering::Relaxed);
         let req = ShareFetchRequest {
             group_id: cfg.group.clone(),
             member_id: self.shared.member_id.clone(),
@@ -1245,6 +1387,12 @@ impl LeaderWorker {
                     .await
             }
         };
+        self.shared.reserved.fetch_sub(reserved, Ordering::AcqRel);
+        let held = self.shared.in_flight.load(Ordering::Relaxed) as u64;
+        self.shared
+            .stats
+            .in_flight_peak
+            .fetch_max(held, Ordering::Relaxed);
         if carried_acks {
             self.shared.acks_in_flight.fetch_sub(1, Ordering::AcqRel);
             self.shared.acked.notify_waiters();
@@ -1459,6 +1607,7 @@ impl LeaderWorker {
                         } else {
                             st.outstanding.insert((tp, o), now);
                             self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                            self.shared.stats.acquired.fetch_add(1, Ordering::Relaxed);
                             if poison {
                                 delivery.poison.push(sr);
                             } else {

@@ -77,17 +77,20 @@ pub struct Membership {
     early_left: u32,
 }
 
+/// A new member id: share-group member ids are the client's to choose (22 random hex digits,
+/// within the broker's limit of 36 characters).
+pub fn fresh_member_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..22].to_owned()
+}
+
 impl Membership {
     /// A member about to join `group` subscribed to `topics`, with a fresh member id.
     pub fn new(group: &str, topics: &[String]) -> Self {
-        Self::with_member_id(
-            group,
-            topics,
-            &uuid::Uuid::new_v4().simple().to_string()[..22],
-        )
+        Self::with_member_id(group, topics, &fresh_member_id())
     }
 
-    /// A member with a given id (tests; the broker wants 1..=36 characters).
+    /// A member with a given id (one kept across restarts, or a test's; the broker wants
+    /// 1..=36 characters).
     pub fn with_member_id(group: &str, topics: &[String], member_id: &str) -> Self {
         let mut topics = topics.to_vec();
         topics.sort();
