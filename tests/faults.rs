@@ -15,14 +15,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sharehost::dlq::DeadLetter;
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen, Watch};
-use sharehost_tests::ledger::Ledger;
+use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
-    new_version, produce_ids, proxied_listener, topic_values, topic_with_dead_letters, unique,
-    wait_until_drained,
+    new_version, produce_ids, proxied_listener, topic_records, topic_values,
+    topic_with_dead_letters, unique, wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -64,14 +65,26 @@ impl Scenario {
 
     /// [`Scenario::new`] with the ids produced up front chosen by the caller.
     async fn with_records(name: &'static str, ids: std::ops::Range<u64>, lock_ms: u32) -> Scenario {
-        let client = Arc::new(client().await);
-        let (topic, dlq) = topic_with_dead_letters(&client, name, PARTITIONS, 1).await;
-        let group = fresh_group_with(
-            &client,
+        Scenario::with_group(
+            name,
+            ids,
             Some(lock_ms),
             &[("share.session.timeout.ms", "6000")],
         )
-        .await;
+        .await
+    }
+
+    /// [`Scenario::with_records`] with the group's record lock (`None`: the broker's default)
+    /// and other group configs chosen by the caller.
+    async fn with_group(
+        name: &'static str,
+        ids: std::ops::Range<u64>,
+        lock_ms: Option<u32>,
+        configs: &[(&str, &str)],
+    ) -> Scenario {
+        let client = Arc::new(client().await);
+        let (topic, dlq) = topic_with_dead_letters(&client, name, PARTITIONS, 1).await;
+        let group = fresh_group_with(&client, lock_ms, configs).await;
         let ids = produce_ids(&client, &topic, PARTITIONS, ids).await;
         let dir = std::env::temp_dir().join(unique("sharehost-faults"));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -95,13 +108,24 @@ impl Scenario {
     /// A manifest of one pipeline running `component` with the ledger plugin's `plugin_config`
     /// (TOML inline-table entries), every 7th id rejected and dead-lettered.
     fn manifest(&self, bootstrap: &str, component: &Path, plugin_config: &str) -> PathBuf {
+        self.manifest_with(bootstrap, component, plugin_config, FAULT_SETTINGS)
+    }
+
+    /// [`Scenario::manifest`] with `settings` instead of [`FAULT_SETTINGS`].
+    fn manifest_with(
+        &self,
+        bootstrap: &str,
+        component: &Path,
+        plugin_config: &str,
+        settings: &str,
+    ) -> PathBuf {
         let text = ledger_manifest(
             bootstrap,
             &self.topic,
             &self.group,
             component,
             &format!(r#"reject-every = "7", {plugin_config}"#),
-            &format!("{FAULT_SETTINGS}dead_letter_topic = \"{}\"\n", self.dlq),
+            &format!("{settings}dead_letter_topic = \"{}\"\n", self.dlq),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");
@@ -386,4 +410,176 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     let (_, seen) = blocking(move || host.stop()).await;
     s.ledger(&[seen]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw() {
+    let _shared = BROKER.read().await;
+    // A slow plugin (500 ms a batch of 50) under a generous bound, as operators set it: each
+    // host is stopped (SIGTERM, a drain) moments after its plugin starts. A host that acquired
+    // up to the bound and released what it had not judged at every drain spent a delivery of
+    // each such record per drain, and the fourth host dead-lettered them at the delivery cap,
+    // unseen.
+    let s = Scenario::new("quick-drains", 1500, 30_000).await;
+    let settings = "batch_size = 50\nmax_in_flight = 5000\ndelivery_cap = 4\nconcurrency = 2\n";
+    let manifest = s.manifest_with(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "500""#,
+        settings,
+    );
+    let mut seen = Vec::new();
+    let mut peaks = Vec::new();
+    for round in 0..3 {
+        let m = manifest.clone();
+        let (drained, peak) = blocking(move || {
+            let host = HostProcess::start(sharehost(), &m, "drained");
+            host.wait_for("the plugin's second call begun", |s| s.calls >= 2);
+            let peak = host.status()[0]["in_flight_peak"].as_u64().unwrap_or(0);
+            let (_, seen) = host.stop();
+            (seen, peak)
+        })
+        .await;
+        assert!(
+            drained.judged() < s.ids.len(),
+            "drain {round} came mid-stream"
+        );
+        seen.push(drained);
+        peaks.push(peak);
+    }
+    let all: std::collections::HashSet<String> = seen
+        .iter()
+        .flat_map(|s| s.distinct())
+        .map(str::to_owned)
+        .collect();
+    let last = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "last")).await);
+    let (h, ids) = (last.clone(), s.ids.len());
+    blocking(move || {
+        h.wait_for("every id judged across the four runs", |seen| {
+            let mut judged = all.clone();
+            judged.extend(seen.distinct().into_iter().map(str::to_owned));
+            judged.len() >= ids
+        })
+    })
+    .await;
+    let last = Arc::try_unwrap(last).ok().expect("sole owner");
+    let (_, last_seen) = blocking(move || last.stop()).await;
+    seen.push(last_seen);
+    let ledger = s.ledger(&seen).await;
+    let capped: Vec<String> = topic_records(&s.client, &s.dlq, 1)
+        .await
+        .into_iter()
+        .map(|(p, r)| DeadLetter::from_record(p, r))
+        .filter(|d| d.reason.starts_with("delivery cap"))
+        .map(|d| d.reason)
+        .collect();
+    report(&format!(
+        "ledger {}: three drains, in-flight peaks {peaks:?} (max_in_flight 5000), dead-lettered at the cap {}, duplicates {}",
+        s.name,
+        capped.len(),
+        ledger.duplicates()
+    ));
+    assert!(
+        capped.is_empty(),
+        "no record reached the delivery cap through drains: {capped:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_never_passes_max_in_flight_when_producer_batches_are_larger() {
+    let _shared = BROKER.read().await;
+    // Producer batches of 100 records against a bound of 60: acquiring whole batches would
+    // hold 100 or more at once.
+    let s = Scenario::new("in-flight-bound", 600, 30_000).await;
+    let settings = "batch_size = 20\nmax_in_flight = 60\ndelivery_cap = 4\nconcurrency = 1\n";
+    let manifest = s.manifest_with(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "20""#,
+        settings,
+    );
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+    let peak = status[0]["in_flight_peak"].as_u64().unwrap_or(u64::MAX);
+    report(&format!(
+        "ledger {}: max_in_flight 60, producer batches of 100, in-flight peak {peak}, fetches {}, records acquired {}",
+        s.name, status[0]["fetches"], status[0]["acquired"]
+    ));
+    assert!(peak > 0, "{status}");
+    assert!(
+        peak <= 60,
+        "in flight passed max_in_flight: {peak}: {status}"
+    );
+}
+
+/// The member id a host's pipeline joined with, from its log's "pipeline running" line.
+fn member_of(host: &HostProcess) -> String {
+    host.log_lines()
+        .iter()
+        .find(|l| l.contains("pipeline running"))
+        .and_then(|l| l.split("member=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no member id in the log: {:?}", host.log_lines()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_and_restarted_rejoins_as_the_same_member_and_takes_its_work_back() {
+    let _shared = BROKER.read().await;
+    // The broker's own member session timeout (45 s) and record lock (30 s): a restarted host
+    // that joined as a new member would get no partition until the dead member's session
+    // ended, and the records the dead one held would wait for their locks.
+    let s = Scenario::with_group("restart-rejoin", 0..2000 * scale(), None, &[]).await;
+    let manifest = s.manifest(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "100""#,
+    );
+    let m = manifest.clone();
+    let (first, first_member) = blocking(move || {
+        let host = HostProcess::start(sharehost(), &m, "first");
+        host.wait_for("five plugin calls begun", |s| s.calls >= 5);
+        let member = member_of(&host);
+        (host.kill(), member)
+    })
+    .await;
+    assert!(first.judged() < s.ids.len(), "killed mid-stream");
+    let restarted = std::time::Instant::now();
+    let second =
+        Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "second")).await);
+    let h = second.clone();
+    let to_first_record = blocking(move || {
+        h.wait_for("the restarted host's first plugin call", |s| s.calls >= 1);
+        restarted.elapsed()
+    })
+    .await;
+    let second_member = member_of(&second);
+    let (h, ids, first_seen) = (second.clone(), s.ids.len(), first.clone());
+    blocking(move || {
+        h.wait_for("every id judged across both runs", |seen| {
+            let mut all = first_seen.distinct();
+            all.extend(seen.distinct());
+            all.len() >= ids
+        })
+    })
+    .await;
+    let second = Arc::try_unwrap(second).ok().expect("sole owner");
+    let (_, second_seen) = blocking(move || second.stop()).await;
+    let ledger = s.ledger(&[first, second_seen]).await;
+    report(&format!(
+        "ledger {}: SIGKILL, restart to first record {:.2} s with the broker's 45 s session timeout and 30 s lock, same member {}, duplicates {}",
+        s.name,
+        to_first_record.as_secs_f64(),
+        first_member == second_member,
+        ledger.duplicates()
+    ));
+    assert_eq!(
+        second_member, first_member,
+        "the restarted host rejoins as the member it was"
+    );
 }

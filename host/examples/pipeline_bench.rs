@@ -16,7 +16,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
 use sharehost::admin::{self, AdminState};
@@ -24,6 +23,7 @@ use sharehost::kafka::KafkaClient;
 use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{NativeHandler, Pipeline};
+use sharehost::tenants::Tenants;
 use sharehost::runtime::{PluginRuntime, Record, Verdict};
 use tokio_util::sync::CancellationToken;
 
@@ -147,10 +147,9 @@ async fn run(path: PathBuf) -> Result<()> {
         .await
         .with_context(|| format!("admin.listen: cannot bind {}", manifest.admin.listen))?;
     let admin_state = Arc::new(AdminState {
-        pipelines: pipelines.clone(),
+        tenants: Arc::new(Tenants::loaded(&pipelines)),
         metrics,
         token: None,
-        ready: false.into(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
@@ -172,7 +171,6 @@ async fn run(path: PathBuf) -> Result<()> {
             shutdown.cancel();
         });
     }
-    admin_state.ready.store(true, Ordering::Relaxed);
     let failures = sharehost::pipeline::run_all(&pipelines, client, shutdown).await;
     for p in &pipelines {
         let s = p.status();

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -19,17 +18,16 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, SwapError};
 use crate::rollout::{CanaryRequest, ShadowRequest};
+use crate::tenants::Tenants;
 
 /// What the admin handlers share.
 pub struct AdminState {
-    /// Every pipeline of the manifest.
-    pub pipelines: Vec<Arc<Pipeline>>,
+    /// Every pipeline of the manifest, loaded or not.
+    pub tenants: Arc<Tenants>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Bearer token for mutating endpoints, when configured.
     pub token: Option<String>,
-    /// Set once every pipeline joined its group.
-    pub ready: AtomicBool,
 }
 
 #[derive(Deserialize)]
@@ -59,17 +57,21 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
         .into_response()
 }
 
+/// Ready means every pipeline is loaded, in its group and able to write: not while one
+/// failed to load, is still joining, cannot reach its coordinator, or waits for its writes.
 async fn ready(State(s): State<Arc<AdminState>>) -> Response {
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    match s.tenants.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready:\n{why}\n"),
+        )
+            .into_response(),
     }
 }
 
 async fn pipelines(State(s): State<Arc<AdminState>>) -> Response {
-    let status: Vec<_> = s.pipelines.iter().map(|p| p.status()).collect();
-    axum::Json(status).into_response()
+    axum::Json(s.tenants.status()).into_response()
 }
 
 async fn swap(
@@ -108,16 +110,12 @@ fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipelin
             "a valid bearer token is required\n".into(),
         ));
     }
-    s.pipelines
-        .iter()
-        .find(|p| p.name() == name)
-        .cloned()
-        .ok_or_else(|| {
-            refusal(
-                StatusCode::NOT_FOUND,
-                format!("no pipeline named {name:?}\n"),
-            )
-        })
+    s.tenants.find(name).ok_or_else(|| {
+        refusal(
+            StatusCode::NOT_FOUND,
+            format!("no pipeline named {name:?}\n"),
+        )
+    })
 }
 
 /// A JSON body, or the 400 answer naming what was expected.
@@ -145,7 +143,7 @@ fn outcome(name: &str, key: &str, r: Result<String, SwapError>) -> Response {
 }
 
 async fn versions(State(s): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
-    match s.pipelines.iter().find(|p| p.name() == name) {
+    match s.tenants.find(&name) {
         Some(p) => axum::Json(p.versions()).into_response(),
         None => (
             StatusCode::NOT_FOUND,
@@ -273,10 +271,9 @@ mod tests {
 
     fn state(token: Option<&str>) -> AdminState {
         AdminState {
-            pipelines: Vec::new(),
+            tenants: Arc::new(Tenants::new([])),
             metrics: Arc::new(Metrics::new()),
             token: token.map(str::to_owned),
-            ready: AtomicBool::new(false),
         }
     }
 

@@ -2,16 +2,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
+
 use sharehost::admin::{self, AdminState};
+use sharehost::kafka::backoff::{Backoff, BackoffConfig};
 use sharehost::kafka::{ConnectionConfig, KafkaClient};
 use sharehost::manifest::{Manifest, PipelineSpec};
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{Pipeline, short};
 use sharehost::runtime::{PluginRuntime, RuntimeConfig, default_cache_dir, signature_path};
+use sharehost::tenants::Tenants;
 use tokio_util::sync::CancellationToken;
 
 /// How often component files are checked for replacement.
@@ -133,13 +136,18 @@ type Seen = (PathBuf, Option<(FileStamp, Option<FileStamp>)>);
 /// Swaps every pipeline whose component file changed since `seen` (the file watch), or every
 /// pipeline when `force` (SIGHUP). A pipeline whose active path changed (an HTTP swap) is not
 /// reloaded again: its new file just becomes the one watched.
-async fn reload_changed(pipelines: &[Arc<Pipeline>], seen: &mut [Seen], force: bool) {
-    for (i, p) in pipelines.iter().enumerate() {
+async fn reload_changed(tenants: &Tenants, seen: &mut HashMap<String, Seen>, force: bool) {
+    for p in tenants.pipelines() {
         let path = p.component();
         let now = stamp(&path);
-        let moved = seen[i].0 != path;
-        let unchanged = now == seen[i].1;
-        seen[i] = (path.clone(), now);
+        // A pipeline loaded since the last look is watched from now on.
+        let Some(last) = seen.get_mut(p.name()) else {
+            seen.insert(p.name().to_owned(), (path, now));
+            continue;
+        };
+        let moved = last.0 != path;
+        let unchanged = now == last.1;
+        *last = (path.clone(), now);
         if now.is_none() || (!force && (moved || unchanged)) {
             continue;
         }
@@ -148,15 +156,143 @@ async fn reload_changed(pipelines: &[Arc<Pipeline>], seen: &mut [Seen], force: b
     }
 }
 
-/// Runs every pipeline until a signal, then drains.
-pub async fn run(path: &Path) -> Result<()> {
+/// One pipeline of a running host, loaded and run on its own.
+struct Tenant {
+    spec: PipelineSpec,
+    tenants: Arc<Tenants>,
+    runtime: PluginRuntime,
+    metrics: Arc<Metrics>,
+    state_dir: PathBuf,
+    client: Arc<KafkaClient>,
+    shutdown: CancellationToken,
+    strict: bool,
+}
+
+impl Tenant {
+    /// Loads the pipeline (unless `strict` loaded it already) and runs it until shutdown;
+    /// a failure to load or to run is counted, shown and tried again after a backoff.
+    /// Returns an error only when `strict`.
+    async fn run(self) -> Result<(), String> {
+        let name = self.spec.name.clone();
+        let mut backoff = Backoff::new(TENANT_BACKOFF);
+        // One that failed to load at start waits its first backoff before it is tried again.
+        if self.tenants.find(&name).is_none() && !self.wait(&mut backoff).await {
+            return Ok(());
+        }
+        loop {
+            let pipeline = match self.tenants.find(&name) {
+                Some(p) => p,
+                None => match Pipeline::load_remembering(
+                    self.spec.clone(),
+                    self.runtime.clone(),
+                    self.metrics.clone(),
+                    &self.state_dir,
+                )
+                .await
+                {
+                    Ok(p) => {
+                        self.tenants.set_loaded(p.clone());
+                        p
+                    }
+                    Err(e) => {
+                        self.tenants.set_failed(&name, e.to_string());
+                        failed_to_load(&self.metrics, &name, &e.to_string());
+                        if !self.wait(&mut backoff).await {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                },
+            };
+            backoff.reset();
+            match pipeline
+                .run(self.client.clone(), self.shutdown.clone())
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if self.strict => return Err(e),
+                Err(e) => {
+                    count_failure(&self.metrics, &name, "run");
+                    tracing::error!(pipeline = %name, "pipeline failed; the other pipelines run on, this one is run again: {e}");
+                    if !self.wait(&mut backoff).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for the next attempt; `false` when the host is shutting down instead.
+    async fn wait(&self, backoff: &mut Backoff) -> bool {
+        let delay = backoff.next_delay().unwrap_or(TENANT_BACKOFF.max);
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+}
+
+fn count_failure(metrics: &Metrics, pipeline: &str, stage: &str) {
+    metrics
+        .pipeline_failures
+        .get_or_create(&vec![
+            ("pipeline", pipeline.to_owned()),
+            ("stage", stage.to_owned()),
+        ])
+        .inc();
+}
+
+/// Counts and logs a pipeline that failed to load; the others run on.
+fn failed_to_load(metrics: &Metrics, pipeline: &str, error: &str) {
+    count_failure(metrics, pipeline, "load");
+    metrics
+        .pipeline_up
+        .get_or_create(&vec![("pipeline", pipeline.to_owned())])
+        .set(0);
+    tracing::error!(
+        pipeline,
+        "pipeline failed to load; the other pipelines run on, this one is tried again: {error}"
+    );
+}
+
+/// How a failed pipeline is tried again: from 1 s, doubling to a minute.
+const TENANT_BACKOFF: BackoffConfig = BackoffConfig {
+    initial: Duration::from_secs(1),
+    max: Duration::from_secs(60),
+    factor: 2.0,
+};
+
+/// Runs every pipeline until a signal, then drains. Each pipeline is a tenant of its own: one
+/// that fails to load or to run is reported failed and tried again with backoff while the
+/// others run. With `strict`, any pipeline that fails to load stops the start (nothing runs),
+/// and one that fails to run stops the host, as a platform that wants all or nothing asks.
+pub async fn run(path: &Path, strict: bool) -> Result<()> {
     let manifest = Manifest::load(path)?;
     log_trust(&manifest);
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
-    // Components are loaded and initialised before any group is joined.
     let state_dir = sharehost::state::default_state_dir();
-    let pipelines = load_pipelines(&manifest, &runtime, &metrics, Some(&state_dir)).await?;
+    let tenants = Arc::new(Tenants::new(
+        manifest.pipelines.iter().map(|p| p.name.clone()),
+    ));
+    // Components are loaded and initialised before any group is joined (and before the
+    // admin listener answers); one that fails is tried again by its tenant, unless `strict`.
+    if strict {
+        for p in load_pipelines(&manifest, &runtime, &metrics, Some(&state_dir)).await? {
+            tenants.set_loaded(p);
+        }
+    } else {
+        for spec in &manifest.pipelines {
+            let (s, r, m) = (spec.clone(), runtime.clone(), metrics.clone());
+            match Pipeline::load_remembering(s, r, m, &state_dir).await {
+                Ok(p) => tenants.set_loaded(p),
+                Err(e) => {
+                    tenants.set_failed(&spec.name, e.to_string());
+                    failed_to_load(&metrics, &spec.name, &e.to_string());
+                }
+            }
+        }
+    }
     let config = connection_config(&manifest)?;
     let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
     let token =
@@ -179,10 +315,9 @@ pub async fn run(path: &Path) -> Result<()> {
 
     let shutdown = CancellationToken::new();
     let admin_state = Arc::new(AdminState {
-        pipelines: pipelines.clone(),
+        tenants: tenants.clone(),
         metrics: metrics.clone(),
         token,
-        ready: false.into(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
@@ -216,33 +351,51 @@ pub async fn run(path: &Path) -> Result<()> {
         });
     }
     {
-        let pipelines = pipelines.clone();
+        let tenants = tenants.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut stamps: Vec<Seen> = pipelines
-                .iter()
-                .map(|p| {
-                    let path = p.component();
-                    let now = stamp(&path);
-                    (path, now)
-                })
-                .collect();
+            let mut stamps: HashMap<String, Seen> = HashMap::new();
             let mut tick = tokio::time::interval(WATCH_INTERVAL);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = tick.tick() => reload_changed(&pipelines, &mut stamps, false).await,
+                    _ = tick.tick() => reload_changed(&tenants, &mut stamps, false).await,
                     Some(()) = hup_rx.recv() => {
                         tracing::info!("SIGHUP: reloading every pipeline's component");
-                        reload_changed(&pipelines, &mut stamps, true).await;
+                        reload_changed(&tenants, &mut stamps, true).await;
                     }
                 }
             }
         });
     }
 
-    admin_state.ready.store(true, Ordering::Relaxed);
-    let failures = sharehost::pipeline::run_all(&pipelines, client, shutdown).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for spec in &manifest.pipelines {
+        let tenant = Tenant {
+            spec: spec.clone(),
+            tenants: tenants.clone(),
+            runtime: runtime.clone(),
+            metrics: metrics.clone(),
+            state_dir: state_dir.clone(),
+            client: client.clone(),
+            shutdown: shutdown.clone(),
+            strict,
+        };
+        tasks.spawn(tenant.run());
+    }
+    let mut failures = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let failure = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(e) => format!("pipeline task panicked: {e}"),
+        };
+        tracing::error!("{failure}");
+        failures.push(failure);
+        // Only a strict host (or a panic) gets here with a failure: everything stops.
+        shutdown.cancel();
+    }
+    let pipelines = tenants.pipelines();
     for p in &pipelines {
         let s = p.status();
         let total = |f: fn(&sharehost::pipeline::VersionCounters) -> u64| {

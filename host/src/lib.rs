@@ -20,4 +20,5 @@ pub mod rollout;
 pub mod runtime;
 pub mod share;
 pub mod state;
+pub mod tenants;
 pub mod writes;

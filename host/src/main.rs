@@ -49,6 +49,11 @@ struct RunArgs {
     /// Log lines as JSON objects instead of readable text.
     #[arg(long)]
     log_json: bool,
+    /// All or nothing: exit when any pipeline fails to load (before joining any group) or
+    /// fails while running, instead of reporting it failed and trying it again while the
+    /// others run.
+    #[arg(long)]
+    strict: bool,
 }
 
 /// `sharehost check MANIFEST`.
@@ -358,7 +363,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Probe(args) => probe(args).await,
             Command::TestPlugin(args) => test_plugin(args).await,
-            Command::Run(args) => host::run(&args.manifest).await,
+            Command::Run(args) => host::run(&args.manifest, args.strict).await,
             Command::Check(args) => host::check(&args.manifest).await,
             Command::Dlq(args) => sharehost::dlq::run(&args, &mut std::io::stdout().lock())
                 .await

@@ -73,6 +73,10 @@ pub struct Metrics {
     /// Dead letters written without the record's key, value and headers (the whole record
     /// was larger than the dead-letter topic accepts).
     pub dead_letters_shrunk: Family<Labels, Counter>,
+    /// Whether each pipeline runs (1) or not (0: failed to load or run, joining, draining).
+    pub pipeline_up: Family<Labels, Gauge>,
+    /// Failed attempts to load a pipeline or to run it, by stage (load, run).
+    pub pipeline_failures: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -108,6 +112,8 @@ impl Metrics {
             writes_waiting: Family::default(),
             released_unwritten: Family::default(),
             dead_letters_shrunk: Family::default(),
+            pipeline_up: Family::default(),
+            pipeline_failures: Family::default(),
         };
         registry.register(
             "records",
@@ -209,6 +215,16 @@ impl Metrics {
             "dead_letters_shrunk",
             "Dead letters written without the record's key, value and headers (too large for the topic)",
             m.dead_letters_shrunk.clone(),
+        );
+        registry.register(
+            "pipeline_up",
+            "Whether the pipeline runs (1) or not (0: failed, joining, draining)",
+            m.pipeline_up.clone(),
+        );
+        registry.register(
+            "pipeline_failures",
+            "Failed attempts to load or run a pipeline, by stage",
+            m.pipeline_failures.clone(),
         );
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m

@@ -22,19 +22,28 @@ use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
 use crate::provenance as pv;
 use crate::rollout::{
-    ActiveState, CanaryDecision, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
+    ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
     SHADOW_QUEUE, ShadowRequest, ShadowStatus,
 };
 use crate::runtime::{
     BatchOutcome, Compiled, Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant,
     Placement, Plugin, PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
 };
-use crate::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
+use crate::share::consumer::{AcquireMode, ShareConsumer, ShareConsumerConfig, ShareRecord};
 use crate::share::ledger::{AckKind, TopicIdPartition};
+use crate::share::membership::fresh_member_id;
+use crate::state::{Claim, MemberIdentity};
 use crate::writes::{Landing, PartitionBy, Write, WriteObserver, record_bytes, write_all};
 
 /// How long running batches may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a drain goes on judging the records it holds before it releases the rest: within
+/// a 30 s grace period (Kubernetes' default), with time left to flush and close.
+const DRAIN_JUDGING: Duration = Duration::from_secs(20);
+/// A pipeline acquires no more records than its plugin judges in this long (at its measured
+/// rate), so a drain judges what it holds within [`DRAIN_JUDGING`] and a crash hands little
+/// back. Half the lock duration when that is shorter.
+const PACE_WITHIN: Duration = Duration::from_secs(10);
 /// Most extra plugin calls spent isolating poison records in a faulting batch.
 const MAX_ISOLATION_CALLS: usize = 16;
 /// A held record (`retry`, or one whose writes wait for a retry) is released this long before
@@ -273,7 +282,8 @@ pub struct VersionsStatus {
 pub struct PipelineStatus {
     /// Pipeline name.
     pub name: String,
-    /// starting, running, degraded (writes wait for a retry), draining, stopped or failed.
+    /// starting, joining (not in its group: before the join, or while the coordinator cannot
+    /// be reached), running, degraded (writes wait for a retry), draining, stopped or failed.
     pub state: String,
     /// Content hash (sha256) of the active plugin version.
     pub active_version: String,
@@ -285,6 +295,16 @@ pub struct PipelineStatus {
     pub dead_lettered: u64,
     /// Records acquired and not yet judged.
     pub in_flight: u64,
+    /// The most records held at once since the pipeline started (never above `max_in_flight`).
+    pub in_flight_peak: u64,
+    /// How many records the engine may hold now: what the plugin judges within 10 s at its
+    /// measured rate, between a batch per concurrent call and `max_in_flight`.
+    pub in_flight_limit: u64,
+    /// ShareFetch requests sent, and the records they acquired (records per fetch: the
+    /// broker's cost per record falls as it grows).
+    pub fetches: u64,
+    /// Records acquired by those fetches.
+    pub acquired: u64,
     /// Batches whose outputs or dead letters wait for a retry of their produce (their records
     /// stay acquired); the state is `degraded` meanwhile.
     pub writes_waiting: u64,
@@ -391,6 +411,7 @@ impl Ord for Held {
 
 /// What a batch's task needs of the run loop: the engine, the client, the loop's queues and
 /// the stop that ends write retries.
+#[derive(Clone)]
 struct BatchContext {
     consumer: Arc<ShareConsumer>,
     client: Arc<KafkaClient>,
@@ -402,6 +423,15 @@ struct BatchContext {
     retries: mpsc::UnboundedSender<Held>,
     /// The pipeline is stopping: writes stop retrying and release their records.
     stop: CancellationToken,
+}
+
+/// The engine's numbers as last published, for `GET /pipelines`.
+#[derive(Debug, Default)]
+struct EngineCounts {
+    peak: AtomicU64,
+    limit: AtomicU64,
+    fetches: AtomicU64,
+    acquired: AtomicU64,
 }
 
 /// The pipeline's own count of its writes (outputs and dead letters), apart from verdicts.
@@ -490,6 +520,9 @@ pub struct Pipeline {
     counters: Mutex<HashMap<String, VersionCounters>>,
     dead_lettered: AtomicU64,
     in_flight: AtomicU64,
+    /// Whether the pipeline's member is in its group (the coordinator answered it last).
+    joined: std::sync::atomic::AtomicBool,
+    engine: EngineCounts,
     writes: WriteCounts,
     last_swap_error: Mutex<Option<String>>,
     stall: Mutex<SwapStall>,
@@ -659,6 +692,10 @@ impl Pipeline {
                 None
             }
         };
+        let canary_ended = remembered.as_ref().is_some_and(|r| r.canary.is_some());
+        if let Some(c) = remembered.as_ref().and_then(|r| r.canary.as_ref()) {
+            tracing::warn!(pipeline = %spec.name, candidate = %short(&c.candidate), path = %c.path.display(), percent = c.percent, "a canary was running when the host stopped; the restart ended it (not resumed): the active version judges every batch, start the canary again to go on");
+        }
         let restore = match remembered {
             Some(st) if st.active_hash == manifest.hash => {
                 tracing::info!(pipeline = %spec.name, version = %short(&manifest.hash), state = %file.display(), "the version active before the restart is the manifest's component: starting on it");
@@ -717,6 +754,9 @@ impl Pipeline {
                 lock(&p.history).push_front(k);
             }
         }
+        if canary_ended {
+            pipeline.remember_active();
+        }
         pipeline.start_manifest_shadow().await
     }
 
@@ -763,6 +803,8 @@ impl Pipeline {
             counters: Mutex::new(HashMap::new()),
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            joined: std::sync::atomic::AtomicBool::new(false),
+            engine: EngineCounts::default(),
             writes: WriteCounts::default(),
             last_swap_error: Mutex::new(None),
             stall: Mutex::new(SwapStall::default()),
@@ -794,12 +836,16 @@ impl Pipeline {
         let state = lock(&self.state).clone();
         PipelineStatus {
             name: self.spec.name.clone(),
-            state: if state == "running" && waiting > 0 {
-                "degraded".to_owned()
-            } else {
-                state
+            state: match state.as_str() {
+                "running" if !self.joined.load(Ordering::Relaxed) => "joining".to_owned(),
+                "running" if waiting > 0 => "degraded".to_owned(),
+                _ => state,
             },
             writes_waiting: waiting as u64,
+            in_flight_peak: self.engine.peak.load(Ordering::Relaxed),
+            in_flight_limit: self.engine.limit.load(Ordering::Relaxed),
+            fetches: self.engine.fetches.load(Ordering::Relaxed),
+            acquired: self.engine.acquired.load(Ordering::Relaxed),
             write_failures: self.writes.failures.load(Ordering::Relaxed),
             released_unwritten: self.writes.released.load(Ordering::Relaxed),
             dead_letters_shrunk: self.writes.shrunk.load(Ordering::Relaxed),
@@ -915,6 +961,11 @@ impl Pipeline {
             active_hash: active.hash.clone(),
             active_path: active.path.clone(),
             manifest_hash: self.manifest_hash.clone(),
+            canary: lock(&self.canary).as_ref().map(|c| CanaryNote {
+                candidate: c.version.hash.clone(),
+                path: c.version.path.clone(),
+                percent: lock(&c.plan).request.percent,
+            }),
         };
         if let Err(e) = state.write(file) {
             tracing::warn!(pipeline = %self.spec.name, "cannot remember the active version for a restart: {e}");
@@ -1090,6 +1141,7 @@ impl Pipeline {
             version: Arc::new(version),
             plan: Mutex::new(CanaryPlan::new(req)),
         }));
+        self.remember_active();
         Ok(hash)
     }
 
@@ -1130,6 +1182,7 @@ impl Pipeline {
             self.activate(run.version.clone(), "promoted from canary");
         } else {
             tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary rolled back");
+            self.remember_active();
         }
         Some(self.active_hash())
     }
@@ -1146,6 +1199,12 @@ impl Pipeline {
 
     fn set_state(&self, s: &str) {
         *lock(&self.state) = s.to_owned();
+        if s != "running" {
+            self.metrics
+                .pipeline_up
+                .get_or_create(&vec![("pipeline", self.spec.name.clone())])
+                .set(0);
+        }
     }
 
     fn count(&self, hash: &str, f: impl FnOnce(&mut VersionCounters)) {
@@ -1180,6 +1239,16 @@ impl Pipeline {
         // dead-lettered before their Reject goes out.
         cfg.reject_poison = spec.dead_letter_topic.is_none();
         cfg.auto_renew_after = Some(spec.auto_renew_after);
+        cfg.pace_within = Some(PACE_WITHIN);
+        // `max_in_flight` is a hard bound: the broker acquires at most MaxRecords per request
+        // (across its partitions). Batch-optimized acquisition rounds up to whole producer
+        // batches and overshot it by thousands; with large fetches only the last producer
+        // batch of a request is split.
+        cfg.acquire_mode = AcquireMode::RecordLimit;
+        cfg.min_in_flight = spec.batch_size.saturating_mul(spec.concurrency);
+        // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
+        let identity = self.member_identity();
+        cfg.member_id = identity.as_ref().map(|i| i.id().to_owned());
         let consumer = Arc::new(
             ShareConsumer::start(client.clone(), cfg)
                 .await
@@ -1196,6 +1265,14 @@ impl Pipeline {
         let mut running = JoinSet::new();
         let mut backlog: VecDeque<ShareRecord> = VecDeque::new();
         let mut failure = None;
+        let ctx = BatchContext {
+            consumer: consumer.clone(),
+            client: client.clone(),
+            requeue: requeue_tx.clone(),
+            renewals: renewals.clone(),
+            retries: retry_tx.clone(),
+            stop: shutdown.clone(),
+        };
         loop {
             while let Ok(r) = requeue_rx.try_recv() {
                 backlog.push_back(r);
@@ -1241,40 +1318,64 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(next_due.into()) => continue,
                 p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
-            let take = backlog.len().min(spec.batch_size);
-            let mut batch: Vec<ShareRecord> = backlog.drain(..take).collect();
-            // Records whose session died while they waited (a lost connection, a restarted
-            // broker) are back with the broker already: judging them would only make duplicates.
-            let stale = consumer.retain_held(&mut batch);
-            if stale > 0 {
-                tracing::debug!(pipeline = %spec.name, records = stale, "skipped records released with their share session");
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let this = self.clone();
-            let ctx = BatchContext {
-                consumer: consumer.clone(),
-                client: client.clone(),
-                requeue: requeue_tx.clone(),
-                renewals: renewals.clone(),
-                retries: retry_tx.clone(),
-                stop: shutdown.clone(),
-            };
-            running.spawn(async move { this.judge(&ctx, batch, permit).await });
+            self.start_batch(&ctx, &mut backlog, permit, &mut running);
         }
-        // Drain: records not yet handed to a plugin are released at close; running batches
-        // get a bounded time to finish.
+        // Drain: no more records are acquired; what is held is judged while time allows (the
+        // engine acquires only what the plugin judges within `PACE_WITHIN`, so usually all of
+        // it), and only what is left then is released: each release spends a delivery.
         self.set_state("draining");
+        consumer.stop_acquiring();
         tracing::info!(pipeline = %spec.name, running = running.len(), unjudged = backlog.len(), "draining");
+        let drain_started = Instant::now();
+        if failure.is_none() {
+            let judge_until = tokio::time::Instant::now() + DRAIN_JUDGING;
+            loop {
+                while let Ok(r) = requeue_rx.try_recv() {
+                    backlog.push_back(r);
+                }
+                // Deliveries already acquired and queued in the engine.
+                while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
+                    if !d.poison.is_empty() {
+                        let (this, c, k, stop) = (
+                            self.clone(),
+                            consumer.clone(),
+                            client.clone(),
+                            shutdown.clone(),
+                        );
+                        running.spawn(
+                            async move { this.handle_poison(&c, &k, d.poison, &stop).await },
+                        );
+                    }
+                    backlog.extend(d.records);
+                }
+                if backlog.is_empty() {
+                    if running.is_empty() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(judge_until) => break,
+                        _ = running.join_next() => {}
+                        r = requeue_rx.recv() => if let Some(r) = r { backlog.push_back(r) },
+                    }
+                    continue;
+                }
+                let permit = tokio::select! {
+                    _ = tokio::time::sleep_until(judge_until) => break,
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                };
+                self.start_batch(&ctx, &mut backlog, permit, &mut running);
+            }
+        }
+        if !backlog.is_empty() {
+            tracing::warn!(pipeline = %spec.name, records = backlog.len(), "not judged before the drain's end: released");
+        }
         for r in backlog.drain(..) {
             let _ = consumer.acknowledge(&r, AckKind::Release);
         }
-        if tokio::time::timeout(DRAIN_TIMEOUT, async {
-            while running.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
+        let left = DRAIN_TIMEOUT.saturating_sub(drain_started.elapsed());
+        if tokio::time::timeout(left, async { while running.join_next().await.is_some() {} })
+            .await
+            .is_err()
         {
             tracing::warn!(pipeline = %spec.name, "batches still running after {DRAIN_TIMEOUT:?}; their records are released");
             running.abort_all();
@@ -1302,6 +1403,7 @@ impl Pipeline {
         } else {
             "stopped"
         });
+        drop(identity);
         tracing::info!(pipeline = %spec.name, "pipeline stopped");
         match failure {
             Some(f) => Err(f),
@@ -1309,11 +1411,73 @@ impl Pipeline {
         }
     }
 
+    /// The member id this pipeline joined with before (beside its state file), claimed for
+    /// this process; `None` (join with a fresh id) without a state file, when another live
+    /// process holds it, or when the file cannot be used.
+    fn member_identity(&self) -> Option<MemberIdentity> {
+        let file = self.state_file.as_ref()?.with_extension("member");
+        match MemberIdentity::claim(&file, &fresh_member_id()) {
+            Ok(Claim::Claimed { identity, reused }) => {
+                if reused {
+                    tracing::info!(pipeline = %self.spec.name, member = identity.id(), "rejoining the group as the member this pipeline was before the restart");
+                }
+                Some(identity)
+            }
+            Ok(Claim::Taken) => {
+                tracing::info!(pipeline = %self.spec.name, file = %file.display(), "another live process runs this pipeline with its kept member id: joining as a new member");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(pipeline = %self.spec.name, file = %file.display(), "cannot keep the member id across restarts: {e}");
+                None
+            }
+        }
+    }
+
+    /// Hands the next batch of `backlog` to a plugin instance, on a task of `running`.
+    fn start_batch(
+        self: &Arc<Self>,
+        ctx: &BatchContext,
+        backlog: &mut VecDeque<ShareRecord>,
+        permit: OwnedSemaphorePermit,
+        running: &mut JoinSet<()>,
+    ) {
+        let take = backlog.len().min(self.spec.batch_size);
+        let mut batch: Vec<ShareRecord> = backlog.drain(..take).collect();
+        // Records whose session died while they waited (a lost connection, a restarted
+        // broker) are back with the broker already: judging them would only make duplicates.
+        let stale = ctx.consumer.retain_held(&mut batch);
+        if stale > 0 {
+            tracing::debug!(pipeline = %self.spec.name, records = stale, "skipped records released with their share session");
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let (this, ctx) = (self.clone(), ctx.clone());
+        running.spawn(async move { this.judge(&ctx, batch, permit).await });
+    }
+
     fn publish_engine_stats(&self, consumer: &ShareConsumer) {
         let l: Labels = vec![("pipeline", self.spec.name.clone())];
         let s = consumer.stats();
         self.in_flight
             .store(consumer.in_flight() as u64, Ordering::Relaxed);
+        let joined = consumer.joined();
+        self.joined.store(joined, Ordering::Relaxed);
+        let up = joined && lock(&self.state).as_str() == "running";
+        self.metrics
+            .pipeline_up
+            .get_or_create(&l)
+            .set(i64::from(up));
+        let e = &self.engine;
+        e.peak
+            .store(s.in_flight_peak.load(Ordering::Relaxed), Ordering::Relaxed);
+        e.limit
+            .store(consumer.in_flight_limit() as u64, Ordering::Relaxed);
+        e.fetches
+            .store(s.fetches.load(Ordering::Relaxed), Ordering::Relaxed);
+        e.acquired
+            .store(s.acquired.load(Ordering::Relaxed), Ordering::Relaxed);
         self.metrics
             .in_flight
             .get_or_create(&l)

@@ -419,6 +419,21 @@ pub struct ActiveState {
     /// Content hash of the manifest's component when this was written: if the manifest's
     /// component has changed since, the manifest wins at the next start.
     pub manifest_hash: String,
+    /// The canary running when this was written, if any: a restart ends it (its tallies are
+    /// gone with the process) and says so, rather than drop it without a word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryNote>,
+}
+
+/// A running canary as the state file remembers it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CanaryNote {
+    /// The candidate's content hash.
+    pub candidate: String,
+    /// Its component path.
+    pub path: PathBuf,
+    /// The share of batches it judged.
+    pub percent: f64,
 }
 
 impl ActiveState {

@@ -178,7 +178,8 @@ async fn verdict_counts_match_the_plugin_and_dead_letters_carry_their_provenance
         );
         assert!(h.contains_key("sharehost.original.partition"));
         assert_eq!(
-            h.get("sharehost.delivery.count").map(String::as_str),
+            h.get("sharehost.original.delivery-count")
+                .map(String::as_str),
             Some("1")
         );
         assert!(

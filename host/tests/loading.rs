@@ -22,6 +22,7 @@ use sharehost::pipeline::Pipeline;
 use sharehost::runtime::{
     AllocatorKind, LoadError, Origin, PluginLimits, PluginRuntime, RuntimeConfig,
 };
+use sharehost::tenants::Tenants;
 use sharehost_tests::guest;
 use wasm_encoder::{
     CodeSection, ComponentBuilder, ComponentExportKind, ComponentTypeRef, ConstExpr, DataSection,
@@ -444,10 +445,9 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
         ))
         .expect("pipeline");
     let state = Arc::new(AdminState {
-        pipelines: vec![pipeline.clone()],
+        tenants: Arc::new(Tenants::loaded(std::slice::from_ref(&pipeline))),
         metrics,
         token: None,
-        ready: false.into(),
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

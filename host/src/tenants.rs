@@ -1,0 +1,203 @@
+//! The pipelines of one host as tenants: each loads, runs and fails on its own. A pipeline whose
+//! component cannot be loaded or initialised, or whose run fails, is reported failed (here,
+//! in `GET /pipelines`, `/readyz`, a metric and the log) and tried again with backoff while
+//! the others run; one tenant's broken configuration never stops another's records.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::pipeline::{Pipeline, PipelineStatus};
+
+/// Where one tenant is.
+#[derive(Clone)]
+enum Slot {
+    /// Not loaded yet (the first attempt is under way).
+    Loading,
+    /// Loaded: running, or being run again after a failure.
+    Loaded(Arc<Pipeline>),
+    /// The last attempt to load or run it failed; another follows after a backoff.
+    Failed(Failure),
+}
+
+/// Why a tenant is not running, as `GET /pipelines` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    /// Pipeline name.
+    pub name: String,
+    /// Always `failed`.
+    pub state: &'static str,
+    /// What went wrong the last time.
+    pub error: String,
+    /// Attempts so far (to load, or to run once loaded).
+    pub attempts: u32,
+    /// Seconds since the first failure in a row.
+    pub failing_for_s: u64,
+    #[serde(skip)]
+    since: Instant,
+}
+
+/// A tenant's entry in `GET /pipelines`: a pipeline's full status, or why it is not running.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum TenantStatus {
+    /// A loaded pipeline.
+    Pipeline(Box<PipelineStatus>),
+    /// A pipeline that failed to load or run.
+    Failed(Failure),
+}
+
+/// Every tenant of the host, by manifest order.
+pub struct Tenants {
+    slots: Vec<(String, Mutex<Slot>)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tenants {
+    /// Tenants named `names`, none loaded yet.
+    pub fn new(names: impl IntoIterator<Item = String>) -> Tenants {
+        Tenants {
+            slots: names
+                .into_iter()
+                .map(|n| (n, Mutex::new(Slot::Loading)))
+                .collect(),
+        }
+    }
+
+    /// Tenants that are all loaded already (tests, `check`).
+    pub fn loaded(pipelines: &[Arc<Pipeline>]) -> Tenants {
+        let t = Tenants::new(pipelines.iter().map(|p| p.name().to_owned()));
+        for p in pipelines {
+            t.set_loaded(p.clone());
+        }
+        t
+    }
+
+    fn slot(&self, name: &str) -> Option<&Mutex<Slot>> {
+        self.slots.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    }
+
+    /// Records that `pipeline` is loaded (it keeps that place until it fails again).
+    pub fn set_loaded(&self, pipeline: Arc<Pipeline>) {
+        if let Some(slot) = self.slot(pipeline.name()) {
+            *lock(slot) = Slot::Loaded(pipeline);
+        }
+    }
+
+    /// Records a failed attempt to load tenant `name` (`error` says why); returns how many
+    /// attempts have failed in a row. (A loaded pipeline whose run fails stays loaded and says
+    /// so in its own status while it is run again.)
+    pub fn set_failed(&self, name: &str, error: String) -> u32 {
+        let Some(slot) = self.slot(name) else {
+            return 0;
+        };
+        let mut slot = lock(slot);
+        let (attempts, since) = match &*slot {
+            Slot::Failed(f) => (f.attempts + 1, f.since),
+            _ => (1, Instant::now()),
+        };
+        *slot = Slot::Failed(Failure {
+            name: name.to_owned(),
+            state: "failed",
+            error,
+            attempts,
+            failing_for_s: 0,
+            since,
+        });
+        attempts
+    }
+
+    /// The loaded pipelines.
+    pub fn pipelines(&self) -> Vec<Arc<Pipeline>> {
+        self.slots
+            .iter()
+            .filter_map(|(_, s)| match &*lock(s) {
+                Slot::Loaded(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The loaded pipeline named `name`.
+    pub fn find(&self, name: &str) -> Option<Arc<Pipeline>> {
+        match &*lock(self.slot(name)?) {
+            Slot::Loaded(p) => Some(p.clone()),
+            _ => None,
+        }
+    }
+
+    /// Every tenant's status, in manifest order (a tenant still loading is left out).
+    pub fn status(&self) -> Vec<TenantStatus> {
+        self.slots
+            .iter()
+            .filter_map(|(_, s)| match lock(s).clone() {
+                Slot::Loading => None,
+                Slot::Loaded(p) => Some(TenantStatus::Pipeline(Box::new(p.status()))),
+                Slot::Failed(mut f) => {
+                    f.failing_for_s = f.since.elapsed().as_secs();
+                    Some(TenantStatus::Failed(f))
+                }
+            })
+            .collect()
+    }
+
+    /// `Ok` when every tenant is loaded, in its group and able to write (state `running`);
+    /// otherwise which are not and why, one line each.
+    pub fn ready(&self) -> Result<(), String> {
+        let mut not = Vec::new();
+        for (name, s) in &self.slots {
+            match lock(s).clone() {
+                Slot::Loading => not.push(format!("{name}: loading")),
+                Slot::Failed(f) => not.push(format!("{name}: failed: {}", f.error)),
+                Slot::Loaded(p) => {
+                    let state = p.status().state;
+                    if state != "running" {
+                        not.push(format!("{name}: {state}"));
+                    }
+                }
+            }
+        }
+        if not.is_empty() {
+            Ok(())
+        } else {
+            Err(not.join("\n"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_tenant_is_listed_with_its_attempts_and_keeps_the_host_unready() {
+        let t = Tenants::new(["a".to_owned(), "b".to_owned()]);
+        let not = t.ready().expect_err("nothing loaded yet");
+        assert!(
+            not.contains("a: loading") && not.contains("b: loading"),
+            "{not}"
+        );
+        assert!(
+            t.status().is_empty(),
+            "a tenant still loading is not listed"
+        );
+        assert_eq!(t.set_failed("b", "init refused".into()), 1);
+        assert_eq!(t.set_failed("b", "init refused again".into()), 2);
+        let listed = serde_json::to_value(t.status()).expect("json");
+        assert_eq!(listed[0]["name"], "b");
+        assert_eq!(listed[0]["state"], "failed");
+        assert_eq!(listed[0]["attempts"], 2);
+        assert_eq!(listed[0]["error"], "init refused again");
+        let not = t.ready().expect_err("b failed");
+        assert!(not.contains("b: failed: init refused again"), "{not}");
+        assert_eq!(
+            t.set_failed("nobody", "x".into()),
+            0,
+            "an unknown name is ignored"
+        );
+    }
+}

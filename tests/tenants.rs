@@ -1,0 +1,158 @@
+//! The pipelines of one host as tenants, against a real broker and the `sharehost` binary: a
+//! pipeline whose plugin refuses its configuration is reported failed (`GET /pipelines`,
+//! `/readyz`, a metric, the log) and tried again with backoff, while a healthy pipeline beside
+//! it judges every record; `--strict` keeps the all-or-nothing start.
+//!
+//! The witness is outside the engine: the ledger plugin reports what it judged through the
+//! host's log, and the broker says the healthy group is drained (ShareGroupCommand lag 0).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sharehost_tests::host::{HostProcess, PATIENCE};
+use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::{
+    blocking, bootstrap, client, fresh_group, guest, produce_ids, topic_with_dead_letters, unique,
+    wait_until_drained,
+};
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+/// A manifest of two ledger pipelines: `good` on `topic`, and `bad`, whose plugin refuses its
+/// configuration (`pause-ms` is not a number) on another topic.
+fn two_tenants(dir: &Path, topic: &str, group: &str, other: &str, other_group: &str) -> PathBuf {
+    let ledger = guest("fixture_ledger");
+    let text = format!(
+        r#"[cluster]
+bootstrap = "{bootstrap}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "bad"
+topics = ["{other}"]
+group = "{other_group}"
+component = "{ledger}"
+config = {{ pause-ms = "a while" }}
+
+[[pipeline]]
+name = "good"
+topics = ["{topic}"]
+group = "{group}"
+component = "{ledger}"
+config = {{ }}
+"#,
+        bootstrap = bootstrap(),
+        ledger = ledger.display(),
+    );
+    let path = dir.join(format!("{}.toml", unique("tenants")));
+    std::fs::write(&path, text).expect("write manifest");
+    path
+}
+
+/// Polls `GET /pipelines` until `cond` holds for the entry named `name` (the host's own view;
+/// there is nothing finer to wait on from outside).
+fn pipeline_until(
+    host: &HostProcess,
+    name: &str,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = host.status();
+        if let Some(p) = status
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["name"] == name))
+            && cond(p)
+        {
+            return p.clone();
+        }
+        assert!(Instant::now() < deadline, "{name}: never {what}: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_that_fails_to_load_is_reported_and_retried_while_the_others_run() {
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_dead_letters(&client, "tenants-good", 3, 1).await;
+    let (other, _) = topic_with_dead_letters(&client, "tenants-bad", 1, 1).await;
+    let group = fresh_group(&client, None).await;
+    let other_group = fresh_group(&client, None).await;
+    let ids = produce_ids(&client, &topic, 3, 0..600).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = two_tenants(&dir, &topic, &group, &other, &other_group);
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), ids.len());
+    let seen = blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
+    let h = host.clone();
+    let (bad, ready, metrics) = blocking(move || {
+        let bad = pipeline_until(&h, "bad", "retried", |p| {
+            p["state"] == "failed" && p["attempts"].as_u64().unwrap_or(0) >= 2
+        });
+        (
+            bad,
+            h.http("GET", "/readyz", ""),
+            h.http("GET", "/metrics", ""),
+        )
+    })
+    .await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, at_end) = blocking(move || host.stop()).await;
+    let g = group.clone();
+    blocking(move || wait_until_drained(&g)).await;
+    let mut ledger = Ledger::new("tenants", ids.iter().cloned());
+    at_end.record(&mut ledger);
+    ledger.check();
+    report(&format!(
+        "tenants: beside a pipeline that failed to load {} times, the healthy one judged {} of {} records, lost {}",
+        bad["attempts"],
+        seen.distinct().len(),
+        ids.len(),
+        ledger.lost().len()
+    ));
+    let error = bad["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("pause-ms"),
+        "the failure names what the plugin refused: {bad}"
+    );
+    assert_eq!(
+        ready.0, 503,
+        "not ready while a pipeline is failed: {ready:?}"
+    );
+    assert!(ready.1.contains("bad: failed"), "{ready:?}");
+    assert!(
+        metrics
+            .1
+            .lines()
+            .any(|l| l.starts_with("sharehost_pipeline_failures_total{")
+                && l.contains("pipeline=\"bad\"")
+                && l.contains("stage=\"load\"")),
+        "a metric counts the failures"
+    );
+}
+
+#[test]
+fn strict_refuses_to_start_when_a_pipeline_fails_to_load() {
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = two_tenants(&dir, "t", "g", "u", "h");
+    let out = Command::new(sharehost())
+        .args(["run", "--strict"])
+        .arg(&manifest)
+        .output()
+        .expect("run sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pipeline bad") && stderr.contains("pause-ms"),
+        "the error names the pipeline and what its plugin refused: {stderr}"
+    );
+}
