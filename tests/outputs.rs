@@ -424,26 +424,42 @@ fn to_accept(ids: &[String]) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_topic_missing_at_start_holds_the_sources_until_it_can_be_written() {
-    // No output topic yet: producing fails and the sources stay acquired, never accepted nor
-    // released. Once the topic exists they end accepted, with their outputs, on their first
-    // delivery.
+async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired() {
+    // No output topic yet: the pipeline says so (failed, naming the manifest key, not ready)
+    // and acquires nothing until the topic exists; then every record ends accepted with its
+    // output on its first delivery.
     let s = Scenario::new("outputs-missing-topic", 300, 30_000, false).await;
     let manifest = s.manifest("");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
-    let status = blocking(move || pipeline_reaches(&h, "write_failures", 1)).await;
-    assert_eq!(
-        status_counter(&status, "accepted"),
-        0,
-        "nothing is accepted while its output cannot be written: {status}"
+    let (status, ready) = blocking(move || {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let status = h.status();
+            if status[0]["last_error"].is_string() {
+                return (status, h.http("GET", "/readyz", ""));
+            }
+            assert!(Instant::now() < deadline, "never reported: {status}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await;
+    let error = status[0]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("pipeline.outputs.valid") && error.contains(&s.output),
+        "the pipeline names the missing output topic: {status}"
     );
+    assert_eq!(status_counter(&status, "accepted"), 0, "{status}");
+    assert_eq!(
+        pipeline_number(&status, "acquired"),
+        0,
+        "nothing acquired: {status}"
+    );
+    assert_eq!(ready.0, 503, "not ready meanwhile: {ready:?}");
     s.client
         .create_topic(&s.output, OUTPUT_PARTITIONS, 1, &[])
         .await
         .expect("create the output topic");
-    // The plugin accepted every record it judged before the topic existed too (its log says
-    // so); the host held them. So wait for the host's own count of accepted records.
     let want = to_accept(&s.ids);
     let h = host.clone();
     let status = blocking(move || status_reaches(&h, "accepted", want)).await;
@@ -457,14 +473,13 @@ async fn an_output_topic_missing_at_start_holds_the_sources_until_it_can_be_writ
         .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
         .count();
     report(&format!(
-        "outputs {}: failed produce requests {}, sources redelivered {redelivered}, released unwritten {}",
+        "outputs {}: waited for its output topic, then sources redelivered {redelivered}, released unwritten {}",
         s.name,
-        pipeline_number(&status, "write_failures"),
         pipeline_number(&status, "released_unwritten"),
     ));
     assert_eq!(
         redelivered, 0,
-        "a failed write spends no delivery of its source"
+        "nothing was acquired before it could be written"
     );
 }
 

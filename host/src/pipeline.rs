@@ -315,6 +315,9 @@ pub struct PipelineStatus {
     /// Dead letters written without the record's key, value and headers, because the whole
     /// record was larger than the dead-letter topic accepts.
     pub dead_letters_shrunk: u64,
+    /// Why the last run failed (a topic it writes to missing, the group refusing it, ...),
+    /// while the host runs it again; `None` once it runs.
+    pub last_error: Option<String>,
     /// Last hot-swap failure, if the last swap failed.
     pub last_swap_error: Option<String>,
     /// How long judging paused around the last hot swap: the longest gap between two judged
@@ -525,6 +528,7 @@ pub struct Pipeline {
     engine: EngineCounts,
     writes: WriteCounts,
     last_swap_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<String>>,
     stall: Mutex<SwapStall>,
 }
 
@@ -807,6 +811,7 @@ impl Pipeline {
             engine: EngineCounts::default(),
             writes: WriteCounts::default(),
             last_swap_error: Mutex::new(None),
+            last_error: Mutex::new(None),
             stall: Mutex::new(SwapStall::default()),
         });
         let active = lock(&pipeline.active).clone();
@@ -854,6 +859,7 @@ impl Pipeline {
             versions: lock(&self.counters).clone(),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            last_error: lock(&self.last_error).clone(),
             last_swap_error: lock(&self.last_swap_error).clone(),
             last_swap_stall_ms: lock(&self.stall).last.map(|d| d.as_secs_f64() * 1e3),
             signer: active.signer(),
@@ -1226,6 +1232,21 @@ impl Pipeline {
         client: Arc<KafkaClient>,
         shutdown: CancellationToken,
     ) -> Result<(), String> {
+        let result = self.clone().serve(client, shutdown).await;
+        if let Err(e) = &result {
+            *lock(&self.last_error) = Some(e.clone());
+            self.set_state("failed");
+        }
+        result
+    }
+
+    /// One run of the pipeline (see [`Pipeline::run`]).
+    async fn serve(
+        self: Arc<Self>,
+        client: Arc<KafkaClient>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String> {
+        self.topics_exist(&client).await?;
         let spec = &self.spec;
         let mut cfg = ShareConsumerConfig::new(
             &spec.group,
@@ -1255,6 +1276,7 @@ impl Pipeline {
                 .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
         );
         self.set_state("running");
+        *lock(&self.last_error) = None;
         tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
         let permits = Arc::new(Semaphore::new(spec.concurrency));
         let (requeue_tx, mut requeue_rx) = mpsc::unbounded_channel::<ShareRecord>();
@@ -1409,6 +1431,42 @@ impl Pipeline {
             Some(f) => Err(f),
             None => Ok(()),
         }
+    }
+
+    /// Checks that the topics the pipeline writes to exist before it acquires anything: a
+    /// record it could never write would only be held. Names the manifest key of each that
+    /// is missing; the host runs the pipeline again (with backoff) until they exist.
+    async fn topics_exist(&self, client: &KafkaClient) -> Result<(), String> {
+        let spec = &self.spec;
+        let mut needed: Vec<(String, &String)> = spec
+            .outputs
+            .iter()
+            .map(|(name, topic)| (format!("pipeline.outputs.{name}"), topic))
+            .collect();
+        if let Some(dlq) = &spec.dead_letter_topic {
+            needed.push(("dead_letter_topic".to_owned(), dlq));
+        }
+        if needed.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<String> = needed.iter().map(|(_, t)| (*t).clone()).collect();
+        client
+            .refresh_metadata(&topics)
+            .await
+            .map_err(|e| format!("pipeline {}: {e}", spec.name))?;
+        let missing: Vec<String> = needed
+            .iter()
+            .filter(|(_, t)| client.topic(t).is_none())
+            .map(|(key, t)| format!("{key} names topic {t:?}, which does not exist"))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "pipeline {}: {}; it waits for them before it acquires a record (create them)",
+            spec.name,
+            missing.join("; ")
+        ))
     }
 
     /// The member id this pipeline joined with before (beside its state file), claimed for

@@ -154,9 +154,14 @@ impl Tenants {
                 Slot::Loading => not.push(format!("{name}: loading")),
                 Slot::Failed(f) => not.push(format!("{name}: failed: {}", f.error)),
                 Slot::Loaded(p) => {
-                    let state = p.status().state;
-                    if state != "running" {
-                        not.push(format!("{name}: {state}"));
+                    let status = p.status();
+                    if status.state != "running" {
+                        let why = status.last_error.map(|e| format!(": {e}"));
+                        not.push(format!(
+                            "{name}: {}{}",
+                            status.state,
+                            why.unwrap_or_default()
+                        ));
                     }
                 }
             }

@@ -3,7 +3,7 @@
 //!
 //! The reference with every field, its default and an example is `docs/manifest.md`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -784,6 +784,9 @@ impl Manifest {
             return Err(cx.err(None, "pipeline", "the manifest defines no [[pipeline]]"));
         }
         let mut names = HashSet::new();
+        // One share group per pipeline: two pipelines in one group would split its records
+        // between two plugins, each judging the other's share as if it were its own.
+        let mut groups: HashMap<String, String> = HashMap::new();
         let mut pipelines = Vec::new();
         for (i, p) in raw.pipelines.iter().enumerate() {
             let f = |name: &str| format!("pipeline[{i}].{name}");
@@ -811,6 +814,16 @@ impl Manifest {
             }
             if p.group.get_ref().is_empty() {
                 return Err(cx.err(Some(p.group.span()), f("group"), "must not be empty"));
+            }
+            if let Some(other) = groups.insert(p.group.get_ref().clone(), name.clone()) {
+                return Err(cx.err(
+                    Some(p.group.span()),
+                    f("group"),
+                    format!(
+                        "pipeline {other:?} already consumes share group {:?}: two pipelines in one group split its records between their plugins; give each its own group",
+                        p.group.get_ref()
+                    ),
+                ));
             }
             let component = cx.path(&p.component);
             // The runtime's own reader decides (regular file, size), so `check` and a load
