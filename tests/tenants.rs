@@ -1,7 +1,8 @@
 //! The pipelines of one host as tenants, against a real broker and the `sharehost` binary: a
 //! pipeline whose plugin refuses its configuration is reported failed (`GET /pipelines`,
 //! `/readyz`, a metric, the log) and tried again with backoff, while a healthy pipeline beside
-//! it judges every record; `--strict` keeps the all-or-nothing start.
+//! it judges every record; `--strict` keeps the all-or-nothing start; a `delivery_cap` the
+//! group's delivery limit would pass is refused before anything is acquired.
 //!
 //! The witness is outside the engine: the ledger plugin reports what it judged through the
 //! host's log, and the broker says the healthy group is drained (ShareGroupCommand lag 0).
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::{
-    blocking, bootstrap, client, fresh_group, guest, produce_ids, topic_with_dead_letters, unique,
-    wait_until_drained,
+    blocking, bootstrap, client, fresh_group, fresh_group_with, guest, ledger_manifest,
+    produce_ids, topic_with_dead_letters, unique, wait_until_drained,
 };
 
 fn sharehost() -> &'static Path {
@@ -155,4 +156,39 @@ fn strict_refuses_to_start_when_a_pipeline_fails_to_load() {
         stderr.contains("pipeline bad") && stderr.contains("pause-ms"),
         "the error names the pipeline and what its plugin refused: {stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_cap_above_the_groups_delivery_limit_is_refused_naming_both() {
+    // At the group's limit (3) the broker archives a released record; a host cap of 4 would
+    // never see a poison record's last delivery, and it would go without a dead letter.
+    let client = Arc::new(client().await);
+    let (topic, dlq) = topic_with_dead_letters(&client, "tenants-cap", 1, 1).await;
+    let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "3")]).await;
+    produce_ids(&client, &topic, 1, 0..10).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("fixture_ledger"),
+        "",
+        &format!("delivery_cap = 4\ndead_letter_topic = \"{dlq}\"\n"),
+    );
+    let manifest = dir.join("cap.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let p =
+        blocking(move || pipeline_until(&h, "ledger", "refused", |p| p["last_error"].is_string()))
+            .await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let error = p["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("delivery_cap 4") && error.contains("delivery limit 3"),
+        "{p}"
+    );
+    assert_eq!(p["acquired"], 0, "nothing acquired: {p}");
 }

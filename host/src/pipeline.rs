@@ -1247,6 +1247,7 @@ impl Pipeline {
         shutdown: CancellationToken,
     ) -> Result<(), String> {
         self.topics_exist(&client).await?;
+        self.delivery_cap_fits(&client).await?;
         let spec = &self.spec;
         let mut cfg = ShareConsumerConfig::new(
             &spec.group,
@@ -1467,6 +1468,33 @@ impl Pipeline {
             spec.name,
             missing.join("; ")
         ))
+    }
+
+    /// Checks `delivery_cap` against the group's delivery limit (`share.delivery.count.limit`,
+    /// the group's own or the broker's): above it, the broker archives a record at its last
+    /// delivery before the host's cap is ever reached, without a dead letter.
+    async fn delivery_cap_fits(&self, client: &KafkaClient) -> Result<(), String> {
+        let spec = &self.spec;
+        let Some(cap) = spec.delivery_cap else {
+            return Ok(());
+        };
+        let limit = match client
+            .group_config(&spec.group, "share.delivery.count.limit")
+            .await
+        {
+            Ok(v) => v.and_then(|v| v.parse::<i16>().ok()),
+            Err(e) => {
+                tracing::warn!(pipeline = %spec.name, group = %spec.group, "cannot read the group's delivery limit to check delivery_cap against it: {e}");
+                None
+            }
+        };
+        match limit {
+            Some(limit) if cap > limit => Err(format!(
+                "pipeline {}: delivery_cap {cap} is above group {}'s delivery limit {limit} (share.delivery.count.limit): the broker would archive a record at its delivery {limit}, before the cap, without a dead letter; set delivery_cap to at most {limit}",
+                spec.name, spec.group
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The member id this pipeline joined with before (beside its state file), claimed for

@@ -359,6 +359,27 @@ const DELETE_TOPICS_RESULT: Struct = plain(&[
 ]);
 const DELETE_TOPICS: Struct = plain(&[all(I32), all(Kind::Array(&DELETE_TOPICS_RESULT))]);
 
+// DescribeConfigs v1-4 (flexible from 4).
+const DESCRIBE_CONFIGS_SYNONYM: Struct = plain(&[all(Kind::Str), all(Kind::Str), all(I8)]);
+const DESCRIBE_CONFIGS_CONFIG: Struct = plain(&[
+    all(Kind::Str),
+    all(Kind::Str),
+    all(BOOL),
+    all(I8),
+    all(BOOL),
+    all(Kind::Array(&DESCRIBE_CONFIGS_SYNONYM)),
+    since(3, I8),
+    since(3, Kind::Str),
+]);
+const DESCRIBE_CONFIGS_RESULT: Struct = plain(&[
+    all(I16),
+    all(Kind::Str),
+    all(I8),
+    all(Kind::Str),
+    all(Kind::Array(&DESCRIBE_CONFIGS_CONFIG)),
+]);
+const DESCRIBE_CONFIGS: Struct = plain(&[all(I32), all(Kind::Array(&DESCRIBE_CONFIGS_RESULT))]);
+
 const fn body(min: i16, max: i16, flexible_from: i16, root: &'static Struct) -> Body {
     Body {
         min,
@@ -384,6 +405,7 @@ fn schema(api: ApiKey) -> Option<Body> {
         ApiKey::CreateTopics => body(2, 7, 5, &CREATE_TOPICS),
         ApiKey::IncrementalAlterConfigs => body(0, 1, 1, &INCREMENTAL_ALTER_CONFIGS),
         ApiKey::DeleteTopics => body(1, 6, 4, &DELETE_TOPICS),
+        ApiKey::DescribeConfigs => body(1, 4, 4, &DESCRIBE_CONFIGS),
         _ => return None,
     })
 }
@@ -643,13 +665,17 @@ mod tests {
             CreatableTopicConfigs, CreatableTopicResult,
         };
         use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+        use kafka_protocol::messages::describe_configs_response::{
+            DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+        };
         use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
         use kafka_protocol::messages::list_offsets_response::{
             ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
         };
         use kafka_protocol::messages::{
-            CreateTopicsResponse, DeleteTopicsResponse, IncrementalAlterConfigsResponse,
-            ListOffsetsResponse, SaslAuthenticateResponse, SaslHandshakeResponse, TopicName,
+            CreateTopicsResponse, DeleteTopicsResponse, DescribeConfigsResponse,
+            IncrementalAlterConfigsResponse, ListOffsetsResponse, SaslAuthenticateResponse,
+            SaslHandshakeResponse, TopicName,
         };
         use kafka_protocol::protocol::StrBytes;
         let name = || StrBytes::from_static_str("orders");
@@ -688,6 +714,23 @@ mod tests {
         ]);
         for v in 1..=6 {
             whole_passes_prefixes_fail(ApiKey::DeleteTopics, v, &encode(&dt, v));
+        }
+        let dc = DescribeConfigsResponse::default().with_results(vec![
+            DescribeConfigsResult::default()
+                .with_resource_name(name())
+                .with_configs(vec![
+                    DescribeConfigsResourceResult::default()
+                        .with_name(name())
+                        .with_value(Some(name()))
+                        .with_synonyms(vec![
+                            DescribeConfigsSynonym::default()
+                                .with_name(name())
+                                .with_value(Some(name())),
+                        ]),
+                ]),
+        ]);
+        for v in 1..=4 {
+            whole_passes_prefixes_fail(ApiKey::DescribeConfigs, v, &encode(&dc, v));
         }
         let hs = SaslHandshakeResponse::default().with_mechanisms(vec![name(), name()]);
         for v in 0..=1 {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use kafka_protocol::ResponseError;
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::delete_topics_request::DeleteTopicState;
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::incremental_alter_configs_request::{
     AlterConfigsResource, AlterableConfig,
@@ -17,9 +18,9 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, FetchRequest,
-    FindCoordinatorRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest, MetadataRequest,
-    MetadataResponse, ProduceRequest, TopicName,
+    ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    FetchRequest, FindCoordinatorRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest,
+    MetadataRequest, MetadataResponse, ProduceRequest, TopicName,
 };
 use kafka_protocol::protocol::{Request, StrBytes, VersionRange};
 use tokio::time::Instant;
@@ -749,6 +750,36 @@ impl KafkaClient {
             }
         }
         Ok(())
+    }
+
+    /// The effective value of group config `key` for `group` (the group's own, else the
+    /// broker's default the group inherits), `None` when the broker does not know the key.
+    pub async fn group_config(&self, group: &str, key: &str) -> Result<Option<String>> {
+        let req = DescribeConfigsRequest::default().with_resources(vec![
+            DescribeConfigsResource::default()
+                .with_resource_type(CONFIG_RESOURCE_GROUP)
+                .with_resource_name(StrBytes::from_string(group.to_owned()))
+                .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_owned())])),
+        ]);
+        let resp = self.send_any(&req).await?;
+        let (_, conn) = self.any_connection().await?;
+        for r in &resp.results {
+            if let Some(e) = KafkaError::from_code(
+                conn.broker(),
+                ApiKey::DescribeConfigs,
+                0,
+                r.error_code,
+                r.error_message.as_deref(),
+            ) {
+                return Err(e);
+            }
+        }
+        Ok(resp
+            .results
+            .iter()
+            .flat_map(|r| r.configs.iter())
+            .find(|c| c.name.as_str() == key)
+            .and_then(|c| c.value.as_ref().map(|v| v.to_string())))
     }
 
     /// Deletes a topic and forgets its metadata (fault tests take an output topic away).
