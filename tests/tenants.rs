@@ -192,3 +192,89 @@ async fn a_delivery_cap_above_the_groups_delivery_limit_is_refused_naming_both()
     );
     assert_eq!(p["acquired"], 0, "nothing acquired: {p}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly() {
+    // The splitter routes high-priority orders to `urgent`, the rest to `normal`; this
+    // manifest maps only `normal`. The splitter releases a record whose emit is refused, so
+    // without the host's rule every urgent order came back until the broker archived it.
+    let client = Arc::new(client().await);
+    let (topic, dlq) = topic_with_dead_letters(&client, "tenants-unmapped", 1, 1).await;
+    let normal = format!("{topic}-normal");
+    client
+        .create_topic(&normal, 1, 1, &[])
+        .await
+        .expect("create the normal output");
+    let group = fresh_group(&client, None).await;
+    let orders: Vec<sharehost::kafka::ProduceRecord> = (0..40)
+        .map(|i| {
+            let priority = if i % 4 == 0 { "high" } else { "low" };
+            sharehost::kafka::ProduceRecord {
+                value: Some(bytes::Bytes::from(format!(
+                    r#"{{"id":{i},"priority":"{priority}"}}"#
+                ))),
+                ..Default::default()
+            }
+        })
+        .collect();
+    client
+        .produce(&topic, 0, &orders, sharehost::kafka::Compression::None)
+        .await
+        .expect("produce");
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("splitter"),
+        "",
+        &format!("dead_letter_topic = \"{dlq}\"\n[pipeline.outputs]\nnormal = \"{normal}\"\n"),
+    );
+    let manifest = dir.join("unmapped.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let (p, ready) = blocking(move || {
+        let p = pipeline_until(&h, "ledger", "dead-lettered the urgent orders", |p| {
+            p["dead_lettered"].as_u64() == Some(10)
+        });
+        (p, h.http("GET", "/readyz", ""))
+    })
+    .await;
+    let log = host.log_lines();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    let g = group.clone();
+    blocking(move || wait_until_drained(&g)).await;
+    let letters = sharehost_tests::topic_records(&client, &dlq, 1).await;
+    let reasons: Vec<String> = letters
+        .into_iter()
+        .map(|(p, r)| sharehost::dlq::DeadLetter::from_record(p, r))
+        .map(|d| {
+            assert_eq!(d.delivery_count, Some(1), "on its first delivery: {d:?}");
+            d.reason
+        })
+        .collect();
+    report(&format!(
+        "tenants: 10 of 40 orders emitted to an unmapped output: dead letters {}, unmapped {}",
+        reasons.len(),
+        p["unmapped_outputs"]
+    ));
+    assert_eq!(reasons.len(), 10, "every urgent order dead-lettered once");
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.contains("\"urgent\"") && r.contains("[pipeline.outputs]")),
+        "{reasons:?}"
+    );
+    assert_eq!(p["unmapped_outputs"], serde_json::json!(["urgent"]), "{p}");
+    assert_eq!(ready.0, 503, "misconfigured, so not ready: {ready:?}");
+    assert_eq!(
+        log.iter()
+            .filter(|l| l.contains("does not map") && l.contains("ERROR"))
+            .count(),
+        1,
+        "said loudly, once"
+    );
+}

@@ -5,7 +5,7 @@
 //! version they started with.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -315,6 +315,10 @@ pub struct PipelineStatus {
     /// Dead letters written without the record's key, value and headers, because the whole
     /// record was larger than the dead-letter topic accepts.
     pub dead_letters_shrunk: u64,
+    /// Output names the plugin emitted to that `[pipeline.outputs]` does not map: a
+    /// misconfiguration (the records accepted with such an emit are rejected, and the
+    /// pipeline is not ready) until the manifest maps them.
+    pub unmapped_outputs: Vec<String>,
     /// Why the last run failed (a topic it writes to missing, the group refusing it, ...),
     /// while the host runs it again; `None` once it runs.
     pub last_error: Option<String>,
@@ -529,6 +533,8 @@ pub struct Pipeline {
     writes: WriteCounts,
     last_swap_error: Mutex<Option<String>>,
     last_error: Mutex<Option<String>>,
+    /// Output names the plugin emitted to that the manifest does not map.
+    unmapped: Mutex<BTreeSet<String>>,
     stall: Mutex<SwapStall>,
 }
 
@@ -812,6 +818,7 @@ impl Pipeline {
             writes: WriteCounts::default(),
             last_swap_error: Mutex::new(None),
             last_error: Mutex::new(None),
+            unmapped: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(SwapStall::default()),
         });
         let active = lock(&pipeline.active).clone();
@@ -860,6 +867,7 @@ impl Pipeline {
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             last_error: lock(&self.last_error).clone(),
+            unmapped_outputs: lock(&self.unmapped).iter().cloned().collect(),
             last_swap_error: lock(&self.last_swap_error).clone(),
             last_swap_stall_ms: lock(&self.stall).last.map(|d| d.as_secs_f64() * 1e3),
             signer: active.signer(),
@@ -1783,6 +1791,22 @@ impl Pipeline {
             for (i, (r, v)) in batch.iter().zip(verdicts).enumerate() {
                 let key = (r.partition, r.record.offset);
                 let own = emits_of.remove(&i);
+                // A record whose plugin meant to write where the manifest maps nothing ends
+                // rejected with that reason, whatever its verdict: accepted, it would lack an
+                // output; released, it would come back until the broker archives it.
+                let unmapped = own
+                    .iter()
+                    .flatten()
+                    .find(|e| !self.spec.outputs.contains_key(&*e.output));
+                if let Some(e) = unmapped {
+                    let why = self.misdirected(&e.output);
+                    discarded += own.as_ref().map_or(0, |e| e.len() as u64);
+                    if !renewed.is_empty() {
+                        renewed.remove(&key);
+                    }
+                    rejects.push((r, why));
+                    continue;
+                }
                 if !matches!(v, Verdict::Accept) {
                     discarded += own.as_ref().map_or(0, |e| e.len() as u64);
                 }
@@ -2012,23 +2036,32 @@ impl Pipeline {
                         PartitionBy::KeyOrSource(r.partition.partition),
                         output_record(r, e),
                     )),
-                    // The runtime only keeps granted names, and a swap cannot change them.
-                    None => unmapped.push(owner),
+                    // Records with such emits are rejected before they get here (`judge`).
+                    None => unmapped.push((owner, e.output.clone())),
                 }
             }
         }
         let per_owner: Vec<u64> = producing.iter().map(|(_, e)| e.len() as u64).collect();
         let records: Vec<&ShareRecord> = producing.iter().map(|(r, _)| *r).collect();
-        let mut landings = self
+        let landings = self
             .write(client, consumer, &records, writes, "output", stop, permit)
             .await;
-        for owner in unmapped {
-            landings[owner] =
-                Landing::Unwritable("an emit to an output the manifest does not map".into());
+        let mut misdirected: Vec<Option<String>> = vec![None; producing.len()];
+        for (owner, output) in unmapped {
+            misdirected[owner] = Some(self.misdirected(&output));
         }
         let (mut accepted, mut released, mut unwritable) = (Vec::new(), Vec::new(), Vec::new());
         let (mut produced, mut failed) = (0u64, 0u64);
-        for ((r, _), (landing, n)) in producing.iter().zip(landings.into_iter().zip(per_owner)) {
+        for (owner, ((r, _), (landing, n))) in producing
+            .iter()
+            .zip(landings.into_iter().zip(per_owner))
+            .enumerate()
+        {
+            if let Some(why) = misdirected[owner].take() {
+                failed += n;
+                unwritable.push((*r, why));
+                continue;
+            }
             match landing {
                 Landing::Landed => {
                     produced += n;
@@ -2054,6 +2087,15 @@ impl Pipeline {
         self.ack_all(consumer, &accepted, hash);
         self.release_unwritten(consumer, &released);
         unwritable
+    }
+
+    /// The reject reason of a record whose plugin emitted to `output`, which the manifest does
+    /// not map (the runtime refused the emit as `unknown-output`); said loudly, once per name.
+    fn misdirected(&self, output: &str) -> String {
+        if lock(&self.unmapped).insert(output.to_owned()) {
+            tracing::error!(pipeline = %self.spec.name, output, "the plugin emits to an output that [pipeline.outputs] does not map: every record with such an emit is rejected (dead-lettered where configured), whatever its verdict, and the pipeline is not ready until the manifest maps it");
+        }
+        format!("emitted to output {output:?}, which [pipeline.outputs] does not map")
     }
 
     /// Writes what `records` owe (see [`write_all`]): held until it lands or `stop`, within

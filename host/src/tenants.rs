@@ -155,7 +155,12 @@ impl Tenants {
                 Slot::Failed(f) => not.push(format!("{name}: failed: {}", f.error)),
                 Slot::Loaded(p) => {
                     let status = p.status();
-                    if status.state != "running" {
+                    if !status.unmapped_outputs.is_empty() {
+                        not.push(format!(
+                            "{name}: misconfigured: the plugin emits to outputs [pipeline.outputs] does not map: {}",
+                            status.unmapped_outputs.join(", ")
+                        ));
+                    } else if status.state != "running" {
                         let why = status.last_error.map(|e| format!(": {e}"));
                         not.push(format!(
                             "{name}: {}{}",

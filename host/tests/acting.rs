@@ -128,18 +128,21 @@ async fn emits_are_bound_to_their_record_and_refusals_are_values_the_plugin_sees
     let emits = plugin.take_emits();
     let bound: Vec<(usize, &str, &[u8])> = emits
         .iter()
-        .map(|e| (e.record, &*e.output, e.value.as_deref().expect("a value")))
+        .map(|e| (e.record, &*e.output, e.value.as_deref().unwrap_or_default()))
         .collect();
-    // The runtime keeps every accepted emit with its record; deciding what a Release means
+    // The runtime keeps every accepted emit with its record, and an empty marker of the emit
+    // to an unknown output (the pipeline rejects that record); deciding what a Release means
     // for record 5's emit is the pipeline's job.
     assert_eq!(
         bound,
         vec![
             (0, "valid", &b"first"[..]),
             (0, "valid", &b"first"[..]),
+            (2, "nowhere", &b""[..]),
             (5, "valid", &b"dropped-later"[..]),
         ]
     );
+    assert_eq!(emits[2].value, None);
     assert_eq!(emits[1].headers[0].key, "n");
     assert_eq!(emits[1].headers[0].value.as_deref(), Some(&b"1"[..]));
     assert_eq!(plugin.stats().emits, 3);

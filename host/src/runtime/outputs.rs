@@ -67,7 +67,9 @@ pub struct EmitHeader {
 pub struct Emit {
     /// Index of the source record in the batch that was judged.
     pub record: usize,
-    /// The output name (one of the grant's names).
+    /// The output name: one of the grant's names, or the name of an emit refused as
+    /// `unknown-output` (kept empty, so the pipeline rejects its record, never accepts it
+    /// without the output its plugin meant to write).
     pub output: Arc<str>,
     /// Key; `None` is a null key.
     pub key: Option<Bytes>,
@@ -101,6 +103,8 @@ pub(crate) struct EmitBuffer {
     bytes: u64,
     /// Emits refused in this call (for the plugin's counters).
     pub(crate) refused: u64,
+    /// Of the emits kept, the markers of refused unknown outputs (not emits to count).
+    pub(crate) markers: u64,
 }
 
 impl EmitBuffer {
@@ -117,6 +121,7 @@ impl EmitBuffer {
         self.emits.clear();
         self.bytes = 0;
         self.refused = 0;
+        self.markers = 0;
     }
 
     /// Closes the buffer and hands over the call's emits.
@@ -155,6 +160,19 @@ impl EmitBuffer {
             return Err(EmitError::NoSuchRecord);
         }
         let Some(name) = self.grant.names.iter().find(|n| ***n == *output) else {
+            // Kept as an empty emit under the name the plugin used (within the batch's count
+            // bound), so the pipeline sees the misconfiguration: a record whose plugin meant to
+            // write somewhere the manifest does not map never ends accepted without it.
+            if (self.emits.len() as u64) < u64::from(self.grant.max_emits) {
+                self.markers += 1;
+                self.emits.push(Emit {
+                    record: record as usize,
+                    output: Arc::from(output),
+                    key: None,
+                    value: None,
+                    headers: Vec::new(),
+                });
+            }
             return Err(EmitError::UnknownOutput(output.to_owned()));
         };
         if let Some(h) = headers
@@ -258,9 +276,11 @@ mod tests {
         );
         assert_eq!(b.refused, 3);
         let emits = b.finish();
-        assert_eq!(emits.len(), 1);
+        assert_eq!(emits.len(), 2, "the emit and the unknown output's marker");
         assert_eq!((emits[0].record, &*emits[0].output), (0, "valid"));
         assert_eq!(emits[0].headers[0].key, "h");
+        assert_eq!((emits[1].record, &*emits[1].output), (1, "orders-valid"));
+        assert_eq!(emits[1].value, None, "a marker carries nothing to write");
     }
 
     #[test]

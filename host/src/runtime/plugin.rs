@@ -531,6 +531,7 @@ impl Plugin {
         let state = warm.store.data_mut();
         let emits = state.emits.finish();
         let emits_refused = state.emits.refused;
+        let markers = state.emits.markers;
         let drained = state.drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
@@ -558,7 +559,7 @@ impl Plugin {
                 }
             }
         }
-        self.stats.emits += emits.len() as u64;
+        self.stats.emits += emits.len() as u64 - markers;
         self.stats.emits_refused += emits_refused;
         self.emits = emits;
         warm.batches += 1;
