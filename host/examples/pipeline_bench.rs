@@ -23,8 +23,8 @@ use sharehost::kafka::KafkaClient;
 use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{NativeHandler, Pipeline};
-use sharehost::tenants::Tenants;
 use sharehost::runtime::{PluginRuntime, Record, Verdict};
+use sharehost::tenants::Tenants;
 use tokio_util::sync::CancellationToken;
 
 /// The native twin of `examples/accept-all`: accepts every record without looking at it.
