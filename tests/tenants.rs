@@ -278,3 +278,56 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         "said loudly, once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_counters() {
+    let client = Arc::new(client().await);
+    let (topic, dlq) = topic_with_dead_letters(&client, "tenants-metrics", 1, 1).await;
+    let group = fresh_group(&client, None).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("fixture_ledger"),
+        "",
+        &format!("dead_letter_topic = \"{dlq}\"\n"),
+    );
+    let manifest = dir.join("metrics.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await;
+    // Before any record: the host has only just announced its admin address.
+    let (_, text) = host.http("GET", "/metrics", "");
+    blocking(move || host.stop()).await;
+    for family in [
+        "sharehost_released_by_broker_total{pipeline=\"ledger\"} 0",
+        "sharehost_session_resets_total{pipeline=\"ledger\"} 0",
+        "sharehost_rebalances_total{pipeline=\"ledger\"}",
+        "sharehost_acknowledged_offsets_total{pipeline=\"ledger\",result=\"failed\"} 0",
+        "sharehost_released_unwritten_total{pipeline=\"ledger\"} 0",
+        "sharehost_dead_letters_shrunk_total{pipeline=\"ledger\"} 0",
+        "sharehost_writes_waiting{pipeline=\"ledger\"} 0",
+        "sharehost_pipeline_up{pipeline=\"ledger\"}",
+        "sharehost_delivery_count_count{pipeline=\"ledger\"} 0",
+        "sharehost_build_info{version=",
+        "le=\"26.2144\"",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(family) || l.contains(family)),
+            "{family} is there from the start:\n{text}"
+        );
+    }
+    for counter in [
+        "released_by_broker",
+        "session_resets",
+        "rebalances",
+        "acknowledged_offsets",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE sharehost_{counter} counter")),
+            "{counter} is a counter:\n{text}"
+        );
+    }
+}

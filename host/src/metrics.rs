@@ -14,10 +14,16 @@ use prometheus_client::registry::Registry;
 pub type Labels = Vec<(&'static str, String)>;
 
 fn guest_histogram() -> Histogram {
-    // 50 µs .. ~1.6 s: plugin calls range from trivial to near their deadline.
+    // 50 µs .. ~52 s: plugin calls range from trivial to their deadline (5 s by default, and a
+    // wall-clock deadline may be set far above it), so the top buckets cover the deadlines.
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        0.000_05, 2.0, 16,
+        0.000_05, 2.0, 21,
     ))
+}
+
+fn delivery_histogram() -> Histogram {
+    // One bucket per delivery up to the broker's highest delivery limit (10).
+    Histogram::new((1..=10).map(f64::from))
 }
 
 /// Every metric the host exports, per pipeline and (where it matters) per plugin version.
@@ -31,6 +37,11 @@ pub struct Metrics {
     pub faults: Family<Labels, Counter>,
     /// Time spent in the guest per call.
     pub guest_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// The delivery count of every record handed to a plugin: records near the group's
+    /// delivery limit show as mass in the top buckets before the broker archives them.
+    pub delivery_count: Family<Labels, Histogram, fn() -> Histogram>,
+    /// One series, value 1, labelled with the host's version.
+    pub build_info: Family<Labels, Gauge>,
     /// Records renewed at the plugin's request.
     pub renewals: Family<Labels, Counter>,
     /// Records produced to the dead-letter topic.
@@ -38,11 +49,11 @@ pub struct Metrics {
     /// Records acquired and not yet judged.
     pub in_flight: Family<Labels, Gauge>,
     /// Acknowledged offsets by result (ok / failed).
-    pub acks: Family<Labels, Gauge>,
+    pub acks: Family<Labels, Counter>,
     /// Share sessions re-opened.
-    pub session_resets: Family<Labels, Gauge>,
+    pub session_resets: Family<Labels, Counter>,
     /// Records released by the broker when a session ended.
-    pub released_by_broker: Family<Labels, Gauge>,
+    pub released_by_broker: Family<Labels, Counter>,
     /// Hot-swaps by result (ok / failed / rollback).
     pub swaps: Family<Labels, Counter>,
     /// One series per plugin version: 1 while active, 0 once replaced, labelled with the key
@@ -55,7 +66,7 @@ pub struct Metrics {
     /// decision is visible to alerting, not only in the log.
     pub canary_transitions: Family<Labels, Counter>,
     /// Assignment changes (share-group rebalances) seen by the pipeline's member.
-    pub rebalances: Family<Labels, Gauge>,
+    pub rebalances: Family<Labels, Counter>,
     /// Records plugins emitted, by result: produced (before their source's Accept),
     /// discarded (the source ended otherwise), failed (producing failed: the source was
     /// released), refused (the guest saw an error).
@@ -95,6 +106,8 @@ impl Metrics {
             batches: Family::default(),
             faults: Family::default(),
             guest_seconds: Family::new_with_constructor(guest_histogram),
+            delivery_count: Family::new_with_constructor(delivery_histogram),
+            build_info: Family::default(),
             renewals: Family::default(),
             dead_lettered: Family::default(),
             in_flight: Family::default(),
@@ -226,6 +239,19 @@ impl Metrics {
             "Failed attempts to load or run a pipeline, by stage",
             m.pipeline_failures.clone(),
         );
+        registry.register(
+            "delivery_count",
+            "Delivery count of the records handed to plugins",
+            m.delivery_count.clone(),
+        );
+        registry.register(
+            "build_info",
+            "The host's version (value 1)",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])
+            .set(1);
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         m
     }

@@ -34,6 +34,7 @@ use crate::share::ledger::{AckKind, TopicIdPartition};
 use crate::share::membership::fresh_member_id;
 use crate::state::{Claim, MemberIdentity};
 use crate::writes::{Landing, PartitionBy, Write, WriteObserver, record_bytes, write_all};
+use prometheus_client::metrics::counter::Counter;
 
 /// How long running batches may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -435,6 +436,9 @@ struct BatchContext {
 /// The engine's numbers as last published, for `GET /pipelines`.
 #[derive(Debug, Default)]
 struct EngineCounts {
+    /// The engine's totals last published as counters (session resets, rebalances, released
+    /// by the broker, acks ok, acks failed).
+    published: Mutex<[u64; 5]>,
     peak: AtomicU64,
     limit: AtomicU64,
     fetches: AtomicU64,
@@ -823,7 +827,44 @@ impl Pipeline {
         });
         let active = lock(&pipeline.active).clone();
         pipeline.publish_version_info(&active, 1);
+        pipeline.init_series(&active.hash);
         pipeline
+    }
+
+    /// Creates the pipeline's series of every family at zero, so dashboards and alerts see
+    /// them from the start, not from their first event.
+    fn init_series(&self, hash: &str) {
+        let m = &self.metrics;
+        let l: Labels = vec![("pipeline", self.spec.name.clone())];
+        let _ = m.in_flight.get_or_create(&l);
+        let _ = m.session_resets.get_or_create(&l);
+        let _ = m.rebalances.get_or_create(&l);
+        let _ = m.released_by_broker.get_or_create(&l);
+        let _ = m.writes_waiting.get_or_create(&l);
+        let _ = m.released_unwritten.get_or_create(&l);
+        let _ = m.dead_letters_shrunk.get_or_create(&l);
+        let _ = m.pipeline_up.get_or_create(&l);
+        let _ = m.delivery_count.get_or_create(&l);
+        for result in ["ok", "failed"] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            let _ = m.acks.get_or_create(&l);
+        }
+        let v = self.labels(hash);
+        let _ = m.batches.get_or_create(&v);
+        let _ = m.guest_seconds.get_or_create(&v);
+        let _ = m.renewals.get_or_create(&v);
+        let _ = m.dead_lettered.get_or_create(&v);
+        for verdict in ["accept", "release", "reject", "renew", "retry"] {
+            let mut l = v.clone();
+            l.push(("verdict", verdict.into()));
+            let _ = m.records.get_or_create(&l);
+        }
+        for result in ["produced", "discarded", "failed"] {
+            let mut l = v.clone();
+            l.push(("result", result.into()));
+            let _ = m.emits.get_or_create(&l);
+        }
     }
 
     /// The pipeline's name.
@@ -1576,26 +1617,32 @@ impl Pipeline {
             .in_flight
             .get_or_create(&l)
             .set(consumer.in_flight() as i64);
-        self.metrics
-            .session_resets
-            .get_or_create(&l)
-            .set(s.session_resets.load(Ordering::Relaxed) as i64);
-        self.metrics
-            .rebalances
-            .get_or_create(&l)
-            .set(s.assignment_changes.load(Ordering::Relaxed) as i64);
-        self.metrics
-            .released_by_broker
-            .get_or_create(&l)
-            .set(s.released_by_broker.load(Ordering::Relaxed) as i64);
-        for (result, v) in [("ok", &s.acks_ok), ("failed", &s.acks_failed)] {
+        // The engine's totals as counters: each advances by what its consumer counted since
+        // the last look (a run after a failure starts a new consumer, whose totals start at 0).
+        let m = &self.metrics;
+        let mut last = lock(&self.engine.published);
+        let mut advance = |i: usize, counter: &Counter, now: &AtomicU64| {
+            let now = now.load(Ordering::Relaxed);
+            let before = if now >= last[i] { last[i] } else { 0 };
+            counter.inc_by(now - before);
+            last[i] = now;
+        };
+        advance(0, &m.session_resets.get_or_create(&l), &s.session_resets);
+        advance(1, &m.rebalances.get_or_create(&l), &s.assignment_changes);
+        advance(
+            2,
+            &m.released_by_broker.get_or_create(&l),
+            &s.released_by_broker,
+        );
+        for (i, (result, v)) in [("ok", &s.acks_ok), ("failed", &s.acks_failed)]
+            .into_iter()
+            .enumerate()
+        {
             let mut l = l.clone();
             l.push(("result", result.into()));
-            self.metrics
-                .acks
-                .get_or_create(&l)
-                .set(v.load(Ordering::Relaxed) as i64);
+            advance(3 + i, &m.acks.get_or_create(&l), v);
         }
+        drop(last);
         if let Some(http) = &self.grants.http {
             let c = http.stats().snapshot();
             for (result, v) in [
@@ -1773,6 +1820,16 @@ impl Pipeline {
             .guest_seconds
             .get_or_create(&labels)
             .observe(elapsed.as_secs_f64());
+        {
+            // One look-up per batch (the guard is not held across an await).
+            let deliveries = self
+                .metrics
+                .delivery_count
+                .get_or_create(&vec![("pipeline", self.spec.name.clone())]);
+            for r in &batch {
+                deliveries.observe(f64::from(r.delivery_count));
+            }
+        }
         self.metrics.batches.get_or_create(&labels).inc();
         self.count(&version.hash, |c| c.batches += 1);
 
