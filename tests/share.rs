@@ -190,6 +190,15 @@ async fn a_record_without_a_verdict_comes_back_after_its_lock_expires() {
     assert_eq!(value(&again[0]), value(&first[0]));
     assert_eq!(again[0].delivery_count, 2, "redelivery counts up");
     assert!(c.acknowledge(&again[0], AckKind::Accept).expect("ack"));
+    assert_eq!(
+        c.in_flight(),
+        0,
+        "the record delivered twice was held once, and is judged"
+    );
+    assert!(
+        !c.acknowledge(&first[0], AckKind::Accept).expect("ack"),
+        "a verdict for the first copy is moot"
+    );
     c.close(Duration::from_secs(30)).await;
     assert_eq!(group_lag(&group), vec![0]);
 }

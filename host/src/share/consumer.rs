@@ -243,6 +243,15 @@ struct LeaderState {
 }
 
 impl LeaderState {
+    /// Holds a record the broker just acquired for this member, its lock started `now`;
+    /// returns whether it was not held already. A record whose lock expired while the caller
+    /// still held it comes back in the same session under the same key: it is one record held
+    /// all the same (the first final verdict for either copy settles it, the other is moot),
+    /// so the in-flight count takes it once.
+    fn hold(&mut self, key: (TopicIdPartition, i64), now: Instant) -> bool {
+        self.outstanding.insert(key, now).is_none()
+    }
+
     /// Forgets the outstanding records of `partitions` (their leadership moved away, so their
     /// locks went with it); returns how many there were.
     fn release(&mut self, partitions: &BTreeSet<TopicIdPartition>) -> usize {
@@ -1605,8 +1614,9 @@ impl LeaderWorker {
                             let _ = ledger.record(tp, o, AckKind::Reject);
                             delivery.poison.push(sr);
                         } else {
-                            st.outstanding.insert((tp, o), now);
-                            self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                            if st.hold((tp, o), now) {
+                                self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                            }
                             self.shared.stats.acquired.fetch_add(1, Ordering::Relaxed);
                             if poison {
                                 delivery.poison.push(sr);
@@ -2123,6 +2133,22 @@ mod tests {
             moved,
             [(1, set(&[0, 1]))].into(),
             "new partitions and stayers are no moves"
+        );
+    }
+
+    #[test]
+    fn a_record_delivered_again_while_still_held_is_held_once() {
+        let (first, again) = (Instant::now(), Instant::now() + Duration::from_secs(30));
+        let mut st = LeaderState::default();
+        assert!(st.hold((tp(0), 5), first), "a new record");
+        assert!(st.hold((tp(0), 6), first));
+        // Offset 5's lock expired and the broker acquired it for this member again.
+        assert!(!st.hold((tp(0), 5), again), "still the same record held");
+        assert_eq!(st.outstanding.len(), 2);
+        assert_eq!(
+            st.outstanding.get(&(tp(0), 5)),
+            Some(&again),
+            "its lock restarted with the redelivery"
         );
     }
 
