@@ -272,13 +272,18 @@ fn status_counter(status: &serde_json::Value, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Polls the host's `GET /pipelines` until the summed version counter `key` reaches `at_least`
-/// (the counters are the host's own events; there is nothing finer to wait on from outside).
-fn status_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::Value {
+/// Polls the host's `GET /pipelines` until `number(status, key)` reaches `at_least` (the
+/// host's own events; there is nothing finer to wait on from outside).
+fn reaches(
+    host: &HostProcess,
+    number: fn(&serde_json::Value, &str) -> u64,
+    key: &str,
+    at_least: u64,
+) -> serde_json::Value {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let status = host.status();
-        if status_counter(&status, key) >= at_least {
+        if number(&status, key) >= at_least {
             return status;
         }
         assert!(
@@ -287,6 +292,11 @@ fn status_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::V
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// [`reaches`] for a version counter summed over versions.
+fn status_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::Value {
+    reaches(host, status_counter, key, at_least)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,21 +391,9 @@ fn pipeline_number(status: &serde_json::Value, key: &str) -> u64 {
     status[0][key].as_u64().unwrap_or(0)
 }
 
-/// Polls the host's `GET /pipelines` until the pipeline-level number `key` reaches `at_least`
-/// (the host's own events; there is nothing finer to wait on from outside).
+/// [`reaches`] for a pipeline-level number.
 fn pipeline_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::Value {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let status = host.status();
-        if pipeline_number(&status, key) >= at_least {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key} never reached {at_least}: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    reaches(host, pipeline_number, key, at_least)
 }
 
 /// Keeps a fault in place for `outage` (a fault's duration, not a wait for an event): checks

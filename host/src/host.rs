@@ -383,18 +383,8 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         };
         tasks.spawn(tenant.run());
     }
-    let mut failures = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        let failure = match r {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e,
-            Err(e) => format!("pipeline task panicked: {e}"),
-        };
-        tracing::error!("{failure}");
-        failures.push(failure);
-        // Only a strict host (or a panic) gets here with a failure: everything stops.
-        shutdown.cancel();
-    }
+    // Only a strict host (or a panic) sees a failure here: everything stops then.
+    let failures = sharehost::pipeline::join_failures(tasks, &shutdown).await;
     let pipelines = tenants.pipelines();
     for p in &pipelines {
         let s = p.status();

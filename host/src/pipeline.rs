@@ -2456,6 +2456,15 @@ pub async fn run_all(
     for p in pipelines {
         tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
     }
+    join_failures(tasks, &shutdown).await
+}
+
+/// Waits for every pipeline task of `tasks`; the first to fail (or panic) cancels `shutdown`,
+/// so the others drain too. Returns the failures, logged.
+pub async fn join_failures(
+    mut tasks: JoinSet<Result<(), String>>,
+    shutdown: &CancellationToken,
+) -> Vec<String> {
     let mut failures = Vec::new();
     while let Some(r) = tasks.join_next().await {
         let failure = match r {
