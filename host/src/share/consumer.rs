@@ -276,6 +276,8 @@ struct Shared {
     reserved: AtomicUsize,
     /// Final verdicts recorded (the caller's judging rate, for pacing).
     finals: AtomicU64,
+    /// Leaders serving assigned partitions now (each fetches within its share of the bound).
+    active_leaders: AtomicUsize,
     /// Whether fetches may acquire more (off while a caller drains what it holds).
     acquiring: std::sync::atomic::AtomicBool,
     /// Whether the coordinator answered the last heartbeat as a member of the group.
@@ -300,6 +302,31 @@ struct Shared {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a task panicked mid-update of plain bookkeeping; keep going.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Room a fetch in flight has taken from the in-flight bound, given back when the fetch is
+/// answered or dropped (a leader task aborted mid-request must not shrink the bound for good).
+struct Reservation {
+    shared: Arc<Shared>,
+    records: usize,
+}
+
+impl Reservation {
+    fn take(shared: &Arc<Shared>, records: usize) -> Self {
+        shared.reserved.fetch_add(records, Ordering::AcqRel);
+        Reservation {
+            shared: shared.clone(),
+            records,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.shared
+            .reserved
+            .fetch_sub(self.records, Ordering::AcqRel);
+    }
 }
 
 /// The caller's judging rate, measured over windows of at least [`PACE_WINDOW`].
@@ -557,6 +584,7 @@ impl ShareConsumer {
             in_flight: AtomicUsize::new(0),
             reserved: AtomicUsize::new(0),
             finals: AtomicU64::new(0),
+            active_leaders: AtomicUsize::new(1),
             acquiring: std::sync::atomic::AtomicBool::new(true),
             joined: std::sync::atomic::AtomicBool::new(false),
             pace: Mutex::new(Pace::default()),
@@ -985,6 +1013,9 @@ async fn fetch_supervisor(
                 None => unresolved = true,
             }
         }
+        shared
+            .active_leaders
+            .store(by_leader.len().max(1), Ordering::Relaxed);
         if unresolved {
             // An id we cannot name (a topic created after our metadata) or a leaderless
             // partition: refresh, and look again shortly.
@@ -1244,14 +1275,23 @@ impl LeaderWorker {
             return self.send_acks(conn, session, version, true).await;
         }
         let limit = self.shared.in_flight_limit();
+        // Each leader may hold (and ask for) its share of the bound: a leader whose partitions
+        // are empty long-polls with its request's room reserved, and took all of a small
+        // bound from a leader that still had records to give.
+        let leaders = self.shared.active_leaders.load(Ordering::Relaxed).max(1);
+        let share = limit.div_ceil(leaders);
+        let own = lock(&self.shared.leaders)
+            .get(&self.leader)
+            .map_or(0, |st| st.outstanding.len());
         let budget = limit
             .saturating_sub(self.shared.in_flight.load(Ordering::Relaxed))
-            .saturating_sub(self.shared.reserved.load(Ordering::Relaxed));
-        // Fetch in large steps: at least half the bound (or all of a small one) per ShareFetch,
+            .saturating_sub(self.shared.reserved.load(Ordering::Relaxed))
+            .min(share.saturating_sub(own));
+        // Fetch in large steps: at least half the share (or all of a small one) per ShareFetch,
         // whatever the caller's speed. A trickle of verdicts does not send a trickle of small
         // fetches (each costs the broker as much as a large one); it rides on a standalone
         // acknowledgement instead.
-        let step = (limit / 2).max(1).min(cfg.max_records.max(1) as usize);
+        let step = (share / 2).max(1).min(cfg.max_records.max(1) as usize);
         let budget = if budget >= step { budget } else { 0 };
         // While the caller still holds records of this leader, a fetch does not long-poll:
         // the verdicts it makes meanwhile would wait behind it, and when this member holds the
@@ -1352,8 +1392,7 @@ impl LeaderWorker {
             .min(i32::try_from(budget).unwrap_or(i32::MAX));
         // The room is taken until the answer is in, so other leaders fetching meanwhile ask
         // only for what is left.
-        let reserved = usize::try_from(max_records).unwrap_or(0);
-        self.shared.reserved.fetch_add(reserved, Ordering::AcqRel);
+        let _reserved = Reservation::take(&self.shared, usize::try_from(max_records).unwrap_or(0));
         self.shared.stats.fetches.fetch_add(1, Ordering::Relaxed);
         let req = ShareFetchRequest {
             group_id: cfg.group.clone(),
@@ -1396,7 +1435,7 @@ impl LeaderWorker {
                     .await
             }
         };
-        self.shared.reserved.fetch_sub(reserved, Ordering::AcqRel);
+        drop(_reserved);
         let held = self.shared.in_flight.load(Ordering::Relaxed) as u64;
         self.shared
             .stats
