@@ -100,10 +100,19 @@ fn trusting_manifest(
     path
 }
 
-/// Runs `sharehost SUBCOMMAND manifest` to its end; returns success and stdout + stderr.
+/// Runs `sharehost SUBCOMMAND manifest` to its end; returns success and stdout + stderr. `run`
+/// runs with `--strict`, which refuses to start when a pipeline cannot load (without it the
+/// host reports that pipeline failed and tries it again while the others run:
+/// tests/tenants.rs).
 fn sharehost_cmd(subcommand: &str, manifest: &Path) -> (bool, String) {
+    let strict: &[&str] = if subcommand == "run" {
+        &["--strict"]
+    } else {
+        &[]
+    };
     let out = Command::new(sharehost())
         .arg(subcommand)
+        .args(strict)
         .arg(manifest)
         .env("SHAREHOST_LOG", "warn")
         .output()
