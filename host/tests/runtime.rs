@@ -157,6 +157,48 @@ async fn spinning_guest_is_stopped_by_its_deadline() {
 }
 
 #[test]
+fn the_cpu_deadline_counts_the_guests_own_cpu_not_its_wait_for_a_turn() {
+    // Two guests spinning on one executor thread take turns at every epoch tick, so each
+    // computes about half the time. A CPU deadline measured by the wall clock cut each after
+    // half its budget; measured by the guest's own CPU time, each gets its whole budget, and
+    // the pair takes at least twice the budget of wall time (more on a busy machine, never
+    // less).
+    let cpu = Duration::from_millis(300);
+    let elapsed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let rt = runtime();
+            let spinner = || PluginLimits {
+                wall_deadline: Some(Duration::from_secs(60)),
+                ..limits()
+            };
+            let spin = guest("fixture_spin");
+            let mut a = rt.load(&spin, spinner(), Vec::new()).await.expect("load");
+            let mut b = rt.load(&spin, spinner(), Vec::new()).await.expect("load");
+            let batch = poison_batch();
+            let started = std::time::Instant::now();
+            let (fa, fb) = tokio::join!(a.handle(&batch), b.handle(&batch));
+            let elapsed = started.elapsed();
+            for f in [fa, fb] {
+                let fault = f.fault().cloned().expect("a spin is stopped");
+                assert_eq!(fault.kind, FaultKind::Timeout, "{}", fault.message);
+                assert!(
+                    fault.message.contains("CPU"),
+                    "stopped by its CPU deadline, not the wall clock: {}",
+                    fault.message
+                );
+            }
+            elapsed
+        });
+    assert!(
+        elapsed >= cpu * 3 / 2,
+        "two guests sharing one thread each got their whole {cpu:?} of CPU: {elapsed:?}"
+    );
+}
+
+#[test]
 fn a_guest_spinning_in_init_is_stopped_by_its_deadline() {
     // The epoch ticker parks while no guest runs and must be woken for instantiation and init
     // too: without it this load never returns (a spinning guest never yields to the timers).

@@ -969,7 +969,7 @@ impl Manifest {
                 &p.wall_deadline_ms,
                 &f("wall_deadline_ms"),
                 1..=3_600_000,
-                cpu_ms,
+                (cpu_ms * u64::from(crate::runtime::DEFAULT_WALL_PER_CPU)).min(3_600_000),
             )?;
             if wall_ms < cpu_ms {
                 let span = p.wall_deadline_ms.as_ref().map(|s| s.span());
@@ -1211,7 +1211,11 @@ component = "plugin.wasm"
         let m = parse(MINIMAL).expect("valid");
         let p = &m.pipelines[0];
         assert!(p.outputs.is_empty() && p.http.is_none() && p.secrets.is_empty());
-        assert_eq!(p.wall_deadline, p.cpu_deadline);
+        assert_eq!(
+            p.wall_deadline,
+            p.cpu_deadline * 3,
+            "three CPU budgets by default"
+        );
     }
 
     #[test]

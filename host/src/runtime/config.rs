@@ -70,7 +70,8 @@ pub struct PluginLimits {
     /// when it is spent is interrupted at the next epoch tick (timeout fault).
     pub batch_deadline: Duration,
     /// Wall-clock budget of one call, beside the CPU budget (never shorter than it): a plugin
-    /// waiting on HTTP burns no CPU but must still end. `None`: the same as `batch_deadline`.
+    /// waiting on HTTP burns no CPU but must still end. `None`: [`DEFAULT_WALL_PER_CPU`] times
+    /// `batch_deadline`.
     pub wall_deadline: Option<Duration>,
     /// Instance reuse policy.
     pub instance_mode: InstanceMode,
@@ -102,11 +103,18 @@ impl Default for PluginLimits {
     }
 }
 
+/// The default wall-clock budget of a call, in CPU budgets: the CPU deadline counts only the
+/// guest's own CPU time, and on a machine (or executor) shared three ways a plugin gets its
+/// CPU within about three times its wall time.
+pub const DEFAULT_WALL_PER_CPU: u32 = 3;
+
 impl PluginLimits {
-    /// The wall-clock budget of one call: `wall_deadline`, never shorter than the CPU budget.
+    /// The wall-clock budget of one call: `wall_deadline`, never shorter than the CPU budget;
+    /// by default [`DEFAULT_WALL_PER_CPU`] times it, so a plugin whose turns a busy machine
+    /// spreads out still gets its whole CPU budget.
     pub fn wall_budget(&self) -> Duration {
         self.wall_deadline
-            .unwrap_or(self.batch_deadline)
+            .unwrap_or(self.batch_deadline * DEFAULT_WALL_PER_CPU)
             .max(self.batch_deadline)
     }
 }

@@ -11,6 +11,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -116,27 +117,82 @@ pub(crate) enum Deadline {
     Wall,
 }
 
-/// Where a call's time goes: guest time is wall time minus time inside host calls.
+/// The CPU time the calling thread has used.
+pub(crate) fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// A guest slice's start when it resumes after a time-slice yield: written by the yield's
+/// future on the thread that resumes the guest (which the store cannot see), read at the next
+/// epoch tick or host call. `u64::MAX`: not resumed yet.
+#[derive(Debug, Clone)]
+pub(crate) struct ResumeMark(Arc<AtomicU64>);
+
+impl Default for ResumeMark {
+    fn default() -> Self {
+        ResumeMark(Arc::new(AtomicU64::new(u64::MAX)))
+    }
+}
+
+impl ResumeMark {
+    /// Marks that the guest resumes now, on this thread.
+    pub(crate) fn resumed(&self) {
+        let nanos = u64::try_from(thread_cpu().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.0.store(nanos, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> Option<Duration> {
+        match self.0.swap(u64::MAX, Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+}
+
+/// Where a call's time goes. Guest time is the CPU time of the threads that ran the guest,
+/// measured slice by slice (from the call's start, a resumption after a time-slice yield or
+/// the return from a host call, to the next epoch tick or host call): neither waiting in host
+/// calls (HTTP) nor waiting for a turn on a busy machine or executor counts against the CPU
+/// deadline. The wall-clock deadline bounds the call whatever it waits for.
 struct CallClock {
-    started: Instant,
     cpu_budget: Duration,
     wall_deadline: Instant,
     in_host: Duration,
     host_since: Option<Instant>,
+    /// Guest CPU time of the slices that ended.
+    guest_cpu: Duration,
+    /// The thread CPU time at the start of the slice running now (`None`: in a host call or
+    /// yielded).
+    slice_from: Option<Duration>,
+    resume: ResumeMark,
 }
 
 impl CallClock {
-    fn new(started: Instant, cpu_budget: Duration, wall_deadline: Instant) -> Self {
+    fn new(cpu_budget: Duration, wall_deadline: Instant) -> Self {
         Self {
-            started,
             cpu_budget,
             wall_deadline,
             in_host: Duration::ZERO,
             host_since: None,
+            guest_cpu: Duration::ZERO,
+            slice_from: Some(thread_cpu()),
+            resume: ResumeMark::default(),
+        }
+    }
+
+    /// Ends the slice running on this thread (if any), adding its CPU time.
+    fn end_slice(&mut self) {
+        if let Some(from) = self.slice_from.take().or_else(|| self.resume.take()) {
+            self.guest_cpu += thread_cpu().saturating_sub(from);
         }
     }
 
     fn entered_host(&mut self, now: Instant) {
+        self.end_slice();
         // Host calls do not nest in a component instance; keep the outermost entry if they do.
         self.host_since.get_or_insert(now);
     }
@@ -145,6 +201,10 @@ impl CallClock {
         if let Some(since) = self.host_since.take() {
             self.in_host += now.saturating_duration_since(since);
         }
+        // The guest resumes here: a resumption mark written on the way back (wasmtime may
+        // bracket a time-slice yield as a host call) starts no second slice later.
+        self.resume.take();
+        self.slice_from = Some(thread_cpu());
     }
 
     fn host_time(&self, now: Instant) -> Duration {
@@ -154,9 +214,15 @@ impl CallClock {
                 .map_or(Duration::ZERO, |s| now.saturating_duration_since(s))
     }
 
-    fn guest_time(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(self.started)
-            .saturating_sub(self.host_time(now))
+    fn guest_time(&self) -> Duration {
+        self.guest_cpu
+    }
+
+    /// At an epoch tick, on the thread running the guest: ends the slice so far and starts
+    /// the next one now (the guest goes on here unless the tick yields it).
+    fn tick(&mut self) {
+        self.end_slice();
+        self.slice_from = Some(thread_cpu());
     }
 }
 
@@ -189,7 +255,7 @@ impl StoreState {
             log: LogBudget::default(),
             stdout,
             stderr,
-            clock: CallClock::new(now, Duration::ZERO, now),
+            clock: CallClock::new(Duration::ZERO, now),
             timed_out: None,
         }
     }
@@ -198,17 +264,26 @@ impl StoreState {
     /// spent waiting in host calls, e.g. on HTTP, does not count) within `wall` of wall time.
     pub(crate) fn begin_call(&mut self, cpu: Duration, wall: Duration) {
         let now = Instant::now();
-        self.clock = CallClock::new(now, cpu, now + wall.max(cpu));
+        self.clock = CallClock::new(cpu, now + wall.max(cpu));
         self.timed_out = None;
         self.log = LogBudget::default();
     }
 
-    /// Called on every epoch tick: which deadline, if any, has passed.
+    /// The guest is about to yield its turn at an epoch tick: its slice ended at the tick, and
+    /// the returned mark starts the next one when the yield's future resumes it.
+    pub(crate) fn yielding(&mut self) -> ResumeMark {
+        self.clock.slice_from = None;
+        self.clock.resume.clone()
+    }
+
+    /// Called on every epoch tick, on the thread running the guest: which deadline, if any,
+    /// has passed.
     pub(crate) fn check_deadlines(&mut self) -> Option<Deadline> {
         let now = Instant::now();
+        self.clock.tick();
         let passed = if now >= self.clock.wall_deadline {
             Some(Deadline::Wall)
-        } else if self.clock.guest_time(now) >= self.clock.cpu_budget {
+        } else if self.clock.guest_time() >= self.clock.cpu_budget {
             Some(Deadline::Cpu)
         } else {
             None
@@ -232,7 +307,7 @@ impl StoreState {
     /// Guest time and host-call time of the call so far (for fault messages).
     pub(crate) fn times(&self) -> (Duration, Duration) {
         let now = Instant::now();
-        (self.clock.guest_time(now), self.clock.host_time(now))
+        (self.clock.guest_time(), self.clock.host_time(now))
     }
 
     /// Logs what the guest printed during the call (bounded) and returns its stderr text

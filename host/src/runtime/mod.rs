@@ -39,7 +39,7 @@ mod validate;
 pub use batch::Record;
 pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
-pub use config::{InstanceMode, PluginLimits, RuntimeConfig};
+pub use config::{DEFAULT_WALL_PER_CPU, InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, Compiled, Origin, Placement, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
 pub use http::{

@@ -604,10 +604,15 @@ impl Plugin {
             if ctx.data_mut().check_deadlines().is_some() {
                 return Ok(UpdateDeadline::Interrupt);
             }
-            // Time-slice: give other tasks on this executor thread a turn every tick.
+            // Time-slice: give other tasks on this executor thread a turn every tick; the
+            // guest's CPU clock stops until it resumes.
+            let mark = ctx.data_mut().yielding();
             Ok(UpdateDeadline::YieldCustom(
                 1,
-                Box::pin(tokio::task::yield_now()),
+                Box::pin(async move {
+                    tokio::task::yield_now().await;
+                    mark.resumed();
+                }),
             ))
         });
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
