@@ -572,9 +572,16 @@ fn render_pipelines(out: &mut dyn Write, value: &Value) -> Result<()> {
             counter(p, "in_flight"),
             counter(p, "component"),
         )?;
-        for key in ["signer", "last_swap_error"] {
+        for key in [
+            "error",
+            "last_error",
+            "unmapped_outputs",
+            "signer",
+            "last_swap_error",
+        ] {
             match p.get(key) {
                 None | Some(Value::Null) => {}
+                Some(Value::Array(a)) if a.is_empty() => {}
                 Some(v) => writeln!(out, "  {key}: {}", inline(v))?,
             }
         }
@@ -831,6 +838,28 @@ pub fn utc(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_pipeline_shows_its_error_and_a_misconfigured_one_its_outputs() {
+        let value = serde_json::json!([
+            {"name": "bad", "state": "failed", "error": "init refused the configuration", "attempts": 3},
+            {"name": "good", "state": "running", "unmapped_outputs": [], "last_error": null},
+            {"name": "split", "state": "running", "unmapped_outputs": ["urgent"]},
+        ]);
+        let mut out = Vec::new();
+        render_pipelines(&mut out, &value).expect("render");
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.contains("  error: init refused the configuration"),
+            "{text}"
+        );
+        assert!(text.contains("  unmapped_outputs: [\"urgent\"]"), "{text}");
+        assert_eq!(
+            text.matches("unmapped_outputs").count(),
+            1,
+            "an empty list is not shown: {text}"
+        );
+    }
 
     #[test]
     fn admin_urls_become_an_address_and_a_prefix() {

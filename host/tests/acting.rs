@@ -175,8 +175,15 @@ async fn the_emit_bounds_of_a_batch_refuse_the_excess_and_nothing_is_dropped_sil
 #[tokio::test]
 async fn emits_of_an_isolated_sub_batch_keep_their_place_in_the_whole_batch() {
     let mut plugin = actor(limits(&["valid"]), &[]).await;
-    // `spin:5000` runs past the 2 s CPU deadline: the batch faults and is split.
-    let records = batch(&["emit:valid:a", "spin:5000", "emit:valid:c", "emit:valid:d"]);
+    // `spin:600000` computes for ten minutes of wall time: past the 2 s CPU deadline (or the
+    // 6 s wall-clock one, on a machine too busy to give it 2 s of CPU first), so the batch
+    // faults and is split.
+    let records = batch(&[
+        "emit:valid:a",
+        "spin:600000",
+        "emit:valid:c",
+        "emit:valid:d",
+    ]);
     let judged = plugin
         .handle_isolating(&records, &Verdict::Release, 8)
         .await;

@@ -9,6 +9,7 @@
 //! from the guest. A guest that wants more must call again, and between calls its deadline
 //! applies.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,49 +127,89 @@ pub(crate) fn thread_cpu() -> Duration {
     )
 }
 
-/// A guest slice's start when it resumes after a time-slice yield: written by the yield's
-/// future on the thread that resumes the guest (which the store cannot see), read at the next
-/// epoch tick or host call. `u64::MAX`: not resumed yet.
-#[derive(Debug, Clone)]
-pub(crate) struct ResumeMark(Arc<AtomicU64>);
-
-impl Default for ResumeMark {
-    fn default() -> Self {
-        ResumeMark(Arc::new(AtomicU64::new(u64::MAX)))
-    }
+/// The CPU time one call has used: the thread CPU clock, read at the start and the end of
+/// every poll of the call's future ([`Metered`]). What runs inside a poll counts (the guest,
+/// and the host's own work for it: a copy, a header map, a TLS record); what happens between
+/// polls does not (waiting on a socket or a timer, waiting for a turn after a time-slice
+/// yield, other work on a busy machine).
+#[derive(Debug, Default)]
+pub(crate) struct CpuMeter {
+    /// CPU time of the polls that ended, in nanoseconds.
+    spent: AtomicU64,
+    /// The thread CPU time at the start of the poll under way (`u64::MAX`: none).
+    from: AtomicU64,
 }
 
-impl ResumeMark {
-    /// Marks that the guest resumes now, on this thread.
-    pub(crate) fn resumed(&self) {
-        let nanos = u64::try_from(thread_cpu().as_nanos()).unwrap_or(u64::MAX - 1);
-        self.0.store(nanos, Ordering::Relaxed);
+impl CpuMeter {
+    fn new() -> Arc<Self> {
+        Arc::new(CpuMeter {
+            spent: AtomicU64::new(0),
+            from: AtomicU64::new(u64::MAX),
+        })
     }
 
-    fn take(&self) -> Option<Duration> {
-        match self.0.swap(u64::MAX, Ordering::Relaxed) {
-            u64::MAX => None,
-            n => Some(Duration::from_nanos(n)),
+    fn nanos(d: Duration) -> u64 {
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The CPU time so far, the poll under way included (read on the polling thread).
+    pub(crate) fn spent(&self) -> Duration {
+        let spent = Duration::from_nanos(self.spent.load(Ordering::Relaxed));
+        match self.from.load(Ordering::Relaxed) {
+            u64::MAX => spent,
+            from => spent + thread_cpu().saturating_sub(Duration::from_nanos(from)),
+        }
+    }
+
+    fn poll_started(&self) {
+        self.from
+            .store(Self::nanos(thread_cpu()), Ordering::Relaxed);
+    }
+
+    fn poll_ended(&self) {
+        let from = self.from.swap(u64::MAX, Ordering::Relaxed);
+        if from != u64::MAX {
+            let d = Self::nanos(thread_cpu()).saturating_sub(from);
+            self.spent.fetch_add(d, Ordering::Relaxed);
         }
     }
 }
 
-/// Where a call's time goes. Guest time is the CPU time of the threads that ran the guest,
-/// measured slice by slice (from the call's start, a resumption after a time-slice yield or
-/// the return from a host call, to the next epoch tick or host call): neither waiting in host
-/// calls (HTTP) nor waiting for a turn on a busy machine or executor counts against the CPU
-/// deadline. The wall-clock deadline bounds the call whatever it waits for.
+/// A call's future, its CPU time measured poll by poll by its [`CpuMeter`]. Boxed so that it
+/// is `Unpin` without unsafe pin projection.
+pub(crate) struct Metered<F> {
+    inner: Pin<Box<F>>,
+    meter: Arc<CpuMeter>,
+}
+
+impl<F: Future> Metered<F> {
+    pub(crate) fn new(inner: F, meter: Arc<CpuMeter>) -> Self {
+        Metered {
+            inner: Box::pin(inner),
+            meter,
+        }
+    }
+}
+
+impl<F: Future> Future for Metered<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.meter.poll_started();
+        let r = self.inner.as_mut().poll(cx);
+        self.meter.poll_ended();
+        r
+    }
+}
+
+/// Where a call's time goes: guest time is its CPU time ([`CpuMeter`]), host time the wall
+/// time spent inside host calls (for fault messages).
 struct CallClock {
     cpu_budget: Duration,
     wall_deadline: Instant,
     in_host: Duration,
     host_since: Option<Instant>,
-    /// Guest CPU time of the slices that ended.
-    guest_cpu: Duration,
-    /// The thread CPU time at the start of the slice running now (`None`: in a host call or
-    /// yielded).
-    slice_from: Option<Duration>,
-    resume: ResumeMark,
+    meter: Arc<CpuMeter>,
 }
 
 impl CallClock {
@@ -178,21 +219,11 @@ impl CallClock {
             wall_deadline,
             in_host: Duration::ZERO,
             host_since: None,
-            guest_cpu: Duration::ZERO,
-            slice_from: Some(thread_cpu()),
-            resume: ResumeMark::default(),
-        }
-    }
-
-    /// Ends the slice running on this thread (if any), adding its CPU time.
-    fn end_slice(&mut self) {
-        if let Some(from) = self.slice_from.take().or_else(|| self.resume.take()) {
-            self.guest_cpu += thread_cpu().saturating_sub(from);
+            meter: CpuMeter::new(),
         }
     }
 
     fn entered_host(&mut self, now: Instant) {
-        self.end_slice();
         // Host calls do not nest in a component instance; keep the outermost entry if they do.
         self.host_since.get_or_insert(now);
     }
@@ -201,10 +232,6 @@ impl CallClock {
         if let Some(since) = self.host_since.take() {
             self.in_host += now.saturating_duration_since(since);
         }
-        // The guest resumes here: a resumption mark written on the way back (wasmtime may
-        // bracket a time-slice yield as a host call) starts no second slice later.
-        self.resume.take();
-        self.slice_from = Some(thread_cpu());
     }
 
     fn host_time(&self, now: Instant) -> Duration {
@@ -215,14 +242,7 @@ impl CallClock {
     }
 
     fn guest_time(&self) -> Duration {
-        self.guest_cpu
-    }
-
-    /// At an epoch tick, on the thread running the guest: ends the slice so far and starts
-    /// the next one now (the guest goes on here unless the tick yields it).
-    fn tick(&mut self) {
-        self.end_slice();
-        self.slice_from = Some(thread_cpu());
+        self.meter.spent()
     }
 }
 
@@ -260,8 +280,9 @@ impl StoreState {
         }
     }
 
-    /// Resets the per-call budgets before a call into the guest: `cpu` of guest time (time
-    /// spent waiting in host calls, e.g. on HTTP, does not count) within `wall` of wall time.
+    /// Resets the per-call budgets before a call into the guest: `cpu` of CPU time (the call's
+    /// own, see [`CpuMeter`]: waiting in host calls, e.g. on HTTP, does not count) within `wall`
+    /// of wall time.
     pub(crate) fn begin_call(&mut self, cpu: Duration, wall: Duration) {
         let now = Instant::now();
         self.clock = CallClock::new(cpu, now + wall.max(cpu));
@@ -269,18 +290,16 @@ impl StoreState {
         self.log = LogBudget::default();
     }
 
-    /// The guest is about to yield its turn at an epoch tick: its slice ended at the tick, and
-    /// the returned mark starts the next one when the yield's future resumes it.
-    pub(crate) fn yielding(&mut self) -> ResumeMark {
-        self.clock.slice_from = None;
-        self.clock.resume.clone()
+    /// The meter of the call [`StoreState::begin_call`] started: wrap the call's future in a
+    /// [`Metered`] with it.
+    pub(crate) fn meter(&self) -> Arc<CpuMeter> {
+        self.clock.meter.clone()
     }
 
     /// Called on every epoch tick, on the thread running the guest: which deadline, if any,
     /// has passed.
     pub(crate) fn check_deadlines(&mut self) -> Option<Deadline> {
         let now = Instant::now();
-        self.clock.tick();
         let passed = if now >= self.clock.wall_deadline {
             Some(Deadline::Wall)
         } else if self.clock.guest_time() >= self.clock.cpu_budget {

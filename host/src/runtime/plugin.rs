@@ -14,7 +14,7 @@ use super::bindings_v01::sharehost::plugin::types::Verdict as WireVerdictV01;
 use super::config::{InstanceMode, PluginLimits};
 use super::engine::{Compiled, Origin, Placement, PluginRuntime};
 use super::error::LoadError;
-use super::host::{Deadline, Drained, HOSTCALL_FUEL, StoreState};
+use super::host::{Deadline, Drained, HOSTCALL_FUEL, Metered, StoreState};
 use super::outputs::Emit;
 use super::secrets::Secrets;
 pub use sharehost_bounded_lift::Verdict;
@@ -501,6 +501,7 @@ impl Plugin {
         let _ticking = self.runtime.guest_running();
         let state = warm.store.data_mut();
         state.begin_call(cpu, wall);
+        let meter = state.meter();
         state.emits.begin(u32::try_from(n).ok());
         warm.store.set_epoch_deadline(1);
         let handle = warm.handle;
@@ -527,7 +528,8 @@ impl Plugin {
             };
             Ok::<_, wasmtime::Error>(list)
         });
-        let result = tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, call).await;
+        let result =
+            tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(call, meter)).await;
         let state = warm.store.data_mut();
         let emits = state.emits.finish();
         let emits_refused = state.emits.refused;
@@ -604,20 +606,17 @@ impl Plugin {
             if ctx.data_mut().check_deadlines().is_some() {
                 return Ok(UpdateDeadline::Interrupt);
             }
-            // Time-slice: give other tasks on this executor thread a turn every tick; the
-            // guest's CPU clock stops until it resumes.
-            let mark = ctx.data_mut().yielding();
+            // Time-slice: give other tasks on this executor thread a turn every tick (the
+            // call's CPU meter stops between polls).
             Ok(UpdateDeadline::YieldCustom(
                 1,
-                Box::pin(async move {
-                    tokio::task::yield_now().await;
-                    mark.resumed();
-                }),
+                Box::pin(tokio::task::yield_now()),
             ))
         });
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
         store.data_mut().begin_call(cpu, wall);
+        let meter = store.data().meter();
         store.data_mut().emits.begin(None);
         store.set_epoch_deadline(1);
         let init_fault = |kind: FaultKind, message: String| Fault {
@@ -660,7 +659,8 @@ impl Plugin {
             };
             Ok::<_, wasmtime::Error>((handle, r))
         };
-        let result = tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, setup).await;
+        let result =
+            tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(setup, meter)).await;
         let drained = store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
