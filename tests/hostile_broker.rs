@@ -7,42 +7,20 @@
 //! reserve tens of gigabytes and the whole test process aborted (SIGABRT, "memory allocation
 //! of ... bytes failed").
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::ApiKey;
 use sharehost::kafka::{
     Compression, ConnectionConfig, ErrorClass, KafkaClient, KafkaError, ProduceRecord,
 };
+use sharehost_tests::CapturedLog;
 use sharehost_tests::fake_broker::{Answer, FakeBroker, NODE_ID, TOPIC, lying_array_body};
 
 /// Log lines of the current test (the subscriber is thread-local; tokio's test runtime runs
 /// the client's tasks on this thread).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
-    let logs = Logs::default();
+fn capture_logs() -> (CapturedLog, tracing::subscriber::DefaultGuard) {
+    let logs = CapturedLog::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())

@@ -258,6 +258,16 @@ struct OutputLedger {
     duplicates: usize,
 }
 
+impl OutputLedger {
+    /// Sources with an output written on a later delivery (a delivery spent on the way).
+    fn redelivered(&self) -> usize {
+        self.by_id
+            .values()
+            .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
+            .count()
+    }
+}
+
 /// The accepted ids of a scenario: every id the plugins reported accepting.
 fn accepted(seen: &[&Seen]) -> HashSet<String> {
     seen.iter()
@@ -465,11 +475,7 @@ async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acqui
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
     let outputs = s.check_outputs(&ledger, &accepted(&[&seen])).await;
-    let redelivered = outputs
-        .by_id
-        .values()
-        .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
-        .count();
+    let redelivered = outputs.redelivered();
     report(&format!(
         "outputs {}: waited for its output topic, then sources redelivered {redelivered}, released unwritten {}",
         s.name,
@@ -516,11 +522,7 @@ async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no
     let outputs = s
         .check_outputs_with(&ledger, &accepted(&[&seen]), earlier)
         .await;
-    let redelivered = outputs
-        .by_id
-        .values()
-        .filter(|o| o.iter().any(|o| o.delivery_count >= 2))
-        .count();
+    let redelivered = outputs.redelivered();
     report(&format!(
         "outputs {}: output topic gone 40 s, failed produce requests {failures}, sources redelivered {redelivered}, released unwritten {}",
         s.name,

@@ -56,6 +56,17 @@ config = {{ }}
     path
 }
 
+/// A manifest of one pipeline named `ledger` running guest `component` on `topic` in `group`,
+/// with `settings` (more pipeline lines), written to a fresh directory.
+fn one_pipeline(topic: &str, group: &str, component: &str, settings: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let text = ledger_manifest(&bootstrap(), topic, group, &guest(component), "", settings);
+    let manifest = dir.join("manifest.toml");
+    std::fs::write(&manifest, text).expect("write manifest");
+    manifest
+}
+
 /// Polls `GET /pipelines` until `cond` holds for the entry named `name` (the host's own view;
 /// there is nothing finer to wait on from outside).
 fn pipeline_until(
@@ -166,18 +177,12 @@ async fn a_delivery_cap_above_the_groups_delivery_limit_is_refused_naming_both()
     let (topic, dlq) = topic_with_dead_letters(&client, "tenants-cap", 1, 1).await;
     let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "3")]).await;
     produce_ids(&client, &topic, 1, 0..10).await;
-    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let text = ledger_manifest(
-        &bootstrap(),
+    let manifest = one_pipeline(
         &topic,
         &group,
-        &guest("fixture_ledger"),
-        "",
+        "fixture_ledger",
         &format!("delivery_cap = 4\ndead_letter_topic = \"{dlq}\"\n"),
     );
-    let manifest = dir.join("cap.toml");
-    std::fs::write(&manifest, text).expect("write manifest");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
     let p =
@@ -221,18 +226,12 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         .produce(&topic, 0, &orders, sharehost::kafka::Compression::None)
         .await
         .expect("produce");
-    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let text = ledger_manifest(
-        &bootstrap(),
+    let manifest = one_pipeline(
         &topic,
         &group,
-        &guest("splitter"),
-        "",
+        "splitter",
         &format!("dead_letter_topic = \"{dlq}\"\n[pipeline.outputs]\nnormal = \"{normal}\"\n"),
     );
-    let manifest = dir.join("unmapped.toml");
-    std::fs::write(&manifest, text).expect("write manifest");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
     let (p, ready) = blocking(move || {
@@ -284,18 +283,12 @@ async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_c
     let client = Arc::new(client().await);
     let (topic, dlq) = topic_with_dead_letters(&client, "tenants-metrics", 1, 1).await;
     let group = fresh_group(&client, None).await;
-    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let text = ledger_manifest(
-        &bootstrap(),
+    let manifest = one_pipeline(
         &topic,
         &group,
-        &guest("fixture_ledger"),
-        "",
+        "fixture_ledger",
         &format!("dead_letter_topic = \"{dlq}\"\n"),
     );
-    let manifest = dir.join("metrics.toml");
-    std::fs::write(&manifest, text).expect("write manifest");
     let host = blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await;
     // Before any record: the host has only just announced its admin address.
     let (_, text) = host.http("GET", "/metrics", "");

@@ -10,35 +10,10 @@
 //! in its process, with the global subscriber installed before anything logs, every call site
 //! is registered with it.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sharehost::runtime::{PluginLimits, Record};
-use sharehost_tests::{guest, plugin_record as record, plugin_runtime as runtime};
-
-/// A `tracing` writer that keeps everything in memory, to check what the host logged.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use sharehost_tests::{CapturedLog, guest, plugin_record as record, plugin_runtime as runtime};
 
 fn poison_batch() -> Vec<Record> {
     vec![
@@ -50,7 +25,7 @@ fn poison_batch() -> Vec<Record> {
 
 #[tokio::test]
 async fn guest_output_is_logged_with_the_plugin_name_and_bounded() {
-    let captured = Captured::default();
+    let captured = CapturedLog::default();
     let writer = captured.clone();
     tracing::subscriber::set_global_default(
         tracing_subscriber::fmt()
