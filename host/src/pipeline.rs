@@ -1313,8 +1313,8 @@ impl Pipeline {
         cfg.pace_within = Some(PACE_WITHIN);
         // `max_in_flight` is a hard bound: the broker acquires at most MaxRecords per request
         // (across its partitions). Batch-optimized acquisition rounds up to whole producer
-        // batches and overshot it by thousands; with large fetches only the last producer
-        // batch of a request is split.
+        // batches, past the bound by up to a batch per partition; with large fetches only the
+        // last producer batch of a request is split.
         cfg.acquire_mode = AcquireMode::RecordLimit;
         cfg.min_in_flight = spec.batch_size.saturating_mul(spec.concurrency);
         // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
