@@ -630,6 +630,22 @@ impl KafkaClient {
         .await
     }
 
+    /// The first error among an admin response's per-resource (code, message) pairs, named
+    /// with a broker this client reaches (admin requests go to any broker).
+    async fn admin_errors<'a>(
+        &self,
+        api: ApiKey,
+        codes: impl Iterator<Item = (i16, Option<&'a str>)>,
+    ) -> Result<()> {
+        let (_, conn) = self.any_connection().await?;
+        for (code, message) in codes {
+            if let Some(e) = KafkaError::from_code(conn.broker(), api, 0, code, message) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Creates a topic (replication factor 1 unless given) and waits until metadata shows its
     /// leaders. An existing topic is an error with code TopicAlreadyExists.
     pub async fn create_topic(
@@ -658,18 +674,13 @@ impl KafkaClient {
                     ),
             ]);
         let resp = self.send_any(&req).await?;
-        let (_, conn) = self.any_connection().await?;
-        for t in &resp.topics {
-            if let Some(e) = KafkaError::from_code(
-                conn.broker(),
-                ApiKey::CreateTopics,
-                0,
-                t.error_code,
-                t.error_message.as_deref(),
-            ) {
-                return Err(e);
-            }
-        }
+        self.admin_errors(
+            ApiKey::CreateTopics,
+            resp.topics
+                .iter()
+                .map(|t| (t.error_code, t.error_message.as_deref())),
+        )
+        .await?;
         // Leaders appear in metadata shortly after creation; wait for all of them.
         let deadline = Instant::now() + self.config.request_timeout;
         let mut backoff = Backoff::with_deadline(
@@ -737,18 +748,13 @@ impl KafkaClient {
                 ),
         ]);
         let resp = self.send_any(&req).await?;
-        let (_, conn) = self.any_connection().await?;
-        for r in &resp.responses {
-            if let Some(e) = KafkaError::from_code(
-                conn.broker(),
-                ApiKey::IncrementalAlterConfigs,
-                0,
-                r.error_code,
-                r.error_message.as_deref(),
-            ) {
-                return Err(e);
-            }
-        }
+        self.admin_errors(
+            ApiKey::IncrementalAlterConfigs,
+            resp.responses
+                .iter()
+                .map(|r| (r.error_code, r.error_message.as_deref())),
+        )
+        .await?;
         Ok(())
     }
 
@@ -762,18 +768,13 @@ impl KafkaClient {
                 .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_owned())])),
         ]);
         let resp = self.send_any(&req).await?;
-        let (_, conn) = self.any_connection().await?;
-        for r in &resp.results {
-            if let Some(e) = KafkaError::from_code(
-                conn.broker(),
-                ApiKey::DescribeConfigs,
-                0,
-                r.error_code,
-                r.error_message.as_deref(),
-            ) {
-                return Err(e);
-            }
-        }
+        self.admin_errors(
+            ApiKey::DescribeConfigs,
+            resp.results
+                .iter()
+                .map(|r| (r.error_code, r.error_message.as_deref())),
+        )
+        .await?;
         Ok(resp
             .results
             .iter()
@@ -792,18 +793,13 @@ impl KafkaClient {
                     .with_name(Some(TopicName(StrBytes::from_string(name.to_owned())))),
             ]);
         let resp = self.send_any(&req).await?;
-        let (_, conn) = self.any_connection().await?;
-        for r in &resp.responses {
-            if let Some(e) = KafkaError::from_code(
-                conn.broker(),
-                ApiKey::DeleteTopics,
-                0,
-                r.error_code,
-                r.error_message.as_deref(),
-            ) {
-                return Err(e);
-            }
-        }
+        self.admin_errors(
+            ApiKey::DeleteTopics,
+            resp.responses
+                .iter()
+                .map(|r| (r.error_code, r.error_message.as_deref())),
+        )
+        .await?;
         let _ = self.refresh_metadata(&[name.to_owned()]).await;
         Ok(())
     }
