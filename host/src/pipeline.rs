@@ -2083,18 +2083,17 @@ impl Pipeline {
         permit: &Mutex<Option<OwnedSemaphorePermit>>,
     ) -> Vec<(&'r ShareRecord, String)> {
         let mut writes = Vec::new();
-        let mut unmapped = Vec::new();
         for (owner, (r, emits)) in producing.iter().enumerate() {
             for e in emits {
-                match self.spec.outputs.get(&*e.output) {
-                    Some(topic) => writes.push(Write::new(
+                // A record with an emit to an unmapped output never gets here: `judge`
+                // rejects it.
+                if let Some(topic) = self.spec.outputs.get(&*e.output) {
+                    writes.push(Write::new(
                         owner,
                         topic,
                         PartitionBy::KeyOrSource(r.partition.partition),
                         output_record(r, e),
-                    )),
-                    // Records with such emits are rejected before they get here (`judge`).
-                    None => unmapped.push((owner, e.output.clone())),
+                    ));
                 }
             }
         }
@@ -2103,22 +2102,9 @@ impl Pipeline {
         let landings = self
             .write(client, consumer, &records, writes, "output", stop, permit)
             .await;
-        let mut misdirected: Vec<Option<String>> = vec![None; producing.len()];
-        for (owner, output) in unmapped {
-            misdirected[owner] = Some(self.misdirected(&output));
-        }
         let (mut accepted, mut released, mut unwritable) = (Vec::new(), Vec::new(), Vec::new());
         let (mut produced, mut failed) = (0u64, 0u64);
-        for (owner, ((r, _), (landing, n))) in producing
-            .iter()
-            .zip(landings.into_iter().zip(per_owner))
-            .enumerate()
-        {
-            if let Some(why) = misdirected[owner].take() {
-                failed += n;
-                unwritable.push((*r, why));
-                continue;
-            }
+        for ((r, _), (landing, n)) in producing.iter().zip(landings.into_iter().zip(per_owner)) {
             match landing {
                 Landing::Landed => {
                     produced += n;
