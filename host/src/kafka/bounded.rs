@@ -413,7 +413,10 @@ fn schema(api: ApiKey) -> Option<Body> {
 /// Whether responses to `api` are decoded by our own bounded decoders (`share::codec`), which
 /// need no pre-pass.
 fn own_decoder(api: ApiKey) -> bool {
-    matches!(api, ApiKey::ShareFetch | ApiKey::ShareAcknowledge)
+    matches!(
+        api,
+        ApiKey::ShareFetch | ApiKey::ShareAcknowledge | ApiKey::DescribeShareGroupOffsets
+    )
 }
 
 /// Checks a response body (the bytes after the response header) of `api` at `version`: every

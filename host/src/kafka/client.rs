@@ -44,6 +44,8 @@ const METADATA_VERSIONS: VersionRange = VersionRange { min: 10, max: 13 };
 pub const CONFIG_RESOURCE_GROUP: i8 = 32;
 /// Config resource type of topics.
 pub const CONFIG_RESOURCE_TOPIC: i8 = 2;
+/// ConfigResource type BROKER (4), for DescribeConfigs.
+pub const CONFIG_RESOURCE_BROKER: i8 = 4;
 
 /// One partition's place in the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -758,16 +760,49 @@ impl KafkaClient {
         Ok(())
     }
 
+    /// The finalized level of cluster feature `name` (e.g. `share.version`), from any broker.
+    pub async fn feature_level(&self, name: &str) -> Result<Option<i16>> {
+        let (_, conn) = self.any_connection().await?;
+        Ok(conn.feature(name))
+    }
+
+    /// The effective value of broker config `key` on one broker of the cluster (asked of that
+    /// broker itself, as broker resources must be), `None` when the broker does not know it.
+    pub async fn broker_config(&self, key: &str) -> Result<Option<String>> {
+        let (id, conn) = self.any_connection().await?;
+        let Some(id) = id else {
+            return Ok(None);
+        };
+        let req = describe_request(CONFIG_RESOURCE_BROKER, &id.to_string(), key);
+        let resp = conn.send(&req).await?;
+        self.config_value(resp, key).await
+    }
+
     /// The effective value of group config `key` for `group` (the group's own, else the
     /// broker's default the group inherits), `None` when the broker does not know the key.
     pub async fn group_config(&self, group: &str, key: &str) -> Result<Option<String>> {
-        let req = DescribeConfigsRequest::default().with_resources(vec![
-            DescribeConfigsResource::default()
-                .with_resource_type(CONFIG_RESOURCE_GROUP)
-                .with_resource_name(StrBytes::from_string(group.to_owned()))
-                .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_owned())])),
-        ]);
+        self.describe_config(CONFIG_RESOURCE_GROUP, group, key)
+            .await
+    }
+
+    /// One config of one resource (DescribeConfigs).
+    async fn describe_config(
+        &self,
+        resource_type: i8,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<String>> {
+        let req = describe_request(resource_type, name, key);
         let resp = self.send_any(&req).await?;
+        self.config_value(resp, key).await
+    }
+
+    /// The value of `key` in a DescribeConfigs answer, or the error it carries.
+    async fn config_value(
+        &self,
+        resp: kafka_protocol::messages::DescribeConfigsResponse,
+        key: &str,
+    ) -> Result<Option<String>> {
         self.admin_errors(
             ApiKey::DescribeConfigs,
             resp.results
@@ -808,4 +843,14 @@ impl KafkaClient {
 /// True when `e` says a topic already exists (tests create topics idempotently).
 pub fn is_topic_exists(e: &KafkaError) -> bool {
     e.code() == Some(ResponseError::TopicAlreadyExists)
+}
+
+/// A DescribeConfigs request for one key of one resource.
+fn describe_request(resource_type: i8, name: &str, key: &str) -> DescribeConfigsRequest {
+    DescribeConfigsRequest::default().with_resources(vec![
+        DescribeConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(StrBytes::from_string(name.to_owned()))
+            .with_configuration_keys(Some(vec![StrBytes::from_string(key.to_owned())])),
+    ])
 }

@@ -298,6 +298,12 @@ impl BrokerConnection {
         self.decode(frame, api, version)
     }
 
+    /// The finalized level of cluster feature `name` as this broker reported it when the
+    /// connection was made (e.g. `share.version`: 2 and up has group dead-letter topics).
+    pub fn feature(&self, name: &str) -> Option<i16> {
+        self.versions.feature(name)
+    }
+
     /// The request timeout this connection was configured with.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout

@@ -9,6 +9,8 @@ use kafka_protocol::protocol::VersionRange;
 #[derive(Debug, Clone, Default)]
 pub struct ApiVersionTable {
     ranges: HashMap<i16, VersionRange>,
+    /// The cluster's finalized feature levels (`share.version`, `metadata.version`, ...).
+    features: HashMap<String, i16>,
 }
 
 impl ApiVersionTable {
@@ -27,13 +29,25 @@ impl ApiVersionTable {
                 )
             })
             .collect();
-        ApiVersionTable { ranges }
+        let features = resp
+            .finalized_features
+            .iter()
+            .map(|f| (f.name.to_string(), f.max_version_level))
+            .collect();
+        ApiVersionTable { ranges, features }
+    }
+
+    /// The finalized level of cluster feature `name` (e.g. `share.version`), `None` when the
+    /// broker reports none.
+    pub fn feature(&self, name: &str) -> Option<i16> {
+        self.features.get(name).copied()
     }
 
     /// Builds a table from explicit ranges (tests, fakes).
     pub fn from_ranges(ranges: impl IntoIterator<Item = (ApiKey, VersionRange)>) -> Self {
         ApiVersionTable {
             ranges: ranges.into_iter().map(|(k, r)| (k as i16, r)).collect(),
+            features: HashMap::new(),
         }
     }
 

@@ -8,10 +8,12 @@
 //! - [`membership`]: ShareGroupHeartbeat join/stable/fenced/leave transitions.
 //! - [`session`]: one share session per leader: epochs, added and forgotten partitions.
 //! - [`ledger`]: per-record verdicts to valid acknowledgement batches.
+//! - [`offsets`]: DescribeShareGroupOffsets v0-1, the group's lag per partition.
 
 pub mod codec;
 pub mod consumer;
 pub mod ledger;
 pub mod membership;
+pub mod offsets;
 pub mod session;
 pub mod wire;
