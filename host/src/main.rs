@@ -263,6 +263,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     let init = PluginInit {
         config,
         secrets: std::sync::Arc::new(Secrets::new(secrets)),
+        tenant: None,
     };
     let loading = std::time::Instant::now();
     let mut plugin = runtime.load_with(&args.component, limits, init).await?;

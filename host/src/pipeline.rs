@@ -83,63 +83,88 @@ enum Handler {
 }
 
 impl Handler {
-    /// Verdicts and emits for `records` plus the faults met, as [`Plugin::handle_isolating`]
-    /// returns them.
-    async fn judge(&mut self, records: &[Record], policy: &Verdict) -> Judged {
+    /// Verdicts and emits for `records` plus the faults met, and the handler back (`None`
+    /// when its instance was lost: the runtime shut down mid-call). A plugin runs on the
+    /// runtime's guest threads. `isolate`: a faulted batch is split to find its poison records
+    /// ([`Plugin::handle_isolating`]); otherwise the whole batch gets the policy and the fault
+    /// is returned (for a canary, whose faulting batch the active version judges again:
+    /// isolating would have the candidate judge parts of it once more on fresh instances).
+    async fn judge(
+        self,
+        records: Arc<[Record]>,
+        policy: &Verdict,
+        isolate: bool,
+    ) -> (Option<Handler>, Judged) {
+        let n = records.len();
         match self {
             Handler::Wasm(plugin) => {
-                plugin
-                    .handle_isolating(records, policy, MAX_ISOLATION_CALLS)
-                    .await
+                let owned = policy.clone();
+                let done = plugin
+                    .on_guest_threads(move |p| {
+                        Box::pin(async move {
+                            if isolate {
+                                return p
+                                    .handle_isolating(&records, &owned, MAX_ISOLATION_CALLS)
+                                    .await;
+                            }
+                            match p.handle(&records).await {
+                                BatchOutcome::Verdicts(verdicts) => Judged {
+                                    verdicts,
+                                    emits: p.take_emits(),
+                                    faults: Vec::new(),
+                                },
+                                BatchOutcome::Fault(fault) => Judged {
+                                    verdicts: vec![owned.clone(); n],
+                                    emits: Vec::new(),
+                                    faults: vec![fault],
+                                },
+                            }
+                        })
+                    })
+                    .await;
+                match done {
+                    Some((plugin, judged)) => (Some(Handler::Wasm(plugin)), judged),
+                    None => {
+                        let fault = Fault {
+                            kind: FaultKind::Trap,
+                            message: "the plugin runtime shut down during the call".into(),
+                            records: n,
+                        };
+                        (None, judged_by_policy(n, policy, fault))
+                    }
+                }
             }
             Handler::Native(h) => {
-                let verdicts = h.handle(records);
-                if verdicts.len() == records.len() {
-                    return Judged {
+                let verdicts = h.handle(&records);
+                let judged = if verdicts.len() == n {
+                    Judged {
                         verdicts,
                         ..Judged::default()
+                    }
+                } else {
+                    let fault = Fault {
+                        kind: FaultKind::WrongVerdictCount,
+                        message: format!(
+                            "native handler {} returned {} verdicts for {n} records",
+                            h.name(),
+                            verdicts.len(),
+                        ),
+                        records: n,
                     };
-                }
-                let fault = Fault {
-                    kind: FaultKind::WrongVerdictCount,
-                    message: format!(
-                        "native handler {} returned {} verdicts for {} records",
-                        h.name(),
-                        verdicts.len(),
-                        records.len()
-                    ),
-                    records: records.len(),
+                    judged_by_policy(n, policy, fault)
                 };
-                Judged {
-                    verdicts: vec![policy.clone(); records.len()],
-                    emits: Vec::new(),
-                    faults: vec![fault],
-                }
+                (Some(Handler::Native(h)), judged)
             }
         }
     }
 }
 
-impl Handler {
-    /// Like [`Handler::judge`], but a fault is not isolated: the whole batch gets the policy
-    /// and the fault is returned. For a canary, whose faulting batch the active version judges
-    /// again: isolating would have the candidate judge parts of it once more on fresh instances.
-    async fn judge_whole(&mut self, records: &[Record], policy: &Verdict) -> Judged {
-        match self {
-            Handler::Wasm(plugin) => match plugin.handle(records).await {
-                BatchOutcome::Verdicts(verdicts) => Judged {
-                    verdicts,
-                    emits: plugin.take_emits(),
-                    faults: Vec::new(),
-                },
-                BatchOutcome::Fault(fault) => Judged {
-                    verdicts: vec![policy.clone(); records.len()],
-                    emits: Vec::new(),
-                    faults: vec![fault],
-                },
-            },
-            Handler::Native(_) => self.judge(records, policy).await,
-        }
+/// Every record of a batch of `n` gets the fault policy, for `fault`.
+fn judged_by_policy(n: usize, policy: &Verdict, fault: Fault) -> Judged {
+    Judged {
+        verdicts: vec![policy.clone(); n],
+        emits: Vec::new(),
+        faults: vec![fault],
     }
 }
 
@@ -604,6 +629,7 @@ async fn instantiate_version(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         secrets: grants.secrets.clone(),
+        tenant: Some(Arc::from(spec.name.as_str())),
     };
     let mut plugins = Vec::with_capacity(instances);
     for _ in 0..instances {
@@ -1691,7 +1717,7 @@ impl Pipeline {
             retries,
             stop,
         } = ctx;
-        let records: Vec<Record> = batch
+        let records: Arc<[Record]> = batch
             .iter()
             .map(|r| {
                 Record::from_consumed(
@@ -1932,19 +1958,17 @@ impl Pipeline {
     async fn judge_on(
         &self,
         version: &Version,
-        records: &[Record],
+        records: &Arc<[Record]>,
         policy: &Verdict,
         isolate: bool,
     ) -> Option<(Judged, Duration)> {
-        let mut handler = lock(&version.instances).pop()?;
+        let handler = lock(&version.instances).pop()?;
         let started = Instant::now();
-        let judged = if isolate {
-            handler.judge(records, policy).await
-        } else {
-            handler.judge_whole(records, policy).await
-        };
+        let (handler, judged) = handler.judge(records.clone(), policy, isolate).await;
         let elapsed = started.elapsed();
-        lock(&version.instances).push(handler);
+        if let Some(handler) = handler {
+            lock(&version.instances).push(handler);
+        }
         Some((judged, elapsed))
     }
 
@@ -1972,7 +1996,7 @@ impl Pipeline {
     fn offer_shadow(
         &self,
         batch: &[ShareRecord],
-        records: &[Record],
+        records: &Arc<[Record]>,
         verdicts: &[Verdict],
         policy: &Verdict,
     ) {
@@ -1994,19 +2018,21 @@ impl Pipeline {
             .iter()
             .map(|r| (r.topic.to_string(), r.partition.partition, r.record.offset))
             .collect();
-        let (records, active, policy) = (records.to_vec(), verdicts.to_vec(), policy.clone());
+        let (records, active, policy) = (records.clone(), verdicts.to_vec(), policy.clone());
         let (metrics, pipeline) = (self.metrics.clone(), self.spec.name.clone());
         tokio::spawn(async move {
             let _place = place;
             let _turn = run.turn.lock().await;
-            let Some(mut handler) = lock(&run.version.instances).pop() else {
+            let Some(handler) = lock(&run.version.instances).pop() else {
                 return;
             };
             let started = Instant::now();
             // Its emits are dropped with `judged`: a shadow never produces anything.
-            let judged = handler.judge(&records, &policy).await;
+            let (handler, judged) = handler.judge(records, &policy, true).await;
             let elapsed = started.elapsed();
-            lock(&run.version.instances).push(handler);
+            if let Some(handler) = handler {
+                lock(&run.version.instances).push(handler);
+            }
             if !judged.faults.is_empty() {
                 lock(&run.status).faults += judged.faults.len() as u64;
                 return;
@@ -2638,18 +2664,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_native_handler_judges_like_a_plugin_and_a_wrong_count_is_a_fault() {
-        let batch = records(3);
-        let mut good = Handler::Native(Arc::new(Native { short: false }));
+        let batch: Arc<[Record]> = records(3).into();
+        let good = Handler::Native(Arc::new(Native { short: false }));
+        let (back, judged) = good.judge(batch.clone(), &Verdict::Release, true).await;
+        assert!(back.is_some(), "the handler comes back");
         let Judged {
             verdicts, faults, ..
-        } = good.judge(&batch, &Verdict::Release).await;
+        } = judged;
         assert_eq!(verdicts, vec![Verdict::Accept; 3]);
         assert!(faults.is_empty());
 
-        let mut bad = Handler::Native(Arc::new(Native { short: true }));
+        let bad = Handler::Native(Arc::new(Native { short: true }));
         let Judged {
             verdicts, faults, ..
-        } = bad.judge(&batch, &Verdict::Release).await;
+        } = bad.judge(batch, &Verdict::Release, true).await.1;
         assert_eq!(
             verdicts,
             vec![Verdict::Release; 3],

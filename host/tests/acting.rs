@@ -33,6 +33,7 @@ async fn actor(limits: PluginLimits, secrets: &[(&str, &str)]) -> Plugin {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         )),
+        tenant: None,
     };
     runtime()
         .load_with(&guest("fixture_actor"), limits, init)

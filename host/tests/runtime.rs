@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use sharehost::kafka::Header;
 use sharehost::runtime::{
-    AllocatorKind, BatchOutcome, FaultKind, InstanceMode, LoadError, Plugin, PluginLimits,
-    PluginRuntime, Record, RuntimeConfig, Verdict,
+    AllocatorKind, BatchOutcome, FaultKind, ISOLATION_DEADLINES, InstanceMode, LoadError, Plugin,
+    PluginInit, PluginLimits, PluginRuntime, Record, RuntimeConfig, Verdict,
 };
 use sharehost_tests::{guest, plugin_record as record, plugin_runtime as runtime};
 
@@ -196,6 +196,90 @@ fn the_cpu_deadline_counts_the_guests_own_cpu_not_its_wait_for_a_turn() {
         elapsed >= cpu * 3 / 2,
         "two guests sharing one thread each got their whole {cpu:?} of CPU: {elapsed:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_with_many_spinning_instances_gets_no_more_guest_time_than_one_with_one() {
+    // One guest thread. Pipeline A runs three instances that spin to their CPU deadline,
+    // pipeline B one. Handed out per instance, the thread would give each of the four a
+    // quarter, and all would reach their deadline together; shared per pipeline, B gets
+    // half, so it uses up its budget while A's three have had half of theirs between them:
+    // B's call ends before every one of A's. Ordering of events, not a timing threshold: a
+    // busy machine slows all four alike.
+    let rt = PluginRuntime::new(RuntimeConfig {
+        guest_threads: 1,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let spinner = || PluginLimits {
+        wall_deadline: Some(Duration::from_secs(120)),
+        ..limits()
+    };
+    let spin = guest("fixture_spin");
+    let load = |tenant: &'static str| {
+        let (rt, spin) = (rt.clone(), spin.clone());
+        async move {
+            let init = PluginInit {
+                tenant: Some(tenant.into()),
+                ..PluginInit::default()
+            };
+            Box::new(rt.load_with(&spin, spinner(), init).await.expect("load"))
+        }
+    };
+    // Loaded first, all of them: a guest started while the next one compiles would be done
+    // before the last starts.
+    let mut plugins = Vec::new();
+    for tenant in ["a", "a", "a", "b"] {
+        plugins.push((tenant, load(tenant).await));
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (tenant, plugin) in plugins {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let batch = poison_batch();
+            let (_, outcome) = plugin
+                .on_guest_threads(move |p| Box::pin(async move { p.handle(&batch).await }))
+                .await
+                .expect("the call finishes");
+            let _ = tx.send((tenant, outcome));
+        });
+    }
+    drop(tx);
+    let mut order = Vec::new();
+    while let Some((tenant, outcome)) = rx.recv().await {
+        let fault = outcome.fault().cloned().expect("a spin is stopped");
+        assert!(
+            fault.message.contains("CPU"),
+            "stopped by its CPU deadline: {}",
+            fault.message
+        );
+        order.push(tenant);
+    }
+    assert_eq!(order.first(), Some(&"b"), "finished in the order {order:?}");
+    assert_eq!(order.len(), 4);
+    assert!(rt.turns_granted("b") > 0 && rt.turns_granted("a") > 0);
+}
+
+#[tokio::test]
+async fn isolating_a_batch_that_spins_on_every_record_is_bounded_in_time() {
+    // Twenty records, every one spinning: without a time budget, isolation would spend one
+    // deadline per call, up to sixteen extra calls. With it, the extra calls stop once they
+    // used ISOLATION_DEADLINES deadlines: at most one more than that is started.
+    let rt = runtime();
+    let mut plugin = rt
+        .load(&guest("fixture_spin"), limits(), Vec::new())
+        .await
+        .expect("load");
+    let batch: Vec<Record> = (0..20).map(|i| record(i, "bad", &[])).collect();
+    let judged = plugin.handle_isolating(&batch, &Verdict::Release, 16).await;
+    assert!(judged.verdicts.iter().all(|v| *v == Verdict::Release));
+    assert!(judged.faults.iter().all(|f| f.kind == FaultKind::Timeout));
+    let calls = judged.faults.len();
+    assert!(
+        calls <= 1 + ISOLATION_DEADLINES as usize + 1,
+        "{calls} calls, each a whole deadline"
+    );
+    assert!(calls >= 2, "isolation was tried: {calls} calls");
 }
 
 #[test]

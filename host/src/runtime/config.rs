@@ -24,6 +24,9 @@ pub struct RuntimeConfig {
     /// A bigger file is refused by its size before a byte is read, so a hostile path cannot
     /// make the host read gigabytes (or `/dev/zero` forever) into memory.
     pub max_component_bytes: u64,
+    /// Threads that run guest code, apart from the host's own (default: one per core).
+    /// Pipelines share them fairly when more guests compute than there are threads.
+    pub guest_threads: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -35,6 +38,7 @@ impl Default for RuntimeConfig {
             cache_dir: None,
             pooling: true,
             max_component_bytes: super::component_file::DEFAULT_MAX_COMPONENT_BYTES,
+            guest_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }

@@ -15,6 +15,7 @@ use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
 use super::host::StoreState;
 use super::plugin::{Plugin, PluginInit};
+use super::turns::Turns;
 use super::validate;
 use sharehost_trusted_cwasm::load_host_precompiled;
 
@@ -55,6 +56,50 @@ pub(crate) struct RuntimeInner {
     pub(crate) config: RuntimeConfig,
     cache: Option<Cache>,
     ticker: Ticker,
+    /// The threads guests run on (see [`GuestThreads`]).
+    guests: GuestThreads,
+    /// The fair share of those threads between pipelines.
+    pub(crate) turns: Arc<Turns>,
+}
+
+/// The threads guests run on, apart from the host's own: a guest computing to its deadline
+/// takes one of these, never a thread that the share engine's I/O, another pipeline's
+/// acknowledgements or the admin API wait on. One per core; which guest runs on them when
+/// there are more busy guests than threads is [`Turns`]' business.
+struct GuestThreads {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for GuestThreads {
+    fn drop(&mut self) {
+        // The last handle may go inside an async context (a test, a drained pipeline):
+        // a blocking shutdown would panic there. Guests still running are cut off.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A future run on the guest threads ([`PluginRuntime::spawn_guest`]): awaiting it gives its
+/// output; dropping it cancels it there (as dropping the future itself would have).
+pub(crate) struct GuestTask<T> {
+    handle: tokio::task::JoinHandle<T>,
+}
+
+impl<T> Drop for GuestTask<T> {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+impl<T> std::future::Future for GuestTask<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.handle).poll(cx)
+    }
 }
 
 /// One wasmtime engine with its linker. Compiled components and linkers belong to the engine
@@ -208,7 +253,15 @@ impl PluginRuntime {
             .chain(overflow.as_ref())
             .map(|f| f.engine.clone())
             .collect();
-        let ticker = start_ticker(engines, config.epoch_tick)?;
+        let threads = config.guest_threads.max(1);
+        let turns = Turns::new(threads);
+        let ticker = start_ticker(engines, config.epoch_tick, turns.clone())?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("sharehost-guest")
+            .enable_all()
+            .build()
+            .map_err(|e| RuntimeError::Engine(format!("cannot start the guest threads: {e}")))?;
         Ok(Self {
             inner: Arc::new(RuntimeInner {
                 primary,
@@ -216,8 +269,35 @@ impl PluginRuntime {
                 config,
                 cache,
                 ticker,
+                guests: GuestThreads {
+                    runtime: Some(runtime),
+                },
+                turns,
             }),
         })
+    }
+
+    /// Runs `future` on the guest threads. Plugin calls of a pipeline go there, so that a
+    /// guest's time slices never stand between the host's own tasks and a thread.
+    pub(crate) fn spawn_guest<F>(&self, future: F) -> GuestTask<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let rt = self
+            .inner
+            .guests
+            .runtime
+            .as_ref()
+            .expect("the guest threads live as long as the runtime");
+        GuestTask {
+            handle: rt.spawn(future),
+        }
+    }
+
+    /// Turns granted so far to the plugins of `tenant` (the fair share at work; for tests).
+    pub fn turns_granted(&self, tenant: &str) -> u64 {
+        self.inner.turns.granted(tenant)
     }
 
     /// Starts the epoch ticker (if it was parked) for a guest call; it keeps ticking until
@@ -755,7 +835,11 @@ fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), Runti
     .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
 }
 
-fn start_ticker(engines: Vec<Engine>, tick: Duration) -> Result<Ticker, RuntimeError> {
+fn start_ticker(
+    engines: Vec<Engine>,
+    tick: Duration,
+    turns: Arc<Turns>,
+) -> Result<Ticker, RuntimeError> {
     let stop = Arc::new(AtomicBool::new(false));
     let running = Arc::new(AtomicUsize::new(0));
     let (flag, calls) = (stop.clone(), running.clone());
@@ -776,6 +860,7 @@ fn start_ticker(engines: Vec<Engine>, tick: Duration) -> Result<Ticker, RuntimeE
                 for engine in &engines {
                     engine.increment_epoch();
                 }
+                turns.tick();
             }
         })
         .map_err(RuntimeError::Ticker)?;

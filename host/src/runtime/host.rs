@@ -30,6 +30,7 @@ use super::bindings::sharehost::plugin::host::Level;
 use super::config::PluginLimits;
 use super::outputs::EmitBuffer;
 use super::secrets::Secrets;
+use super::turns::{CallUnderWay, Turn, Turns};
 use sharehost_bounded_lift::LogMessage;
 
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
@@ -106,6 +107,91 @@ pub(crate) struct StoreState {
     pub(crate) emits: EmitBuffer,
     /// Redacts the pipeline's secrets from everything the guest makes the host print.
     pub(crate) secrets: Arc<Secrets>,
+    /// The guest's turn on the guest threads while it computes past its first tick.
+    pub(crate) turn: TurnSlot,
+}
+
+/// A store's place at the [`Turns`] gate: the turn it holds (if any), under its tenant (the
+/// pipeline's name).
+/// Shared with the tick's yield future, which gives the turn back and waits for the next.
+pub(crate) struct TurnSlot {
+    turns: Arc<Turns>,
+    tenant: Arc<str>,
+    held: Arc<Mutex<Option<Turn>>>,
+    /// The tick at which the guest's epoch deadline falls (one past the tick it last resumed
+    /// at): a host call made before it is the guest's own, one made at or after it is
+    /// (almost always) the epoch check itself, which must not give the turn away.
+    next_tick: Arc<AtomicU64>,
+    /// The call under way (its tenant counts as active meanwhile).
+    call: Option<CallUnderWay>,
+}
+
+impl TurnSlot {
+    fn new(turns: Arc<Turns>, tenant: Arc<str>) -> Self {
+        TurnSlot {
+            turns,
+            tenant,
+            held: Arc::new(Mutex::new(None)),
+            next_tick: Arc::new(AtomicU64::new(0)),
+            call: None,
+        }
+    }
+
+    /// A call begins, with an epoch deadline of one tick.
+    pub(crate) fn started(&mut self) {
+        self.call = Some(self.turns.call_began(&self.tenant));
+        self.next_tick
+            .store(self.turns.ticks() + 1, Ordering::Relaxed);
+    }
+
+    /// The call ended: its turn goes back, and it no longer keeps its tenant active.
+    pub(crate) fn finished(&mut self) {
+        self.give_back();
+        self.call = None;
+    }
+
+    /// A host call begins: one that may wait (HTTP) holds no turn while it does. The epoch
+    /// check is a host call too, and there the tick's own logic decides.
+    fn entering_host(&self) {
+        if self.turns.ticks() < self.next_tick.load(Ordering::Relaxed) {
+            self.give_back();
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, Option<Turn>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the guest awaits at a tick: a yield to the other tasks on its thread, then a
+    /// turn. A guest that holds one keeps it unless a guest of another waits (the gate's
+    /// policy decides who runs next); one that holds none (its first tick, or back from a
+    /// host call) queues for one.
+    pub(crate) fn next_slice(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (turns, tenant, held) = (self.turns.clone(), self.tenant.clone(), self.held.clone());
+        let next_tick = self.next_tick.clone();
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            let given_back = {
+                let mut slot = held.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_some() && !turns.contended() {
+                    next_tick.store(turns.ticks() + 1, Ordering::Relaxed);
+                    return;
+                }
+                slot.take()
+            };
+            // Given back first, so that the gate can hand it to whoever waits.
+            drop(given_back);
+            let turn = turns.acquire(&tenant).await;
+            *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(turn);
+            next_tick.store(turns.ticks() + 1, Ordering::Relaxed);
+        })
+    }
+
+    /// Gives the turn back (the call ended, or entered a host call that may wait).
+    pub(crate) fn give_back(&self) {
+        let turn = self.held().take();
+        drop(turn);
+    }
 }
 
 /// Which budget of a call ran out.
@@ -250,7 +336,13 @@ impl StoreState {
     /// A state with an empty WASI context: no preopens, no environment, no arguments, stdin
     /// closed, networking denied (wasmtime-wasi 48's default), stdio captured; outbound HTTP
     /// and outputs as `limits` grant them.
-    pub(crate) fn new(plugin: Arc<str>, limits: &PluginLimits, secrets: Arc<Secrets>) -> Self {
+    pub(crate) fn new(
+        plugin: Arc<str>,
+        limits: &PluginLimits,
+        secrets: Arc<Secrets>,
+        turns: Arc<Turns>,
+        tenant: Arc<str>,
+    ) -> Self {
         let stdout = Capture::new();
         let stderr = Capture::new();
         let wasi = WasiCtx::builder()
@@ -271,12 +363,13 @@ impl StoreState {
                 hit: false,
                 memory_bytes: 0,
             },
-            plugin,
             log: LogBudget::default(),
             stdout,
             stderr,
             clock: CallClock::new(Duration::ZERO, now),
             timed_out: None,
+            turn: TurnSlot::new(turns, tenant),
+            plugin,
         }
     }
 
@@ -286,6 +379,7 @@ impl StoreState {
     pub(crate) fn begin_call(&mut self, cpu: Duration, wall: Duration) {
         let now = Instant::now();
         self.clock = CallClock::new(cpu, now + wall.max(cpu));
+        self.turn.started();
         self.timed_out = None;
         self.log = LogBudget::default();
     }
@@ -317,7 +411,10 @@ impl StoreState {
     /// counted as guest time.
     pub(crate) fn on_call_hook(&mut self, hook: CallHook) {
         match hook {
-            CallHook::CallingHost => self.clock.entered_host(Instant::now()),
+            CallHook::CallingHost => {
+                self.clock.entered_host(Instant::now());
+                self.turn.entering_host();
+            }
             CallHook::ReturningFromHost => self.clock.left_host(Instant::now()),
             CallHook::CallingWasm | CallHook::ReturningFromWasm => {}
         }

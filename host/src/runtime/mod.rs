@@ -34,6 +34,7 @@ mod outputs;
 mod plugin;
 mod secrets;
 mod trust;
+mod turns;
 mod validate;
 
 pub use batch::Record;
@@ -51,7 +52,8 @@ pub use outputs::{
     RESERVED_HEADER_PREFIX,
 };
 pub use plugin::{
-    BatchOutcome, Contract, Fault, FaultKind, Judged, Plugin, PluginInit, PluginStats, Verdict,
+    BatchOutcome, Contract, Fault, FaultKind, ISOLATION_DEADLINES, Judged, Plugin, PluginInit,
+    PluginStats, Verdict,
 };
 pub use secrets::Secrets;
 pub use trust::{

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, Func, InstancePre};
@@ -24,6 +24,10 @@ use sharehost_bounded_lift::{VerdictBounds, VerdictLiftError, VerdictList, with_
 /// outside. Epochs stop a spinning guest; this backstop stops one blocked in a host call
 /// (e.g. a WASI sleep), which epochs cannot interrupt.
 const OUTER_TIMEOUT_GRACE: Duration = Duration::from_millis(250);
+
+/// CPU deadlines' worth of extra calls after which [`Plugin::handle_isolating`] starts no
+/// more: a faulting batch costs its first call plus at most about three deadlines.
+pub const ISOLATION_DEADLINES: u32 = 2;
 
 /// Why a batch got no verdicts from the plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -219,6 +223,10 @@ pub struct PluginInit {
     pub config: Vec<(String, String)>,
     /// The pipeline's resolved secrets (contract 0.2; a 0.1 component never receives them).
     pub secrets: Arc<Secrets>,
+    /// Whose fair share of the guest threads its calls take: the pipeline's name, so that
+    /// every version of one pipeline shares one share and two pipelines running the same
+    /// component do not. `None`: the component's file name.
+    pub tenant: Option<Arc<str>>,
 }
 
 /// One loaded, validated and initialised plugin version. Handles one batch at a time
@@ -380,7 +388,8 @@ impl Plugin {
 
     /// Judges one batch. Returns exactly one verdict per record, or a [`Fault`] for the whole
     /// batch (the faulted instance is discarded; the next batch gets a fresh one). Every
-    /// fault is logged with the plugin name and the batch's record range.
+    /// fault is logged at debug level with the plugin name and the batch's record range (the
+    /// pipeline logs one warning per faulted batch, isolation calls included).
     ///
     /// # Cancel safety
     /// Dropping the future abandons the call; the instance it was using is dropped with it,
@@ -396,7 +405,7 @@ impl Plugin {
         if let BatchOutcome::Fault(f) = &outcome {
             self.stats.faults += 1;
             let (first, last) = (&records[0], &records[records.len() - 1]);
-            tracing::warn!(
+            tracing::debug!(
                 plugin = &*self.name,
                 fault = f.kind.as_str(),
                 topic = &*first.topic,
@@ -414,9 +423,11 @@ impl Plugin {
     /// Judges a batch like [`Plugin::handle`], but when the batch faults, splits it in halves
     /// (recursively, on fresh instances) to find the poison records, so the innocent ones are
     /// judged normally. Records that fault on their own get `policy`; the faults met on the
-    /// way are returned (the first is the whole batch's). At most `max_extra_calls` additional
-    /// calls are made (a spinning guest costs one deadline per call); ranges left unresolved
-    /// when the budget runs out get `policy` too.
+    /// way are returned (the first is the whole batch's). Isolation is bounded in calls and in
+    /// time: at most `max_extra_calls` additional calls, and none started once the extra calls
+    /// have used [`ISOLATION_DEADLINES`] CPU deadlines (a call cut by its deadline counts as a
+    /// whole one), so a guest that spins on every record costs a batch at most four deadlines,
+    /// not one per call. Ranges left unresolved when a budget runs out get `policy` too.
     pub async fn handle_isolating(
         &mut self,
         records: &[Record],
@@ -426,18 +437,32 @@ impl Plugin {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; records.len()];
         let mut emits = Vec::new();
         let mut faults = Vec::new();
-        let mut pending = vec![(0, records.len())];
+        // Breadth first: both halves of a range are judged before its quarters, so a budget
+        // spent on one poison record's halves leaves fewer innocent records unjudged.
+        let mut pending = std::collections::VecDeque::from([(0, records.len())]);
         let mut calls = 0usize;
-        while let Some((start, end)) = pending.pop() {
+        let deadline = self.limits.batch_deadline;
+        let time_budget = deadline.saturating_mul(ISOLATION_DEADLINES);
+        let mut spent = Duration::ZERO;
+        while let Some((start, end)) = pending.pop_front() {
             if start == end {
                 continue;
             }
-            if calls > max_extra_calls {
+            if calls > max_extra_calls || spent >= time_budget {
                 verdicts[start..end].fill(Some(policy.clone()));
                 continue;
             }
+            let extra = calls > 0;
             calls += 1;
-            match self.handle(&records[start..end]).await {
+            let started = Instant::now();
+            let outcome = self.handle(&records[start..end]).await;
+            if extra {
+                spent += match &outcome {
+                    BatchOutcome::Fault(f) if f.kind == FaultKind::Timeout => deadline,
+                    _ => started.elapsed().min(deadline),
+                };
+            }
+            match outcome {
                 BatchOutcome::Verdicts(v) => {
                     for (slot, v) in verdicts[start..end].iter_mut().zip(v) {
                         *slot = Some(v);
@@ -453,9 +478,8 @@ impl Plugin {
                         verdicts[start] = Some(policy.clone());
                     } else {
                         let mid = start + (end - start) / 2;
-                        // Pushed in reverse so the first half is judged first.
-                        pending.push((mid, end));
-                        pending.push((start, mid));
+                        pending.push_back((start, mid));
+                        pending.push_back((mid, end));
                     }
                 }
             }
@@ -464,12 +488,39 @@ impl Plugin {
             .into_iter()
             .map(|v| v.unwrap_or_else(|| policy.clone()))
             .collect();
-        // Sub-batches are judged in record order, so the emits are too.
+        // Sub-batches are judged breadth first: put the emits back in record order (stable,
+        // so one record's emits keep theirs).
         emits.sort_by_key(|e: &Emit| e.record);
         Judged {
             verdicts,
             emits,
             faults,
+        }
+    }
+
+    /// Runs `work` on this plugin on the runtime's guest threads (a pipeline's calls go
+    /// there, so a guest's slices never delay the host's own tasks) and gives the plugin back
+    /// with its result. `None` when the task did not finish: the runtime is shutting down,
+    /// and the instance is gone with it. A panic inside `work` is passed on.
+    pub async fn on_guest_threads<T, W>(mut self: Box<Self>, work: W) -> Option<(Box<Self>, T)>
+    where
+        T: Send + 'static,
+        W: for<'a> FnOnce(
+                &'a mut Plugin,
+            )
+                -> std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>
+            + Send
+            + 'static,
+    {
+        let runtime = self.runtime.clone();
+        let task = runtime.spawn_guest(async move {
+            let out = work(&mut self).await;
+            (self, out)
+        });
+        match task.await {
+            Ok(done) => Some(done),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
         }
     }
 
@@ -531,6 +582,7 @@ impl Plugin {
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(call, meter)).await;
         let state = warm.store.data_mut();
+        state.turn.finished();
         let emits = state.emits.finish();
         let emits_refused = state.emits.refused;
         let markers = state.emits.markers;
@@ -594,7 +646,16 @@ impl Plugin {
         self.stats.instances += 1;
         let mut store = Store::new(
             self.pre.component().engine(),
-            StoreState::new(self.name.clone(), &self.limits, self.init.secrets.clone()),
+            StoreState::new(
+                self.name.clone(),
+                &self.limits,
+                self.init.secrets.clone(),
+                self.runtime.inner.turns.clone(),
+                self.init
+                    .tenant
+                    .clone()
+                    .unwrap_or_else(|| self.name.clone()),
+            ),
         );
         store.limiter(|s| &mut s.limiter);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
@@ -606,12 +667,10 @@ impl Plugin {
             if ctx.data_mut().check_deadlines().is_some() {
                 return Ok(UpdateDeadline::Interrupt);
             }
-            // Time-slice: give other tasks on this executor thread a turn every tick (the
-            // call's CPU meter stops between polls).
-            Ok(UpdateDeadline::YieldCustom(
-                1,
-                Box::pin(tokio::task::yield_now()),
-            ))
+            // Time-slice: every tick, other tasks on this thread run, and past its first tick
+            // the guest computes only on a turn of the fair share (the call's CPU meter stops
+            // between polls, so waiting for a turn costs it nothing).
+            Ok(UpdateDeadline::YieldCustom(1, ctx.data().turn.next_slice()))
         });
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
@@ -661,6 +720,7 @@ impl Plugin {
         };
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(setup, meter)).await;
+        store.data_mut().turn.finished();
         let drained = store.data_mut().drain_stdio();
         self.count_dropped(&drained);
         let stderr = drained.stderr;
