@@ -90,6 +90,34 @@ pub struct ShareConsumerConfig {
     /// The member id to join with (one kept across restarts, so a restarted host rejoins as
     /// the same member); `None`: a fresh one.
     pub member_id: Option<String>,
+    /// Told the time of every ShareFetch and ShareAcknowledge round trip (latency metrics).
+    pub observer: Option<Arc<dyn RoundTrips>>,
+    /// The group's delivery limit (`share.delivery.count.limit`) when known: a record released
+    /// at that delivery is archived by the broker, and counted in
+    /// [`ConsumerStats::released_at_limit`].
+    pub archive_at: Option<i16>,
+}
+
+/// Which request a round trip was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundTrip {
+    /// A ShareFetch (its long-poll wait included, as Kafka's own fetch latency counts it).
+    Fetch,
+    /// A standalone ShareAcknowledge (renewals included).
+    Acknowledge,
+}
+
+/// Receives the time of each request the engine makes to a share leader, failed ones
+/// included, so the caller can keep latency histograms without the engine knowing metrics.
+pub trait RoundTrips: Send + Sync {
+    /// One `kind` request took `took`.
+    fn took(&self, kind: RoundTrip, took: Duration);
+}
+
+impl std::fmt::Debug for dyn RoundTrips {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoundTrips")
+    }
 }
 
 impl ShareConsumerConfig {
@@ -111,6 +139,8 @@ impl ShareConsumerConfig {
             pace_within: None,
             min_in_flight: 1,
             member_id: None,
+            observer: None,
+            archive_at: None,
         }
     }
 }
@@ -197,6 +227,9 @@ pub struct ConsumerStats {
     pub acquired: AtomicU64,
     /// The most records ever held at once (never above `max_in_flight`).
     pub in_flight_peak: AtomicU64,
+    /// Records released at their last delivery (the group's delivery limit, when known): the
+    /// broker archives them instead of delivering them again.
+    pub released_at_limit: AtomicU64,
 }
 
 /// Why the consumer stopped or refused a call.
@@ -412,7 +445,7 @@ impl Shared {
         match &o.error {
             None => self.stats.acks_ok.fetch_add(n, Ordering::Relaxed),
             Some((e, msg)) => {
-                tracing::warn!(topic = %o.topic, partition = o.partition, offsets = n, "acknowledgement refused: {e:?} {msg}");
+                tracing::warn!(group = %self.config.group, topic = %o.topic, partition = o.partition, offsets = n, "acknowledgement refused: {e:?} {msg}");
                 self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
             }
         };
@@ -764,7 +797,8 @@ impl ShareConsumer {
                 .map(|(r, _)| route.get(&r.partition).copied())
                 .collect()
         };
-        let (mut recorded, mut finals) = (false, 0);
+        let (mut recorded, mut finals, mut at_limit) = (false, 0, 0u64);
+        let archive_at = self.shared.config.archive_at;
         let results = {
             let mut leaders = lock(&self.shared.leaders);
             let mut ledger = lock(&self.shared.ledger);
@@ -805,6 +839,11 @@ impl ShareConsumer {
                     if kind != AckKind::Renew {
                         finals += 1;
                     }
+                    if kind == AckKind::Release
+                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                    {
+                        at_limit += 1;
+                    }
                     Ok(true)
                 })
                 .collect()
@@ -814,6 +853,12 @@ impl ShareConsumer {
             self.shared
                 .finals
                 .fetch_add(finals as u64, Ordering::Relaxed);
+        }
+        if at_limit > 0 {
+            self.shared
+                .stats
+                .released_at_limit
+                .fetch_add(at_limit, Ordering::Relaxed);
         }
         if recorded {
             self.shared.wake.notify_waiters();
@@ -1416,9 +1461,11 @@ impl LeaderWorker {
         if carried_acks {
             self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
         }
+        let started = Instant::now();
         let resp = conn
             .send_version(&req, version, conn.request_timeout() + max_wait)
             .await;
+        self.round_trip(RoundTrip::Fetch, started);
         let step = match resp {
             Err(e) => {
                 self.dry_since = None;
@@ -1513,6 +1560,12 @@ impl LeaderWorker {
 
     /// A request got no response: the session died with the connection, so the verdicts it
     /// carried are reported as failed and everything the session held is released by the broker.
+    fn round_trip(&self, kind: RoundTrip, started: Instant) {
+        if let Some(o) = &self.shared.config.observer {
+            o.took(kind, started.elapsed());
+        }
+    }
+
     fn request_failed(
         &self,
         session: &mut ShareSession,
@@ -1704,10 +1757,12 @@ impl LeaderWorker {
             .version_for(ApiKey::ShareAcknowledge, SHARE_VERSIONS)
             .unwrap_or(version);
         self.shared.acks_in_flight.fetch_add(1, Ordering::AcqRel);
-        let step = match conn
+        let started = Instant::now();
+        let resp = conn
             .send_version(&req, ack_version, conn.request_timeout())
-            .await
-        {
+            .await;
+        self.round_trip(RoundTrip::Acknowledge, started);
+        let step = match resp {
             Err(e) => self.request_failed(session, &acks, &e),
             Ok(resp) => {
                 let top = ResponseError::try_from_code(resp.error_code);
