@@ -996,3 +996,132 @@ async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_wit
         s.name
     ));
 }
+
+/// The value of header `key` of `r` as text.
+fn header_text(r: &sharehost::kafka::ConsumedRecord, key: &str) -> Option<String> {
+    r.headers
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| h.value.as_ref())
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_kills_the_host_on_every_delivery_is_dead_lettered_by_the_broker() {
+    // Record 0 takes the host down every time it is judged (the ledger waits, the test sends
+    // SIGKILL: an out-of-memory kill, a crash in the runtime). The host never lives to see its
+    // last delivery, so its own delivery cap cannot dead-letter it; at the group's delivery
+    // limit (2) the broker archives it, into the broker dead-letter topic the host set up
+    // (KIP-1191). The host's own rejects (ids divisible by 5) are dead-lettered once, with
+    // their reasons, in the host's topic, and not a second time by the broker.
+    let client = Arc::new(client().await);
+    let (topic, dlq) = topic_with_dead_letters(&client, "outputs-doomed", 1, 1).await;
+    let broker_dlq = format!("dlq.{topic}");
+    client
+        .create_topic(&broker_dlq, 1, 1, &[])
+        .await
+        .expect("create the broker dead-letter topic");
+    let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "2")]).await;
+    let ids = produce_ids(&client, &topic, 1, 0..20).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-doomed"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("manifest.toml");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("fixture_ledger"),
+        r#"crash-on = "0", reject-every = "5""#,
+        &format!(
+            "batch_size = 1\ndead_letter_topic = \"{dlq}\"\nbroker_dead_letter_topic = \"{broker_dlq}\"\n"
+        ),
+    );
+    std::fs::write(&manifest, text).expect("write manifest");
+    let mut kills = 0;
+    let mut seen = Vec::new();
+    // Every incarnation is killed once it reports the doomed record; the one that never
+    // sees it (the broker archived it) judges the rest.
+    let last = loop {
+        assert!(kills <= 3, "record 0 came back after its delivery limit");
+        let m = manifest.clone();
+        let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &m, "doomed")).await);
+        let h = host.clone();
+        let doomed = blocking(move || {
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                if h.log_lines()
+                    .iter()
+                    .any(|l| l.contains("ledger crashing on=0"))
+                {
+                    return true;
+                }
+                if h.seen().distinct().len() >= 19 {
+                    return false;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "neither the doomed record nor the rest"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .await;
+        let host = Arc::try_unwrap(host).ok().expect("sole owner");
+        if !doomed {
+            break host;
+        }
+        seen.push(blocking(move || host.kill()).await);
+        kills += 1;
+    };
+    let (_, at_end) = blocking(move || last.stop()).await;
+    seen.push(at_end);
+    assert_eq!(kills, 2, "killed at each of the record's two deliveries");
+    // The broker writes its dead letter asynchronously: wait for it.
+    let (c, t) = (client.clone(), broker_dlq.clone());
+    let deadline = Instant::now() + PATIENCE;
+    let broker_letters = loop {
+        let letters = topic_records(&c, &t, 1).await;
+        if !letters.is_empty() {
+            break letters;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the broker never dead-lettered record 0"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let own: Vec<String> = topic_values(&client, &dlq, 1).await;
+    let mut judged: HashSet<String> = HashSet::new();
+    for s in &seen {
+        judged.extend(s.distinct().into_iter().map(str::to_owned));
+    }
+    report(&format!(
+        "outputs doomed: {} ids, host killed {kills} times by record 0, broker dead letters {}, host dead letters {}, judged {}",
+        ids.len(),
+        broker_letters.len(),
+        own.len(),
+        judged.len()
+    ));
+    assert_eq!(
+        broker_letters.len(),
+        1,
+        "one broker dead letter, for record 0 alone"
+    );
+    let (_, letter) = &broker_letters[0];
+    assert_eq!(letter.value.as_deref(), Some(&b"0"[..]), "its value copied");
+    assert_eq!(
+        header_text(letter, "__dlq.errors.offset").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        header_text(letter, "__dlq.errors.delivery.count").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        own.len(),
+        3,
+        "ids 5, 10, 15 dead-lettered by the host once: {own:?}"
+    );
+    assert_eq!(judged.len(), 19, "every id but the doomed one judged");
+    wait_until_drained(&group);
+}

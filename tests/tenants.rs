@@ -304,6 +304,11 @@ async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_c
         "sharehost_pipeline_up{pipeline=\"ledger\"}",
         "sharehost_delivery_count_count{pipeline=\"ledger\"} 0",
         "sharehost_build_info{version=",
+        "sharehost_write_seconds_count{pipeline=\"ledger\",kind=\"dead_letter\"} 0",
+        "sharehost_request_seconds_count{pipeline=\"ledger\",request=\"acknowledge\"}",
+        "sharehost_released_at_delivery_limit_total{pipeline=\"ledger\"} 0",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
         "le=\"26.2144\"",
     ] {
         assert!(
@@ -323,4 +328,132 @@ async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_c
             "{counter} is a counter:\n{text}"
         );
     }
+}
+
+/// The lag series of `topic` partition `partition` in a `/metrics` text, if there is one.
+fn lag_of(text: &str, topic: &str, partition: i32) -> Option<i64> {
+    let series = format!(
+        "sharehost_share_group_lag{{pipeline=\"ledger\",topic=\"{topic}\",partition=\"{partition}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_share_groups_lag_per_partition_is_exported_and_follows_the_backlog() {
+    // A slow plugin (1 s a batch of at most 20) in front of 300 records on 3 partitions (15 s
+    // of work, past the 10 s between two asks of the coordinator):
+    // the coordinator's lag is seen above 0 on some partition, and 0 on every partition once
+    // every record was judged.
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_dead_letters(&client, "tenants-lag", 3, 1).await;
+    let group = fresh_group(&client, None).await;
+    let ids = produce_ids(&client, &topic, 3, 0..300).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("manifest.toml");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("fixture_ledger"),
+        "pause-ms = \"1000\"",
+        "batch_size = 20\n",
+    );
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, t) = (host.clone(), topic.clone());
+    let seen_backlog = blocking(move || {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (_, text) = h.http("GET", "/metrics", "");
+            let lags: Vec<i64> = (0..3).filter_map(|p| lag_of(&text, &t, p)).collect();
+            if lags.iter().any(|l| *l > 0) {
+                return lags;
+            }
+            if h.seen().distinct().len() >= 300 {
+                return lags;
+            }
+            assert!(Instant::now() < deadline, "no lag series above 0:\n{text}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await;
+    assert!(
+        seen_backlog.iter().any(|l| *l > 0),
+        "the backlog was drained before a lag above 0 was exported: {seen_backlog:?}"
+    );
+    let (h, n) = (host.clone(), ids.len());
+    blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
+    let (h, t) = (host.clone(), topic.clone());
+    blocking(move || {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (_, text) = h.http("GET", "/metrics", "");
+            let lags: Vec<Option<i64>> = (0..3).map(|p| lag_of(&text, &t, p)).collect();
+            if lags.iter().all(|l| *l == Some(0)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lag never 0 everywhere: {lags:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    wait_until_drained(&group);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_released_at_their_last_delivery_are_counted_as_archived() {
+    // A plugin that traps on every call, fault policy release, a group delivery limit of 2:
+    // each record is released twice, and the second release archives it. The host counts
+    // exactly those (what an operator without a broker dead-letter topic loses).
+    let client = Arc::new(client().await);
+    let (topic, _) = topic_with_dead_letters(&client, "tenants-archived", 1, 1).await;
+    let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "2")]).await;
+    produce_ids(&client, &topic, 1, 0..10).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("manifest.toml");
+    let text = ledger_manifest(
+        &bootstrap(),
+        &topic,
+        &group,
+        &guest("fixture_ledger"),
+        "trap-every = \"1\"",
+        "",
+    );
+    std::fs::write(&manifest, text).expect("write manifest");
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let h = host.clone();
+    let series = "sharehost_released_at_delivery_limit_total{pipeline=\"ledger\"} ";
+    let archived = blocking(move || {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (_, text) = h.http("GET", "/metrics", "");
+            let n: u64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix(series))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if n >= 10 {
+                return n;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {n} counted archived:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await;
+    assert_eq!(archived, 10, "each record once, at its second delivery");
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    blocking(move || host.stop()).await;
+    wait_until_drained(&group);
 }

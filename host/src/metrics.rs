@@ -26,6 +26,14 @@ fn delivery_histogram() -> Histogram {
     Histogram::new((1..=10).map(f64::from))
 }
 
+fn seconds_histogram() -> Histogram {
+    // 0.5 ms .. ~65 s: a produce or a request round trip, from loopback to a broker that
+    // answers only at its request timeout.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_5, 2.0, 18,
+    ))
+}
+
 /// Every metric the host exports, per pipeline and (where it matters) per plugin version.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -88,6 +96,19 @@ pub struct Metrics {
     pub pipeline_up: Family<Labels, Gauge>,
     /// Failed attempts to load a pipeline or to run it, by stage (load, run).
     pub pipeline_failures: Family<Labels, Counter>,
+    /// Records of each pipeline's share group not yet acknowledged, per topic and partition,
+    /// as the group coordinator reports them (DescribeShareGroupOffsets v1): the backlog an
+    /// autoscaler and a lag alert look at.
+    pub share_group_lag: Family<Labels, Gauge>,
+    /// Time of each produce request of outputs and dead letters, by pipeline and kind,
+    /// failed ones included.
+    pub write_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Time of each ShareFetch (long-poll wait included) and ShareAcknowledge round trip, by
+    /// pipeline and request.
+    pub request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Records released at their last delivery (the group's delivery limit): the broker
+    /// archives them; without a group dead-letter topic nothing of them remains.
+    pub released_at_delivery_limit: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -99,7 +120,8 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric under the `sharehost_` prefix.
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("sharehost");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("sharehost");
         let m = Metrics {
             registry: Mutex::new(Registry::default()),
             records: Family::default(),
@@ -127,6 +149,10 @@ impl Metrics {
             dead_letters_shrunk: Family::default(),
             pipeline_up: Family::default(),
             pipeline_failures: Family::default(),
+            share_group_lag: Family::default(),
+            write_seconds: Family::new_with_constructor(seconds_histogram),
+            request_seconds: Family::new_with_constructor(seconds_histogram),
+            released_at_delivery_limit: Family::default(),
         };
         registry.register(
             "records",
@@ -252,7 +278,28 @@ impl Metrics {
         m.build_info
             .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_owned())])
             .set(1);
-        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
+        registry.register(
+            "share_group_lag",
+            "Records of the pipeline's share group not yet acknowledged, per topic and partition (the group coordinator's DescribeShareGroupOffsets)",
+            m.share_group_lag.clone(),
+        );
+        registry.register(
+            "write_seconds",
+            "Time of each produce request of outputs and dead letters, by pipeline and kind",
+            m.write_seconds.clone(),
+        );
+        registry.register(
+            "request_seconds",
+            "Time of each ShareFetch (long-poll wait included) and ShareAcknowledge round trip, by pipeline and request",
+            m.request_seconds.clone(),
+        );
+        registry.register(
+            "released_at_delivery_limit",
+            "Records released at their last delivery (the group's delivery limit): the broker archives them",
+            m.released_at_delivery_limit.clone(),
+        );
+        root.register_collector(Box::new(Process));
+        *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = root;
         m
     }
 
@@ -263,5 +310,132 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out
+    }
+}
+
+/// The standard `process_*` series (CPU, memory, file descriptors, start time) of this
+/// process, read from `/proc/self` at every scrape. Written here because prometheus-client
+/// has no process collector and the `prometheus` crate's would be a second metrics library;
+/// the names are the Prometheus client libraries' own, so existing dashboards work.
+#[derive(Debug)]
+struct Process;
+
+/// What `/proc/self/stat` and friends say; `None` off Linux or when a file is unreadable.
+struct ProcessSample {
+    cpu_seconds: f64,
+    resident_bytes: i64,
+    virtual_bytes: i64,
+    start_time_seconds: f64,
+    open_fds: i64,
+    max_fds: i64,
+}
+
+fn sample_process() -> Option<ProcessSample> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces and parentheses: fields follow the last ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state): field n is fields[n - 3].
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let page = rustix::param::page_size() as u64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())?;
+    let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as i64;
+    let max_fds = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+    Some(ProcessSample {
+        cpu_seconds: (field(14)? + field(15)?) as f64 / ticks,
+        resident_bytes: i64::try_from(field(24)? * page).unwrap_or(i64::MAX),
+        virtual_bytes: i64::try_from(field(23)?).unwrap_or(i64::MAX),
+        start_time_seconds: boot as f64 + field(22)? as f64 / ticks,
+        open_fds,
+        max_fds,
+    })
+}
+
+impl prometheus_client::collector::Collector for Process {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(p) = sample_process() else {
+            return Ok(());
+        };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "User and system CPU time of the host process, in seconds",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges: [(&str, &str, ConstGauge<f64>); 5] = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory of the host process",
+                ConstGauge::new(p.resident_bytes as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory of the host process (the instance pool reserves much of it)",
+                ConstGauge::new(p.virtual_bytes as f64),
+            ),
+            (
+                "process_start_time_seconds",
+                "Start of the host process, seconds since the Unix epoch",
+                ConstGauge::new(p.start_time_seconds),
+            ),
+            (
+                "process_open_fds",
+                "Open file descriptors of the host process",
+                ConstGauge::new(p.open_fds as f64),
+            ),
+            (
+                "process_max_fds",
+                "The host process's limit of open file descriptors",
+                ConstGauge::new(p.max_fds as f64),
+            ),
+        ];
+        for (name, help, g) in gauges {
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_process_series_are_read_from_proc_and_exported_without_the_prefix() {
+        let p = sample_process().expect("/proc/self is readable on Linux");
+        assert!(p.resident_bytes > 0 && p.open_fds > 0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        assert!(p.start_time_seconds > 0.0 && p.start_time_seconds <= now + 1.0);
+        let text = Metrics::new().encode();
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+            "sharehost_build_info",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("# TYPE {name}")) || l.starts_with(name)),
+                "{name} missing from:\n{text}"
+            );
+        }
+        assert!(!text.contains("sharehost_process_"));
     }
 }

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,9 @@ use crate::runtime::{
     BatchOutcome, Compiled, Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant,
     Placement, Plugin, PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
 };
-use crate::share::consumer::{AcquireMode, ShareConsumer, ShareConsumerConfig, ShareRecord};
+use crate::share::consumer::{
+    AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
+};
 use crate::share::ledger::{AckKind, TopicIdPartition};
 use crate::share::membership::fresh_member_id;
 use crate::state::{Claim, MemberIdentity};
@@ -45,6 +47,40 @@ const DRAIN_JUDGING: Duration = Duration::from_secs(20);
 /// rate), so a drain judges what it holds within [`DRAIN_JUDGING`] and a crash hands little
 /// back. Half the lock duration when that is shorter.
 const PACE_WITHIN: Duration = Duration::from_secs(10);
+/// How often a pipeline asks the group coordinator for its share group's lag.
+const LAG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps the engine's request latencies (`sharehost_request_seconds`) for one pipeline.
+struct RequestTimes {
+    metrics: Arc<Metrics>,
+    pipeline: String,
+}
+
+impl RoundTrips for RequestTimes {
+    fn took(&self, kind: RoundTrip, took: Duration) {
+        let request = match kind {
+            RoundTrip::Fetch => "fetch",
+            RoundTrip::Acknowledge => "acknowledge",
+        };
+        self.metrics
+            .request_seconds
+            .get_or_create(&vec![
+                ("pipeline", self.pipeline.clone()),
+                ("request", request.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// Aborts a spawned task when dropped: a helper task lives exactly as long as its run.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Most extra plugin calls spent isolating poison records in a faulting batch.
 const MAX_ISOLATION_CALLS: usize = 16;
 /// A held record (`retry`, or one whose writes wait for a retry) is released this long before
@@ -463,7 +499,7 @@ struct BatchContext {
 struct EngineCounts {
     /// The engine's totals last published as counters (session resets, rebalances, released
     /// by the broker, acks ok, acks failed).
-    published: Mutex<[u64; 5]>,
+    published: Mutex<[u64; 6]>,
     peak: AtomicU64,
     limit: AtomicU64,
     fetches: AtomicU64,
@@ -505,6 +541,17 @@ impl WriteObserver for WriteWatch<'_> {
                 ("error", error.kind()),
             ])
             .inc();
+    }
+
+    fn produced(&self, took: Duration) {
+        let p = self.pipeline;
+        p.metrics
+            .write_seconds
+            .get_or_create(&vec![
+                ("pipeline", p.spec.name.clone()),
+                ("kind", self.kind.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
     }
 
     fn shrunk(&self, topic: &str) {
@@ -555,6 +602,9 @@ pub struct Pipeline {
     state: Mutex<String>,
     counters: Mutex<HashMap<String, VersionCounters>>,
     dead_lettered: AtomicU64,
+    /// Whether the group's broker dead-letters Rejects and archived records itself (KIP-1191):
+    /// the host's own dead letters are then acknowledged as done.
+    broker_dlq: AtomicBool,
     in_flight: AtomicU64,
     /// Whether the pipeline's member is in its group (the coordinator answered it last).
     joined: std::sync::atomic::AtomicBool,
@@ -842,6 +892,7 @@ impl Pipeline {
             state: Mutex::new("starting".into()),
             counters: Mutex::new(HashMap::new()),
             dead_lettered: AtomicU64::new(0),
+            broker_dlq: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             joined: std::sync::atomic::AtomicBool::new(false),
             engine: EngineCounts::default(),
@@ -866,11 +917,22 @@ impl Pipeline {
         let _ = m.session_resets.get_or_create(&l);
         let _ = m.rebalances.get_or_create(&l);
         let _ = m.released_by_broker.get_or_create(&l);
+        let _ = m.released_at_delivery_limit.get_or_create(&l);
         let _ = m.writes_waiting.get_or_create(&l);
         let _ = m.released_unwritten.get_or_create(&l);
         let _ = m.dead_letters_shrunk.get_or_create(&l);
         let _ = m.pipeline_up.get_or_create(&l);
         let _ = m.delivery_count.get_or_create(&l);
+        for kind in ["output", "dead_letter"] {
+            let mut l = l.clone();
+            l.push(("kind", kind.into()));
+            let _ = m.write_seconds.get_or_create(&l);
+        }
+        for request in ["fetch", "acknowledge"] {
+            let mut l = l.clone();
+            l.push(("request", request.into()));
+            let _ = m.request_seconds.get_or_create(&l);
+        }
         for result in ["ok", "failed"] {
             let mut l = l.clone();
             l.push(("result", result.into()));
@@ -1322,7 +1384,8 @@ impl Pipeline {
         shutdown: CancellationToken,
     ) -> Result<(), String> {
         self.topics_exist(&client).await?;
-        self.delivery_cap_fits(&client).await?;
+        let delivery_limit = self.delivery_limit(&client).await?;
+        self.broker_dead_letters(&client).await?;
         let spec = &self.spec;
         let mut cfg = ShareConsumerConfig::new(
             &spec.group,
@@ -1332,6 +1395,7 @@ impl Pipeline {
         cfg.max_records = i32::try_from(spec.max_in_flight.min(10_000)).unwrap_or(500);
         cfg.batch_size = i32::try_from(spec.batch_size).unwrap_or(500);
         cfg.delivery_count_limit = spec.delivery_cap;
+        cfg.archive_at = delivery_limit;
         // With a dead-letter topic, capped records come to us still acquired, so they can be
         // dead-lettered before their Reject goes out.
         cfg.reject_poison = spec.dead_letter_topic.is_none();
@@ -1346,6 +1410,10 @@ impl Pipeline {
         // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
         let identity = self.member_identity();
         cfg.member_id = identity.as_ref().map(|i| i.id().to_owned());
+        cfg.observer = Some(Arc::new(RequestTimes {
+            metrics: self.metrics.clone(),
+            pipeline: spec.name.clone(),
+        }));
         let consumer = Arc::new(
             ShareConsumer::start(client.clone(), cfg)
                 .await
@@ -1371,6 +1439,11 @@ impl Pipeline {
             retries: retry_tx.clone(),
             stop: shutdown.clone(),
         };
+        let lag_watch = {
+            let (this, client, stop) = (self.clone(), client.clone(), shutdown.clone());
+            tokio::spawn(async move { this.watch_lag(&client, &stop).await })
+        };
+        let _lag_watch = AbortOnDrop(lag_watch);
         loop {
             while let Ok(r) = requeue_rx.try_recv() {
                 backlog.push_back(r);
@@ -1493,7 +1566,6 @@ impl Pipeline {
         if !consumer.flush(Duration::from_secs(30)).await {
             tracing::warn!(pipeline = %spec.name, "not every verdict was confirmed before close");
         }
-        self.collect_outcomes(&consumer);
         consumer.close(Duration::from_secs(30)).await;
         self.publish_engine_stats(&consumer);
         self.set_state(if failure.is_some() {
@@ -1548,27 +1620,102 @@ impl Pipeline {
     /// Checks `delivery_cap` against the group's delivery limit (`share.delivery.count.limit`,
     /// the group's own or the broker's): above it, the broker archives a record at its last
     /// delivery before the host's cap is ever reached, without a dead letter.
-    async fn delivery_cap_fits(&self, client: &KafkaClient) -> Result<(), String> {
+    /// Sets up, or notices, the group's broker-side dead-letter topic (KIP-1191, `share.version`
+    /// 2 and up), which receives what the broker archives at the delivery limit: records whose
+    /// last delivery the host never finished (it crashed, was killed, or lost the broker), and
+    /// with it the Rejects. With `broker_dead_letter_topic` the host configures it (topic and
+    /// group configs), after checking what the broker would otherwise refuse at write time,
+    /// silently; without, a group configured so by someone else is noticed. Either way the
+    /// host's own dead letters are then acknowledged as done (see [`Pipeline::reject`]).
+    async fn broker_dead_letters(&self, client: &KafkaClient) -> Result<(), String> {
         let spec = &self.spec;
-        let Some(cap) = spec.delivery_cap else {
+        let level = client
+            .feature_level("share.version")
+            .await
+            .map_err(|e| format!("pipeline {}: cannot read share.version: {e}", spec.name))?
+            .unwrap_or(0);
+        let Some(topic) = &spec.broker_dead_letter_topic else {
+            let configured = client
+                .group_config(&spec.group, "errors.deadletterqueue.topic.name")
+                .await
+                .ok()
+                .flatten()
+                .filter(|t| !t.trim().is_empty());
+            let active = level >= 2 && configured.is_some();
+            if active {
+                tracing::info!(pipeline = %spec.name, group = %spec.group, topic = ?configured, "the group has a broker dead-letter topic: records the host dead-letters itself are acknowledged as done, so the broker writes no second copy");
+            }
+            self.broker_dlq.store(active, Ordering::Relaxed);
             return Ok(());
         };
+        let fail = |why: String| {
+            format!(
+                "pipeline {}: broker_dead_letter_topic {topic}: {why}",
+                spec.name
+            )
+        };
+        if level < 2 {
+            return Err(fail(format!(
+                "the cluster's share.version is {level}; broker dead-letter topics need share.version 2 (Kafka 4.4: kafka-features upgrade --feature share.version=2)"
+            )));
+        }
+        let prefix = client
+            .broker_config("errors.deadletterqueue.topic.name.prefix")
+            .await
+            .map_err(|e| fail(format!("cannot read the broker's dead-letter prefix: {e}")))?
+            .unwrap_or_default();
+        if !topic.starts_with(&prefix) {
+            return Err(fail(format!(
+                "the broker takes only dead-letter topics whose name starts with \"{prefix}\" (errors.deadletterqueue.topic.name.prefix) and would archive without writing"
+            )));
+        }
+        client
+            .alter_topic_configs(
+                topic,
+                &[("errors.deadletterqueue.group.enable", Some("true"))],
+            )
+            .await
+            .map_err(|e| {
+                fail(format!(
+                    "cannot enable it as a group dead-letter topic: {e}"
+                ))
+            })?;
+        client
+            .alter_group_configs(
+                &spec.group,
+                &[
+                    ("errors.deadletterqueue.topic.name", topic.as_str()),
+                    ("errors.deadletterqueue.copy.record.enable", "true"),
+                ],
+            )
+            .await
+            .map_err(|e| fail(format!("cannot set it on group {}: {e}", spec.group)))?;
+        tracing::info!(pipeline = %spec.name, group = %spec.group, %topic, "the broker dead-letters what it archives at the delivery limit into the broker dead-letter topic");
+        self.broker_dlq.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The group's effective delivery limit (`None` when the broker would not say), checked
+    /// against `delivery_cap`: a cap above it is refused, since the broker would archive a
+    /// record before the cap saw it.
+    async fn delivery_limit(&self, client: &KafkaClient) -> Result<Option<i16>, String> {
+        let spec = &self.spec;
         let limit = match client
             .group_config(&spec.group, "share.delivery.count.limit")
             .await
         {
             Ok(v) => v.and_then(|v| v.parse::<i16>().ok()),
             Err(e) => {
-                tracing::warn!(pipeline = %spec.name, group = %spec.group, "cannot read the group's delivery limit to check delivery_cap against it: {e}");
+                tracing::warn!(pipeline = %spec.name, group = %spec.group, "cannot read the group's delivery limit (to check delivery_cap against it and count what the broker archives): {e}");
                 None
             }
         };
-        match limit {
-            Some(limit) if cap > limit => Err(format!(
+        match (spec.delivery_cap, limit) {
+            (Some(cap), Some(limit)) if cap > limit => Err(format!(
                 "pipeline {}: delivery_cap {cap} is above group {}'s delivery limit {limit} (share.delivery.count.limit): the broker would archive a record at its delivery {limit}, before the cap, without a dead letter; set delivery_cap to at most {limit}",
                 spec.name, spec.group
             )),
-            _ => Ok(()),
+            _ => Ok(limit),
         }
     }
 
@@ -1616,6 +1763,38 @@ impl Pipeline {
         }
         let (this, ctx) = (self.clone(), ctx.clone());
         running.spawn(async move { this.judge(&ctx, batch, permit).await });
+    }
+
+    /// Keeps `sharehost_share_group_lag` current: the group coordinator's lag per partition,
+    /// asked every [`LAG_INTERVAL`] until `stop`. A failed ask keeps the last values (logged at
+    /// debug: the run loop reports a coordinator that is really gone).
+    async fn watch_lag(&self, client: &KafkaClient, stop: &CancellationToken) {
+        loop {
+            match crate::share::offsets::share_group_offsets(client, &self.spec.group).await {
+                Ok(partitions) => {
+                    for p in partitions
+                        .iter()
+                        .filter(|p| p.error_code == 0 && p.lag >= 0)
+                    {
+                        self.metrics
+                            .share_group_lag
+                            .get_or_create(&vec![
+                                ("pipeline", self.spec.name.clone()),
+                                ("topic", p.topic.clone()),
+                                ("partition", p.partition.to_string()),
+                            ])
+                            .set(p.lag);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(pipeline = %self.spec.name, group = %self.spec.group, "cannot read the group's lag: {e}");
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(LAG_INTERVAL) => {}
+            }
+        }
     }
 
     fn publish_engine_stats(&self, consumer: &ShareConsumer) {
@@ -1668,6 +1847,11 @@ impl Pipeline {
             l.push(("result", result.into()));
             advance(3 + i, &m.acks.get_or_create(&l), v);
         }
+        advance(
+            5,
+            &m.released_at_delivery_limit.get_or_create(&l),
+            &s.released_at_limit,
+        );
         drop(last);
         if let Some(http) = &self.grants.http {
             let c = http.stats().snapshot();
@@ -1687,15 +1871,6 @@ impl Pipeline {
                     .http_requests
                     .get_or_create(&l)
                     .set(i64::try_from(v).unwrap_or(i64::MAX));
-            }
-        }
-        self.collect_outcomes(consumer);
-    }
-
-    fn collect_outcomes(&self, consumer: &ShareConsumer) {
-        for o in consumer.take_outcomes() {
-            if let Some((e, msg)) = &o.error {
-                tracing::warn!(pipeline = %self.spec.name, topic = %o.topic, partition = o.partition, offsets = o.offsets(), "acknowledgement refused: {e:?} {msg}");
             }
         }
     }
@@ -2239,6 +2414,19 @@ impl Pipeline {
     /// Hands verdicts to the engine in one call, and counts the ones it took once per kind
     /// (not once per record: each count costs label allocations and locks).
     fn ack_all(&self, consumer: &ShareConsumer, verdicts: &[(&ShareRecord, AckKind)], hash: &str) {
+        self.ack_all_as(consumer, verdicts, hash, false);
+    }
+
+    /// [`Pipeline::ack_all`]; with `accepts_are_rejects`, the Accepts stand for records the
+    /// host dead-lettered itself on a group whose broker dead-letters Rejects too (counted as
+    /// rejects, acknowledged as done so the broker writes no second dead letter).
+    fn ack_all_as(
+        &self,
+        consumer: &ShareConsumer,
+        verdicts: &[(&ShareRecord, AckKind)],
+        hash: &str,
+        accepts_are_rejects: bool,
+    ) {
         if verdicts.is_empty() {
             return;
         }
@@ -2264,6 +2452,9 @@ impl Pipeline {
                     tracing::error!(pipeline = %self.spec.name, offset = r.record.offset, "verdict refused: {e}")
                 }
             }
+        }
+        if accepts_are_rejects {
+            taken[2] += std::mem::take(&mut taken[0]);
         }
         for ((_, name), n) in KINDS.iter().zip(taken) {
             if n > 0 {
@@ -2322,10 +2513,18 @@ impl Pipeline {
                 permit,
             )
             .await;
+        // On a group whose broker dead-letters Rejects itself, a record the host dead-lettered
+        // (with its reason) is acknowledged as done: a Reject would write it a second time.
+        let broker_dlq = self.broker_dlq.load(Ordering::Relaxed);
+        let done = if broker_dlq {
+            AckKind::Accept
+        } else {
+            AckKind::Reject
+        };
         let (mut rejected, mut released) = (Vec::new(), Vec::new());
         for ((r, _), landing) in rejects.iter().zip(landings) {
             match landing {
-                Landing::Landed => rejected.push((*r, AckKind::Reject)),
+                Landing::Landed => rejected.push((*r, done)),
                 // A dead letter always has a smaller form to fall back on; what cannot land
                 // is released like what the stop cut short.
                 Landing::Stopped | Landing::Unwritable(_) => released.push((*r, AckKind::Release)),
@@ -2338,7 +2537,7 @@ impl Pipeline {
                 .dead_lettered
                 .get_or_create(&self.labels(hash))
                 .inc_by(n);
-            self.ack_all(consumer, &rejected, hash);
+            self.ack_all_as(consumer, &rejected, hash, broker_dlq);
         }
         self.release_unwritten(consumer, &released);
     }

@@ -123,6 +123,8 @@ pub trait WriteObserver: Sync {
     fn shrunk(&self, topic: &str);
     /// Writes wait for a retry (`true`) or stopped waiting (`false`).
     fn waiting(&self, waiting: bool);
+    /// One produce request took `took`, whatever its result.
+    fn produced(&self, _took: std::time::Duration) {}
 }
 
 /// The outcome of writing everything one batch owes: per owner, how its writes ended, and
@@ -311,9 +313,11 @@ async fn attempt(
             let topic = topic.clone();
             async move {
                 let records: Vec<ProduceRecord> = chunk.iter().map(|w| w.record.clone()).collect();
+                let started = std::time::Instant::now();
                 let result = client
                     .produce(&topic, partition, &records, WRITE_COMPRESSION)
                     .await;
+                observer.produced(started.elapsed());
                 (topic, chunk, result)
             }
         })

@@ -156,6 +156,7 @@ struct RawPipeline {
     concurrency: Option<Spanned<i64>>,
     #[serde(default)]
     dead_letter_topic: Option<Spanned<String>>,
+    broker_dead_letter_topic: Option<Spanned<String>>,
     #[serde(default)]
     max_renewals: Option<Spanned<i64>>,
     #[serde(default)]
@@ -320,6 +321,10 @@ pub struct PipelineSpec {
     pub concurrency: usize,
     /// Where rejected records go, if anywhere.
     pub dead_letter_topic: Option<String>,
+    /// The group's broker-side dead-letter topic (KIP-1191), which the host configures: it
+    /// receives what the broker archives at the delivery limit (a record whose every
+    /// delivery crashed the host), so every archived record has a dead letter.
+    pub broker_dead_letter_topic: Option<String>,
     /// How often one record may ask for renew before it is released.
     pub max_renewals: u32,
     /// Renew records held past this fraction of the lock duration.
@@ -923,6 +928,34 @@ impl Manifest {
                 Some(t) => Some(t.get_ref().clone()),
                 None => None,
             };
+            let broker_dead_letter_topic = match &p.broker_dead_letter_topic {
+                Some(t) if t.get_ref().trim().is_empty() => {
+                    return Err(cx.err(
+                        Some(t.span()),
+                        f("broker_dead_letter_topic"),
+                        "must not be empty (leave it out for none)",
+                    ));
+                }
+                Some(t) if t.get_ref().starts_with("__") => {
+                    return Err(cx.err(
+                        Some(t.span()),
+                        f("broker_dead_letter_topic"),
+                        "must not start with `__` (the broker refuses internal names)",
+                    ));
+                }
+                Some(t)
+                    if p.topics.get_ref().contains(t.get_ref())
+                        || dead_letter_topic.as_ref() == Some(t.get_ref()) =>
+                {
+                    return Err(cx.err(
+                        Some(t.span()),
+                        f("broker_dead_letter_topic"),
+                        "must differ from the pipeline's topics and its dead_letter_topic",
+                    ));
+                }
+                Some(t) => Some(t.get_ref().clone()),
+                None => None,
+            };
             let auto_renew_after = match &p.auto_renew_after {
                 None => defaults::AUTO_RENEW_AFTER,
                 Some(v) if (0.05..=0.95).contains(v.get_ref()) => *v.get_ref(),
@@ -1108,6 +1141,7 @@ impl Manifest {
                     defaults::CONCURRENCY,
                 )?,
                 dead_letter_topic,
+                broker_dead_letter_topic,
                 max_renewals: cx.int(
                     &p.max_renewals,
                     &f("max_renewals"),
