@@ -59,9 +59,27 @@ config = {{ }}
 /// A manifest of one pipeline named `ledger` running guest `component` on `topic` in `group`,
 /// with `settings` (more pipeline lines), written to a fresh directory.
 fn one_pipeline(topic: &str, group: &str, component: &str, settings: &str) -> PathBuf {
+    ledger_pipeline(topic, group, component, "", settings)
+}
+
+/// [`one_pipeline`] with the plugin configuration `plugin_config` (inline-table entries).
+fn ledger_pipeline(
+    topic: &str,
+    group: &str,
+    component: &str,
+    plugin_config: &str,
+    settings: &str,
+) -> PathBuf {
     let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let text = ledger_manifest(&bootstrap(), topic, group, &guest(component), "", settings);
+    let text = ledger_manifest(
+        &bootstrap(),
+        topic,
+        group,
+        &guest(component),
+        plugin_config,
+        settings,
+    );
     let manifest = dir.join("manifest.toml");
     std::fs::write(&manifest, text).expect("write manifest");
     manifest
@@ -350,18 +368,13 @@ async fn the_share_groups_lag_per_partition_is_exported_and_follows_the_backlog(
     let (topic, _) = topic_with_dead_letters(&client, "tenants-lag", 3, 1).await;
     let group = fresh_group(&client, None).await;
     let ids = produce_ids(&client, &topic, 3, 0..300).await;
-    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let manifest = dir.join("manifest.toml");
-    let text = ledger_manifest(
-        &bootstrap(),
+    let manifest = ledger_pipeline(
         &topic,
         &group,
-        &guest("fixture_ledger"),
+        "fixture_ledger",
         "pause-ms = \"1000\"",
         "batch_size = 20\n",
     );
-    std::fs::write(&manifest, text).expect("write manifest");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let (h, t) = (host.clone(), topic.clone());
     let seen_backlog = blocking(move || {
@@ -417,18 +430,7 @@ async fn records_released_at_their_last_delivery_are_counted_as_archived() {
     let (topic, _) = topic_with_dead_letters(&client, "tenants-archived", 1, 1).await;
     let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "2")]).await;
     produce_ids(&client, &topic, 1, 0..10).await;
-    let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let manifest = dir.join("manifest.toml");
-    let text = ledger_manifest(
-        &bootstrap(),
-        &topic,
-        &group,
-        &guest("fixture_ledger"),
-        "trap-every = \"1\"",
-        "",
-    );
-    std::fs::write(&manifest, text).expect("write manifest");
+    let manifest = ledger_pipeline(&topic, &group, "fixture_ledger", "trap-every = \"1\"", "");
     let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
     let h = host.clone();
     let series = "sharehost_released_at_delivery_limit_total{pipeline=\"ledger\"} ";

@@ -57,6 +57,12 @@ pub struct DescribeShareGroupOffsetsResponse {
     pub partitions: Vec<PartitionOffsets>,
 }
 
+fn size_of<T: Encodable>(msg: &T, version: i16) -> Result<usize> {
+    let mut b = BytesMut::new();
+    msg.encode(&mut b, version)?;
+    Ok(b.len())
+}
+
 fn check(version: i16) -> Result<()> {
     if !(OFFSETS_VERSIONS.min..=OFFSETS_VERSIONS.max).contains(&version) {
         bail!("DescribeShareGroupOffsets version {version} is not supported (0-1)");
@@ -77,9 +83,7 @@ impl Encodable for DescribeShareGroupOffsetsRequest {
     }
 
     fn compute_size(&self, version: i16) -> Result<usize> {
-        let mut b = BytesMut::new();
-        self.encode(&mut b, version)?;
-        Ok(b.len())
+        size_of(self, version)
     }
 }
 
@@ -138,9 +142,7 @@ impl Encodable for DescribeShareGroupOffsetsResponse {
     }
 
     fn compute_size(&self, version: i16) -> Result<usize> {
-        let mut b = BytesMut::new();
-        self.encode(&mut b, version)?;
-        Ok(b.len())
+        size_of(self, version)
     }
 }
 
