@@ -1629,12 +1629,10 @@ impl Pipeline {
     /// host's own dead letters are then acknowledged as done (see [`Pipeline::reject`]).
     async fn broker_dead_letters(&self, client: &KafkaClient) -> Result<(), String> {
         let spec = &self.spec;
-        let level = client
-            .feature_level("share.version")
-            .await
-            .map_err(|e| format!("pipeline {}: cannot read share.version: {e}", spec.name))?
-            .unwrap_or(0);
+        let level = client.feature_level("share.version").await;
         let Some(topic) = &spec.broker_dead_letter_topic else {
+            // Only noticed, so a broker that will not say is taken for one without it.
+            let level = level.ok().flatten().unwrap_or(0);
             let configured = client
                 .group_config(&spec.group, "errors.deadletterqueue.topic.name")
                 .await
@@ -1654,6 +1652,9 @@ impl Pipeline {
                 spec.name
             )
         };
+        let level = level
+            .map_err(|e| fail(format!("cannot read the cluster's share.version: {e}")))?
+            .unwrap_or(0);
         if level < 2 {
             return Err(fail(format!(
                 "the cluster's share.version is {level}; broker dead-letter topics need share.version 2 (Kafka 4.4: kafka-features upgrade --feature share.version=2)"
