@@ -517,6 +517,41 @@ async fn in_flight_never_passes_max_in_flight_when_producer_batches_are_larger()
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_batches_that_fit_the_bound_are_acquired_whole() {
+    let _shared = BROKER.read().await;
+    // Producer batches of 100 records against a bound of 500: a fetch that ended inside a
+    // batch would make the broker track it record by record (a lock timer per offset).
+    let s = Scenario::new("whole-batches", 3000, 30_000).await;
+    let settings = "batch_size = 50\nmax_in_flight = 500\ndelivery_cap = 4\nconcurrency = 2\n";
+    let manifest = s.manifest_with(
+        &bootstrap(),
+        &guest("fixture_ledger"),
+        r#"pause-ms = "1""#,
+        settings,
+    );
+    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let status = host.status();
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+    let split = status[0]["acquired_split"].as_u64().unwrap_or(u64::MAX);
+    let fetches = status[0]["fetches"].as_u64().unwrap_or(0);
+    report(&format!(
+        "ledger {}: producer batches of 100, max_in_flight 500: {fetches} fetches, {split} acquired ranges cutting a batch, in-flight peak {}",
+        s.name, status[0]["in_flight_peak"]
+    ));
+    assert!(fetches > 0, "{status}");
+    // Only the first fetch, before any batch is seen, asks by record count.
+    assert!(split <= 1, "acquired ranges cut producer batches: {status}");
+    assert!(
+        status[0]["in_flight_peak"].as_u64().unwrap_or(u64::MAX) <= 500,
+        "{status}"
+    );
+}
+
 /// The member id a host's pipeline joined with, from its log's "pipeline running" line.
 fn member_of(host: &HostProcess) -> String {
     host.log_lines()

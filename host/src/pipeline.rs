@@ -367,6 +367,9 @@ pub struct PipelineStatus {
     pub fetches: u64,
     /// Records acquired by those fetches.
     pub acquired: u64,
+    /// Acquired ranges that cover only part of a producer batch (the broker then tracks the
+    /// batch record by record): near zero while producer batches fit `max_in_flight`.
+    pub acquired_split: u64,
     /// Batches whose outputs or dead letters wait for a retry of their produce (their records
     /// stay acquired); the state is `degraded` meanwhile.
     pub writes_waiting: u64,
@@ -504,6 +507,7 @@ struct EngineCounts {
     limit: AtomicU64,
     fetches: AtomicU64,
     acquired: AtomicU64,
+    acquired_split: AtomicU64,
 }
 
 /// The pipeline's own count of its writes (outputs and dead letters), apart from verdicts.
@@ -987,6 +991,7 @@ impl Pipeline {
             in_flight_limit: self.engine.limit.load(Ordering::Relaxed),
             fetches: self.engine.fetches.load(Ordering::Relaxed),
             acquired: self.engine.acquired.load(Ordering::Relaxed),
+            acquired_split: self.engine.acquired_split.load(Ordering::Relaxed),
             write_failures: self.writes.failures.load(Ordering::Relaxed),
             released_unwritten: self.writes.released.load(Ordering::Relaxed),
             dead_letters_shrunk: self.writes.shrunk.load(Ordering::Relaxed),
@@ -1401,11 +1406,10 @@ impl Pipeline {
         cfg.reject_poison = spec.dead_letter_topic.is_none();
         cfg.auto_renew_after = Some(spec.auto_renew_after);
         cfg.pace_within = Some(PACE_WITHIN);
-        // `max_in_flight` is a hard bound: the broker acquires at most MaxRecords per request
-        // (across its partitions). Batch-optimized acquisition rounds up to whole producer
-        // batches, past the bound by up to a batch per partition; with large fetches only the
-        // last producer batch of a request is split.
-        cfg.acquire_mode = AcquireMode::RecordLimit;
+        // Whole producer batches while the room holds the largest one seen (a batch the broker
+        // splits costs it a lock timer per record), at most MaxRecords per request otherwise:
+        // `max_in_flight` holds unless a batch larger than any seen before arrives.
+        cfg.acquire_mode = AcquireMode::Fitted;
         cfg.min_in_flight = spec.batch_size.saturating_mul(spec.concurrency);
         // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
         let identity = self.member_identity();
@@ -1819,6 +1823,8 @@ impl Pipeline {
             .store(s.fetches.load(Ordering::Relaxed), Ordering::Relaxed);
         e.acquired
             .store(s.acquired.load(Ordering::Relaxed), Ordering::Relaxed);
+        e.acquired_split
+            .store(s.acquired_split.load(Ordering::Relaxed), Ordering::Relaxed);
         self.metrics
             .in_flight
             .get_or_create(&l)

@@ -41,8 +41,72 @@ pub enum AcquireMode {
     /// Whole batches; MaxRecords is a soft limit (the only mode of v1 brokers).
     #[default]
     BatchOptimized,
-    /// At most MaxRecords per request, so `max_in_flight` is a hard bound.
+    /// At most MaxRecords per request, so `max_in_flight` is a hard bound. A producer batch
+    /// the limit cuts is tracked by the broker offset by offset (a lock timer per record and
+    /// an acquired range per record for the rest): on batches of thousands of records that
+    /// costs the broker several times its batch-wise work.
     RecordLimit,
+    /// Whole batches whenever the room left holds the largest batch this consumer has seen
+    /// (MaxRecords lowered so that the last batch the broker adds still fits), record-limit
+    /// otherwise (before the first batch is seen, and when batches are larger than the
+    /// room). In flight stays within `max_in_flight` unless a partition brings a batch larger
+    /// than any seen before; that fetch passes it by less than that batch, and later fetches
+    /// allow for it. Needs ShareFetch v2 for the record-limit part (v1: whole batches).
+    Fitted,
+}
+
+/// Whether the acquired range `first..=last` covers only part of the producer batch it starts
+/// in (`spans`: the response's batches, in offset order).
+fn cuts_a_batch(spans: &[(i64, i64)], first: i64, last: i64) -> bool {
+    let at = spans.partition_point(|&(_, end)| end < first);
+    spans
+        .get(at)
+        .is_some_and(|&(start, end)| start <= first && (start < first || end > last))
+}
+
+/// What one ShareFetch asks for: its acquire mode and MaxRecords, and how many records it
+/// can bring at most (the room it reserves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FetchAsk {
+    record_limit: bool,
+    max_records: usize,
+    at_most: usize,
+}
+
+/// Chooses [`FetchAsk`] for `budget` records of room: `largest_batch` is the most records one
+/// producer batch has spanned so far (0: none seen), `max_records` the configured cap and
+/// `v2` whether the broker knows record-limit mode.
+fn fetch_ask(
+    mode: AcquireMode,
+    budget: usize,
+    largest_batch: usize,
+    max_records: usize,
+    v2: bool,
+) -> FetchAsk {
+    let max_records = max_records.max(1).min(budget.max(1));
+    let whole = |max_records: usize| FetchAsk {
+        record_limit: false,
+        max_records,
+        // A batch-optimized fetch stops once MaxRecords are reached, with the last batch whole.
+        at_most: max_records.saturating_add(largest_batch.saturating_sub(1)),
+    };
+    let limited = FetchAsk {
+        record_limit: true,
+        max_records,
+        at_most: max_records,
+    };
+    match mode {
+        AcquireMode::BatchOptimized => whole(max_records),
+        AcquireMode::RecordLimit if v2 => limited,
+        AcquireMode::RecordLimit => whole(max_records),
+        AcquireMode::Fitted if !v2 => whole(max_records),
+        AcquireMode::Fitted => {
+            if largest_batch == 0 || budget < largest_batch {
+                return limited;
+            }
+            whole(max_records.min(budget - largest_batch + 1))
+        }
+    }
 }
 
 /// Settings of a share consumer; the fetch defaults mirror the Java client's.
@@ -225,6 +289,10 @@ pub struct ConsumerStats {
     pub fetches: AtomicU64,
     /// Records those fetches acquired (with `fetches`: records per ShareFetch).
     pub acquired: AtomicU64,
+    /// Acquired ranges that cover only part of their producer batch: the broker tracks such a
+    /// batch offset by offset, with a lock timer per record (several times its batch-wise
+    /// cost). Fitted acquisition keeps this near zero when batches fit the bound.
+    pub acquired_split: AtomicU64,
     /// The most records ever held at once (never above `max_in_flight`).
     pub in_flight_peak: AtomicU64,
     /// Records released at their last delivery (the group's delivery limit, when known): the
@@ -307,6 +375,9 @@ struct Shared {
     /// Records asked for by fetches not answered yet: their room is taken until then, so
     /// leaders fetching at once never ask for more than the bound together.
     reserved: AtomicUsize,
+    /// The most records one producer batch has spanned in any response (0: none yet), so a
+    /// fitted fetch knows what a whole batch can add.
+    largest_batch: AtomicUsize,
     /// Final verdicts recorded (the caller's judging rate, for pacing).
     finals: AtomicU64,
     /// Leaders serving assigned partitions now (each fetches within its share of the bound).
@@ -616,6 +687,7 @@ impl ShareConsumer {
             route: Mutex::new(foldhash::HashMap::default()),
             in_flight: AtomicUsize::new(0),
             reserved: AtomicUsize::new(0),
+            largest_batch: AtomicUsize::new(0),
             finals: AtomicU64::new(0),
             active_leaders: AtomicUsize::new(1),
             acquiring: std::sync::atomic::AtomicBool::new(true),
@@ -889,6 +961,8 @@ impl ShareConsumer {
             if self.shared.fatal().is_some() {
                 return false;
             }
+            // Nothing waits for the rest of its range now: everything recorded goes out.
+            lock(&self.shared.ledger).release_ranges();
             self.shared.wake.notify_waiters();
             if tokio::time::timeout_at(deadline, acked).await.is_err() {
                 return false;
@@ -1311,10 +1385,14 @@ impl LeaderWorker {
         let serves = self.serves(session);
         let (has_renew, has_acks) = {
             let ledger = lock(&self.shared.ledger);
-            (
-                ledger.has_renew_where(|tp| serves.contains(tp)),
-                ledger.has_where(|tp| serves.contains(tp)),
-            )
+            // Verdicts waiting for the rest of their acquired range do not count yet (unless
+            // nothing is assigned here any more: then no fetch will carry them).
+            let ready = if wanted.is_empty() {
+                ledger.has_where(|tp| serves.contains(tp))
+            } else {
+                ledger.has_ready_where(|tp| serves.contains(tp), Instant::now())
+            };
+            (ledger.has_renew_where(|tp| serves.contains(tp)), ready)
         };
         if !session.is_opening() && has_renew {
             return self.send_acks(conn, session, version, true).await;
@@ -1337,6 +1415,14 @@ impl LeaderWorker {
         // fetches (each costs the broker as much as a large one); it rides on a standalone
         // acknowledgement instead.
         let step = (share / 2).max(1).min(cfg.max_records.max(1) as usize);
+        // A fitted fetch waits for room for a whole batch when its share can hold one at all:
+        // asking for less would make the broker split the batch offset by offset.
+        let largest = self.shared.largest_batch.load(Ordering::Relaxed);
+        let step = if cfg.acquire_mode == AcquireMode::Fitted && largest <= share {
+            step.max(largest)
+        } else {
+            step
+        };
         let budget = if budget >= step { budget } else { 0 };
         // While the caller still holds records of this leader, a fetch does not long-poll:
         // the verdicts it makes meanwhile would wait behind it, and when this member holds the
@@ -1423,7 +1509,7 @@ impl LeaderWorker {
             Vec::new()
         } else {
             let serves = self.serves(session);
-            lock(&self.shared.ledger).take(|tp| serves.contains(tp), false)
+            lock(&self.shared.ledger).take_ready(|tp| serves.contains(tp), Instant::now())
         };
         let part = match session.fetch_request(wanted, acks.clone()) {
             Ok(p) => p,
@@ -1432,12 +1518,17 @@ impl LeaderWorker {
                 return Step::Exit;
             }
         };
-        let max_records = cfg
-            .max_records
-            .min(i32::try_from(budget).unwrap_or(i32::MAX));
+        let ask = fetch_ask(
+            cfg.acquire_mode,
+            budget,
+            self.shared.largest_batch.load(Ordering::Relaxed),
+            usize::try_from(cfg.max_records).unwrap_or(1),
+            version >= 2,
+        );
+        let max_records = i32::try_from(ask.max_records).unwrap_or(i32::MAX);
         // The room is taken until the answer is in, so other leaders fetching meanwhile ask
         // only for what is left.
-        let _reserved = Reservation::take(&self.shared, usize::try_from(max_records).unwrap_or(0));
+        let _reserved = Reservation::take(&self.shared, ask.at_most);
         self.shared.stats.fetches.fetch_add(1, Ordering::Relaxed);
         let req = ShareFetchRequest {
             group_id: cfg.group.clone(),
@@ -1448,11 +1539,7 @@ impl LeaderWorker {
             max_bytes: cfg.max_bytes,
             max_records,
             batch_size: cfg.batch_size.min(max_records),
-            share_acquire_mode: if version >= 2 && cfg.acquire_mode == AcquireMode::RecordLimit {
-                1
-            } else {
-                0
-            },
+            share_acquire_mode: i8::from(ask.record_limit),
             is_renew_ack: false,
             topics: part.topics,
             forgotten_topics: part.forgotten,
@@ -1650,12 +1737,16 @@ impl LeaderWorker {
                 }
                 records.dedup_by_key(|r| r.offset);
                 let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
-                let plan = plan_unrecorded(
-                    &ranges,
-                    &batch_spans(&p.records),
-                    &offsets,
-                    MAX_UNRECORDED_OFFSETS,
-                );
+                let spans = batch_spans(&p.records);
+                let widest = spans
+                    .iter()
+                    .map(|&(first, last)| usize::try_from(last - first + 1).unwrap_or(usize::MAX))
+                    .max()
+                    .unwrap_or(0);
+                self.shared
+                    .largest_batch
+                    .fetch_max(widest, Ordering::Relaxed);
+                let plan = plan_unrecorded(&ranges, &spans, &offsets, MAX_UNRECORDED_OFFSETS);
                 let mut slots: Vec<Option<ConsumedRecord>> =
                     records.into_iter().map(Some).collect();
                 if !plan.release.is_empty() || plan.left_alone > 0 {
@@ -1671,7 +1762,19 @@ impl LeaderWorker {
                 let Some(st) = leaders.get_mut(&self.leader) else {
                     continue;
                 };
+                let split = p
+                    .acquired
+                    .iter()
+                    .filter(|a| cuts_a_batch(&spans, a.first_offset, a.last_offset))
+                    .count();
+                self.shared
+                    .stats
+                    .acquired_split
+                    .fetch_add(split as u64, Ordering::Relaxed);
                 let mut ledger = lock(&self.shared.ledger);
+                for a in &p.acquired {
+                    ledger.acquired(tp, a.first_offset, a.last_offset);
+                }
                 for o in plan.gaps {
                     let _ = ledger.record(tp, o, AckKind::Gap);
                     self.shared.stats.gaps.fetch_add(1, Ordering::Relaxed);
@@ -2112,6 +2215,51 @@ fn plan_unrecorded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_cuts_a_batch_when_it_covers_only_part_of_it() {
+        let spans = [(0, 99), (100, 199), (200, 200)];
+        assert!(!cuts_a_batch(&spans, 0, 99));
+        assert!(!cuts_a_batch(&spans, 0, 199));
+        assert!(!cuts_a_batch(&spans, 200, 200));
+        assert!(cuts_a_batch(&spans, 0, 49));
+        assert!(cuts_a_batch(&spans, 150, 150));
+        assert!(cuts_a_batch(&spans, 50, 120));
+        // A range the response has no batch for is not counted here (plan_unrecorded's job).
+        assert!(!cuts_a_batch(&spans, 500, 600));
+    }
+
+    #[test]
+    fn a_fitted_fetch_asks_for_whole_batches_only_when_the_largest_fits_the_room() {
+        let ask = |budget, largest| fetch_ask(AcquireMode::Fitted, budget, largest, 10_000, true);
+        // Nothing seen yet: record-limit, exactly the room.
+        assert_eq!(
+            ask(2500, 0),
+            FetchAsk {
+                record_limit: true,
+                max_records: 2500,
+                at_most: 2500
+            }
+        );
+        // Batches of 2,380: whole batches, MaxRecords lowered so the last one still fits.
+        let whole = ask(5000, 2380);
+        assert!(!whole.record_limit);
+        assert_eq!(whole.max_records, 5000 - 2380 + 1);
+        assert_eq!(whole.at_most, 5000);
+        // A room smaller than one batch: record-limit again (the bound is kept).
+        assert!(ask(2000, 2380).record_limit);
+        assert_eq!(ask(2000, 2380).at_most, 2000);
+        // The configured cap still applies, and what it can bring is reserved.
+        let capped = fetch_ask(AcquireMode::Fitted, 50_000, 100, 500, true);
+        assert_eq!(
+            (capped.record_limit, capped.max_records, capped.at_most),
+            (false, 500, 599)
+        );
+        // v1 brokers know whole batches only.
+        assert!(!fetch_ask(AcquireMode::Fitted, 2000, 2380, 10_000, false).record_limit);
+        assert!(!fetch_ask(AcquireMode::RecordLimit, 2000, 0, 10_000, false).record_limit);
+        assert!(fetch_ask(AcquireMode::RecordLimit, 5000, 100, 10_000, true).record_limit);
+    }
 
     #[test]
     fn a_huge_acquired_range_is_not_walked_offset_by_offset() {

@@ -3,8 +3,19 @@
 //! Pure data. The broker rejects a whole partition's acknowledgements when batches overlap, are
 //! out of order, or carry a type list of the wrong length (KIP-932 reference §4.4), so this is
 //! the one place that builds them, and its property tests check every rule.
+//!
+//! It also keeps the verdicts of an acquired range together. The broker tracks a range it
+//! acquired as one batch until an acknowledgement covers only part of it; then it splits the
+//! range into one state and one lock timer per offset, which for producer batches of
+//! thousands of records costs it several times its batch-wise work. So verdicts of a range
+//! ride on fetches only once the whole range is judged, or once the first of them has waited
+//! [`RANGE_LINGER`] (a slow handler's verdicts are not held back for long: until they are
+//! sent, their records' locks are not renewed).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use uuid::Uuid;
 
@@ -64,10 +75,38 @@ pub enum LedgerError {
     },
 }
 
+/// Longest a final verdict waits for the rest of its acquired range before it may go out
+/// alone.
+pub const RANGE_LINGER: Duration = Duration::from_millis(500);
+
+/// An acquired range whose verdicts wait to go out together.
+#[derive(Debug, Clone, Copy)]
+struct HeldRange {
+    last: i64,
+    /// Final verdicts pending in the range.
+    judged: u64,
+    /// When its first final verdict was recorded.
+    since: Option<Instant>,
+}
+
+impl HeldRange {
+    fn ready(&self, first: i64, now: Instant) -> bool {
+        let span = u64::try_from(self.last - first)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        self.judged >= span
+            || self
+                .since
+                .is_some_and(|t| now.duration_since(t) >= RANGE_LINGER)
+    }
+}
+
 /// Pending acknowledgements, per partition, in offset order.
 #[derive(Debug, Default, Clone)]
 pub struct AckLedger {
     pending: BTreeMap<TopicIdPartition, BTreeMap<i64, AckKind>>,
+    /// Acquired ranges of more than one offset, by first offset.
+    held: BTreeMap<TopicIdPartition, BTreeMap<i64, HeldRange>>,
 }
 
 impl AckLedger {
@@ -95,11 +134,139 @@ impl AckLedger {
                 })
             }
             Some(existing) if *existing != AckKind::Renew => Ok(()), // the same verdict twice is harmless
-            _ => {
+            previous => {
+                let newly_final = kind != AckKind::Renew
+                    && previous.is_none_or(|existing| *existing == AckKind::Renew);
                 entry.insert(offset, kind);
+                if newly_final && let Some(range) = self.range_of(tp, offset) {
+                    range.judged += 1;
+                    range.since.get_or_insert_with(Instant::now);
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Notes that `first..=last` of `tp` was acquired as one range, so that its verdicts go
+    /// out together ([`AckLedger::take_ready`]). A range of one offset needs nothing.
+    pub fn acquired(&mut self, tp: TopicIdPartition, first: i64, last: i64) {
+        if last <= first {
+            return;
+        }
+        let judged = self.pending.get(&tp).map_or(0, |m| {
+            m.range(first..=last)
+                .filter(|(_, k)| **k != AckKind::Renew)
+                .count() as u64
+        });
+        let since = (judged > 0).then(Instant::now);
+        let ranges = self.held.entry(tp).or_default();
+        // Overlapping older ranges (records redelivered after their lock expired) no longer
+        // describe what the broker holds.
+        let stale: Vec<i64> = ranges
+            .range(..=last)
+            .filter(|(f, r)| r.last >= first && **f <= last)
+            .map(|(f, _)| *f)
+            .collect();
+        for f in stale {
+            ranges.remove(&f);
+        }
+        ranges.insert(
+            first,
+            HeldRange {
+                last,
+                judged,
+                since,
+            },
+        );
+    }
+
+    fn range_of(&mut self, tp: TopicIdPartition, offset: i64) -> Option<&mut HeldRange> {
+        self.held
+            .get_mut(&tp)?
+            .range_mut(..=offset)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| r.last >= offset)
+    }
+
+    /// Lets every held range go: what is pending may all be sent now (a flush).
+    pub fn release_ranges(&mut self) {
+        self.held.clear();
+    }
+
+    /// Whether anything of the partitions `filter` accepts may ride on a fetch now: a final
+    /// verdict outside a held range, or a held range whole or waiting past [`RANGE_LINGER`].
+    pub fn has_ready_where<F: Fn(&TopicIdPartition) -> bool>(
+        &self,
+        filter: F,
+        now: Instant,
+    ) -> bool {
+        self.pending.iter().any(|(tp, m)| {
+            if !filter(tp) {
+                return false;
+            }
+            let Some(ranges) = self.held.get(tp).filter(|r| !r.is_empty()) else {
+                return m.values().any(|k| *k != AckKind::Renew);
+            };
+            if ranges.iter().any(|(f, r)| r.judged > 0 && r.ready(*f, now)) {
+                return true;
+            }
+            let judged_in_ranges: u64 = ranges.values().map(|r| r.judged).sum();
+            let finals = m.values().filter(|k| **k != AckKind::Renew).count() as u64;
+            finals > judged_in_ranges
+        })
+    }
+
+    /// Removes and returns what [`AckLedger::has_ready_where`] calls ready (never Renew):
+    /// the final verdicts outside held ranges and those of ranges that are whole or have
+    /// waited long enough; the rest stays for a later fetch.
+    pub fn take_ready<F>(
+        &mut self,
+        mut filter: F,
+        now: Instant,
+    ) -> Vec<(TopicIdPartition, Vec<AckBatch>)>
+    where
+        F: FnMut(&TopicIdPartition) -> bool,
+    {
+        let mut out = Vec::new();
+        for (tp, offsets) in self.pending.iter_mut() {
+            if offsets.is_empty() || !filter(tp) {
+                continue;
+            }
+            // The ranges that stay held: their offsets stay too.
+            let mut kept: Vec<(i64, i64)> = Vec::new();
+            if let Some(ranges) = self.held.get_mut(tp) {
+                ranges.retain(|first, r| {
+                    if r.ready(*first, now) {
+                        false
+                    } else {
+                        kept.push((*first, r.last));
+                        true
+                    }
+                });
+            }
+            let mut taken = BTreeMap::new();
+            let mut k = kept.iter().peekable();
+            offsets.retain(|&offset, kind| {
+                if *kind == AckKind::Renew {
+                    return true;
+                }
+                while k.peek().is_some_and(|(_, last)| *last < offset) {
+                    k.next();
+                }
+                if k.peek().is_some_and(|(first, _)| *first <= offset) {
+                    return true;
+                }
+                taken.insert(offset, *kind);
+                false
+            });
+            if !taken.is_empty() {
+                out.push((*tp, to_batches(&taken)));
+            }
+        }
+        self.pending.retain(|_, m| !m.is_empty());
+        self.held.retain(|_, r| !r.is_empty());
+        out
     }
 
     /// Number of offsets waiting to be sent.
@@ -159,6 +326,8 @@ impl AckLedger {
             if !taken.is_empty() {
                 out.push((*tp, to_batches(&taken)));
             }
+            // What was held of these ranges has gone out: nothing of them waits any more.
+            self.held.remove(tp);
         }
         self.pending.retain(|_, m| !m.is_empty());
         out
@@ -179,6 +348,7 @@ impl AckLedger {
                 true
             }
         });
+        self.held.retain(|tp, _| !filter(tp));
         dropped
     }
 }
@@ -336,6 +506,118 @@ mod tests {
             }]
         );
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn verdicts_of_an_acquired_range_go_out_together() {
+        let now = Instant::now();
+        let mut l = AckLedger::new();
+        l.acquired(tp(0), 0, 9);
+        l.acquired(tp(0), 10, 19);
+        for o in 0..15 {
+            l.record(tp(0), o, AckKind::Accept).expect("fresh");
+        }
+        // A verdict outside any range is ready at once.
+        l.record(tp(1), 7, AckKind::Reject).expect("fresh");
+        assert!(l.has_ready_where(|_| true, now));
+        let taken = l.take_ready(|_| true, now);
+        // 0-9 is whole; 10-14 wait for 15-19.
+        assert_eq!(
+            taken,
+            vec![
+                (
+                    tp(0),
+                    vec![AckBatch {
+                        first_offset: 0,
+                        last_offset: 9,
+                        types: vec![1]
+                    }]
+                ),
+                (
+                    tp(1),
+                    vec![AckBatch {
+                        first_offset: 7,
+                        last_offset: 7,
+                        types: vec![3]
+                    }]
+                ),
+            ]
+        );
+        assert_eq!(l.len(), 5);
+        assert!(!l.has_ready_where(|_| true, now));
+        assert!(l.take_ready(|_| true, now).is_empty());
+        // A Renew does not complete a range; the final verdicts do.
+        l.record(tp(0), 15, AckKind::Renew).expect("renew");
+        assert!(!l.has_ready_where(|_| true, now));
+        for o in 15..20 {
+            l.record(tp(0), o, AckKind::Release).expect("final");
+        }
+        assert!(l.has_ready_where(|_| true, now));
+        let taken = l.take_ready(|_| true, now);
+        assert_eq!(taken[0].1.len(), 1);
+        assert_eq!(
+            (taken[0].1[0].first_offset, taken[0].1[0].last_offset),
+            (10, 19)
+        );
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_partly_judged_range_waits_no_longer_than_the_linger() {
+        let mut l = AckLedger::new();
+        l.acquired(tp(0), 100, 1099);
+        l.record(tp(0), 100, AckKind::Accept).expect("fresh");
+        let now = Instant::now();
+        assert!(!l.has_ready_where(|_| true, now));
+        let later = now + RANGE_LINGER + Duration::from_millis(1);
+        assert!(l.has_ready_where(|_| true, later));
+        let taken = l.take_ready(|_| true, later);
+        assert_eq!(taken[0].1[0].first_offset, 100);
+        // Later verdicts of the same range are no longer held.
+        l.record(tp(0), 101, AckKind::Accept).expect("fresh");
+        assert!(l.has_ready_where(|_| true, now));
+        // A flush lets every range go.
+        l.acquired(tp(0), 2000, 2999);
+        l.record(tp(0), 2000, AckKind::Accept).expect("fresh");
+        assert_eq!(
+            l.take_ready(|_| true, now)
+                .iter()
+                .map(|(_, b)| b.len())
+                .sum::<usize>(),
+            1
+        );
+        l.release_ranges();
+        assert!(l.has_ready_where(|_| true, now));
+        assert_eq!(l.take_ready(|_| true, now)[0].1[0].first_offset, 2000);
+    }
+
+    #[test]
+    fn a_range_acquired_again_replaces_the_one_it_overlaps() {
+        let now = Instant::now();
+        let mut l = AckLedger::new();
+        l.acquired(tp(0), 0, 9);
+        l.record(tp(0), 3, AckKind::Accept).expect("fresh");
+        // The lock expired and 2-5 came back as a range of their own: 3 is judged in it.
+        l.acquired(tp(0), 2, 5);
+        for o in [2, 4, 5] {
+            l.record(tp(0), o, AckKind::Accept).expect("fresh");
+        }
+        let taken = l.take_ready(|_| true, now);
+        assert_eq!(
+            (taken[0].1[0].first_offset, taken[0].1[0].last_offset),
+            (2, 5)
+        );
+        // A full take and a drop forget the partition's ranges.
+        l.acquired(tp(0), 10, 19);
+        l.record(tp(0), 10, AckKind::Accept).expect("fresh");
+        assert_eq!(l.take(|_| true, false).len(), 1);
+        l.record(tp(0), 11, AckKind::Accept).expect("fresh");
+        assert!(l.has_ready_where(|_| true, now));
+        l.acquired(tp(1), 0, 9);
+        l.record(tp(1), 0, AckKind::Accept).expect("fresh");
+        assert_eq!(l.drop_where(|t| *t == tp(1)), 1);
+        l.record(tp(1), 1, AckKind::Accept).expect("fresh");
+        assert!(l.has_ready_where(|t| *t == tp(1), now));
     }
 
     #[test]
