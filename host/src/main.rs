@@ -331,14 +331,29 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     Ok(())
 }
 
+/// The log filter: `SHAREHOST_LOG` (or `default_level`), with WASI's own call tracing held
+/// at debug whatever is asked. wasmtime-wasi and wasmtime-wasi-http trace every host call of a
+/// guest with its arguments (URLs, header values, bytes written), which would print a
+/// plugin's secrets past every redaction.
+fn log_filter(default_level: &str) -> tracing_subscriber::EnvFilter {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    if filter.max_level_hint() != Some(tracing_subscriber::filter::LevelFilter::TRACE) {
+        return filter;
+    }
+    ["wasmtime_wasi=debug", "wasmtime_wasi_http=debug"]
+        .into_iter()
+        .filter_map(|d| d.parse().ok())
+        .fold(filter, |f, d| f.add_directive(d))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (default_level, json) = match &cli.command {
         Command::Run(a) => ("info", a.log_json),
         _ => ("warn", false),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SHAREHOST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let filter = log_filter(default_level);
     if json {
         tracing_subscriber::fmt()
             .json()

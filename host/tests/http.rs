@@ -21,7 +21,7 @@ use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sharehost::runtime::{
-    BatchOutcome, HttpGrant, HttpSettings, Plugin, PluginLimits, PluginRuntime, Record,
+    BatchOutcome, FaultKind, HttpGrant, HttpSettings, Plugin, PluginLimits, PluginRuntime, Record,
     RuntimeConfig, Verdict,
 };
 use sharehost_tests::{guest, plugin_record as record};
@@ -561,6 +561,143 @@ async fn held_at_once(
         other => panic!("expected verdicts, got {other:?}"),
     };
     (server.seen.most_held.load(Ordering::SeqCst), verdicts)
+}
+
+#[tokio::test]
+async fn requests_a_plugin_never_reads_give_their_permits_back_at_their_timeout() {
+    let server = Server::start().await;
+    let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
+    settings.max_concurrent = 2;
+    settings.request_timeout = Duration::from_millis(500);
+    let (mut plugin, grant) = fetcher(settings).await;
+    // Two requests answered at once, their responses kept in a static and never read: they
+    // held both permits of the pipeline for as long as the instance lived.
+    let keep = vec![format!("KEEP {}", server.url("/ok")); 2];
+    assert_eq!(fetch(&mut plugin, &keep).await, vec![Verdict::Accept; 2]);
+    // The batch returns before its requests are under way: first they reach the server (their
+    // permits taken), then the permits must come back by themselves.
+    tokio::time::timeout(STUCK, async {
+        while server.requests() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the kept requests never went out: {:?}",
+            grant.stats().snapshot()
+        )
+    });
+    tokio::time::timeout(STUCK, async {
+        while grant.stats().snapshot().in_flight > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "permits still held {STUCK:?} after their requests' timeout: {:?}",
+            grant.stats().snapshot()
+        )
+    });
+    // The next batch of the same instance gets a permit.
+    let verdicts = fetch(&mut plugin, &[server.url("/ok")]).await;
+    assert_eq!(verdicts, vec![Verdict::Accept]);
+}
+
+#[tokio::test]
+async fn host_work_for_a_plugins_requests_counts_against_its_cpu_deadline() {
+    let server = Server::start().await;
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let grant =
+        HttpGrant::new(settings(&[format!("http://127.0.0.1:{}", server.port())])).expect("grant");
+    let limits = PluginLimits {
+        max_memory: 32 << 20,
+        batch_deadline: Duration::from_millis(200),
+        wall_deadline: Some(Duration::from_secs(120)),
+        http: Some(grant),
+        ..PluginLimits::default()
+    };
+    let mut plugin = rt
+        .load(&guest("fixture_http_fetch"), limits, Vec::new())
+        .await
+        .expect("loads");
+    // Requests one after another for as long as the host lets it: the host's side of each
+    // (connection, request, response) was not counted, so the call ran on for several times
+    // its CPU budget until the wall-clock deadline cut it.
+    let outcome = tokio::time::timeout(
+        STUCK,
+        plugin.handle(&batch(&[format!("LOOP {}", server.url("/ok"))])),
+    )
+    .await
+    .expect("the call was stopped");
+    match outcome {
+        BatchOutcome::Fault(f) => {
+            assert_eq!(f.kind, FaultKind::Timeout, "{}", f.message);
+            assert!(
+                f.message.contains("CPU deadline")
+                    && f.message
+                        .contains("host work for the plugin's HTTP requests"),
+                "{}",
+                f.message
+            );
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(server.requests() > 0);
+}
+
+#[tokio::test]
+async fn header_maps_a_plugin_hoards_are_bounded_by_its_memory_limit() {
+    let (mut plugin, _grant) = fetcher(settings(&["http://127.0.0.1:9".to_owned()])).await;
+    // One map of 100 KiB (wasmtime-wasi-http takes up to 128 KiB): refused.
+    match tokio::time::timeout(STUCK, plugin.handle(&batch(&["HOARD 1 100".to_owned()])))
+        .await
+        .expect("the batch was stuck")
+    {
+        BatchOutcome::Fault(f) => assert!(
+            f.message.contains("total size of fields exceeds limit"),
+            "{}",
+            f.message
+        ),
+        other => panic!("a 100 KiB header map was taken: {other:?}"),
+    }
+    // Maps of 10 KiB, 1,500 a batch, kept across batches of a reused instance, in a table
+    // of a million entries: the host grew by hundreds of MiB outside the plugin's cap.
+    for _ in 0..3 {
+        match tokio::time::timeout(STUCK, plugin.handle(&batch(&["HOARD 1500 10".to_owned()])))
+            .await
+            .expect("the batch was stuck")
+        {
+            BatchOutcome::Verdicts(v) => {
+                let kept = reason(&v[0]);
+                let bytes: u64 = kept
+                    .rsplit(", ")
+                    .next()
+                    .and_then(|b| b.strip_suffix(" bytes"))
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or_else(|| panic!("no byte count in {kept:?}"));
+                // The plugin's memory limit in this runtime is 32 MiB.
+                assert!(
+                    bytes <= 32 << 20,
+                    "the host holds {bytes} bytes of header maps: {kept}"
+                );
+            }
+            // A map past its size limit, or an instance whose resource table is full: the
+            // hoard ends in a trap, and the instance (and all it held) is dropped.
+            BatchOutcome::Fault(f) => assert!(
+                f.message.contains("total size of fields exceeds limit")
+                    || f.message.contains("resource table"),
+                "{}",
+                f.message
+            ),
+        }
+    }
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use sharehost::kafka::Header;
 use sharehost::runtime::{
     AllocatorKind, BatchOutcome, FaultKind, ISOLATION_DEADLINES, InstanceMode, LoadError, Plugin,
-    PluginInit, PluginLimits, PluginRuntime, Record, RuntimeConfig, Verdict,
+    PluginInit, PluginLimits, PluginRuntime, Record, RuntimeConfig, Secrets, Verdict,
 };
 use sharehost_tests::{guest, plugin_record as record, plugin_runtime as runtime};
 
@@ -148,6 +148,35 @@ async fn init_error_refuses_the_configuration_at_load() {
         .expect_err("init must refuse");
     assert!(matches!(err, LoadError::Init { .. }), "{err}");
     assert!(err.to_string().contains("bad configuration"), "{err}");
+}
+
+#[tokio::test]
+async fn a_long_init_error_is_redacted_then_cut() {
+    let rt = runtime();
+    // The secret crosses the cut at 1 KiB: cut first, its first part would be left.
+    let message = format!(
+        "{}tok-0123456789{}",
+        "a".repeat(1020),
+        "b".repeat(200 << 10)
+    );
+    let init = PluginInit {
+        config: vec![("fail-init".into(), message)],
+        secrets: Arc::new(Secrets::new(vec![(
+            "token".into(),
+            "tok-0123456789".into(),
+        )])),
+        ..PluginInit::default()
+    };
+    let err = rt
+        .load_with(&guest("fixture_echo"), limits(), init)
+        .await
+        .expect_err("init must refuse");
+    let text = err.to_string();
+    assert!(matches!(err, LoadError::Init { .. }), "{text}");
+    assert!(text.len() < 2048, "{} bytes of init error", text.len());
+    assert!(!text.contains("tok-"), "{text}");
+    // Redacted before the cut: the marker's start is what remains at the cut.
+    assert!(text.contains("aaaa[sec"), "{text}");
 }
 
 #[tokio::test]

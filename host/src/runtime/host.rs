@@ -39,6 +39,27 @@ pub(crate) const MAX_LOG_MESSAGES_PER_BATCH: u32 = 256;
 pub(crate) const MAX_LOG_BYTES_PER_BATCH: usize = 64 << 10;
 /// Bytes of stdout (and, separately, stderr) kept per batch; the rest is dropped and counted.
 pub(crate) const MAX_STDIO_BYTES_PER_BATCH: usize = 16 << 10;
+/// Largest host-side header map (`wasi:http` `fields`) a plugin may build, names and values
+/// together (wasmtime-wasi-http allows 128 KiB): far above what requests to APIs carry.
+pub(crate) const MAX_FIELDS_BYTES: usize = 16 << 10;
+
+/// Host resources (header maps, requests, bodies, streams, pollables) one instance may hold
+/// at once, per MiB of its memory limit, between [`MIN_RESOURCES`] and [`MAX_RESOURCES`].
+/// wasmtime allows a million, each header map up to 128 KiB: host memory outside the plugin's
+/// cap. With 16 KiB maps the host holds at most about the plugin's own memory limit for it.
+const RESOURCES_PER_MIB: usize = (1 << 20) / MAX_FIELDS_BYTES;
+/// The fewest host resources an instance may hold: every plugin needs a few dozen.
+const MIN_RESOURCES: usize = 256;
+/// The most host resources an instance may hold, whatever its memory limit.
+const MAX_RESOURCES: usize = 16_384;
+
+/// How many host resources an instance with `max_memory` bytes of memory may hold.
+pub(crate) fn max_resources(max_memory: usize) -> usize {
+    (max_memory >> 20)
+        .saturating_mul(RESOURCES_PER_MIB)
+        .clamp(MIN_RESOURCES, MAX_RESOURCES)
+}
+
 /// Table elements an instance may grow to; Rust guests need a few hundred.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 /// Largest `get-random-bytes` (and insecure) request served in one call: generated in well
@@ -222,6 +243,9 @@ pub(crate) fn thread_cpu() -> Duration {
 pub(crate) struct CpuMeter {
     /// CPU time of the polls that ended, in nanoseconds.
     spent: AtomicU64,
+    /// CPU time of host work done for the call on other tasks ([`Charged`]): its outbound
+    /// HTTP requests, their connections and bodies, in nanoseconds.
+    charged: AtomicU64,
     /// The thread CPU time at the start of the poll under way (`u64::MAX`: none).
     from: AtomicU64,
 }
@@ -230,6 +254,7 @@ impl CpuMeter {
     fn new() -> Arc<Self> {
         Arc::new(CpuMeter {
             spent: AtomicU64::new(0),
+            charged: AtomicU64::new(0),
             from: AtomicU64::new(u64::MAX),
         })
     }
@@ -238,9 +263,14 @@ impl CpuMeter {
         u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1)
     }
 
-    /// The CPU time so far, the poll under way included (read on the polling thread).
+    /// The CPU time so far, the poll under way and host work charged to the call included
+    /// (read on the polling thread).
     pub(crate) fn spent(&self) -> Duration {
-        let spent = Duration::from_nanos(self.spent.load(Ordering::Relaxed));
+        let spent = Duration::from_nanos(
+            self.spent
+                .load(Ordering::Relaxed)
+                .saturating_add(self.charged.load(Ordering::Relaxed)),
+        );
         match self.from.load(Ordering::Relaxed) {
             u64::MAX => spent,
             from => spent + thread_cpu().saturating_sub(Duration::from_nanos(from)),
@@ -250,6 +280,16 @@ impl CpuMeter {
     fn poll_started(&self) {
         self.from
             .store(Self::nanos(thread_cpu()), Ordering::Relaxed);
+    }
+
+    /// Host work done for the call elsewhere: counted against its CPU deadline.
+    pub(crate) fn charge(&self, cpu: Duration) {
+        self.charged.fetch_add(Self::nanos(cpu), Ordering::Relaxed);
+    }
+
+    /// The part of [`CpuMeter::spent`] that was host work on other tasks.
+    pub(crate) fn charged(&self) -> Duration {
+        Duration::from_nanos(self.charged.load(Ordering::Relaxed))
     }
 
     fn poll_ended(&self) {
@@ -284,6 +324,30 @@ impl<F: Future> Future for Metered<F> {
         self.meter.poll_started();
         let r = self.inner.as_mut().poll(cx);
         self.meter.poll_ended();
+        r
+    }
+}
+
+/// A future polled on some task other than the call's (an HTTP exchange, a connection),
+/// whose thread CPU time per poll is charged to the call that started it.
+pub(crate) struct Charged<F: ?Sized> {
+    meter: Arc<CpuMeter>,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future + ?Sized> Charged<F> {
+    pub(crate) fn new(inner: Pin<Box<F>>, meter: Arc<CpuMeter>) -> Self {
+        Charged { meter, inner }
+    }
+}
+
+impl<F: Future + ?Sized> Future for Charged<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let from = thread_cpu();
+        let r = self.inner.as_mut().poll(cx);
+        self.meter.charge(thread_cpu().saturating_sub(from));
         r
     }
 }
@@ -352,10 +416,12 @@ impl StoreState {
             .max_random_size(MAX_RANDOM_BYTES_PER_CALL)
             .build();
         let now = Instant::now();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(max_resources(limits.max_memory));
         Self {
             wasi,
-            table: ResourceTable::new(),
-            http: super::http::HttpState::new(limits.http.clone()),
+            table,
+            http: super::http::HttpState::new(limits.http.clone(), plugin.clone(), secrets.clone()),
             emits: EmitBuffer::new(limits.outputs.clone()),
             secrets,
             limiter: Limiter {
@@ -382,6 +448,8 @@ impl StoreState {
         self.turn.started();
         self.timed_out = None;
         self.log = LogBudget::default();
+        self.http.refusals().reset();
+        self.http.charge_to(self.clock.meter.clone());
     }
 
     /// The meter of the call [`StoreState::begin_call`] started: wrap the call's future in a
@@ -420,6 +488,12 @@ impl StoreState {
         }
     }
 
+    /// Host work done on other tasks for the call so far (its HTTP requests), counted in its
+    /// CPU time (for fault messages).
+    pub(crate) fn charged(&self) -> Duration {
+        self.clock.meter.charged()
+    }
+
     /// Guest time and host-call time of the call so far (for fault messages).
     pub(crate) fn times(&self) -> (Duration, Duration) {
         let now = Instant::now();
@@ -432,13 +506,20 @@ impl StoreState {
         let (out, out_dropped) = self.stdout.take();
         let (err, err_dropped) = self.stderr.take();
         let plugin = &*self.plugin;
-        let out = String::from_utf8_lossy(&out);
-        for line in self.secrets.redact(&out).lines().filter(|l| !l.is_empty()) {
+        // Kept only up to the bound, so a secret may run past the end of what was kept.
+        let out = self.secrets.redact_then_cut(
+            &String::from_utf8_lossy(&out),
+            usize::MAX,
+            out_dropped > 0,
+        );
+        for line in out.lines().filter(|l| !l.is_empty()) {
             tracing::info!(plugin, stream = "stdout", "{line}");
         }
-        let err = self
-            .secrets
-            .redact_owned(String::from_utf8_lossy(&err).into_owned());
+        let err = self.secrets.redact_then_cut(
+            &String::from_utf8_lossy(&err),
+            usize::MAX,
+            err_dropped > 0,
+        );
         for line in err.lines().filter(|l| !l.is_empty()) {
             tracing::warn!(plugin, stream = "stderr", "{line}");
         }
@@ -455,6 +536,14 @@ impl StoreState {
                 plugin,
                 dropped = self.log.dropped,
                 "plugin log messages over the per-batch bound were dropped"
+            );
+        }
+        let refusals = self.http.refusals().dropped();
+        if refusals > 0 {
+            tracing::warn!(
+                plugin,
+                not_logged = refusals,
+                "refused outbound HTTP requests over the per-call bound were not logged (counted in sharehost_http_requests)"
             );
         }
         Drained {
@@ -542,16 +631,14 @@ impl StoreState {
             budget.dropped += 1;
             return;
         }
-        let LogMessage {
-            text: mut message,
-            truncated,
-        } = message;
+        let LogMessage { text, truncated } = message;
+        // Only a prefix was read: a secret may run past its end.
+        let mut message = self.secrets.redact_then_cut(&text, usize::MAX, truncated);
         if truncated {
             message.push_str("…[truncated]");
         }
         budget.messages += 1;
         budget.bytes += message.len();
-        let message = self.secrets.redact(&message);
         let plugin = &*self.plugin;
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),

@@ -66,7 +66,8 @@ use wasmtime_wasi_http::{
     WasiHttpView,
 };
 
-use super::host::StoreState;
+use super::host::{Charged, CpuMeter, StoreState};
+use super::secrets::Secrets;
 
 /// Largest write a guest may make to an outgoing request body in one call (wasmtime-wasi-http
 /// defaults to 1 MiB). With one buffered chunk per body (the crate's default), an open request
@@ -628,21 +629,25 @@ impl HttpGrant {
 
     /// The hook's entry point: the allow-list is checked before anything is awaited, so a
     /// refused request costs no task, no lookup and no connection.
-    fn send(self: Arc<Self>, request: http::Request<WasiBody>) -> Box<SendFuture> {
+    fn send(
+        self: Arc<Self>,
+        request: http::Request<WasiBody>,
+        refusals: Arc<Refusals>,
+        meter: Option<Arc<CpuMeter>>,
+    ) -> Box<SendFuture> {
         let target = match Target::of(request.uri()) {
             Ok(target) => target,
             Err(e) => return Box::new(async move { Err(e) }),
         };
         if !self.origins.iter().any(|o| o.permits(&target)) {
             bump(&self.stats.refused_by_list);
-            tracing::warn!(
-                plugin = &*self.plugin,
-                origin = %target,
-                "outbound HTTP request refused: origin not in allowed_outbound_hosts"
+            refusals.note(
+                &target.to_string(),
+                "outbound HTTP request refused: origin not in allowed_outbound_hosts",
             );
             return Box::new(async { Err(HttpError::HttpRequestDenied) });
         }
-        Box::new(async move { self.exchange(target, request).await })
+        Box::new(async move { self.exchange(target, request, &refusals, meter).await })
     }
 
     /// One request, under one deadline, holding one permit.
@@ -650,6 +655,8 @@ impl HttpGrant {
         self: Arc<Self>,
         target: Target,
         mut request: http::Request<WasiBody>,
+        refusals: &Refusals,
+        meter: Option<Arc<CpuMeter>>,
     ) -> Result<(http::Response<WasiBody>, Box<IoFuture>), HttpError> {
         let deadline = Instant::now() + self.settings.request_timeout;
         let permit = {
@@ -668,12 +675,13 @@ impl HttpGrant {
             }
         };
         let flight = Arc::new(Flight {
-            _permit: permit,
+            permit: std::sync::Mutex::new(Some(permit)),
             grant: self.clone(),
         });
+        Flight::end_at(&flight, deadline, &target);
         bump(&self.stats.in_flight);
 
-        let addrs = match timeout_at(deadline, self.resolve(&target)).await {
+        let addrs = match timeout_at(deadline, self.resolve(&target, refusals)).await {
             Ok(result) => result?,
             Err(_) => {
                 return Err(self.timed_out(&target, "resolving", HttpError::DnsTimeout));
@@ -770,13 +778,23 @@ impl HttpGrant {
                 Err(_) => Err(HttpError::HttpResponseTimeout),
             }
         });
+        // The connection is driven on a task of its own (reading the response, decrypting
+        // TLS): its work is the call's too.
+        let io: Box<IoFuture> = match meter {
+            Some(meter) => Box::new(Charged::new(Box::into_pin(io), meter)),
+            None => io,
+        };
         Ok((http::Response::from_parts(parts, body.boxed_unsync()), io))
     }
 
     /// The addresses a request may go to: an IP literal (already matched exactly by the
     /// list) as it is, a name through the host's resolver with every address not permitted
     /// dropped. A name left with no address is refused.
-    async fn resolve(&self, target: &Target) -> Result<Vec<SocketAddr>, HttpError> {
+    async fn resolve(
+        &self,
+        target: &Target,
+        refusals: &Refusals,
+    ) -> Result<Vec<SocketAddr>, HttpError> {
         let name = match &target.host {
             TargetHost::Ip(ip) => return Ok(vec![SocketAddr::new(*ip, target.port)]),
             TargetHost::Name(name) => name,
@@ -803,12 +821,10 @@ impl HttpGrant {
         if permitted.is_empty() {
             bump(&self.stats.refused_by_address);
             let refused: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
-            tracing::warn!(
-                plugin = &*self.plugin,
-                origin = %target,
-                addresses = %refused.join(","),
+            refusals.note(
+                &format!("{target} ({})", refused.join(",")),
                 "outbound HTTP request refused: the name resolves only to non-public addresses \
-                 that allowed_outbound_hosts does not list as IP literals"
+                 that allowed_outbound_hosts does not list as IP literals",
             );
             return Err(HttpError::DestinationIpProhibited);
         }
@@ -892,14 +908,50 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 
 /// The permit of one request and its in-flight gauge, shared by the response body and the
 /// connection task: released when both are done.
+///
+/// Also ended at the request's deadline by a timer, whatever the guest does: a plugin that
+/// starts requests and never reads (or drops) their responses, keeping them in a static of a
+/// reused instance, would otherwise hold every permit of the pipeline across batches.
 struct Flight {
-    _permit: OwnedSemaphorePermit,
+    permit: std::sync::Mutex<Option<OwnedSemaphorePermit>>,
     grant: Arc<HttpGrant>,
+}
+
+impl Flight {
+    /// Gives the permit back (once); returns whether this call did.
+    fn end(&self) -> bool {
+        let permit = self.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if permit.is_some() {
+            self.grant.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        permit.is_some()
+    }
+
+    /// Ends the flight at `deadline` if it is still under way then.
+    fn end_at(flight: &Arc<Flight>, deadline: Instant, target: &Target) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(flight);
+        let origin = target.to_string();
+        runtime.spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            if let Some(flight) = weak.upgrade()
+                && flight.end()
+            {
+                tracing::debug!(
+                    plugin = &*flight.grant.plugin,
+                    origin = %origin,
+                    "outbound HTTP request still held at its deadline: its permit is given back"
+                );
+            }
+        });
+    }
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
-        self.grant.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.end();
     }
 }
 
@@ -1124,6 +1176,55 @@ impl Body for CappedBody {
     }
 }
 
+/// Refused requests logged per call; the rest are counted and said in one line when the call
+/// ends. A plugin asking for thousands of refused hosts a batch would otherwise write a line
+/// for each, outside its log budget.
+pub(crate) const MAX_REFUSALS_LOGGED_PER_CALL: u64 = 8;
+
+/// Longest origin text a refusal line shows: a plugin chooses the name (60 KB names made
+/// 120 MB of log in 15 s).
+const MAX_LOGGED_ORIGIN: usize = 256;
+
+/// The refusals of one instance's calls: logged with the plugin's name, within a per-call
+/// budget, with the plugin's secrets redacted (the origin is lower-cased, so ignoring case)
+/// and the origin cut.
+pub(crate) struct Refusals {
+    plugin: Arc<str>,
+    secrets: Arc<Secrets>,
+    logged: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl Refusals {
+    fn note(&self, origin: &str, what: &'static str) {
+        if self.logged.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSALS_LOGGED_PER_CALL {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut origin = self.secrets.redact_ignoring_case(origin);
+        if origin.len() > MAX_LOGGED_ORIGIN {
+            let mut cut = MAX_LOGGED_ORIGIN;
+            while !origin.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            origin.truncate(cut);
+            origin.push_str("…[truncated]");
+        }
+        tracing::warn!(plugin = &*self.plugin, origin = %origin, "{what}");
+    }
+
+    /// Starts a call's budget; returns how many refusals the last call did not log.
+    pub(crate) fn reset(&self) -> u64 {
+        self.logged.store(0, Ordering::Relaxed);
+        self.dropped.swap(0, Ordering::Relaxed)
+    }
+
+    /// How many refusals of the current call were not logged.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
 /// Per-store HTTP state: wasmtime-wasi-http's context and the hook that holds the grant.
 pub(crate) struct HttpState {
     ctx: WasiHttpCtx,
@@ -1131,17 +1232,46 @@ pub(crate) struct HttpState {
 }
 
 impl HttpState {
-    /// `grant: None` refuses every request in the host.
-    pub(crate) fn new(grant: Option<Arc<HttpGrant>>) -> Self {
+    /// `grant: None` refuses every request in the host. Refusals are logged as `plugin`'s,
+    /// with `secrets` redacted.
+    pub(crate) fn new(
+        grant: Option<Arc<HttpGrant>>,
+        plugin: Arc<str>,
+        secrets: Arc<Secrets>,
+    ) -> Self {
+        let mut ctx = WasiHttpCtx::new();
+        ctx.set_field_size_limit(super::host::MAX_FIELDS_BYTES);
         Self {
-            ctx: WasiHttpCtx::new(),
-            hooks: Hooks { grant },
+            ctx,
+            hooks: Hooks {
+                grant,
+                meter: None,
+                refusals: Arc::new(Refusals {
+                    plugin,
+                    secrets,
+                    logged: AtomicU64::new(0),
+                    dropped: AtomicU64::new(0),
+                }),
+            },
         }
+    }
+
+    /// The refusal log of this store.
+    pub(crate) fn refusals(&self) -> &Refusals {
+        &self.hooks.refusals
+    }
+
+    /// Charges the host work of requests started from now on (the exchange, its connection,
+    /// its body) to `meter`, the current call's: it counts against the call's CPU deadline.
+    pub(crate) fn charge_to(&mut self, meter: Arc<CpuMeter>) {
+        self.hooks.meter = Some(meter);
     }
 }
 
 struct Hooks {
     grant: Option<Arc<HttpGrant>>,
+    refusals: Arc<Refusals>,
+    meter: Option<Arc<CpuMeter>>,
 }
 
 impl WasiHttpHooks for Hooks {
@@ -1152,13 +1282,21 @@ impl WasiHttpHooks for Hooks {
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<SendFuture> {
         match &self.grant {
-            Some(grant) => grant.clone().send(request),
+            Some(grant) => {
+                let send = grant
+                    .clone()
+                    .send(request, self.refusals.clone(), self.meter.clone());
+                match self.meter.clone() {
+                    Some(meter) => Box::new(Charged::new(Box::into_pin(send), meter)),
+                    None => send,
+                }
+            }
             None => {
                 let origin = Target::of(request.uri()).map(|t| t.to_string());
-                tracing::warn!(
-                    origin = origin.as_deref().unwrap_or("(invalid)"),
+                self.refusals.note(
+                    origin.as_deref().unwrap_or("(invalid)"),
                     "outbound HTTP request refused: the pipeline grants no host \
-                     (allowed_outbound_hosts)"
+                     (allowed_outbound_hosts)",
                 );
                 Box::new(async { Err(HttpError::HttpRequestDenied) })
             }
@@ -1485,6 +1623,64 @@ mod tests {
         assert_eq!(grant.settings().max_concurrent, 32);
     }
 
+    fn refusals_of(secrets: &[(&str, &str)]) -> Refusals {
+        Refusals {
+            plugin: Arc::from("p"),
+            secrets: Arc::new(Secrets::new(
+                secrets
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                    .collect(),
+            )),
+            logged: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn refusals_are_logged_within_a_budget_redacted_and_cut() {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let refusals = refusals_of(&[("token", "Sekret-Token-Value")]);
+        let long = format!("http://{}.example.com:80", "a".repeat(60_000));
+        tracing::subscriber::with_default(subscriber, || {
+            refusals.note("http://sekret-token-value.example.com:80", "refused");
+            for _ in 0..10_000 {
+                refusals.note(&long, "refused");
+            }
+        });
+        let text =
+            String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+        assert!(!text.to_ascii_lowercase().contains("sekret"), "{text}");
+        assert!(text.contains("[secret token]"), "{text}");
+        assert_eq!(
+            text.matches("refused").count() as u64,
+            MAX_REFUSALS_LOGGED_PER_CALL
+        );
+        assert!(text.len() < 8 * 1024, "{} bytes of log", text.len());
+        assert_eq!(refusals.dropped(), 10_001 - MAX_REFUSALS_LOGGED_PER_CALL);
+        assert_eq!(refusals.reset(), 10_001 - MAX_REFUSALS_LOGGED_PER_CALL);
+        assert_eq!(refusals.dropped(), 0);
+    }
+
     #[tokio::test]
     async fn an_unlisted_origin_is_refused_before_any_lookup() {
         let grant = HttpGrant::new(settings(&["http://127.0.0.1:9"])).expect("grant");
@@ -1496,7 +1692,8 @@ mod tests {
                     .boxed_unsync(),
             )
             .expect("request");
-        let result = Pin::from(grant.clone().send(request)).await;
+        let refusals = Arc::new(refusals_of(&[]));
+        let result = Pin::from(grant.clone().send(request, refusals.clone(), None)).await;
         assert!(matches!(result, Err(HttpError::HttpRequestDenied)));
         let counts = grant.stats().snapshot();
         assert_eq!(counts.refused_by_list, 1);

@@ -530,7 +530,7 @@ impl Plugin {
         let fault = |kind, message: String| {
             BatchOutcome::Fault(Fault {
                 kind,
-                message: secrets.redact_owned(message),
+                message: secrets.redact_then_cut(&message, MAX_FAULT_MESSAGE, false),
                 records: n,
             })
         };
@@ -608,8 +608,10 @@ impl Plugin {
         if !secrets.is_empty() {
             for v in verdicts.iter_mut() {
                 if let Verdict::Reject(Some(reason)) = v {
-                    let taken = std::mem::take(reason);
-                    *reason = secrets.redact_owned(taken);
+                    // A reason at its bound may have been cut where it was read, maybe
+                    // through a secret.
+                    let cut = reason.len() + 4 > self.limits.max_reason_bytes;
+                    *reason = secrets.redact_then_cut(reason, usize::MAX, cut);
                 }
             }
         }
@@ -735,7 +737,9 @@ impl Plugin {
                 FaultKind::InitFailed,
                 format!(
                     "init refused the configuration: {}",
-                    self.init.secrets.redact(&message)
+                    self.init
+                        .secrets
+                        .redact_then_cut(&message, MAX_INIT_ERROR, false)
                 ),
             )),
             Ok(Err(e)) if e.is::<WrongType>() => {
@@ -744,7 +748,10 @@ impl Plugin {
             Ok(Err(e)) => {
                 let (kind, message) = classify(&e, store.data(), &stderr);
                 // A panic in init may well print what it was handed.
-                let message = self.init.secrets.redact_owned(message);
+                let message = self
+                    .init
+                    .secrets
+                    .redact_then_cut(&message, MAX_FAULT_MESSAGE, false);
                 Err(init_fault(
                     FaultKind::InitFailed,
                     format!("instantiation or init failed ({kind}): {message}"),
@@ -763,12 +770,22 @@ impl Plugin {
 #[error("{0}")]
 struct WrongType(String);
 
-/// Longest fault message kept (a deep recursion's wasm backtrace can run to megabytes).
+/// Longest fault message kept (a deep recursion's wasm backtrace can run to megabytes). Cut
+/// after redaction ([`Secrets::redact_then_cut`]).
 const MAX_FAULT_MESSAGE: usize = 512;
+
+/// Longest text a fault message is built from before it is redacted and cut to
+/// [`MAX_FAULT_MESSAGE`]: far enough past the final cut that a secret crossing that cut is
+/// still whole when it is redacted.
+const MAX_FAULT_SOURCE: usize = 16 << 10;
+
+/// Longest `init` error kept (redacted first): a plugin refusing its configuration with a
+/// megabyte of text, in fresh-instance mode once per batch, would otherwise flood the log.
+pub(crate) const MAX_INIT_ERROR: usize = 1 << 10;
 
 /// The cause of a failed call without wasmtime's wasm backtrace context, bounded.
 fn cause(e: &wasmtime::Error) -> String {
-    truncate(e.root_cause().to_string(), MAX_FAULT_MESSAGE)
+    truncate(e.root_cause().to_string(), MAX_FAULT_SOURCE)
 }
 
 /// Maps a failed call onto a fault kind, most specific evidence first.
@@ -781,17 +798,22 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         Some(l @ VerdictLiftError::Unreadable(_)) => {
             return (
                 FaultKind::UnreadableVerdicts,
-                truncate(l.to_string(), MAX_FAULT_MESSAGE),
+                truncate(l.to_string(), MAX_FAULT_SOURCE),
             );
         }
         None => {}
     }
     match state.timed_out {
         Some(Deadline::Cpu) => {
-            return (
-                FaultKind::Timeout,
-                "interrupted at the batch's CPU deadline".into(),
-            );
+            let charged = state.charged();
+            let message = if charged.is_zero() {
+                "interrupted at the batch's CPU deadline".to_owned()
+            } else {
+                format!(
+                    "interrupted at the batch's CPU deadline ({charged:?} of it host work for the plugin's HTTP requests)"
+                )
+            };
+            return (FaultKind::Timeout, message);
         }
         Some(Deadline::Wall) => {
             let (guest, host) = state.times();
@@ -813,7 +835,7 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         let text = text.split("\nnote: run with").next().unwrap_or(text);
         return (
             FaultKind::Panic,
-            truncate(text.replace('\n', " "), MAX_FAULT_MESSAGE),
+            truncate(text.replace('\n', " "), MAX_FAULT_SOURCE),
         );
     }
     let root = cause(e);

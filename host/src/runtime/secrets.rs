@@ -19,6 +19,9 @@ pub const MIN_REDACTED_LEN: usize = 4;
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secrets {
     pairs: Vec<(String, String)>,
+    /// Indices of the values long enough to redact, longest first: a secret that is a
+    /// prefix of another must not be replaced inside the longer one, leaving its tail.
+    longest_first: Vec<usize>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -32,7 +35,14 @@ impl std::fmt::Debug for Secrets {
 impl Secrets {
     /// Secrets from resolved `(name, value)` pairs.
     pub fn new(pairs: Vec<(String, String)>) -> Self {
-        Self { pairs }
+        let mut longest_first: Vec<usize> = (0..pairs.len())
+            .filter(|&i| pairs[i].1.len() >= MIN_REDACTED_LEN)
+            .collect();
+        longest_first.sort_by_key(|&i| std::cmp::Reverse(pairs[i].1.len()));
+        Self {
+            pairs,
+            longest_first,
+        }
     }
 
     /// The pairs as `init` receives them.
@@ -50,23 +60,77 @@ impl Secrets {
         self.pairs.is_empty()
     }
 
-    /// `text` with every secret value replaced by `[secret NAME]`.
+    fn redactable(&self) -> impl Iterator<Item = &(String, String)> {
+        self.longest_first.iter().map(|&i| &self.pairs[i])
+    }
+
+    /// `text` with every secret value replaced by `[secret NAME]`, longest value first.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);
-        for (name, value) in &self.pairs {
-            if value.len() >= MIN_REDACTED_LEN && out.contains(value.as_str()) {
+        for (name, value) in self.redactable() {
+            if out.contains(value.as_str()) {
                 out = Cow::Owned(out.replace(value.as_str(), &format!("[secret {name}]")));
             }
         }
         out
     }
 
-    /// Redacts an owned string in place (no copy when it holds no secret).
-    pub(crate) fn redact_owned(&self, text: String) -> String {
-        match self.redact(&text) {
-            Cow::Borrowed(_) => text,
-            Cow::Owned(s) => s,
+    /// [`Secrets::redact`] ignoring ASCII case: for texts the host has lower-cased itself (a
+    /// request's host name), where a secret used as a name no longer matches as written.
+    pub fn redact_ignoring_case(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for (name, value) in self.redactable() {
+            let needle = value.to_ascii_lowercase();
+            // One pass from left to right: the replacement may itself hold the needle.
+            let lower = out.to_ascii_lowercase();
+            let mut redacted = String::with_capacity(out.len());
+            let mut from = 0;
+            for (at, _) in lower.match_indices(&needle) {
+                redacted.push_str(&out[from..at]);
+                redacted.push_str(&format!("[secret {name}]"));
+                from = at + needle.len();
+            }
+            redacted.push_str(&out[from..]);
+            out = redacted;
         }
+        out
+    }
+
+    /// What the host writes of a plugin's text: redacted first, then cut to `max` bytes (on
+    /// a character boundary), so a secret crossing the cut is never left in part. When the
+    /// text was already cut where it was read (`cut_before`: only a prefix was taken from the
+    /// guest), a tail that begins a secret is dropped as well.
+    pub fn redact_then_cut(&self, text: &str, max: usize, cut_before: bool) -> String {
+        let mut out = self.redact(text).into_owned();
+        if cut_before {
+            self.drop_secret_start(&mut out);
+        }
+        if out.len() > max {
+            let mut cut = max;
+            while !out.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.truncate(cut);
+        }
+        out
+    }
+
+    /// Drops the longest tail of `text` that is the beginning of a secret value (what is left
+    /// of a secret that a cut went through).
+    pub(crate) fn drop_secret_start(&self, text: &mut String) {
+        let mut keep = text.len();
+        for (_, value) in self.redactable() {
+            let v = value.as_bytes();
+            // Only the last `len - 1` bytes can start a secret that runs past the end.
+            let from = text.len().saturating_sub(v.len() - 1);
+            for at in from..text.len() {
+                if at < keep && text.is_char_boundary(at) && v.starts_with(&text.as_bytes()[at..]) {
+                    keep = at;
+                    break;
+                }
+            }
+        }
+        text.truncate(keep);
     }
 }
 
@@ -90,5 +154,45 @@ mod tests {
             debug.contains("api-token") && !debug.contains("tok-12345"),
             "{debug}"
         );
+    }
+
+    #[test]
+    fn a_secret_that_begins_another_leaves_no_tail_of_the_longer() {
+        let s = Secrets::new(vec![
+            ("short".into(), "abcd".into()),
+            ("long".into(), "abcdefgh".into()),
+        ]);
+        assert_eq!(
+            s.redact("x abcdefgh y abcd"),
+            "x [secret long] y [secret short]"
+        );
+    }
+
+    #[test]
+    fn a_secret_crossing_a_cut_is_redacted_before_it() {
+        let s = Secrets::new(vec![("token".into(), "tok-0123456789".into())]);
+        // Cut by the host: the whole secret was there, so it is replaced, then the text cut.
+        let text = format!("{}tok-0123456789 and more", "x".repeat(10));
+        let out = s.redact_then_cut(&text, 16, false);
+        assert!(!out.contains("tok-"), "{out}");
+        assert_eq!(out, format!("{}[secre", "x".repeat(10)));
+        // Cut where it was read: the tail that begins the secret is dropped.
+        let read = format!("{}tok-012", "x".repeat(10));
+        assert_eq!(s.redact_then_cut(&read, 1024, true), "x".repeat(10));
+        // Nothing dropped when the tail begins no secret.
+        let read = format!("{}tax", "x".repeat(10));
+        assert_eq!(s.redact_then_cut(&read, 1024, true), read);
+    }
+
+    #[test]
+    fn a_lower_cased_secret_is_redacted() {
+        let s = Secrets::new(vec![("host".into(), "Secret-Host-Name".into())]);
+        assert_eq!(
+            s.redact_ignoring_case("https://secret-host-name.example.com:443"),
+            "https://[secret host].example.com:443"
+        );
+        // A value that its own replacement contains is replaced once.
+        let s = Secrets::new(vec![("x".into(), "SECRET".into())]);
+        assert_eq!(s.redact_ignoring_case("a secret b"), "a [secret x] b");
     }
 }
