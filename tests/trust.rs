@@ -227,16 +227,16 @@ fn a_cached_compilation_never_stands_in_for_a_signature() {
         ..PluginLimits::default()
     };
     let first = runtime
-        .compile(&component, &limits)
+        .compile_blocking(&component, &limits)
         .expect("signed: compiled");
     assert_eq!(first.signer.as_deref(), Some(alice.id().as_str()));
     let again = runtime
-        .compile(&component, &limits)
+        .compile_blocking(&component, &limits)
         .expect("signed: from the cache");
     assert_eq!(again.origin, sharehost::runtime::Origin::Cached);
     // The same bytes, now without their signature: the cache holds them, and still no load.
     std::fs::remove_file(signature_path(&component)).expect("remove signature");
-    match runtime.compile(&component, &limits) {
+    match runtime.compile_blocking(&component, &limits) {
         Err(LoadError::Untrusted {
             refusal: TrustRefusal::NoSignature { signature },
             ..
@@ -246,7 +246,7 @@ fn a_cached_compilation_never_stands_in_for_a_signature() {
     }
     // Without a trust policy the same runtime loads it (the refusal was the policy's).
     let open = runtime
-        .compile(&component, &PluginLimits::default())
+        .compile_blocking(&component, &PluginLimits::default())
         .expect("no policy");
     assert_eq!(open.signer, None);
     let _ = std::fs::remove_dir_all(&dir);

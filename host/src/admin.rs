@@ -41,9 +41,16 @@ fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
     };
     headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| t == token)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|t| same_token(t, token.as_bytes()))
+}
+
+/// Compares a presented token with the configured one in time that does not depend on where
+/// they differ (`subtle`), so response timing cannot reveal the token byte by byte. The
+/// length is not hidden; a token of 32 random bytes is not guessed by its length.
+fn same_token(presented: &[u8], token: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    presented.len() == token.len() && bool::from(presented.ct_eq(token))
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {

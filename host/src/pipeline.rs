@@ -658,11 +658,22 @@ async fn compile_version(
         path: path.to_owned(),
         message,
     };
-    let (runtime, limits, owned) = (runtime.clone(), limits(spec, grants), path.to_owned());
-    tokio::task::spawn_blocking(move || runtime.compile(&owned, &limits))
+    runtime
+        .compile(path, &limits(spec, grants))
         .await
-        .map_err(|e| failed(format!("the compile task failed: {e}")))?
-        .map_err(|e| failed(e.to_string()))
+        .map_err(|e| {
+            if !e.describes_the_file() {
+                return failed(e.to_string());
+            }
+            // The answer of a swap goes to whoever called the admin API: it says only that
+            // the path cannot be loaded. What is wrong with the file is the operator's to read.
+            tracing::warn!(pipeline = %spec.name, "cannot load a component: {e}");
+            failed(
+                "cannot be loaded: not a readable WebAssembly component file within \
+                 runtime.max_component_mib (the host's log says why)"
+                    .into(),
+            )
+        })
 }
 
 /// `instances` initialised instances of compiled code under `limits`: a version ready to
@@ -1223,6 +1234,7 @@ impl Pipeline {
         let compiled = self
             .runtime
             .compile(&req.path, &shadow_limits)
+            .await
             .map_err(|e| err(format!("as a shadow: {e}")))?;
         let version = instantiate_version(
             &self.runtime,

@@ -7,6 +7,7 @@
 //! today's bugs (a FIFO) runs behind a bounded wait for the event (a load's result, a process
 //! exit, an HTTP response), so a regression fails the test instead of hanging the suite.
 
+use std::future::Future;
 use std::io::{Read, Write};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -299,18 +300,44 @@ fn a_component_exporting_another_versions_interface_is_refused_naming_the_versio
 }
 
 #[test]
-fn a_memory_larger_than_a_pool_slot_names_the_limit_to_raise() {
-    let dir = scratch("pool-memory");
-    // 2048 pages = 128 MiB at start, in a runtime whose slots hold 64 MiB.
-    let path = write(&dir, "big-memory.wasm", &crafted_component(2048, 1, 0, &[]));
-    let e = refused(&path);
-    assert!(matches!(e, LoadError::PoolLimit { .. }), "{e}");
-    let text = e.to_string();
-    assert!(
-        text.contains("memory starts at 128 MiB, more than a pool slot of 64 MiB"),
-        "{text}"
+fn a_memory_larger_than_the_plugins_limit_is_refused_before_compiling() {
+    let dir = scratch("declared-memory");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 4,
+        cache_dir: Some(dir.join("cwasm")),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    // 2048 pages = 128 MiB at start (with 1 MiB of data), against a limit of 64 MiB.
+    let path = write(
+        &dir,
+        "big-memory.wasm",
+        &crafted_component(2048, 1, 1 << 20, &[]),
     );
-    assert!(text.contains("memory_limit_mib"), "{text}");
+    let limits = PluginLimits {
+        max_memory: 64 << 20,
+        ..PluginLimits::default()
+    };
+    for _ in 0..2 {
+        let Err(e) = rt.compile_blocking(&path, &limits) else {
+            panic!("a 128 MiB memory compiled under a 64 MiB limit");
+        };
+        assert!(matches!(e, LoadError::InitialMemory { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("declare 128 MiB of initial memory, more than the plugin's memory limit of 64 MiB (memory_limit_mib)"),
+            "{text}"
+        );
+    }
+    // Nothing was compiled: the cache holds no artifact.
+    let artifacts = std::fs::read_dir(dir.join("cwasm"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().is_file())
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(artifacts, 0, "a refused component was compiled and cached");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -340,13 +367,19 @@ fn a_component_beyond_a_pool_slots_share_runs_on_demand_and_says_why() {
     let limits = PluginLimits::default();
     // Within a slot's share (8 core instances, 2 memories): the pool.
     let small = write(&dir, "small.wasm", &component_with_instances(2));
-    let placed = rt.compile(&small, &limits).expect("compiles").placement;
+    let placed = rt
+        .compile_blocking(&small, &limits)
+        .expect("compiles")
+        .placement;
     assert_eq!(placed.allocator, rt.allocator());
     assert_eq!(placed.reason, None);
     // Python components have ~40 core instances; this one has 12 (and 12 memories). Before,
     // such a component compiled for the pool and then could not be instantiated at all.
     let big = write(&dir, "big.wasm", &component_with_instances(12));
-    let placed = rt.compile(&big, &limits).expect("compiles").placement;
+    let placed = rt
+        .compile_blocking(&big, &limits)
+        .expect("compiles")
+        .placement;
     assert_eq!(placed.allocator, AllocatorKind::OnDemand);
     let reason = placed.reason.expect("a reason");
     assert!(
@@ -357,9 +390,36 @@ fn a_component_beyond_a_pool_slots_share_runs_on_demand_and_says_why() {
     );
     // A core module with two memories does not fit a slot's shape either.
     let two = write(&dir, "two-memories.wasm", &crafted_component(1, 2, 0, &[]));
-    let placed = rt.compile(&two, &limits).expect("compiles").placement;
+    let placed = rt
+        .compile_blocking(&two, &limits)
+        .expect("compiles")
+        .placement;
     assert_eq!(placed.allocator, AllocatorKind::OnDemand, "{placed:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compiling_never_runs_on_the_callers_async_worker() {
+    // One worker thread: a compile that ran on it would be done by the time its future was
+    // first polled (and would have stalled every other task of the runtime meanwhile).
+    let rt = runtime();
+    let component = guest("fixture_ledger");
+    let worker = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    worker.block_on(async {
+        let limits = PluginLimits::default();
+        let compile = rt.compile(&component, &limits);
+        tokio::pin!(compile);
+        let first =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(compile.as_mut().poll(cx))).await;
+        assert!(
+            first.is_pending(),
+            "the compile finished within its first poll: it ran on the async worker"
+        );
+        compile.await.expect("compiles");
+    });
 }
 
 #[test]
@@ -373,9 +433,9 @@ fn an_on_demand_placement_survives_the_precompiled_cache() {
     .expect("runtime");
     let big = write(&dir, "big.wasm", &component_with_instances(12));
     let limits = PluginLimits::default();
-    let first = rt.compile(&big, &limits).expect("compiles");
+    let first = rt.compile_blocking(&big, &limits).expect("compiles");
     assert_eq!(first.origin, Origin::Compiled);
-    let second = rt.compile(&big, &limits).expect("from the cache");
+    let second = rt.compile_blocking(&big, &limits).expect("from the cache");
     assert_eq!(second.origin, Origin::Cached);
     assert_eq!(second.placement, first.placement);
     assert_eq!(second.placement.allocator, AllocatorKind::OnDemand);
@@ -470,10 +530,9 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
         panic!("no response: the swap blocked on the FIFO");
     };
     assert!(response.starts_with("HTTP/1.1 422"), "{response}");
-    assert!(
-        response.contains("is a FIFO (named pipe), not a regular file"),
-        "{response}"
-    );
+    // The caller learns that the path cannot be loaded, not what the host found there.
+    assert!(response.contains("cannot be loaded"), "{response}");
+    assert!(!response.contains("FIFO"), "{response}");
     assert_eq!(
         pipeline.component(),
         guest("accept_all"),

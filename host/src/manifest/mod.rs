@@ -757,10 +757,23 @@ impl Manifest {
                     }
                     None => defaults::ADMIN_LISTEN.to_owned(),
                 };
-                AdminSpec {
-                    listen,
-                    token_env: a.token_env.as_ref().map(|t| t.get_ref().clone()),
+                let token_env = a.token_env.as_ref().map(|t| t.get_ref().clone());
+                // Only a loopback listener may leave the rollout endpoints open: elsewhere
+                // anyone who reaches the port could swap in their own plugin.
+                let loopback = listen
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|addr| addr.ip().is_loopback());
+                if !loopback && token_env.is_none() {
+                    return Err(cx.err(
+                        a.listen.as_ref().map(|l| l.span()),
+                        "admin.listen",
+                        format!(
+                            "{listen} is not a loopback address: set admin.token_env, so that \
+                             swaps and rollouts need a bearer token (or listen on 127.0.0.1)"
+                        ),
+                    ));
                 }
+                AdminSpec { listen, token_env }
             }
         };
 
@@ -835,8 +848,8 @@ impl Manifest {
             // refuse the same paths with the same words; the file is not read here.
             if let Err(e) = check_component_path(&component, runtime.max_component_bytes) {
                 let message = match e {
-                    LoadError::Read { source, .. }
-                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    LoadError::Read { error, .. }
+                        if error.kind() == std::io::ErrorKind::NotFound =>
                     {
                         format!("component file {} does not exist", component.display())
                     }

@@ -55,9 +55,9 @@ fn what_it_is(ft: std::fs::FileType) -> &'static str {
 /// returns it with its size. `O_NONBLOCK` makes opening a FIFO return at once (it is then
 /// refused by type); it has no effect on regular files.
 fn open_regular(path: &Path, max_bytes: u64) -> Result<(File, u64), LoadError> {
-    let read_err = |source: std::io::Error| LoadError::Read {
+    let read_err = |error: std::io::Error| LoadError::Read {
         path: path.to_owned(),
-        source,
+        error,
     };
     let fd = rustix::fs::open(
         path,
@@ -106,9 +106,9 @@ pub(crate) fn read_regular(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadE
     // One byte more than allowed tells a file that grew since the fstat from one that did not.
     file.take(max_bytes.saturating_add(1))
         .read_to_end(&mut bytes)
-        .map_err(|source| LoadError::Read {
+        .map_err(|error| LoadError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
     if bytes.len() as u64 > max_bytes {
         return Err(LoadError::TooLarge {
@@ -163,6 +163,9 @@ pub(crate) struct Surface {
     pub(crate) imports: Vec<String>,
     /// Every top-level export name with whether it is a function.
     pub(crate) exports: Vec<(String, bool)>,
+    /// Bytes of linear memory the core modules inside declare at their start (the sum of
+    /// every defined memory's initial size): what instantiating them at least takes.
+    pub(crate) initial_memory: u64,
 }
 
 impl Surface {
@@ -188,13 +191,21 @@ impl Surface {
                 // looking inside (its imports are not the component's).
                 Payload::ModuleSection {
                     unchecked_range, ..
+                } => {
+                    let module = data
+                        .get(..unchecked_range.len())
+                        .ok_or("a nested module runs past the end of the file")?;
+                    surface.initial_memory = surface
+                        .initial_memory
+                        .saturating_add(initial_memory(module)?);
+                    data = &data[unchecked_range.len()..];
                 }
-                | Payload::ComponentSection {
+                Payload::ComponentSection {
                     unchecked_range, ..
                 } => {
                     data = data
                         .get(unchecked_range.len()..)
-                        .ok_or("a nested module or component runs past the end of the file")?;
+                        .ok_or("a nested component runs past the end of the file")?;
                 }
                 Payload::ComponentImportSection(reader) => {
                     for import in reader {
@@ -218,6 +229,41 @@ impl Surface {
                 Payload::End(_) => return Ok(surface),
                 _ => {}
             }
+        }
+    }
+}
+
+/// The initial size in bytes of the memories a core module defines (imported ones are
+/// another module's), read from its memory section: its code and data are stepped over.
+fn initial_memory(module: &[u8]) -> Result<u64, String> {
+    let mut total = 0u64;
+    let mut parser = Parser::new(0);
+    let mut data = module;
+    loop {
+        let payload = match parser.parse(data, true).map_err(|e| e.to_string())? {
+            Chunk::Parsed { consumed, payload } => {
+                data = data.get(consumed..).unwrap_or_default();
+                payload
+            }
+            Chunk::NeedMoreData(_) => return Err("a nested module ends early".into()),
+        };
+        match payload {
+            Payload::MemorySection(reader) => {
+                for memory in reader {
+                    let memory = memory.map_err(|e| e.to_string())?;
+                    let page = 1u64 << memory.page_size_log2.unwrap_or(16);
+                    total = total.saturating_add(memory.initial.saturating_mul(page));
+                }
+            }
+            Payload::CodeSectionStart { size, .. } => {
+                // Function bodies are not needed: skip the whole section.
+                data = data
+                    .get(size as usize..)
+                    .ok_or("a code section runs past the end of its module")?;
+                parser.skip_section();
+            }
+            Payload::End(_) => return Ok(total),
+            _ => {}
         }
     }
 }

@@ -358,7 +358,7 @@ impl PluginRuntime {
         limits: PluginLimits,
         init: PluginInit,
     ) -> Result<Plugin, LoadError> {
-        let compiled = self.compile(path, &limits)?;
+        let compiled = self.compile(path, &limits).await?;
         Plugin::new(self.clone(), path, compiled, limits, init).await
     }
 
@@ -386,7 +386,28 @@ impl PluginRuntime {
     /// then its imports and exports are checked from its sections *before* compiling: a
     /// component refused for its contract costs a read and a parse, not a compilation (which
     /// for a component with a large data segment costs several times its size in memory).
-    pub fn compile(&self, path: &Path, limits: &PluginLimits) -> Result<Compiled, LoadError> {
+    ///
+    /// Compiling takes seconds of CPU, so this runs on a blocking thread of the caller's
+    /// tokio runtime: no caller can stall the async workers that judging and the engine share.
+    pub async fn compile(&self, path: &Path, limits: &PluginLimits) -> Result<Compiled, LoadError> {
+        let (runtime, owned, limits) = (self.clone(), path.to_owned(), limits.clone());
+        tokio::task::spawn_blocking(move || runtime.compile_blocking(&owned, &limits))
+            .await
+            .unwrap_or_else(|e| {
+                Err(LoadError::Compile {
+                    path: path.to_owned(),
+                    message: format!("the compile task failed: {e}"),
+                })
+            })
+    }
+
+    /// [`PluginRuntime::compile`] on the calling thread, for callers outside an async runtime
+    /// (`sharehost check`, tests, benchmarks). It blocks for as long as compiling takes.
+    pub fn compile_blocking(
+        &self,
+        path: &Path,
+        limits: &PluginLimits,
+    ) -> Result<Compiled, LoadError> {
         let inner = &self.inner;
         if limits.max_memory > inner.config.max_plugin_memory {
             return Err(LoadError::MemoryLimit {
@@ -423,6 +444,15 @@ impl PluginRuntime {
                 .iter()
                 .map(|(n, is_func)| (n.as_str(), *is_func)),
         )?;
+        // A memory the plugin may not have is refused before the (costly) compile: one
+        // 200 MiB data segment cost seconds and hundreds of MiB to compile, on every attempt.
+        if surface.initial_memory > limits.max_memory as u64 {
+            return Err(LoadError::InitialMemory {
+                path: path.to_owned(),
+                declared: surface.initial_memory,
+                limit: limits.max_memory as u64,
+            });
+        }
         let hash = cache::content_hash(&bytes);
         let cached = inner.cache.as_ref().and_then(|c| {
             let artifact = c.get_artifact(&hash)?;
@@ -583,9 +613,9 @@ impl PluginRuntime {
         let compile = t.elapsed();
         let limits = PluginLimits::default();
         // First call fills the cache (when configured), second one maps from it.
-        self.compile(path, &limits)?;
+        self.compile_blocking(path, &limits)?;
         let t = Instant::now();
-        let origin = self.compile(path, &limits)?.origin;
+        let origin = self.compile_blocking(path, &limits)?.origin;
         let load = t.elapsed();
         if origin != Origin::Cached {
             return Err(LoadError::Cache {

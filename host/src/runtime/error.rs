@@ -39,12 +39,13 @@ pub enum RuntimeError {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The file could not be read.
-    #[error("{path}: cannot read the component: {source}")]
+    #[error("{path}: cannot read the component: {error}")]
     Read {
         /// The component path.
         path: PathBuf,
-        /// What the file system said.
-        source: std::io::Error,
+        /// What the file system said. Part of the message, not a `source`: a chain printed
+        /// with its causes would say it twice.
+        error: std::io::Error,
     },
     /// The path names something other than a regular file (a directory, a FIFO, a device):
     /// refused before reading, so a FIFO cannot hang a load and `/dev/zero` cannot fill memory.
@@ -138,6 +139,20 @@ pub enum LoadError {
         /// The runtime's `max_plugin_memory`.
         maximum: usize,
     },
+    /// The component's modules declare more initial memory than the plugin may have: refused
+    /// from its sections, before anything is compiled.
+    #[error(
+        "{path}: its modules declare {} of initial memory, more than the plugin's memory limit of {} (memory_limit_mib)",
+        mib(*.declared), mib(*.limit)
+    )]
+    InitialMemory {
+        /// The component path.
+        path: PathBuf,
+        /// Bytes its modules' memories start with.
+        declared: u64,
+        /// The plugin's memory limit.
+        limit: u64,
+    },
     /// Instantiation or `init` failed, or `init` returned an error for the configuration.
     #[error("{path}: init failed: {message}")]
     Init {
@@ -164,4 +179,34 @@ pub enum LoadError {
         /// What went wrong.
         message: String,
     },
+}
+
+impl LoadError {
+    /// Whether the error describes the file itself (whether it exists, what it is, how large
+    /// it is) rather than the component in it: what a remote caller of the admin API must not
+    /// learn about paths the host can see.
+    pub fn describes_the_file(&self) -> bool {
+        matches!(
+            self,
+            LoadError::Read { .. }
+                | LoadError::NotAFile { .. }
+                | LoadError::TooLarge { .. }
+                | LoadError::NotAComponent { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_component_says_its_cause_once() {
+        let e = LoadError::Read {
+            path: PathBuf::from("plugin.wasm"),
+            error: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let chain = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(chain.matches("not found").count(), 1, "{chain}");
+    }
 }

@@ -175,10 +175,14 @@ impl EmitBuffer {
             }
             return Err(EmitError::UnknownOutput(output.to_owned()));
         };
-        if let Some(h) = headers
-            .iter()
-            .find(|h| h.key.starts_with(RESERVED_HEADER_PREFIX))
-        {
+        // Ignoring case: a reader that matches header names loosely must not take a plugin's
+        // `Sharehost.Source.Offset` for the host's provenance.
+        if let Some(h) = headers.iter().find(|h| {
+            h.key
+                .as_bytes()
+                .get(..RESERVED_HEADER_PREFIX.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX.as_bytes()))
+        }) {
             return Err(EmitError::ReservedHeader(h.key.clone()));
         }
         if self.emits.len() as u64 >= u64::from(self.grant.max_emits) {
@@ -274,7 +278,17 @@ mod tests {
             ),
             Err(EmitError::ReservedHeader("sharehost.source.offset".into()))
         );
-        assert_eq!(b.refused, 3);
+        assert_eq!(
+            b.emit(
+                1,
+                "audit",
+                None,
+                None,
+                vec![header("ShareHost.Source.Offset")]
+            ),
+            Err(EmitError::ReservedHeader("ShareHost.Source.Offset".into()))
+        );
+        assert_eq!(b.refused, 4);
         let emits = b.finish();
         assert_eq!(emits.len(), 2, "the emit and the unknown output's marker");
         assert_eq!((emits[0].record, &*emits[0].output), (0, "valid"));

@@ -184,7 +184,7 @@ pub fn signature_path(component: &Path) -> PathBuf {
 /// fill memory) of at most [`MAX_SIGNATURE_BYTES`], in UTF-8.
 fn read_signature(path: &Path) -> Result<String, TrustRefusal> {
     let bytes = read_regular(path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
-        LoadError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+        LoadError::Read { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
             TrustRefusal::NoSignature {
                 signature: path.to_owned(),
             }
@@ -199,9 +199,9 @@ fn read_signature(path: &Path) -> Result<String, TrustRefusal> {
             signature: path.to_owned(),
             reason: "not a regular file".into(),
         },
-        LoadError::Read { source, .. } => TrustRefusal::UnreadableSignature {
+        LoadError::Read { error, .. } => TrustRefusal::UnreadableSignature {
             signature: path.to_owned(),
-            reason: source.to_string(),
+            reason: error.to_string(),
         },
         other => TrustRefusal::UnreadableSignature {
             signature: path.to_owned(),
