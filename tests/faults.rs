@@ -111,6 +111,26 @@ impl Scenario {
         self.manifest_with(bootstrap, component, plugin_config, FAULT_SETTINGS)
     }
 
+    /// Runs one host of the ledger fixture with `plugin_config` and `settings` until it has
+    /// judged every id, stops it, checks the ledger and returns its last `/pipelines` status.
+    async fn judge_all(&self, plugin_config: &str, settings: &str) -> serde_json::Value {
+        let manifest = self.manifest_with(
+            &bootstrap(),
+            &guest("fixture_ledger"),
+            plugin_config,
+            settings,
+        );
+        let host =
+            Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+        let (h, n) = (host.clone(), self.ids.len());
+        blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+        let status = host.status();
+        let host = Arc::try_unwrap(host).ok().expect("sole owner");
+        let (_, seen) = blocking(move || host.stop()).await;
+        self.ledger(&[seen]).await;
+        status
+    }
+
     /// [`Scenario::manifest`] with `settings` instead of [`FAULT_SETTINGS`].
     fn manifest_with(
         &self,
@@ -492,19 +512,7 @@ async fn in_flight_never_passes_max_in_flight_when_producer_batches_are_larger()
     // hold 100 or more at once.
     let s = Scenario::new("in-flight-bound", 600, 30_000).await;
     let settings = "batch_size = 20\nmax_in_flight = 60\ndelivery_cap = 4\nconcurrency = 1\n";
-    let manifest = s.manifest_with(
-        &bootstrap(),
-        &guest("fixture_ledger"),
-        r#"pause-ms = "20""#,
-        settings,
-    );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-    let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-    let status = host.status();
-    let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let (_, seen) = blocking(move || host.stop()).await;
-    s.ledger(&[seen]).await;
+    let status = s.judge_all(r#"pause-ms = "20""#, settings).await;
     let peak = status[0]["in_flight_peak"].as_u64().unwrap_or(u64::MAX);
     report(&format!(
         "ledger {}: max_in_flight 60, producer batches of 100, in-flight peak {peak}, fetches {}, records acquired {}",
@@ -524,19 +532,7 @@ async fn producer_batches_that_fit_the_bound_are_acquired_whole() {
     // batch would make the broker track it record by record (a lock timer per offset).
     let s = Scenario::new("whole-batches", 3000, 30_000).await;
     let settings = "batch_size = 50\nmax_in_flight = 500\ndelivery_cap = 4\nconcurrency = 2\n";
-    let manifest = s.manifest_with(
-        &bootstrap(),
-        &guest("fixture_ledger"),
-        r#"pause-ms = "1""#,
-        settings,
-    );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-    let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-    let status = host.status();
-    let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let (_, seen) = blocking(move || host.stop()).await;
-    s.ledger(&[seen]).await;
+    let status = s.judge_all(r#"pause-ms = "1""#, settings).await;
     let split = status[0]["acquired_split"].as_u64().unwrap_or(u64::MAX);
     let fetches = status[0]["fetches"].as_u64().unwrap_or(0);
     report(&format!(
