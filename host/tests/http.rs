@@ -18,6 +18,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
+use futures::StreamExt;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sharehost::runtime::{
@@ -118,6 +119,7 @@ impl Server {
                 get(|State(s): State<Arc<Seen>>| huge(s, true)),
             )
             .route("/hold", get(hold))
+            .route("/drip", get(drip))
             .layer(axum::middleware::from_fn_with_state(
                 seen.clone(),
                 |State(seen): State<Arc<Seen>>,
@@ -179,6 +181,12 @@ async fn huge(seen: Arc<Seen>, declared: bool) -> Response {
             .insert(header::CONTENT_LENGTH, HeaderValue::from(HUGE));
     }
     response
+}
+
+/// Answers at once, sends one chunk of its body and then nothing more, never ending it.
+async fn drip() -> Response {
+    let first = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from_static(b"x")) });
+    Body::from_stream(first.chain(futures::stream::pending())).into_response()
 }
 
 /// Counts itself in, publishes the count, and waits for the test to open the gate.
@@ -482,6 +490,42 @@ async fn a_streamed_100_mb_response_is_cut_at_the_size_cap_and_never_read_whole(
         next,
         vec![Verdict::Accept],
         "the cut released the request's permit"
+    );
+}
+
+#[tokio::test]
+async fn the_rust_sdk_names_a_body_over_the_cap_too_large_and_a_stalled_body_a_timeout() {
+    let server = Server::start().await;
+    let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
+    settings.request_timeout = Duration::from_millis(500);
+    let grant = HttpGrant::new(settings).expect("grant");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 4,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let limits = PluginLimits {
+        max_memory: 32 << 20,
+        batch_deadline: Duration::from_secs(60),
+        wall_deadline: Some(Duration::from_secs(60)),
+        http: Some(grant),
+        ..PluginLimits::default()
+    };
+    let mut plugin = rt
+        .load(&guest("fixture_sdk_http"), limits, Vec::new())
+        .await
+        .expect("loads");
+    // Both failures came to the author as `Connect`: the host's body errors carry no
+    // error code through wasi:http's stream.
+    let verdicts = fetch(&mut plugin, &[server.url("/huge"), server.url("/drip")]).await;
+    assert!(
+        reason(&verdicts[0]).starts_with("TooLarge: "),
+        "{verdicts:?}"
+    );
+    assert!(
+        reason(&verdicts[1]).starts_with("Timeout: "),
+        "{verdicts:?}"
     );
 }
 

@@ -24,22 +24,23 @@ const WRITE_CHUNK: usize = 4096;
 /// Starts every request, then waits for all of them together (see [`crate::http::send_all`]).
 pub(crate) fn send_all(requests: Vec<Request>) -> Vec<Result<Response, HttpError>> {
     let mut answers: Vec<Option<Result<Response, HttpError>>> = Vec::with_capacity(requests.len());
-    let mut pending: Vec<(usize, FutureIncomingResponse)> = Vec::with_capacity(requests.len());
+    // Each future's pollable is made once and kept beside it (making them anew each round cost
+    // the guest and the host N pollables a round, N² for N requests). The pollable is a child
+    // of its future and is always dropped first.
+    let mut pending: Vec<(usize, poll::Pollable, FutureIncomingResponse)> =
+        Vec::with_capacity(requests.len());
     for (i, request) in requests.iter().enumerate() {
         match start(request) {
             Ok(future) => {
                 answers.push(None);
-                pending.push((i, future));
+                pending.push((i, future.subscribe(), future));
             }
             Err(e) => answers.push(Some(Err(e))),
         }
     }
     while !pending.is_empty() {
         let mut ready: Vec<usize> = {
-            // The pollables are children of the futures: they go before any future does.
-            let pollables: Vec<poll::Pollable> =
-                pending.iter().map(|(_, f)| f.subscribe()).collect();
-            let refs: Vec<&poll::Pollable> = pollables.iter().collect();
+            let refs: Vec<&poll::Pollable> = pending.iter().map(|(_, p, _)| p).collect();
             poll::poll(&refs).into_iter().map(|i| i as usize).collect()
         };
         // Highest position first, so that swap_remove leaves the lower ones in place.
@@ -49,13 +50,16 @@ pub(crate) fn send_all(requests: Vec<Request>) -> Vec<Result<Response, HttpError
             if position >= pending.len() {
                 continue;
             }
-            let answer = match pending[position].1.get() {
+            let answer = match pending[position].2.get() {
                 None => continue, // not resolved after all: poll again
                 Some(Err(())) => Err(HttpError::Other("response already taken".to_owned())),
                 Some(Ok(Err(code))) => Err(error(code)),
                 Some(Ok(Ok(response))) => read(response),
             };
-            let (slot, _future) = pending.swap_remove(position);
+            let (slot, pollable, future) = pending.swap_remove(position);
+            // The child first (bindings would drop in reverse: the future first).
+            drop(pollable);
+            drop(future);
             if let Some(a) = answers.get_mut(slot) {
                 *a = Some(answer);
             }
@@ -179,8 +183,23 @@ fn stream_error(e: StreamError) -> HttpError {
         StreamError::Closed => HttpError::Connect("stream closed".to_owned()),
         StreamError::LastOperationFailed(io) => match wasi::http::types::http_error_code(&io) {
             Some(code) => error(code),
-            None => HttpError::Connect(io.to_debug_string()),
+            None => body_error(io.to_debug_string()),
         },
+    }
+}
+
+/// A response body's failure that came without an error code. wasmtime-wasi-http (48) hands a
+/// body's error to the guest as a plain I/O error whose `http-error-code` is none, though the
+/// host named it (a body over `http_max_response_bytes`, a read past `http_timeout_ms`); its
+/// text still says which, so the class is read from there.
+fn body_error(text: String) -> HttpError {
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("body size exceeds limit") {
+        HttpError::TooLarge(text)
+    } else if lower.contains("timeout") || lower.contains("timed out") {
+        HttpError::Timeout(text)
+    } else {
+        HttpError::Connect(text)
     }
 }
 

@@ -16,10 +16,11 @@
 //!   (`destination-IP-prohibited`).
 //! - **No redirects.** hyper's connection-level client follows none, and nothing here does:
 //!   a 3xx is the guest's to read.
-//! - **One timeout per request** (`request_timeout`) covers the whole exchange: waiting for
-//!   a permit, DNS, connect, TLS, sending, the response head and the whole body. One deadline
-//!   bounds how long a request can hold a permit, whatever the server does (a server that
-//!   drips one byte at a time cannot stretch it).
+//! - **One timeout per request** (`request_timeout`) covers the whole exchange from the
+//!   moment it has a permit: DNS, connect, TLS, sending, the response head and the whole body.
+//!   One deadline bounds how long a request can hold a permit, whatever the server does (a
+//!   server that drips one byte at a time cannot stretch it, a plugin that never reads the
+//!   answer cannot either). Waiting for a permit has a timeout of the same length of its own.
 //!   The guest's own `request-options` timeouts are ignored: the grant's deadline is the one
 //!   the pipeline's operator chose, and a plugin can always give up earlier by dropping the
 //!   response future.
@@ -658,10 +659,13 @@ impl HttpGrant {
         refusals: &Refusals,
         meter: Option<Arc<CpuMeter>>,
     ) -> Result<(http::Response<WasiBody>, Box<IoFuture>), HttpError> {
-        let deadline = Instant::now() + self.settings.request_timeout;
+        // A permit is waited for within one timeout; the exchange's own timeout starts when
+        // the request leaves, so requests queued behind the concurrency cap (a plugin's
+        // `send_all` of thousands) are not timed out for the others' turns.
+        let queued_until = Instant::now() + self.settings.request_timeout;
         let permit = {
             let _waiting = Gauge::enter(&self.stats.waiting);
-            match timeout_at(deadline, self.permits.clone().acquire_owned()).await {
+            match timeout_at(queued_until, self.permits.clone().acquire_owned()).await {
                 Ok(Ok(permit)) => permit,
                 // The semaphore is never closed.
                 Ok(Err(_)) => return Err(HttpError::InternalError(Some("permits closed".into()))),
@@ -674,6 +678,7 @@ impl HttpGrant {
                 }
             }
         };
+        let deadline = Instant::now() + self.settings.request_timeout;
         let flight = Arc::new(Flight {
             permit: std::sync::Mutex::new(Some(permit)),
             grant: self.clone(),
