@@ -10,11 +10,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+
+use crate::rollout::{CanaryRequest, PromoteAfter, RollbackIf, ShadowRequest};
 
 /// `sharehost ctl --admin URL [--token-env VAR] [--json] COMMAND`.
 #[derive(Debug, clap::Args)]
@@ -193,10 +195,13 @@ impl CtlCommand {
             ),
             CtlCommand::Shadow { name, path, sample } => {
                 let mut body = json!({ "path": component_path(path) });
+                // The host's own check, so ctl refuses exactly what the host would.
+                let request = ShadowRequest {
+                    path: path.clone(),
+                    sample: sample.unwrap_or(1.0),
+                };
+                request.validate().map_err(|e| anyhow!("--sample: {e}"))?;
                 if let Some(s) = sample {
-                    if !(0.0..=1.0).contains(s) {
-                        bail!("--sample {s}: a fraction from 0 to 1");
-                    }
                     body["sample"] = json!(s);
                 }
                 post(p(name, "/shadow"), Some(body))
@@ -216,9 +221,25 @@ impl CtlCommand {
                 max_reject_rate_increase,
                 max_release_rate_increase,
             } => {
-                if !(*percent > 0.0 && *percent <= 100.0) {
-                    bail!("--percent {percent}: a share of batches above 0 and at most 100");
-                }
+                // The host's own check on what it will read (its defaults filled in), so ctl
+                // refuses exactly what the host would.
+                let defaults = RollbackIf::default();
+                let request = CanaryRequest {
+                    path: path.clone(),
+                    percent: *percent,
+                    promote_after: PromoteAfter {
+                        batches: *promote_after_batches,
+                        seconds: *promote_after_seconds,
+                    },
+                    rollback_if: RollbackIf {
+                        max_fault_rate: max_fault_rate.unwrap_or(defaults.max_fault_rate),
+                        max_reject_rate_increase: max_reject_rate_increase
+                            .unwrap_or(defaults.max_reject_rate_increase),
+                        max_release_rate_increase: max_release_rate_increase
+                            .unwrap_or(defaults.max_release_rate_increase),
+                    },
+                };
+                request.validate().map_err(|e| anyhow!("{e}"))?;
                 let mut body = json!({ "path": component_path(path), "percent": percent });
                 let mut promote = serde_json::Map::new();
                 if let Some(n) = promote_after_batches {
@@ -237,9 +258,6 @@ impl CtlCommand {
                     ("max_release_rate_increase", max_release_rate_increase),
                 ] {
                     if let Some(v) = v {
-                        if !(v.is_finite() && *v >= 0.0) {
-                            bail!("--{}: {v} is not a rate (0 or more)", key.replace('_', "-"));
-                        }
                         bounds.insert(key.into(), json!(v));
                     }
                 }

@@ -100,6 +100,17 @@ pub struct SwapError {
     pub message: String,
 }
 
+/// The reason a dead letter carries when the plugin rejected without one.
+const NO_REASON: &str = "rejected by the plugin (no reason given)";
+
+/// What a reject's dead letter says: the plugin's reason, or [`NO_REASON`] when it gave none
+/// (or an empty one), so a dead letter always says why.
+fn reject_reason(reason: Option<String>) -> String {
+    reason
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| NO_REASON.to_owned())
+}
+
 /// A trusted batch handler compiled into the process, in place of a Wasm component. It runs
 /// through exactly the same pipeline (batching, verdicts, acknowledgements, dead letters,
 /// metrics), so embedding code can use the pipeline without a sandbox, and the benchmark
@@ -1223,9 +1234,7 @@ impl Pipeline {
             path: req.path.clone(),
             message,
         };
-        if !(req.sample > 0.0 && req.sample <= 1.0) {
-            return Err(err(format!("sample must be in (0, 1], got {}", req.sample)));
-        }
+        req.validate().map_err(err)?;
         let _one_at_a_time = self.swapping.lock().await;
         let shadow_limits = PluginLimits {
             http: None,
@@ -2116,7 +2125,7 @@ impl Pipeline {
                     },
                     Verdict::Release => AckKind::Release,
                     Verdict::Reject(reason) => {
-                        rejects.push((r, reason.unwrap_or_default()));
+                        rejects.push((r, reject_reason(reason)));
                         continue;
                     }
                     Verdict::Retry(after_ms) => {
@@ -2808,6 +2817,13 @@ impl SwapStall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reject_without_a_reason_is_dead_lettered_saying_so() {
+        assert_eq!(reject_reason(None), NO_REASON);
+        assert_eq!(reject_reason(Some(String::new())), NO_REASON);
+        assert_eq!(reject_reason(Some("not JSON".into())), "not JSON");
+    }
 
     #[test]
     fn a_swap_stall_is_the_longest_gap_from_the_last_old_batch_to_the_first_new_one() {

@@ -35,6 +35,18 @@ fn one() -> f64 {
     1.0
 }
 
+impl ShadowRequest {
+    /// Refuses a sample that makes no shadow, naming the field (the host and `sharehost ctl`
+    /// both check with this).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sample > 0.0 && self.sample <= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("sample must be in (0, 1], got {}", self.sample))
+        }
+    }
+}
+
 /// One record on which the candidate and the active version disagreed.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Disagreement {
@@ -183,7 +195,8 @@ pub struct CanaryRequest {
 }
 
 impl CanaryRequest {
-    /// Refuses numbers that make no canary, naming the field.
+    /// Refuses numbers that make no canary, naming the field (the host and `sharehost ctl`
+    /// both check with this).
     pub fn validate(&self) -> Result<(), String> {
         if !(self.percent > 0.0 && self.percent <= 100.0) {
             return Err(format!("percent must be in (0, 100], got {}", self.percent));

@@ -445,10 +445,41 @@ async fn errors_say_what_the_host_answered_and_exit_non_zero() {
     );
     let requests = log.lock().expect("log").len();
     // Mistakes caught before any request, and a host that is not there.
+    // ctl refuses with the host's own checks: what it lets through, the host takes.
     let (ok, _, err) = ctl(&url, &["canary", "orders", "/c.wasm", "--percent", "0"]).await;
-    assert!(!ok && err.contains("--percent 0"), "{err}");
+    assert!(
+        !ok && err.contains("percent must be in (0, 100], got 0"),
+        "{err}"
+    );
     let (ok, _, err) = ctl(&url, &["shadow", "orders", "/c.wasm", "--sample", "2"]).await;
-    assert!(!ok && err.contains("--sample 2"), "{err}");
+    assert!(
+        !ok && err.contains("sample must be in (0, 1], got 2"),
+        "{err}"
+    );
+    let (ok, _, err) = ctl(&url, &["shadow", "orders", "/c.wasm", "--sample", "0"]).await;
+    assert!(
+        !ok && err.contains("sample must be in (0, 1], got 0"),
+        "{err}"
+    );
+    let (ok, _, err) = ctl(
+        &url,
+        &[
+            "canary",
+            "orders",
+            "/c.wasm",
+            "--percent",
+            "10",
+            "--promote-after-batches",
+            "5",
+            "--max-fault-rate",
+            "2",
+        ],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("rollback_if.max_fault_rate must be in [0, 1], got 2"),
+        "{err}"
+    );
     let (ok, _, err) = ctl(
         &url,
         &["--token-env", "SHAREHOST_NO_SUCH_VAR", "promote", "orders"],
