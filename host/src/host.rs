@@ -262,12 +262,28 @@ const TENANT_BACKOFF: BackoffConfig = BackoffConfig {
     factor: 2.0,
 };
 
+/// The admin API's bearer token, read before anything is loaded: a variable that is not set,
+/// or set to nothing, is refused (an empty token would let any `Authorization: Bearer `
+/// through).
+fn admin_token(manifest: &Manifest) -> Result<Option<String>> {
+    let Some(var) = &manifest.admin.token_env else {
+        return Ok(None);
+    };
+    let token = std::env::var(var)
+        .with_context(|| format!("admin.token_env: environment variable {var} is not set"))?;
+    if token.trim().is_empty() {
+        bail!("admin.token_env: environment variable {var} is empty");
+    }
+    Ok(Some(token))
+}
+
 /// Runs every pipeline until a signal, then drains. Each pipeline is a tenant of its own: one
 /// that fails to load or to run is reported failed and tried again with backoff while the
 /// others run. With `strict`, any pipeline that fails to load stops the start (nothing runs),
 /// and one that fails to run stops the host, as a platform that wants all or nothing asks.
 pub async fn run(path: &Path, strict: bool) -> Result<()> {
     let manifest = Manifest::load(path)?;
+    let token = admin_token(&manifest)?;
     log_trust(&manifest);
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
@@ -295,13 +311,6 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     }
     let config = connection_config(&manifest)?;
     let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
-    let token =
-        match &manifest.admin.token_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("admin.token_env: environment variable {var} is not set")
-            })?),
-            None => None,
-        };
     let listener = tokio::net::TcpListener::bind(&manifest.admin.listen)
         .await
         .with_context(|| format!("admin.listen: cannot bind {}", manifest.admin.listen))?;

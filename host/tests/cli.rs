@@ -105,3 +105,33 @@ fn the_cli_names_what_is_wrong_in_one_line() {
     assert!(!ok);
     assert_one_error_line(&err, &["TLS handshake", "not signed by a trusted CA"]);
 }
+
+#[test]
+fn an_empty_admin_token_is_refused_before_anything_starts() {
+    // An empty token would let any `Authorization: Bearer ` through to the rollout endpoints.
+    let dir = std::env::temp_dir().join(format!("sharehost-cli-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("host.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[cluster]\nbootstrap = \"127.0.0.1:1\"\n\n[admin]\nlisten = \"0.0.0.0:0\"\ntoken_env = \"SHAREHOST_TEST_EMPTY_TOKEN\"\n\n[[pipeline]]\nname = \"orders\"\ntopics = [\"orders\"]\ngroup = \"orders\"\ncomponent = {:?}\n",
+            sharehost_tests::guest("accept_all")
+        ),
+    )
+    .expect("manifest");
+    let out = Command::new(sharehost_bin())
+        .arg("run")
+        .arg(&manifest)
+        .env("SHAREHOST_TEST_EMPTY_TOKEN", "")
+        .output()
+        .expect("run sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .contains("admin.token_env: environment variable SHAREHOST_TEST_EMPTY_TOKEN is empty"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
