@@ -353,27 +353,37 @@ fn settings(hosts: &[String]) -> HttpSettings {
 }
 
 async fn fetcher(settings: HttpSettings) -> (Plugin, Arc<HttpGrant>) {
+    let grant = HttpGrant::new(settings).expect("grant");
+    // The guest burns almost no CPU; the wall-clock budget only has to outlast the slowest
+    // exchange of a test (30 s request timeout at most).
+    let deadline = Duration::from_secs(60);
+    let plugin = plugin_with("fixture_http_fetch", grant.clone(), deadline, deadline).await;
+    (plugin, grant)
+}
+
+/// The `fixture` component under `grant`, with a CPU and a wall-clock deadline per batch.
+async fn plugin_with(
+    fixture: &str,
+    grant: Arc<HttpGrant>,
+    cpu: Duration,
+    wall: Duration,
+) -> Plugin {
     let rt = PluginRuntime::new(RuntimeConfig {
         max_plugin_memory: 64 << 20,
         max_instances: 4,
         ..RuntimeConfig::default()
     })
     .expect("runtime");
-    let grant = HttpGrant::new(settings).expect("grant");
     let limits = PluginLimits {
         max_memory: 32 << 20,
-        // The guest burns almost no CPU; the wall-clock budget only has to outlast the
-        // slowest exchange of a test (30 s request timeout at most).
-        batch_deadline: Duration::from_secs(60),
-        wall_deadline: Some(Duration::from_secs(60)),
-        http: Some(grant.clone()),
+        batch_deadline: cpu,
+        wall_deadline: Some(wall),
+        http: Some(grant),
         ..PluginLimits::default()
     };
-    let plugin = rt
-        .load(&guest("fixture_http_fetch"), limits, Vec::new())
+    rt.load(&guest(fixture), limits, Vec::new())
         .await
-        .unwrap_or_else(|e| panic!("loading fixture_http_fetch: {e}"));
-    (plugin, grant)
+        .unwrap_or_else(|e| panic!("loading {fixture}: {e}"))
 }
 
 fn batch(urls: &[String]) -> Vec<Record> {
@@ -499,23 +509,8 @@ async fn the_rust_sdk_names_a_body_over_the_cap_too_large_and_a_stalled_body_a_t
     let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
     settings.request_timeout = Duration::from_millis(500);
     let grant = HttpGrant::new(settings).expect("grant");
-    let rt = PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: 64 << 20,
-        max_instances: 4,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime");
-    let limits = PluginLimits {
-        max_memory: 32 << 20,
-        batch_deadline: Duration::from_secs(60),
-        wall_deadline: Some(Duration::from_secs(60)),
-        http: Some(grant),
-        ..PluginLimits::default()
-    };
-    let mut plugin = rt
-        .load(&guest("fixture_sdk_http"), limits, Vec::new())
-        .await
-        .expect("loads");
+    let deadline = Duration::from_secs(60);
+    let mut plugin = plugin_with("fixture_sdk_http", grant, deadline, deadline).await;
     // Both failures came to the author as `Connect`: the host's body errors carry no
     // error code through wasi:http's stream.
     let verdicts = fetch(&mut plugin, &[server.url("/huge"), server.url("/drip")]).await;
@@ -652,25 +647,10 @@ async fn requests_a_plugin_never_reads_give_their_permits_back_at_their_timeout(
 #[tokio::test]
 async fn host_work_for_a_plugins_requests_counts_against_its_cpu_deadline() {
     let server = Server::start().await;
-    let rt = PluginRuntime::new(RuntimeConfig {
-        max_plugin_memory: 64 << 20,
-        max_instances: 4,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime");
     let grant =
         HttpGrant::new(settings(&[format!("http://127.0.0.1:{}", server.port())])).expect("grant");
-    let limits = PluginLimits {
-        max_memory: 32 << 20,
-        batch_deadline: Duration::from_millis(200),
-        wall_deadline: Some(Duration::from_secs(120)),
-        http: Some(grant),
-        ..PluginLimits::default()
-    };
-    let mut plugin = rt
-        .load(&guest("fixture_http_fetch"), limits, Vec::new())
-        .await
-        .expect("loads");
+    let (cpu, wall) = (Duration::from_millis(200), Duration::from_secs(120));
+    let mut plugin = plugin_with("fixture_http_fetch", grant, cpu, wall).await;
     // Requests one after another for as long as the host lets it: the host's side of each
     // (connection, request, response) was not counted, so the call ran on for several times
     // its CPU budget until the wall-clock deadline cut it.
