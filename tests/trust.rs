@@ -23,7 +23,8 @@ use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
-    new_version, produce_ids, topic_records, topic_with_dead_letters, unique, wait_until_drained,
+    new_version, plugin_record, produce_ids, topic_records, topic_with_dead_letters, unique,
+    wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -249,6 +250,76 @@ fn a_cached_compilation_never_stands_in_for_a_signature() {
         .compile_blocking(&component, &PluginLimits::default())
         .expect("no policy");
     assert_eq!(open.signer, None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn cached_code_of_one_component_never_runs_for_another_under_a_verified_signature() {
+    let dir = scratch("cache-moved");
+    let alice = Publisher::new();
+    // Two signed components that judge differently: one panics on a record `bad`, one accepts it.
+    let panics = dir.join("panics.wasm");
+    let accepts = dir.join("accepts.wasm");
+    std::fs::copy(guest("fixture_panic"), &panics).expect("copy");
+    std::fs::copy(guest("accept_all"), &accepts).expect("copy");
+    alice.sign(&panics);
+    alice.sign(&accepts);
+    let config = |cache: Option<PathBuf>| RuntimeConfig {
+        max_plugin_memory: 64 << 20,
+        max_instances: 8,
+        cache_dir: cache,
+        ..RuntimeConfig::default()
+    };
+    let cached = PluginRuntime::new(config(Some(dir.join("cache")))).expect("runtime");
+    let limits = || PluginLimits {
+        trust: TrustPolicy::new([TrustedKey::parse(&alice.public()).expect("key")]).map(Arc::new),
+        ..PluginLimits::default()
+    };
+    let first = cached
+        .compile(&panics, &limits())
+        .await
+        .expect("signed: compiled");
+    // The accepting component's hash, from a runtime without a cache.
+    let accepts_hash = PluginRuntime::new(config(None))
+        .expect("runtime")
+        .compile(&accepts, &limits())
+        .await
+        .expect("signed")
+        .hash;
+    // The panicking component's entry, copied by this same user (right owner, right mode)
+    // to the name the accepting component's entry would have.
+    let entries: Vec<PathBuf> = std::fs::read_dir(dir.join("cache"))
+        .expect("cache dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cwasm"))
+        .collect();
+    assert_eq!(entries.len(), 1, "one entry: {entries:?}");
+    let name = entries[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("entry name")
+        .replace(&first.hash, &accepts_hash);
+    std::fs::copy(&entries[0], dir.join("cache").join(name)).expect("plant");
+
+    let again = cached
+        .compile(&accepts, &limits())
+        .await
+        .expect("signed: loads");
+    assert_eq!(
+        again.origin,
+        sharehost::runtime::Origin::Compiled,
+        "the planted entry was refused and the verified bytes compiled"
+    );
+    let mut plugin = cached
+        .load(&accepts, limits(), Vec::new())
+        .await
+        .expect("loads");
+    let outcome = plugin.handle(&[plugin_record(0, "bad", &[])]).await;
+    assert!(
+        outcome.fault().is_none(),
+        "the accepting component's own code ran, not the planted one: {:?}",
+        outcome.fault()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -17,6 +17,15 @@
 //! an entry can only have been put into this user's own 0700 directory by root or by this user
 //! (another umask, an older sharehost): refusing to start over it would turn a harmless
 //! leftover into an outage, while never executing it keeps the guarantee.
+//!
+//! Ownership says who wrote an entry, not what it was compiled from: an entry of component A
+//! copied (by this same user, or a tool of theirs) to the name of component B would run A's
+//! code under B's verified signature. So every entry also carries an HMAC-SHA256, under a key
+//! kept in the cache directory (32 random bytes, created once, checked like an entry), of the
+//! content hash it was compiled from, the engine tag and the artifact: an entry is loaded only
+//! for the component and engine it was compiled for, by a cache holding its key. The key
+//! stands against a misplaced or replaced entry, not against a process of this user that reads
+//! the key (such a process can replace the host's binary as well).
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::hash::{Hash, Hasher};
@@ -24,6 +33,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use hmac::{Hmac, Mac};
 use rustix::fs::{Mode, OFlags};
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -53,7 +63,21 @@ pub(crate) struct Cache {
     engine_tag: String,
     /// This process's effective uid: the only owner whose files are trusted.
     uid: u32,
+    /// The key that binds each entry to the component it was compiled from.
+    key: [u8; KEY_BYTES],
 }
+
+/// The first bytes of every entry: the format, so an entry of an older sharehost (a bare
+/// artifact) is a miss, never deserialized.
+const ENTRY_MAGIC: &[u8; 8] = b"shcwasm1";
+/// Bytes of the entry's HMAC-SHA256 after the magic.
+const TAG_BYTES: usize = 32;
+/// Magic plus tag: where the artifact starts.
+const ENTRY_HEADER: usize = ENTRY_MAGIC.len() + TAG_BYTES;
+/// Bytes of the cache's key.
+const KEY_BYTES: usize = 32;
+/// The key's file in the cache directory.
+const KEY_FILE: &str = "key";
 
 /// This process's effective uid.
 fn euid() -> u32 {
@@ -136,11 +160,79 @@ impl Cache {
         engine.precompile_compatibility_hash().hash(&mut hasher);
         code_settings.hash(&mut hasher);
         let engine_tag = hex(&hasher.0.finalize()[..8]);
-        Ok(Self {
+        let mut cache = Self {
             dir: dir.to_owned(),
             engine_tag,
             uid,
-        })
+            key: [0; KEY_BYTES],
+        };
+        cache.key = cache.load_or_create_key().map_err(err)?;
+        Ok(cache)
+    }
+
+    /// The cache's key: read from its file when that is trusted (checked like an entry) and
+    /// whole, else a new random one. A new key is linked into place only where none exists, so
+    /// two hosts opening a new cache at once end up with the same key; an untrusted or short
+    /// key file is replaced, which turns every entry into a miss (compiled again).
+    fn load_or_create_key(&self) -> std::io::Result<[u8; KEY_BYTES]> {
+        let path = self.dir.join(KEY_FILE);
+        let read = |file: &mut File| -> std::io::Result<Option<[u8; KEY_BYTES]>> {
+            let mut bytes = Vec::with_capacity(KEY_BYTES);
+            file.take(KEY_BYTES as u64 + 1).read_to_end(&mut bytes)?;
+            Ok(<[u8; KEY_BYTES]>::try_from(bytes.as_slice()).ok())
+        };
+        let replace = match self.open_trusted(&path) {
+            Ok(Some(mut file)) => match read(&mut file)? {
+                Some(key) => return Ok(key),
+                None => {
+                    tracing::warn!(path = %path.display(), "the cache key is not {KEY_BYTES} bytes; replacing it (every entry compiles again)");
+                    true
+                }
+            },
+            Ok(None) => false,
+            Err(reason) => {
+                tracing::warn!(path = %path.display(), reason = %reason, "refusing an untrusted cache key; replacing it (every entry compiles again)");
+                true
+            }
+        };
+        let key: [u8; KEY_BYTES] = rand::random();
+        let tmp = self.write_private(&path, &[&key])?;
+        if replace {
+            return std::fs::rename(&tmp, &path).map(|()| key);
+        }
+        // Linked, not renamed: a key another host created meanwhile is kept, and read back.
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(key),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                match self.open_trusted(&path) {
+                    Ok(Some(mut file)) => read(&mut file)?.ok_or_else(|| {
+                        std::io::Error::other(format!("{}: not {KEY_BYTES} bytes", path.display()))
+                    }),
+                    Ok(None) => Err(std::io::Error::other(format!(
+                        "{}: vanished while it was being created",
+                        path.display()
+                    ))),
+                    Err(reason) => Err(std::io::Error::other(format!(
+                        "{}: {reason}",
+                        path.display()
+                    ))),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The tag that binds `artifact` to the component (`content_hash`) and the engine it was
+    /// compiled for, under this cache's key.
+    fn tag(&self, content_hash: &str) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256>>::new_from_slice(&self.key).expect("HMAC takes any key length");
+        mac.update(content_hash.as_bytes());
+        mac.update(&[0]);
+        mac.update(self.engine_tag.as_bytes());
+        mac.update(&[0]);
+        mac
     }
 
     /// The file a component with this content hash is cached in, for this engine.
@@ -199,12 +291,24 @@ impl Cache {
             }
         };
         // Read from the file that was checked, not from a second lookup of the path.
-        let mut artifact = Vec::new();
-        if let Err(e) = file.read_to_end(&mut artifact) {
+        let mut entry = Vec::new();
+        if let Err(e) = file.read_to_end(&mut entry) {
             tracing::warn!(path = %path.display(), error = %e, "cannot read a cache entry; compiling instead");
             return None;
         }
-        Some(artifact)
+        let bound = entry.len() >= ENTRY_HEADER && entry.starts_with(ENTRY_MAGIC) && {
+            let mut mac = self.tag(content_hash);
+            mac.update(&entry[ENTRY_HEADER..]);
+            // Constant time, though the tag is no secret to anyone who can read the entry.
+            mac.verify_slice(&entry[ENTRY_MAGIC.len()..ENTRY_HEADER])
+                .is_ok()
+        };
+        if !bound {
+            tracing::warn!(path = %path.display(), "refusing a cache entry not compiled for this component by this cache (moved from another component's name, another cache's, or an older format); it is never loaded and will be replaced");
+            return None;
+        }
+        entry.drain(..ENTRY_HEADER);
+        Some(entry)
     }
 
     /// Drops an entry wasmtime refused (e.g. truncated by a crash), so the next load
@@ -234,7 +338,10 @@ impl Cache {
     /// compiles again.
     pub(crate) fn put_artifact(&self, artifact: &[u8], content_hash: &str) {
         let path = self.path_for(content_hash);
-        if let Err(e) = self.store(&path, artifact) {
+        let mut mac = self.tag(content_hash);
+        mac.update(artifact);
+        let tag = mac.finalize().into_bytes();
+        if let Err(e) = self.store(&path, &[ENTRY_MAGIC, &tag, artifact]) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the precompiled cache; continuing without it");
         }
     }
@@ -248,10 +355,17 @@ impl Cache {
         }
     }
 
-    /// Writes an artifact atomically: a new 0600 file (whatever the umask) in the same
-    /// directory, then a rename, so a crash never leaves a half-written entry under the final
-    /// name and a refused entry (or a symlink) is replaced, never written through.
-    fn store(&self, path: &Path, artifact: &[u8]) -> std::io::Result<()> {
+    /// Writes an entry atomically: a new 0600 file (whatever the umask) in the same directory,
+    /// then a rename, so a crash never leaves a half-written entry under the final name and a
+    /// refused entry (or a symlink) is replaced, never written through.
+    fn store(&self, path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
+        let tmp = self.write_private(path, parts)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// Writes `parts` to a new private file beside `path` (named after it and this process)
+    /// and returns that file's path.
+    fn write_private(&self, path: &Path, parts: &[&[u8]]) -> std::io::Result<PathBuf> {
         let tmp = self.dir.join(format!(
             ".{}.{}.tmp",
             path.file_name()
@@ -267,9 +381,11 @@ impl Cache {
             .mode(0o600)
             .custom_flags(OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
-        f.write_all(artifact)?;
+        for part in parts {
+            f.write_all(part)?;
+        }
         f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        Ok(tmp)
     }
 }
 
@@ -383,6 +499,74 @@ mod tests {
         assert!(
             cache.get(&engine, "b").is_none(),
             "a symlinked entry is never followed"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn an_entry_moved_to_another_components_name_is_never_loaded() {
+        let (root, engine, cache) = cache_with_entry("moved-entry");
+        // This user's own file, with the right owner and mode, holding `a`'s code under the
+        // name of component `b`: it would run `a` under `b`'s verified signature.
+        std::fs::copy(cache.path_for("a"), cache.path_for("b")).expect("copy");
+        std::fs::set_permissions(cache.path_for("b"), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+        assert!(cache.get(&engine, "b").is_none(), "bound to `a`, not `b`");
+        assert!(cache.get(&engine, "a").is_some(), "still `a`'s own");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn an_entry_changed_or_written_without_the_key_is_never_loaded() {
+        let (root, engine, cache) = cache_with_entry("forged-entry");
+        let entry = cache.path_for("a");
+        let good = std::fs::read(&entry).expect("entry");
+        // One byte of the code changed.
+        let mut changed = good.clone();
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        std::fs::write(&entry, &changed).expect("write");
+        assert!(
+            cache.get(&engine, "a").is_none(),
+            "a changed entry is a miss"
+        );
+        // A bare artifact, as an older sharehost (or anyone without the key) writes it.
+        std::fs::write(&entry, &good[ENTRY_HEADER..]).expect("write");
+        assert!(
+            cache.get(&engine, "a").is_none(),
+            "an untagged entry is a miss"
+        );
+        // The next store replaces it with a bound one.
+        cache.put(&component(&engine), "a");
+        assert!(cache.get(&engine, "a").is_some());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn the_cache_key_is_kept_across_opens_and_replaced_when_untrusted() {
+        let (root, engine, _cache) = cache_with_entry("key");
+        let dir = root.join("cwasm");
+        let key_path = dir.join(KEY_FILE);
+        assert_eq!(
+            std::fs::metadata(&key_path).expect("key").mode() & 0o777,
+            0o600
+        );
+        let again = Cache::open(&engine, &dir, "test").expect("open");
+        assert!(
+            again.get(&engine, "a").is_some(),
+            "a second open reads the same key"
+        );
+        // A key others could have written is not trusted: a new one, every entry a miss.
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        let replaced = Cache::open(&engine, &dir, "test").expect("open");
+        assert!(
+            replaced.get(&engine, "a").is_none(),
+            "entries of the old key"
+        );
+        assert_eq!(
+            std::fs::metadata(&key_path).expect("key").mode() & 0o777,
+            0o600,
+            "the key was replaced by a private one"
         );
         let _ = std::fs::remove_dir_all(&root);
     }
