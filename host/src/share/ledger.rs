@@ -101,10 +101,25 @@ impl HeldRange {
     }
 }
 
+/// One partition's pending verdicts, with how many are Renew: the questions asked on every
+/// fetch step (is a final verdict or a Renew waiting?) are then answered without walking
+/// thousands of offsets.
+#[derive(Debug, Default, Clone)]
+struct Offsets {
+    map: BTreeMap<i64, AckKind>,
+    renews: usize,
+}
+
+impl Offsets {
+    fn finals(&self) -> usize {
+        self.map.len() - self.renews
+    }
+}
+
 /// Pending acknowledgements, per partition, in offset order.
 #[derive(Debug, Default, Clone)]
 pub struct AckLedger {
-    pending: BTreeMap<TopicIdPartition, BTreeMap<i64, AckKind>>,
+    pending: BTreeMap<TopicIdPartition, Offsets>,
     /// Acquired ranges of more than one offset, by first offset.
     held: BTreeMap<TopicIdPartition, BTreeMap<i64, HeldRange>>,
 }
@@ -124,7 +139,7 @@ impl AckLedger {
         kind: AckKind,
     ) -> Result<(), LedgerError> {
         let entry = self.pending.entry(tp).or_default();
-        match entry.get(&offset) {
+        match entry.map.get(&offset) {
             Some(existing) if *existing != AckKind::Renew && kind != *existing => {
                 Err(LedgerError::AlreadyJudged {
                     partition: tp,
@@ -135,9 +150,14 @@ impl AckLedger {
             }
             Some(existing) if *existing != AckKind::Renew => Ok(()), // the same verdict twice is harmless
             previous => {
-                let newly_final = kind != AckKind::Renew
-                    && previous.is_none_or(|existing| *existing == AckKind::Renew);
-                entry.insert(offset, kind);
+                let was_renew = previous == Some(&AckKind::Renew);
+                let newly_final = kind != AckKind::Renew;
+                match (was_renew, newly_final) {
+                    (false, false) => entry.renews += 1,
+                    (true, true) => entry.renews -= 1,
+                    _ => {}
+                }
+                entry.map.insert(offset, kind);
                 if newly_final && let Some(range) = self.range_of(tp, offset) {
                     range.judged += 1;
                     range.since.get_or_insert_with(Instant::now);
@@ -154,7 +174,8 @@ impl AckLedger {
             return;
         }
         let judged = self.pending.get(&tp).map_or(0, |m| {
-            m.range(first..=last)
+            m.map
+                .range(first..=last)
                 .filter(|(_, k)| **k != AckKind::Renew)
                 .count() as u64
         });
@@ -206,14 +227,13 @@ impl AckLedger {
                 return false;
             }
             let Some(ranges) = self.held.get(tp).filter(|r| !r.is_empty()) else {
-                return m.values().any(|k| *k != AckKind::Renew);
+                return m.finals() > 0;
             };
             if ranges.iter().any(|(f, r)| r.judged > 0 && r.ready(*f, now)) {
                 return true;
             }
             let judged_in_ranges: u64 = ranges.values().map(|r| r.judged).sum();
-            let finals = m.values().filter(|k| **k != AckKind::Renew).count() as u64;
-            finals > judged_in_ranges
+            m.finals() as u64 > judged_in_ranges
         })
     }
 
@@ -230,7 +250,7 @@ impl AckLedger {
     {
         let mut out = Vec::new();
         for (tp, offsets) in self.pending.iter_mut() {
-            if offsets.is_empty() || !filter(tp) {
+            if offsets.map.is_empty() || !filter(tp) {
                 continue;
             }
             // The ranges that stay held: their offsets stay too.
@@ -247,7 +267,8 @@ impl AckLedger {
             }
             let mut taken = BTreeMap::new();
             let mut k = kept.iter().peekable();
-            offsets.retain(|&offset, kind| {
+            // Only final verdicts are taken: the Renew count stays.
+            offsets.map.retain(|&offset, kind| {
                 if *kind == AckKind::Renew {
                     return true;
                 }
@@ -264,19 +285,19 @@ impl AckLedger {
                 out.push((*tp, to_batches(&taken)));
             }
         }
-        self.pending.retain(|_, m| !m.is_empty());
+        self.pending.retain(|_, m| !m.map.is_empty());
         self.held.retain(|_, r| !r.is_empty());
         out
     }
 
     /// Number of offsets waiting to be sent.
     pub fn len(&self) -> usize {
-        self.pending.values().map(BTreeMap::len).sum()
+        self.pending.values().map(|m| m.map.len()).sum()
     }
 
     /// True when nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.pending.values().all(BTreeMap::is_empty)
+        self.pending.values().all(|m| m.map.is_empty())
     }
 
     /// Whether any pending verdict is a Renew (such acks need a renew request).
@@ -288,14 +309,14 @@ impl AckLedger {
     pub fn has_renew_where<F: Fn(&TopicIdPartition) -> bool>(&self, filter: F) -> bool {
         self.pending
             .iter()
-            .any(|(tp, m)| filter(tp) && m.values().any(|k| *k == AckKind::Renew))
+            .any(|(tp, m)| filter(tp) && m.renews > 0)
     }
 
     /// Whether anything is pending for the partitions `filter` accepts.
     pub fn has_where<F: Fn(&TopicIdPartition) -> bool>(&self, filter: F) -> bool {
         self.pending
             .iter()
-            .any(|(tp, m)| filter(tp) && !m.is_empty())
+            .any(|(tp, m)| filter(tp) && !m.map.is_empty())
     }
 
     /// Removes and returns the batches of the given partitions (all when `filter` accepts all).
@@ -311,16 +332,19 @@ impl AckLedger {
     {
         let mut out = Vec::new();
         for (tp, offsets) in self.pending.iter_mut() {
-            if offsets.is_empty() || !filter(tp) {
+            if offsets.map.is_empty() || !filter(tp) {
                 continue;
             }
             let taken: BTreeMap<i64, AckKind> = if include_renew {
-                std::mem::take(offsets)
+                std::mem::take(offsets).map
+            } else if offsets.renews == 0 {
+                std::mem::take(&mut offsets.map)
             } else {
-                let (renew, rest): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(offsets)
-                    .into_iter()
-                    .partition(|(_, k)| *k == AckKind::Renew);
-                *offsets = renew;
+                let (renew, rest): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                    std::mem::take(&mut offsets.map)
+                        .into_iter()
+                        .partition(|(_, k)| *k == AckKind::Renew);
+                offsets.map = renew;
                 rest
             };
             if !taken.is_empty() {
@@ -329,7 +353,7 @@ impl AckLedger {
             // What was held of these ranges has gone out: nothing of them waits any more.
             self.held.remove(tp);
         }
-        self.pending.retain(|_, m| !m.is_empty());
+        self.pending.retain(|_, m| !m.map.is_empty());
         out
     }
 
@@ -342,7 +366,7 @@ impl AckLedger {
         let mut dropped = 0;
         self.pending.retain(|tp, m| {
             if filter(tp) {
-                dropped += m.len();
+                dropped += m.map.len();
                 false
             } else {
                 true
@@ -679,6 +703,33 @@ mod tests {
             let want: BTreeMap<i64, i8> = expected.iter().map(|(o, k)| (*o, k.code())).collect();
             prop_assert_eq!(covered, want);
             prop_assert!(ledger.is_empty());
+        }
+
+        /// The kept counts of Renew verdicts agree with the verdicts themselves through any
+        /// mix of records, ranges, fetch-time takes, renew takes and drops.
+        #[test]
+        fn renew_counts_agree_with_the_verdicts(
+            ops in proptest::collection::vec((0u8..5, 0i32..2, 0i64..60, kind()), 0..200),
+        ) {
+            let mut ledger = AckLedger::new();
+            let start = Instant::now();
+            for (i, (op, p, o, k)) in ops.iter().enumerate() {
+                let now = start + Duration::from_millis(100 * i as u64);
+                match op {
+                    0 | 1 => { let _ = ledger.record(tp(*p), *o, *k); }
+                    2 => ledger.acquired(tp(*p), *o, *o + 7),
+                    3 => { ledger.take_ready(|t| t.partition == *p, now); }
+                    _ => { ledger.take(|t| t.partition == *p, *o % 2 == 0); }
+                }
+                for (t, m) in &ledger.pending {
+                    let renews = m.map.values().filter(|k| **k == AckKind::Renew).count();
+                    prop_assert_eq!(m.renews, renews, "partition {:?}", t);
+                }
+                prop_assert_eq!(
+                    ledger.has_renew(),
+                    ledger.pending.values().any(|m| m.map.values().any(|k| *k == AckKind::Renew))
+                );
+            }
         }
     }
 }
