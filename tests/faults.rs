@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use sharehost::dlq::DeadLetter;
 use sharehost::kafka::KafkaClient;
-use sharehost_tests::host::{HostProcess, Seen, Watch};
+use sharehost_tests::host::{HostProcess, Seen, Watch, run_until_judged};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{
@@ -120,13 +120,7 @@ impl Scenario {
             plugin_config,
             settings,
         );
-        let host =
-            Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-        let (h, n) = (host.clone(), self.ids.len());
-        blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-        let status = host.status();
-        let host = Arc::try_unwrap(host).ok().expect("sole owner");
-        let (_, seen) = blocking(move || host.stop()).await;
+        let (status, seen) = run_until_judged(sharehost(), manifest, self.ids.len()).await;
         self.ledger(&[seen]).await;
         status
     }

@@ -184,14 +184,7 @@ impl Scenario {
     /// Runs one host on `manifest` until its plugin has judged every id, then stops it;
     /// returns the host's status taken before the stop and what the plugin reported.
     async fn run_until_judged(&self, manifest: PathBuf) -> (serde_json::Value, Seen) {
-        let host =
-            Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
-        let (h, n) = (host.clone(), self.ids.len());
-        blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
-        let status = host.status();
-        let host = Arc::try_unwrap(host).ok().expect("sole owner");
-        let (_, seen) = blocking(move || host.stop()).await;
-        (status, seen)
+        sharehost_tests::host::run_until_judged(sharehost(), manifest, self.ids.len()).await
     }
 
     /// Checks the outputs against the ledger: every accepted id has an output whose

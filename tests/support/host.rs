@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -352,6 +352,26 @@ impl Drop for HostProcess {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Runs one host of `bin` on `manifest` until the ledger plugin has judged `ids` distinct ids,
+/// then stops it (SIGTERM); returns the host's `/pipelines` status taken before the stop and
+/// what the plugin reported.
+pub async fn run_until_judged(
+    bin: &'static Path,
+    manifest: PathBuf,
+    ids: usize,
+) -> (serde_json::Value, Seen) {
+    let host = Arc::new(crate::blocking(move || HostProcess::start(bin, &manifest, "host")).await);
+    let h = host.clone();
+    crate::blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= ids))
+        .await;
+    let status = host.status();
+    let Ok(host) = Arc::try_unwrap(host) else {
+        panic!("the host has no other owner once its wait is done")
+    };
+    let (_, seen) = crate::blocking(move || host.stop()).await;
+    (status, seen)
 }
 
 #[cfg(test)]
