@@ -102,6 +102,27 @@ struct TestPluginArgs {
     /// Wall-clock deadline per batch, in milliseconds (default: the CPU deadline).
     #[arg(long)]
     wall_deadline_ms: Option<u64>,
+    /// Longest `retry` delay a verdict keeps, in ms; a longer one is shown cut to it, as a
+    /// pipeline cuts it (the manifest's `max_retry_delay_ms`).
+    #[arg(long, default_value_t = 60_000)]
+    max_retry_delay_ms: u64,
+    /// Most emits per batch (the manifest's `max_emits_per_batch`).
+    #[arg(long, default_value_t = sharehost::runtime::DEFAULT_MAX_EMITS_PER_BATCH)]
+    max_emits_per_batch: u32,
+    /// Most emitted bytes per batch (the manifest's `max_emit_bytes_per_batch`).
+    #[arg(long, default_value_t = sharehost::runtime::DEFAULT_MAX_EMIT_BYTES_PER_BATCH)]
+    max_emit_bytes_per_batch: u64,
+    /// Per-request HTTP timeout, in ms, from when the request has its permit (the
+    /// manifest's `http_timeout_ms`).
+    #[arg(long, default_value_t = 5_000)]
+    http_timeout_ms: u64,
+    /// Largest HTTP response body handed to the plugin, in bytes (the manifest's
+    /// `http_max_response_bytes`).
+    #[arg(long, default_value_t = 1 << 20)]
+    http_max_response_bytes: u64,
+    /// HTTP requests in flight at once (the manifest's `http_max_concurrent`).
+    #[arg(long, default_value_t = 32)]
+    http_max_concurrent: usize,
     /// Compile the component even if the precompiled cache has it, and do not store it
     /// (the cache is the one `sharehost run` uses: $SHAREHOST_CACHE_DIR or
     /// ~/.cache/sharehost/cwasm).
@@ -242,12 +263,12 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     } else {
         let settings = HttpSettings {
             allowed_outbound_hosts: args.allowed_outbound_hosts.clone(),
+            request_timeout: std::time::Duration::from_millis(args.http_timeout_ms),
+            max_response_bytes: args.http_max_response_bytes,
+            max_concurrent: args.http_max_concurrent,
             ..HttpSettings::default()
         };
-        Some(
-            HttpGrant::named("test-plugin", settings)
-                .map_err(|e| anyhow::anyhow!("--allow-outbound-host: {e}"))?,
-        )
+        Some(HttpGrant::named("test-plugin", settings).map_err(grant_error_in_flags)?)
     };
     let limits = PluginLimits {
         max_memory,
@@ -256,7 +277,8 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         http,
         outputs: std::sync::Arc::new(OutputGrant {
             names: args.outputs.iter().map(|n| n.as_str().into()).collect(),
-            ..OutputGrant::default()
+            max_emits: args.max_emits_per_batch,
+            max_bytes: args.max_emit_bytes_per_batch,
         }),
         ..PluginLimits::default()
     };
@@ -266,14 +288,19 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         tenant: None,
     };
     let loading = std::time::Instant::now();
-    let mut plugin = runtime.load_with(&args.component, limits, init).await?;
+    let mut plugin = runtime
+        .load_with(&args.component, limits, init)
+        .await
+        .map_err(load_error_in_flags)?;
     let load_ms = loading.elapsed().as_secs_f64() * 1e3;
 
     let fault_policy = Verdict::Release;
+    let max_retry = args.max_retry_delay_ms;
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut batch_us = Vec::new();
     let mut emitted = 0u64;
+    let mut discarded = 0u64;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for batch in records.chunks(args.batch_size) {
@@ -292,11 +319,16 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         {
             *counts.entry(verdict.kind()).or_default() += 1;
             let mine: Vec<_> = emits.iter().filter(|e| e.record == i).collect();
-            emitted += mine.len() as u64;
+            // A pipeline produces a record's emits only when it ends accepted.
+            if matches!(verdict, Verdict::Accept) {
+                emitted += mine.len() as u64;
+            } else {
+                discarded += mine.len() as u64;
+            }
             writeln!(
                 out,
                 "{}",
-                verdict_line(record, &verdict, fault.as_ref(), &mine)
+                verdict_line(record, &verdict, fault.as_ref(), &mine, max_retry)
             )?;
         }
     }
@@ -311,6 +343,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
             "batches": batch_us.len(),
             "verdicts": counts,
             "emits": emitted,
+            "emits_discarded": discarded,
             "faults": faults,
             "us_per_batch": (mean * 10.0).round() / 10.0,
             "first_batch_us": batch_us.first().map(|us| (us * 10.0).round() / 10.0),
@@ -329,6 +362,39 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     });
     writeln!(out, "{summary}")?;
     Ok(())
+}
+
+/// A refused `test-plugin` HTTP grant, in the words of its flags (the grant's own error
+/// names the manifest's keys).
+fn grant_error_in_flags(e: sharehost::runtime::HttpGrantError) -> anyhow::Error {
+    use sharehost::runtime::HttpGrantError as E;
+    let flag = |key: &str| match key {
+        "http_timeout_ms" => "--http-timeout-ms",
+        "http_max_response_bytes" => "--http-max-response-bytes",
+        "http_max_concurrent" => "--http-max-concurrent",
+        _ => "a limit",
+    };
+    match e {
+        E::Origin(o) => anyhow::anyhow!("--allow-outbound-host {:?}: {}", o.entry, o.problem),
+        E::ZeroLimit { key } => anyhow::anyhow!("{} must be greater than zero", flag(key)),
+        E::TooManyConcurrent(n) => {
+            anyhow::anyhow!("--http-max-concurrent {n} is too large")
+        }
+        other => anyhow::anyhow!("--allow-outbound-host: {other}"),
+    }
+}
+
+/// A refused load, in `test-plugin`'s words where the runtime's name the manifest.
+fn load_error_in_flags(e: sharehost::runtime::LoadError) -> anyhow::Error {
+    match e {
+        sharehost::runtime::LoadError::HttpNotGranted { path, imports } => anyhow::anyhow!(
+            "{}: imports {} (outbound HTTP), but no host is granted: pass --allow-outbound-host \
+             https://api.example.com (scheme://host[:port] of each host it may call, repeatable)",
+            path.display(),
+            imports.join(", ")
+        ),
+        other => other.into(),
+    }
 }
 
 /// The log filter: `SHAREHOST_LOG` (or `default_level`), with WASI's own call tracing held

@@ -158,13 +158,9 @@ impl Handler {
                                 BatchOutcome::Verdicts(verdicts) => Judged {
                                     verdicts,
                                     emits: p.take_emits(),
-                                    faults: Vec::new(),
+                                    ..Judged::default()
                                 },
-                                BatchOutcome::Fault(fault) => Judged {
-                                    verdicts: vec![owned.clone(); n],
-                                    emits: Vec::new(),
-                                    faults: vec![fault],
-                                },
+                                BatchOutcome::Fault(fault) => judged_by_policy(n, &owned, fault),
                             }
                         })
                     })
@@ -209,9 +205,10 @@ impl Handler {
 /// Every record of a batch of `n` gets the fault policy, for `fault`.
 fn judged_by_policy(n: usize, policy: &Verdict, fault: Fault) -> Judged {
     Judged {
-        verdicts: vec![policy.clone(); n],
+        verdicts: vec![fault.verdict_under(policy); n],
         emits: Vec::new(),
         faults: vec![fault],
+        faulted: (0..n).map(|i| (i, 0)).collect(),
     }
 }
 
@@ -630,6 +627,58 @@ pub struct Pipeline {
     /// Output names the plugin emitted to that the manifest does not map.
     unmapped: Mutex<BTreeSet<String>>,
     stall: Mutex<SwapStall>,
+    /// The last fault of records released for one, for their dead letter at the cap.
+    last_faults: Mutex<LastFaults>,
+}
+
+/// Most records whose last fault is kept: a bound on what a faulting plugin makes the host
+/// hold (an entry is about 300 bytes); the oldest goes first.
+const MAX_LAST_FAULTS: usize = 4096;
+
+/// Longest fault text kept per record.
+const MAX_LAST_FAULT_TEXT: usize = 256;
+
+/// A record by topic, partition and offset.
+type RecordId = (Arc<str>, i32, i64);
+
+/// The fault each record met last, when the fault policy released it: a record that faults
+/// on every delivery reaches the delivery cap released, and its dead letter then says why
+/// ("delivery cap reached" alone hid it). Bounded at [`MAX_LAST_FAULTS`], oldest first.
+#[derive(Default)]
+struct LastFaults {
+    by_record: HashMap<RecordId, String>,
+    order: VecDeque<RecordId>,
+}
+
+impl LastFaults {
+    fn note(&mut self, record: RecordId, fault: &Fault) {
+        let mut text = format!("{}: {}", fault.kind, fault.message);
+        if text.len() > MAX_LAST_FAULT_TEXT {
+            let mut cut = MAX_LAST_FAULT_TEXT;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        if self.by_record.insert(record.clone(), text).is_none() {
+            self.order.push_back(record);
+        }
+        while self.by_record.len() > MAX_LAST_FAULTS {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.by_record.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The record's last fault, forgotten once read.
+    fn take(&mut self, record: &RecordId) -> Option<String> {
+        let text = self.by_record.remove(record)?;
+        self.order.retain(|r| r != record);
+        Some(text)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -927,6 +976,7 @@ impl Pipeline {
             last_error: Mutex::new(None),
             unmapped: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(SwapStall::default()),
+            last_faults: Mutex::new(LastFaults::default()),
         });
         let active = lock(&pipeline.active).clone();
         pipeline.publish_version_info(&active, 1);
@@ -2010,7 +2060,19 @@ impl Pipeline {
             verdicts,
             emits,
             faults,
+            faulted,
         } = judged;
+        if matches!(policy, Verdict::Release) && !faulted.is_empty() {
+            let mut last = lock(&self.last_faults);
+            for &(i, f) in &faulted {
+                if let (Some(r), Some(fault)) = (batch.get(i), faults.get(f)) {
+                    last.note(
+                        (r.topic.clone(), r.partition.partition, r.record.offset),
+                        fault,
+                    );
+                }
+            }
+        }
         if let Some(first) = faults.first() {
             let (lo, hi) = (
                 batch.first().map(|r| r.record.offset),
@@ -2028,19 +2090,6 @@ impl Pipeline {
                 self.metrics.faults.get_or_create(&l).inc();
             }
         }
-        let verdicts: Vec<Verdict> = match (&policy, faults.first()) {
-            (Verdict::Reject(_), Some(f)) => verdicts
-                .into_iter()
-                .map(|x| {
-                    if x == Verdict::Reject(None) {
-                        Verdict::Reject(Some(format!("plugin fault: {}", f.kind)))
-                    } else {
-                        x
-                    }
-                })
-                .collect(),
-            _ => verdicts,
-        };
         // A shadow compares what the active version decided (never a canary's batch).
         if !by_canary {
             self.offer_shadow(&batch, &records, &verdicts, &policy);
@@ -2652,15 +2701,25 @@ impl Pipeline {
             self.count(&hash, |c| c.rejected += poison.len() as u64);
             return;
         }
-        let reasons: Vec<(&ShareRecord, String)> = poison
-            .iter()
-            .map(|r| {
-                (
-                    r,
-                    format!("delivery cap reached ({} deliveries)", r.delivery_count),
-                )
-            })
-            .collect();
+        let reasons: Vec<(&ShareRecord, String)> = {
+            let mut last = lock(&self.last_faults);
+            poison
+                .iter()
+                .map(|r| {
+                    let key = (r.topic.clone(), r.partition.partition, r.record.offset);
+                    let reason = match last.take(&key) {
+                        Some(fault) => format!(
+                            "delivery cap reached ({} deliveries); last plugin fault: {fault}",
+                            r.delivery_count
+                        ),
+                        None => {
+                            format!("delivery cap reached ({} deliveries)", r.delivery_count)
+                        }
+                    };
+                    (r, reason)
+                })
+                .collect()
+        };
         self.reject(consumer, client, &reasons, &hash, stop, &Mutex::new(None))
             .await;
     }

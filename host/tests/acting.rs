@@ -266,7 +266,8 @@ async fn a_component_importing_http_without_a_grant_is_refused_naming_the_manife
 }
 
 #[tokio::test]
-async fn an_emit_carrying_more_than_the_per_call_budget_traps_and_its_batch_faults() {
+async fn an_emit_carrying_more_than_the_per_call_budget_traps_naming_the_bound_and_its_batch_faults()
+ {
     let mut l = limits(&["valid"]);
     l.max_memory = 32 << 20;
     let mut plugin = actor(l, &[]).await;
@@ -275,6 +276,12 @@ async fn an_emit_carrying_more_than_the_per_call_budget_traps_and_its_batch_faul
     let outcome = plugin.handle(&batch(&["emit:valid:small", &big])).await;
     let f = outcome.fault().expect("the oversized emit traps");
     assert_eq!(f.kind, FaultKind::Trap, "{f:?}");
+    assert!(
+        f.message.contains("more than 1 MiB") && f.message.contains("emit"),
+        "the fault names the bound and emit, not wasmtime's hostcall fuel: {}",
+        f.message
+    );
+    assert!(!f.message.contains("fuel"), "{}", f.message);
     assert!(
         plugin.take_emits().is_empty(),
         "the emits of a faulted call are discarded with its instance"

@@ -405,3 +405,62 @@ async fn a_plugin_that_asks_for_renew_gets_its_records_again_until_it_judges_the
     );
     assert!(group_lag(&group).iter().all(|l| *l == 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_released_for_a_fault_until_its_cap_is_dead_lettered_naming_the_fault() {
+    let client = client().await;
+    let (topic, dlq, group, dir) = setup(&client).await;
+    // Twenty good records and two that make the plugin panic on every delivery: released by
+    // the fault policy each time, until the delivery cap (4) dead-letters them.
+    let values: Vec<Bytes> = (0..22)
+        .map(|i| Bytes::from_static(if i % 11 == 5 { b"bad" } else { b"ok" }))
+        .collect();
+    let records: Vec<ProduceRecord> = values
+        .iter()
+        .map(|v| ProduceRecord {
+            value: Some(v.clone()),
+            ..ProduceRecord::default()
+        })
+        .collect();
+    client
+        .produce(&topic, 0, &records, Compression::None)
+        .await
+        .expect("produce");
+    let manifest = write_manifest(&dir, &topic, &group, &dlq, &guest("fixture_panic"), "");
+    let host = tokio::task::spawn_blocking(move || start(&manifest))
+        .await
+        .expect("join");
+    let mut dead = Vec::new();
+    let patience = std::time::Instant::now() + sharehost_tests::host::PATIENCE;
+    while dead.len() < 2 {
+        assert!(
+            std::time::Instant::now() < patience,
+            "only {} of 2 dead letters: {}",
+            dead.len(),
+            host.status()
+        );
+        let f = client
+            .fetch(&dlq, 0, dead.len() as i64, Duration::from_millis(500))
+            .await
+            .expect("fetch dlq");
+        dead.extend(f.records);
+    }
+    tokio::task::spawn_blocking(move || host.stop())
+        .await
+        .expect("join");
+    for d in &dead {
+        let reason = d
+            .headers
+            .iter()
+            .find(|h| h.key == "sharehost.reason")
+            .and_then(|h| h.value.as_deref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        assert!(
+            reason.starts_with("delivery cap reached (")
+                && reason.contains("last plugin fault: panic: ")
+                && reason.contains("poison record at offset"),
+            "the dead letter names the fault its record met: {reason:?}"
+        );
+    }
+}

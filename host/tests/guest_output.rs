@@ -1,4 +1,5 @@
-//! What a guest prints reaches the host's log, with the plugin's name and bounded.
+//! What a guest prints reaches the host's log, with the plugin's (and its pipeline's) name and
+//! bounded.
 //!
 //! Its own test binary, with the process-wide subscriber, because the log is read through
 //! `tracing`, and a thread-local subscriber (`set_default`) loses events in a binary whose
@@ -12,7 +13,7 @@
 
 use std::time::Duration;
 
-use sharehost::runtime::{PluginLimits, Record};
+use sharehost::runtime::{PluginInit, PluginLimits, Record};
 use sharehost_tests::{CapturedLog, guest, plugin_record as record, plugin_runtime as runtime};
 
 fn poison_batch() -> Vec<Record> {
@@ -24,7 +25,7 @@ fn poison_batch() -> Vec<Record> {
 }
 
 #[tokio::test]
-async fn guest_output_is_logged_with_the_plugin_name_and_bounded() {
+async fn guest_output_is_logged_with_the_plugin_and_pipeline_names_and_bounded() {
     let captured = CapturedLog::default();
     let writer = captured.clone();
     tracing::subscriber::set_global_default(
@@ -75,4 +76,38 @@ async fn guest_output_is_logged_with_the_plugin_name_and_bounded() {
     assert!((1..=17).contains(&stdout), "{stdout} stdout lines");
     assert!((1..=17).contains(&stderr), "{stderr} stderr lines");
     assert!(text.contains("were dropped"), "drops are reported");
+    assert!(
+        !from_plugin.iter().any(|l| l.contains("pipeline=")),
+        "outside a pipeline, lines name the plugin only"
+    );
+
+    // Run by a pipeline, every line also names the pipeline: two pipelines may run one file.
+    let mut plugin = rt
+        .load_with(
+            &guest("fixture_log_flood"),
+            PluginLimits {
+                max_memory: 16 << 20,
+                batch_deadline: Duration::from_secs(30),
+                ..PluginLimits::default()
+            },
+            PluginInit {
+                tenant: Some("orders-eu".into()),
+                ..PluginInit::default()
+            },
+        )
+        .await
+        .expect("loads");
+    let before = captured.text().len();
+    assert!(plugin.handle(&poison_batch()).await.fault().is_none());
+    let text = captured.text();
+    let lines: Vec<&str> = text[before..]
+        .lines()
+        .filter(|l| l.contains("plugin=\"fixture_log_flood\""))
+        .collect();
+    assert!(lines.len() > 60, "{} lines", lines.len());
+    assert!(
+        lines.iter().all(|l| l.contains("pipeline=\"orders-eu\"")),
+        "every plugin line names its pipeline: {:?}",
+        lines.iter().find(|l| !l.contains("pipeline="))
+    );
 }

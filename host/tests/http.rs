@@ -119,6 +119,7 @@ impl Server {
                 get(|State(s): State<Arc<Seen>>| huge(s, true)),
             )
             .route("/hold", get(hold))
+            .route("/huge-head", get(huge_head))
             .route("/drip", get(drip))
             .layer(axum::middleware::from_fn_with_state(
                 seen.clone(),
@@ -179,6 +180,20 @@ async fn huge(seen: Arc<Seen>, declared: bool) -> Response {
         response
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(HUGE));
+    }
+    response
+}
+
+/// An answer whose head is about 200 KB: 2,000 headers of 100 bytes.
+async fn huge_head() -> Response {
+    let mut response = "ok".into_response();
+    let value = HeaderValue::from_static(
+        "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789",
+    );
+    for i in 0..2_000 {
+        if let Ok(name) = header::HeaderName::try_from(format!("x-pad-{i}")) {
+            response.headers_mut().insert(name, value.clone());
+        }
     }
     response
 }
@@ -536,6 +551,23 @@ async fn a_content_length_over_the_size_cap_is_refused_at_the_head() {
     );
     assert!(server.seen.streamed.load(Ordering::SeqCst) < HUGE);
     assert_eq!(grant.stats().snapshot().too_large, 1);
+}
+
+#[tokio::test]
+async fn a_response_head_over_the_read_buffer_is_named_to_the_guest_and_counted() {
+    let server = Server::start().await;
+    let (mut plugin, grant) =
+        fetcher(settings(&[format!("http://127.0.0.1:{}", server.port())])).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/huge-head"), server.url("/ok")]).await;
+    assert_eq!(
+        reason(&verdicts[0]),
+        "ErrorCode::HttpResponseHeaderSectionSize(Some(65536))",
+        "the guest is told the head was too large, not a bare protocol error"
+    );
+    assert_eq!(verdicts[1], Verdict::Accept);
+    let counts = grant.stats().snapshot();
+    assert_eq!(counts.too_large, 1, "{counts:?}");
+    assert_eq!(counts.failed, 0, "{counts:?}");
 }
 
 #[tokio::test]

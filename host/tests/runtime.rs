@@ -290,6 +290,42 @@ async fn a_pipeline_with_many_spinning_instances_gets_no_more_guest_time_than_on
 }
 
 #[tokio::test]
+async fn a_faulted_record_rejected_by_the_fault_policy_says_which_fault() {
+    let rt = runtime();
+    let mut plugin = rt
+        .load(&guest("fixture_panic"), limits(), Vec::new())
+        .await
+        .expect("load");
+    let batch: Vec<Record> = ["ok", "bad", "ok"]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| record(i as i64, v, &[]))
+        .collect();
+    let judged = plugin
+        .handle_isolating(&batch, &Verdict::Reject(None), 16)
+        .await;
+    assert_eq!(judged.verdicts[0], Verdict::Accept);
+    assert_eq!(judged.verdicts[2], Verdict::Accept);
+    match &judged.verdicts[1] {
+        Verdict::Reject(Some(reason)) => {
+            assert!(reason.starts_with("plugin fault (panic): "), "{reason}");
+            assert!(reason.contains("poison record at offset 1"), "{reason}");
+        }
+        other => panic!("rejected naming the fault, not {other:?}"),
+    }
+    // Without isolation (a budget of no extra calls), every record of the batch says so.
+    let judged = plugin
+        .handle_isolating(&batch, &Verdict::Reject(None), 0)
+        .await;
+    for v in &judged.verdicts {
+        assert!(
+            matches!(v, Verdict::Reject(Some(r)) if r.starts_with("plugin fault (panic)")),
+            "{v:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn isolating_a_batch_that_spins_on_every_record_is_bounded_in_time() {
     // Twenty records, every one spinning: without a time budget, isolation would spend one
     // deadline per call, up to sixteen extra calls. With it, the extra calls stop once they

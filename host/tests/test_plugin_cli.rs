@@ -233,3 +233,95 @@ fn runs_the_enricher_offline_with_http_granted_by_a_flag_and_shows_its_emits() {
     assert!(lines[1].get("emits").is_none(), "{stdout}");
     assert_eq!(lines[2]["summary"]["emits"], 1);
 }
+
+#[test]
+fn the_emit_bounds_and_the_retry_cap_are_flags_and_unaccepted_emits_are_marked_discarded() {
+    let file = input(
+        "bounds",
+        concat!(
+            r#"{"value":"emit:valid:x:3"}"#,
+            "\n",
+            r#"{"value":"emit-release:valid:y"}"#,
+            "\n",
+            r#"{"value":"retry:3600000"}"#,
+            "\n"
+        ),
+    );
+    let (ok, stdout, stderr) = run(&[
+        guest("fixture_actor").as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--output".as_ref(),
+        "valid".as_ref(),
+        "--max-emits-per-batch".as_ref(),
+        "2".as_ref(),
+        "--max-retry-delay-ms".as_ref(),
+        "1000".as_ref(),
+        // A batch each: the emit bound is per batch.
+        "--batch-size".as_ref(),
+        "1".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    // The third emit of the first record is over the bound of 2.
+    assert_eq!(lines[0]["verdict"], "reject", "{stdout}");
+    assert!(
+        lines[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("TooMany")),
+        "{stdout}"
+    );
+    assert_eq!(lines[0]["emits_discarded"], true, "{stdout}");
+    assert_eq!(lines[1]["verdict"], "release");
+    assert_eq!(lines[1]["emits_discarded"], true, "{stdout}");
+    assert_eq!(lines[2]["retry_after_ms"], 1000, "{stdout}");
+    assert_eq!(lines[2]["retry_after_ms_asked"], 3_600_000, "{stdout}");
+    let summary = &lines[3]["summary"];
+    assert_eq!(summary["emits"], 0, "{stdout}");
+    assert_eq!(summary["emits_discarded"], 3, "{stdout}");
+}
+
+#[test]
+fn http_refusals_name_the_test_plugin_flags_not_the_manifest_keys() {
+    let file = input("http-flags", "{\"value\":\"http://127.0.0.1:9/\"}\n");
+    let component = guest("fixture_http_fetch");
+    let (ok, _, stderr) = run(&[component.as_os_str(), "--input".as_ref(), file.as_os_str()]);
+    assert!(!ok);
+    assert!(stderr.contains("pass --allow-outbound-host"), "{stderr}");
+    assert!(!stderr.contains("allowed_outbound_hosts"), "{stderr}");
+    for (flag, value) in [
+        ("--http-timeout-ms", "0"),
+        ("--http-max-response-bytes", "0"),
+        ("--http-max-concurrent", "0"),
+    ] {
+        let (ok, _, stderr) = run(&[
+            component.as_os_str(),
+            "--input".as_ref(),
+            file.as_os_str(),
+            "--allow-outbound-host".as_ref(),
+            "http://127.0.0.1:9".as_ref(),
+            flag.as_ref(),
+            value.as_ref(),
+        ]);
+        assert!(!ok, "{flag} 0 is refused");
+        assert!(
+            stderr.contains(&format!("{flag} must be greater than zero")),
+            "{stderr}"
+        );
+    }
+    let (ok, _, stderr) = run(&[
+        component.as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--allow-outbound-host".as_ref(),
+        "ftp://x".as_ref(),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--allow-outbound-host \"ftp://x\""),
+        "{stderr}"
+    );
+}

@@ -112,8 +112,11 @@ pub(crate) struct StoreState {
     pub(crate) http: super::http::HttpState,
     /// Memory cap and whether the guest hit it.
     pub(crate) limiter: Limiter,
-    /// The plugin's name, on every log line.
+    /// The plugin's name (its file's), on every log line.
     pub(crate) plugin: Arc<str>,
+    /// The pipeline running it, on every log line too: two pipelines may run one file.
+    /// `None` outside a pipeline (`test-plugin`, the benchmarks).
+    pub(crate) pipeline: Option<Arc<str>>,
     /// Log budget of the current call.
     pub(crate) log: LogBudget,
     /// Captured stdout.
@@ -405,7 +408,7 @@ impl StoreState {
         limits: &PluginLimits,
         secrets: Arc<Secrets>,
         turns: Arc<Turns>,
-        tenant: Arc<str>,
+        pipeline: Option<Arc<str>>,
     ) -> Self {
         let stdout = Capture::new();
         let stderr = Capture::new();
@@ -421,7 +424,12 @@ impl StoreState {
         Self {
             wasi,
             table,
-            http: super::http::HttpState::new(limits.http.clone(), plugin.clone(), secrets.clone()),
+            http: super::http::HttpState::new(
+                limits.http.clone(),
+                plugin.clone(),
+                pipeline.clone(),
+                secrets.clone(),
+            ),
             emits: EmitBuffer::new(limits.outputs.clone()),
             secrets,
             limiter: Limiter {
@@ -434,8 +442,9 @@ impl StoreState {
             stderr,
             clock: CallClock::new(Duration::ZERO, now),
             timed_out: None,
-            turn: TurnSlot::new(turns, tenant),
+            turn: TurnSlot::new(turns, pipeline.clone().unwrap_or_else(|| plugin.clone())),
             plugin,
+            pipeline,
         }
     }
 
@@ -506,6 +515,7 @@ impl StoreState {
         let (out, out_dropped) = self.stdout.take();
         let (err, err_dropped) = self.stderr.take();
         let plugin = &*self.plugin;
+        let pipeline = self.pipeline.as_deref();
         // Kept only up to the bound, so a secret may run past the end of what was kept.
         let out = self.secrets.redact_then_cut(
             &String::from_utf8_lossy(&out),
@@ -513,7 +523,7 @@ impl StoreState {
             out_dropped > 0,
         );
         for line in out.lines().filter(|l| !l.is_empty()) {
-            tracing::info!(plugin, stream = "stdout", "{line}");
+            tracing::info!(plugin, pipeline, stream = "stdout", "{line}");
         }
         let err = self.secrets.redact_then_cut(
             &String::from_utf8_lossy(&err),
@@ -521,11 +531,12 @@ impl StoreState {
             err_dropped > 0,
         );
         for line in err.lines().filter(|l| !l.is_empty()) {
-            tracing::warn!(plugin, stream = "stderr", "{line}");
+            tracing::warn!(plugin, pipeline, stream = "stderr", "{line}");
         }
         if out_dropped + err_dropped > 0 {
             tracing::warn!(
                 plugin,
+                pipeline,
                 stdout_dropped = out_dropped,
                 stderr_dropped = err_dropped,
                 "plugin output over the per-batch bound was dropped"
@@ -534,6 +545,7 @@ impl StoreState {
         if self.log.dropped > 0 {
             tracing::warn!(
                 plugin,
+                pipeline,
                 dropped = self.log.dropped,
                 "plugin log messages over the per-batch bound were dropped"
             );
@@ -542,6 +554,7 @@ impl StoreState {
         if refusals > 0 {
             tracing::warn!(
                 plugin,
+                pipeline,
                 not_logged = refusals,
                 "refused outbound HTTP requests over the per-call bound were not logged (counted in sharehost_http_requests)"
             );
@@ -640,12 +653,13 @@ impl StoreState {
         budget.messages += 1;
         budget.bytes += message.len();
         let plugin = &*self.plugin;
+        let pipeline = self.pipeline.as_deref();
         match level {
-            Level::Trace => tracing::trace!(plugin, "{message}"),
-            Level::Debug => tracing::debug!(plugin, "{message}"),
-            Level::Info => tracing::info!(plugin, "{message}"),
-            Level::Warn => tracing::warn!(plugin, "{message}"),
-            Level::Error => tracing::error!(plugin, "{message}"),
+            Level::Trace => tracing::trace!(plugin, pipeline, "{message}"),
+            Level::Debug => tracing::debug!(plugin, pipeline, "{message}"),
+            Level::Info => tracing::info!(plugin, pipeline, "{message}"),
+            Level::Warn => tracing::warn!(plugin, pipeline, "{message}"),
+            Level::Error => tracing::error!(plugin, pipeline, "{message}"),
         }
     }
 }

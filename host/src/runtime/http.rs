@@ -86,8 +86,9 @@ pub struct HttpSettings {
     /// `allowed_outbound_hosts`: scheme + host + port entries (`https://api.example.com`,
     /// `http://127.0.0.1:8080`, `https://*.example.com`).
     pub allowed_outbound_hosts: Vec<String>,
-    /// Per-request timeout: the whole exchange, from waiting for a permit to the last byte
-    /// of the response body.
+    /// Per-request timeout: the whole exchange, from when the request has its permit to the
+    /// last byte of the response body (the wait for a permit has a timeout of its own, as
+    /// long).
     pub request_timeout: Duration,
     /// Largest response body handed to the guest.
     pub max_response_bytes: u64,
@@ -488,7 +489,7 @@ pub struct HttpCounts {
     pub failed: u64,
     /// Requests (or response bodies) that ran out of `request_timeout`.
     pub timed_out: u64,
-    /// Responses refused or cut at `max_response_bytes`.
+    /// Responses refused or cut at `max_response_bytes`, or refused for a head over 64 KiB.
     pub too_large: u64,
     /// Requests holding a permit now (gauge).
     pub in_flight: u64,
@@ -541,13 +542,13 @@ pub struct HttpGrant {
     permits: Arc<Semaphore>,
     tls: tokio_rustls::TlsConnector,
     stats: HttpStats,
-    plugin: Arc<str>,
+    pipeline: Arc<str>,
 }
 
 impl fmt::Debug for HttpGrant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpGrant")
-            .field("plugin", &self.plugin)
+            .field("pipeline", &self.pipeline)
             .field("origins", &self.origins)
             .field("settings", &self.settings)
             .field("stats", &self.stats.snapshot())
@@ -562,8 +563,8 @@ impl HttpGrant {
         Self::named("", settings)
     }
 
-    /// [`HttpGrant::new`] with the plugin's name, which its refusals are logged with.
-    pub fn named(plugin: &str, settings: HttpSettings) -> Result<Arc<Self>, HttpGrantError> {
+    /// [`HttpGrant::new`] with the name of the pipeline it is for, on its log lines.
+    pub fn named(pipeline: &str, settings: HttpSettings) -> Result<Arc<Self>, HttpGrantError> {
         if settings.allowed_outbound_hosts.is_empty() {
             return Err(HttpGrantError::NoHosts);
         }
@@ -598,7 +599,7 @@ impl HttpGrant {
             settings,
             tls,
             stats: HttpStats::default(),
-            plugin: Arc::from(plugin),
+            pipeline: Arc::from(pipeline),
         }))
     }
 
@@ -740,6 +741,18 @@ impl HttpGrant {
         // Without a sender, the connection closes once the response body is done.
         drop(sender);
         let response = match head {
+            // hyper stops reading a head at its buffer size: a server's headers may not make
+            // the host buffer more for a plugin, and both sides are told why.
+            Ok(Err(HttpError::Hyper(e))) if e.is_parse_too_large() => {
+                bump(&self.stats.too_large);
+                refusals.note(
+                    &target.to_string(),
+                    "outbound HTTP response refused: its head (status line and headers) is over 64 KiB",
+                );
+                return Err(HttpError::HttpResponseHeaderSectionSize(Some(
+                    MAX_READ_BUFFER as u32,
+                )));
+            }
             Ok(result) => result.map_err(|e| self.failed(&target, e))?,
             Err(_) => {
                 return Err(self.timed_out(
@@ -757,7 +770,7 @@ impl HttpGrant {
         {
             bump(&self.stats.too_large);
             tracing::warn!(
-                plugin = &*self.plugin,
+                pipeline = &*self.pipeline,
                 origin = %target,
                 content_length = length,
                 max_response_bytes = cap,
@@ -835,7 +848,7 @@ impl HttpGrant {
         }
         if !refused.is_empty() {
             tracing::debug!(
-                plugin = &*self.plugin,
+                pipeline = &*self.pipeline,
                 origin = %target,
                 dropped = refused.len(),
                 "non-public addresses of an allowed name were skipped"
@@ -887,14 +900,14 @@ impl HttpGrant {
 
     fn failed(&self, target: &Target, e: HttpError) -> HttpError {
         bump(&self.stats.failed);
-        tracing::debug!(plugin = &*self.plugin, origin = %target, error = %e, "outbound HTTP request failed");
+        tracing::debug!(pipeline = &*self.pipeline, origin = %target, error = %e, "outbound HTTP request failed");
         e
     }
 
     fn timed_out(&self, target: &Target, phase: &'static str, code: HttpError) -> HttpError {
         bump(&self.stats.timed_out);
         tracing::debug!(
-            plugin = &*self.plugin,
+            pipeline = &*self.pipeline,
             origin = %target,
             phase,
             "outbound HTTP request timed out (http_timeout_ms)"
@@ -945,7 +958,7 @@ impl Flight {
                 && flight.end()
             {
                 tracing::debug!(
-                    plugin = &*flight.grant.plugin,
+                    pipeline = &*flight.grant.pipeline,
                     origin = %origin,
                     "outbound HTTP request still held at its deadline: its permit is given back"
                 );
@@ -1106,10 +1119,10 @@ impl CappedBody {
         self.flight = None;
     }
 
-    fn plugin(&self) -> Arc<str> {
+    fn pipeline(&self) -> Arc<str> {
         self.flight
             .as_ref()
-            .map(|f| f.grant.plugin.clone())
+            .map(|f| f.grant.pipeline.clone())
             .unwrap_or_else(|| Arc::from(""))
     }
 }
@@ -1132,7 +1145,7 @@ impl Body for CappedBody {
                     this.received = this.received.saturating_add(data.len() as u64);
                     if this.received > this.cap {
                         tracing::warn!(
-                            plugin = &*this.plugin(),
+                            pipeline = &*this.pipeline(),
                             origin = %this.origin,
                             max_response_bytes = this.cap,
                             "outbound HTTP response cut: body over http_max_response_bytes"
@@ -1157,7 +1170,7 @@ impl Body for CappedBody {
             Poll::Pending => {
                 if this.deadline.as_mut().poll(cx).is_ready() {
                     tracing::debug!(
-                        plugin = &*this.plugin(),
+                        pipeline = &*this.pipeline(),
                         origin = %this.origin,
                         "outbound HTTP response body timed out (http_timeout_ms)"
                     );
@@ -1195,6 +1208,7 @@ const MAX_LOGGED_ORIGIN: usize = 256;
 /// and the origin cut.
 pub(crate) struct Refusals {
     plugin: Arc<str>,
+    pipeline: Option<Arc<str>>,
     secrets: Arc<Secrets>,
     logged: AtomicU64,
     dropped: AtomicU64,
@@ -1215,7 +1229,7 @@ impl Refusals {
             origin.truncate(cut);
             origin.push_str("…[truncated]");
         }
-        tracing::warn!(plugin = &*self.plugin, origin = %origin, "{what}");
+        tracing::warn!(plugin = &*self.plugin, pipeline = self.pipeline.as_deref(), origin = %origin, "{what}");
     }
 
     /// Starts a call's budget; returns how many refusals the last call did not log.
@@ -1242,6 +1256,7 @@ impl HttpState {
     pub(crate) fn new(
         grant: Option<Arc<HttpGrant>>,
         plugin: Arc<str>,
+        pipeline: Option<Arc<str>>,
         secrets: Arc<Secrets>,
     ) -> Self {
         let mut ctx = WasiHttpCtx::new();
@@ -1253,6 +1268,7 @@ impl HttpState {
                 meter: None,
                 refusals: Arc::new(Refusals {
                     plugin,
+                    pipeline,
                     secrets,
                     logged: AtomicU64::new(0),
                     dropped: AtomicU64::new(0),
@@ -1631,6 +1647,7 @@ mod tests {
     fn refusals_of(secrets: &[(&str, &str)]) -> Refusals {
         Refusals {
             plugin: Arc::from("p"),
+            pipeline: Some(Arc::from("orders")),
             secrets: Arc::new(Secrets::new(
                 secrets
                     .iter()

@@ -152,12 +152,16 @@ fn payload(v: &Value) -> Result<Option<Bytes>, String> {
     }
 }
 
-/// One output line for a judged record, with what it emitted (contract 0.2).
+/// One output line for a judged record, with what it emitted (contract 0.2), as a pipeline
+/// would act on it: a `retry` delay cut to `max_retry_delay_ms` (the delay asked for beside it
+/// when cut), and the emits of a record that did not end accepted marked discarded (a
+/// pipeline never produces them).
 pub fn verdict_line(
     record: &Record,
     verdict: &Verdict,
     fault: Option<&Fault>,
     emits: &[&Emit],
+    max_retry_delay_ms: u64,
 ) -> String {
     let reason = match verdict {
         Verdict::Reject(r) => r.as_deref(),
@@ -172,13 +176,20 @@ pub fn verdict_line(
     });
     if let Some(o) = line.as_object_mut() {
         if let Verdict::Retry(ms) = verdict {
-            o.insert("retry_after_ms".into(), json!(ms));
+            let kept = u64::from(*ms).min(max_retry_delay_ms);
+            o.insert("retry_after_ms".into(), json!(kept));
+            if kept < u64::from(*ms) {
+                o.insert("retry_after_ms_asked".into(), json!(ms));
+            }
         }
         if !emits.is_empty() {
             o.insert(
                 "emits".into(),
                 emits.iter().map(|e| emit_json(e)).collect::<Value>(),
             );
+            if !matches!(verdict, Verdict::Accept) {
+                o.insert("emits_discarded".into(), json!(true));
+            }
         }
         if let Some(f) = fault {
             o.insert("fault".into(), json!(f.kind.as_str()));
@@ -256,8 +267,35 @@ mod tests {
     fn verdict_lines_carry_reason_and_fault() {
         let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
         assert_eq!(
-            verdict_line(r, &Verdict::Reject(Some("why".into())), None, &[]),
+            verdict_line(r, &Verdict::Reject(Some("why".into())), None, &[], 60_000),
             r#"{"offset":5,"partition":0,"reason":"why","topic":"test","verdict":"reject"}"#
         );
+    }
+
+    #[test]
+    fn a_retry_delay_is_shown_cut_as_a_pipeline_cuts_it() {
+        let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
+        let line = verdict_line(r, &Verdict::Retry(3_600_000), None, &[], 60_000);
+        assert!(line.contains(r#""retry_after_ms":60000"#), "{line}");
+        assert!(line.contains(r#""retry_after_ms_asked":3600000"#), "{line}");
+        let line = verdict_line(r, &Verdict::Retry(500), None, &[], 60_000);
+        assert!(line.contains(r#""retry_after_ms":500"#), "{line}");
+        assert!(!line.contains("asked"), "{line}");
+    }
+
+    #[test]
+    fn emits_of_a_record_not_accepted_are_marked_discarded() {
+        let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
+        let emit = Emit {
+            record: 0,
+            output: "valid".into(),
+            key: None,
+            value: Some(Bytes::from_static(b"x")),
+            headers: Vec::new(),
+        };
+        let released = verdict_line(r, &Verdict::Release, None, &[&emit], 60_000);
+        assert!(released.contains(r#""emits_discarded":true"#), "{released}");
+        let accepted = verdict_line(r, &Verdict::Accept, None, &[&emit], 60_000);
+        assert!(!accepted.contains("discarded"), "{accepted}");
     }
 }

@@ -91,6 +91,21 @@ pub struct Fault {
     pub records: usize,
 }
 
+impl Fault {
+    /// The verdict a record of this fault's batch gets under the fault `policy`: the policy
+    /// itself, except that a reject says it was this fault (kind and message), so its dead
+    /// letter tells a fault from the plugin's own reject.
+    pub fn verdict_under(&self, policy: &Verdict) -> Verdict {
+        match policy {
+            Verdict::Reject(_) => Verdict::Reject(Some(format!(
+                "plugin fault ({}): {}",
+                self.kind, self.message
+            ))),
+            other => other.clone(),
+        }
+    }
+}
+
 /// The result of one `handle` call: never an error, because nothing a guest does may
 /// bring down the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +178,10 @@ pub struct Judged {
     pub emits: Vec<Emit>,
     /// The faults met on the way (the first is the whole batch's).
     pub faults: Vec<Fault>,
+    /// The records that got the fault policy, each with the index in `faults` of the fault
+    /// that gave it: a record released for a fault and dead-lettered later, at its delivery
+    /// cap, can say which fault it met.
+    pub faulted: Vec<(usize, usize)>,
 }
 
 /// Counters of one plugin, for metrics and `test-plugin`'s summary.
@@ -223,9 +242,10 @@ pub struct PluginInit {
     pub config: Vec<(String, String)>,
     /// The pipeline's resolved secrets (contract 0.2; a 0.1 component never receives them).
     pub secrets: Arc<Secrets>,
-    /// Whose fair share of the guest threads its calls take: the pipeline's name, so that
+    /// The pipeline's name: whose fair share of the guest threads its calls take, so that
     /// every version of one pipeline shares one share and two pipelines running the same
-    /// component do not. `None`: the component's file name.
+    /// component do not, and on every line the plugin logs. `None`: the component's file
+    /// name is the share, and lines carry only that.
     pub tenant: Option<Arc<str>>,
 }
 
@@ -436,20 +456,31 @@ impl Plugin {
     ) -> Judged {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; records.len()];
         let mut emits = Vec::new();
-        let mut faults = Vec::new();
+        let mut faults: Vec<Fault> = Vec::new();
+        let mut faulted = Vec::new();
         // Breadth first: both halves of a range are judged before its quarters, so a budget
         // spent on one poison record's halves leaves fewer innocent records unjudged.
-        let mut pending = std::collections::VecDeque::from([(0, records.len())]);
+        // Each range with the fault of the range it was split from (its records get that
+        // fault's verdict when a budget leaves them unjudged).
+        let mut pending = std::collections::VecDeque::from([(0, records.len(), None)]);
         let mut calls = 0usize;
         let deadline = self.limits.batch_deadline;
         let time_budget = deadline.saturating_mul(ISOLATION_DEADLINES);
         let mut spent = Duration::ZERO;
-        while let Some((start, end)) = pending.pop_front() {
+        while let Some((start, end, parent)) = pending.pop_front() {
             if start == end {
                 continue;
             }
             if calls > max_extra_calls || spent >= time_budget {
-                verdicts[start..end].fill(Some(policy.clone()));
+                let verdict =
+                    match parent.and_then(|i: usize| faults.get(i).map(|f: &Fault| (i, f))) {
+                        Some((i, f)) => {
+                            faulted.extend((start..end).map(|r| (r, i)));
+                            f.verdict_under(policy)
+                        }
+                        None => policy.clone(),
+                    };
+                verdicts[start..end].fill(Some(verdict));
                 continue;
             }
             let extra = calls > 0;
@@ -473,14 +504,15 @@ impl Plugin {
                     }));
                 }
                 BatchOutcome::Fault(f) => {
-                    faults.push(f);
                     if end - start == 1 {
-                        verdicts[start] = Some(policy.clone());
+                        verdicts[start] = Some(f.verdict_under(policy));
+                        faulted.push((start, faults.len()));
                     } else {
                         let mid = start + (end - start) / 2;
-                        pending.push_back((start, mid));
-                        pending.push_back((mid, end));
+                        pending.push_back((start, mid, Some(faults.len())));
+                        pending.push_back((mid, end, Some(faults.len())));
                     }
+                    faults.push(f);
                 }
             }
         }
@@ -491,10 +523,12 @@ impl Plugin {
         // Sub-batches are judged breadth first: put the emits back in record order (stable,
         // so one record's emits keep theirs).
         emits.sort_by_key(|e: &Emit| e.record);
+        faulted.sort_unstable();
         Judged {
             verdicts,
             emits,
             faults,
+            faulted,
         }
     }
 
@@ -653,10 +687,7 @@ impl Plugin {
                 &self.limits,
                 self.init.secrets.clone(),
                 self.runtime.inner.turns.clone(),
-                self.init
-                    .tenant
-                    .clone()
-                    .unwrap_or_else(|| self.name.clone()),
+                self.init.tenant.clone(),
             ),
         );
         store.limiter(|s| &mut s.limiter);
@@ -849,6 +880,18 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
                 "the plugin instance pool is exhausted ({root}): sharehost reserves \
                  3 × concurrency + 3 instances per pipeline ([pipeline] concurrency; \
                  test-plugin reserves 4), so more instances are alive than that"
+            ),
+        );
+    }
+    if root.contains("fuel allocated for hostcalls has been exhausted") {
+        // wasmtime's words for the store's hostcall fuel running out: say which bound it is
+        // and what usually crosses it.
+        return (
+            FaultKind::Trap,
+            format!(
+                "one host call carried more than {} MiB from the plugin, the most a call may \
+                 (an emit's key, value and headers together are bounded by it)",
+                HOSTCALL_FUEL >> 20
             ),
         );
     }
