@@ -347,9 +347,19 @@ async fn attempt(
                         round.split_only = false;
                         round.retry.push(vec![w]);
                     }
-                    Some(smaller) => {
+                    // Only when the topic's limit takes the smaller form: a topic that
+                    // refuses every record for a while (an operator's limit, lifted later)
+                    // must not have the smaller form tried the moment after the whole one,
+                    // or a limit lifted in between lands it without need.
+                    Some(smaller) if smaller_fits(client, &topic, &smaller).await => {
                         w.smaller = Some(std::mem::replace(&mut w.record, smaller));
                         w.shrunk = true;
+                        round.retry.push(vec![w]);
+                    }
+                    Some(smaller) => {
+                        w.smaller = Some(smaller);
+                        round.first_error.get_or_insert_with(|| e.to_string());
+                        round.split_only = false;
                         round.retry.push(vec![w]);
                     }
                     None => round.unwritable.push((
@@ -365,6 +375,21 @@ async fn attempt(
         round.retry.push(chunk);
     }
     round
+}
+
+/// Bytes a batch of one record adds around the record (batch header, record framing).
+const ONE_RECORD_BATCH_OVERHEAD: usize = 128;
+
+/// Whether the topic's `max.message.bytes` (its own or the broker's) holds the smaller form of
+/// a record the topic refused whole. When the limit cannot be read, yes: the smaller form is
+/// tried, as it always was.
+async fn smaller_fits(client: &KafkaClient, topic: &str, smaller: &ProduceRecord) -> bool {
+    match client.topic_config(topic, "max.message.bytes").await {
+        Ok(Some(limit)) => limit.parse::<usize>().map_or(true, |limit| {
+            record_bytes(smaller) + ONE_RECORD_BATCH_OVERHEAD <= limit
+        }),
+        Ok(None) | Err(_) => true,
+    }
 }
 
 /// Whether the broker refused a batch (or a record of it) for its size.

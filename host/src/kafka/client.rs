@@ -785,6 +785,13 @@ impl KafkaClient {
             .await
     }
 
+    /// The effective value of topic config `key` for `topic` (its own, else the broker's
+    /// default it inherits), `None` when the broker does not know the key.
+    pub async fn topic_config(&self, topic: &str, key: &str) -> Result<Option<String>> {
+        self.describe_config(CONFIG_RESOURCE_TOPIC, topic, key)
+            .await
+    }
+
     /// One config of one resource (DescribeConfigs).
     async fn describe_config(
         &self,
