@@ -333,7 +333,7 @@ fn a_memory_larger_than_the_plugins_limit_is_refused_before_compiling() {
     let artifacts = std::fs::read_dir(dir.join("cwasm"))
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.path().is_file())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
                 .count()
         })
         .unwrap_or(0);

@@ -325,3 +325,35 @@ fn http_refusals_name_the_test_plugin_flags_not_the_manifest_keys() {
         "{stderr}"
     );
 }
+
+#[test]
+fn trace_logging_never_prints_wasis_own_call_tracing() {
+    // wasmtime-wasi and wasmtime-wasi-http trace every host call with its arguments (URLs,
+    // header values, bytes written): with SHAREHOST_LOG=trace they would print what a plugin
+    // sends, secrets included, past every redaction.
+    let file = input(
+        "trace",
+        "{\"value\":\"http://127.0.0.1:9/?token=s3cr3t\"}\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+        .arg("test-plugin")
+        .arg(guest("fixture_http_fetch"))
+        .arg("--input")
+        .arg(&file)
+        .args(["--allow-outbound-host", "http://127.0.0.1:9"])
+        .env("SHAREHOST_LOG", "trace")
+        .output()
+        .expect("run sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("TRACE")),
+        "trace logging is on for the host's own targets"
+    );
+    let wasi: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("TRACE") && l.contains("wasmtime_wasi"))
+        .collect();
+    assert!(wasi.is_empty(), "WASI's call tracing: {:?}", wasi.first());
+    assert!(!stderr.contains("s3cr3t"), "the request's URL was logged");
+}

@@ -889,8 +889,9 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
         return (
             FaultKind::Trap,
             format!(
-                "one host call carried more than {} MiB from the plugin, the most a call may \
-                 (an emit's key, value and headers together are bounded by it)",
+                "too much data in one host call: more than {} MiB from the plugin, the most a \
+                 call may carry (an emit's key, value and headers together, or one write to \
+                 stdout or stderr, are bounded by it)",
                 HOSTCALL_FUEL >> 20
             ),
         );
