@@ -28,6 +28,14 @@ fn run(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
     )
 }
 
+/// `test-plugin`'s output: one JSON value per line.
+fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
 #[test]
 fn prints_one_verdict_line_per_record_and_a_summary() {
     let file = input(
@@ -49,10 +57,7 @@ fn prints_one_verdict_line_per_record_and_a_summary() {
         "max-quantity=5".as_ref(),
     ]);
     assert!(ok, "{stderr}");
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let lines = json_lines(&stdout);
     assert_eq!(lines.len(), 4);
     assert_eq!(lines[0]["verdict"], "accept");
     assert_eq!(lines[1]["verdict"], "reject");
@@ -82,10 +87,7 @@ fn faulted_batches_get_the_release_policy_and_are_counted() {
         "1".as_ref(),
     ]);
     assert!(ok, "{stderr}");
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let lines = json_lines(&stdout);
     assert_eq!(lines[0]["verdict"], "release");
     assert_eq!(lines[0]["fault"], "panic");
     assert_eq!(lines[1]["verdict"], "accept");
@@ -215,10 +217,7 @@ fn runs_the_enricher_offline_with_http_granted_by_a_flag_and_shows_its_emits() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stderr}");
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let lines = json_lines(&stdout);
     assert_eq!(lines[0]["verdict"], "accept", "{stdout}");
     let emit = &lines[0]["emits"][0];
     assert_eq!(emit["output"], "enriched");
@@ -262,10 +261,7 @@ fn the_emit_bounds_and_the_retry_cap_are_flags_and_unaccepted_emits_are_marked_d
         "1".as_ref(),
     ]);
     assert!(ok, "{stderr}");
-    let lines: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("JSON line"))
-        .collect();
+    let lines = json_lines(&stdout);
     // The third emit of the first record is over the bound of 2.
     assert_eq!(lines[0]["verdict"], "reject", "{stdout}");
     assert!(
