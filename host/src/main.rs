@@ -104,7 +104,7 @@ struct TestPluginArgs {
     wall_deadline_ms: Option<u64>,
     /// Longest `retry` delay a verdict keeps, in ms; a longer one is shown cut to it, as a
     /// pipeline cuts it (the manifest's `max_retry_delay_ms`).
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = sharehost::manifest::defaults::MAX_RETRY_DELAY_MS)]
     max_retry_delay_ms: u64,
     /// Most emits per batch (the manifest's `max_emits_per_batch`).
     #[arg(long, default_value_t = sharehost::runtime::DEFAULT_MAX_EMITS_PER_BATCH)]
@@ -114,14 +114,14 @@ struct TestPluginArgs {
     max_emit_bytes_per_batch: u64,
     /// Per-request HTTP timeout, in ms, from when the request has its permit (the
     /// manifest's `http_timeout_ms`).
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = sharehost::manifest::defaults::HTTP_TIMEOUT_MS)]
     http_timeout_ms: u64,
     /// Largest HTTP response body handed to the plugin, in bytes (the manifest's
     /// `http_max_response_bytes`).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = sharehost::manifest::defaults::HTTP_MAX_RESPONSE_BYTES)]
     http_max_response_bytes: u64,
     /// HTTP requests in flight at once (the manifest's `http_max_concurrent`).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = sharehost::manifest::defaults::HTTP_MAX_CONCURRENT)]
     http_max_concurrent: usize,
     /// Compile the component even if the precompiled cache has it, and do not store it
     /// (the cache is the one `sharehost run` uses: $SHAREHOST_CACHE_DIR or
