@@ -540,6 +540,34 @@ async fn the_rust_sdk_names_a_body_over_the_cap_too_large_and_a_stalled_body_a_t
 }
 
 #[tokio::test]
+async fn a_send_all_holding_more_than_the_resource_cap_faults_naming_the_bound() {
+    // 4,000 requests at once with the Rust SDK: each holds a request, its future and a
+    // pollable in the host, past the 2,048 host resources a 32 MiB plugin may hold.
+    let server = Server::start().await;
+    let grant =
+        HttpGrant::new(settings(&[format!("http://127.0.0.1:{}", server.port())])).expect("grant");
+    let deadline = Duration::from_secs(60);
+    let mut plugin = plugin_with("fixture_sdk_http", grant, deadline, deadline).await;
+    let outcome = tokio::time::timeout(
+        STUCK,
+        plugin.handle(&batch(&[format!("ALL 4000 {}", server.url("/ok"))])),
+    )
+    .await
+    .expect("not stuck");
+    let fault = outcome.fault().expect("the resource cap traps");
+    assert!(
+        fault.message.contains(
+            "than its memory limit allows: 2048 for 32 MiB (64 per MiB of memory_limit_mib)"
+        ),
+        "the fault names the bound and what raises it: {}",
+        fault.message
+    );
+    // A smaller group fits, on the fresh instance the fault left.
+    let verdicts = fetch(&mut plugin, &[format!("ALL 200 {}", server.url("/ok"))]).await;
+    assert_eq!(verdicts, vec![Verdict::Accept]);
+}
+
+#[tokio::test]
 async fn a_content_length_over_the_size_cap_is_refused_at_the_head() {
     let server = Server::start().await;
     let (mut plugin, grant) =
@@ -748,7 +776,10 @@ async fn header_maps_a_plugin_hoards_are_bounded_by_its_memory_limit() {
             // hoard ends in a trap, and the instance (and all it held) is dropped.
             BatchOutcome::Fault(f) => assert!(
                 f.message.contains("total size of fields exceeds limit")
-                    || f.message.contains("resource table"),
+                    || f.message.contains(
+                        "host resources at once (HTTP requests and responses, header maps, \
+                         streams, pollables) than its memory limit allows: 2048 for 32 MiB"
+                    ),
                 "{}",
                 f.message
             ),

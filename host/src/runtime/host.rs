@@ -589,7 +589,7 @@ impl WasiView for StoreState {
 /// The memory cap of one instance. Growth past it is a trap (never a silent `-1` the guest
 /// might mishandle), and `hit` tells the fault classifier it was out of memory.
 pub(crate) struct Limiter {
-    max_memory: usize,
+    pub(crate) max_memory: usize,
     /// Whether the guest asked for more than `max_memory`.
     pub(crate) hit: bool,
     /// Bytes of linear memory the instance holds, all memories together (they never shrink):

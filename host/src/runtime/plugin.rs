@@ -883,6 +883,22 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
             ),
         );
     }
+    if root.contains("resource table has no free keys") {
+        // wasmtime's words for the store's resource table being full (the cap on what a
+        // plugin makes the host hold for it): say which bound and what raises it.
+        let limit = state.limiter.max_memory;
+        return (
+            FaultKind::Trap,
+            format!(
+                "the plugin holds more host resources at once (HTTP requests and responses, \
+                 header maps, streams, pollables) than its memory limit allows: {} for {} MiB \
+                 (64 per MiB of memory_limit_mib); hold fewer at once (e.g. send_all in \
+                 smaller groups) or raise the limit",
+                super::host::max_resources(limit),
+                limit >> 20
+            ),
+        );
+    }
     if root.contains("fuel allocated for hostcalls has been exhausted") {
         // wasmtime's words for the store's hostcall fuel running out: say which bound it is
         // and what usually crosses it.
