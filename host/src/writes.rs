@@ -339,25 +339,19 @@ async fn attempt(
             }
             if let Some(mut w) = chunk.pop() {
                 match w.smaller.take() {
-                    // Not even the smaller form fits: the topic refuses everything (an
-                    // operator's limit); wait for it (the whole record is tried again).
-                    Some(full) if w.shrunk => {
-                        w.smaller = Some(full);
-                        round.first_error.get_or_insert_with(|| e.to_string());
-                        round.split_only = false;
-                        round.retry.push(vec![w]);
-                    }
-                    // Only when the topic's limit takes the smaller form: a topic that
+                    // Shrunk only when the topic's limit takes the smaller form: a topic that
                     // refuses every record for a while (an operator's limit, lifted later)
                     // must not have the smaller form tried the moment after the whole one,
                     // or a limit lifted in between lands it without need.
-                    Some(smaller) if smaller_fits(client, &topic, &smaller).await => {
+                    Some(smaller) if !w.shrunk && smaller_fits(client, &topic, &smaller).await => {
                         w.smaller = Some(std::mem::replace(&mut w.record, smaller));
                         w.shrunk = true;
                         round.retry.push(vec![w]);
                     }
-                    Some(smaller) => {
-                        w.smaller = Some(smaller);
+                    // Not even the smaller form fits (or would): the topic refuses everything;
+                    // wait for it (the whole record is tried again).
+                    Some(other) => {
+                        w.smaller = Some(other);
                         round.first_error.get_or_insert_with(|| e.to_string());
                         round.split_only = false;
                         round.retry.push(vec![w]);
