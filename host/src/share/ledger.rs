@@ -13,6 +13,7 @@
 //! sent, their records' locks are not renewed).
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -265,22 +266,17 @@ impl AckLedger {
                     }
                 });
             }
-            let mut taken = BTreeMap::new();
-            let mut k = kept.iter().peekable();
+            let mut taken = take_outside(&mut offsets.map, &kept);
             // Only final verdicts are taken: the Renew count stays.
-            offsets.map.retain(|&offset, kind| {
-                if *kind == AckKind::Renew {
-                    return true;
-                }
-                while k.peek().is_some_and(|(_, last)| *last < offset) {
-                    k.next();
-                }
-                if k.peek().is_some_and(|(first, _)| *first <= offset) {
-                    return true;
-                }
-                taken.insert(offset, *kind);
-                false
-            });
+            if offsets.renews > 0 {
+                taken.retain(|&offset, kind| {
+                    let renew = *kind == AckKind::Renew;
+                    if renew {
+                        offsets.map.insert(offset, *kind);
+                    }
+                    !renew
+                });
+            }
             if !taken.is_empty() {
                 out.push((*tp, to_batches(&taken)));
             }
@@ -375,6 +371,36 @@ impl AckLedger {
         self.held.retain(|tp, _| !filter(tp));
         dropped
     }
+}
+
+/// Removes from `map` and returns every entry outside the ranges `kept` (sorted, apart).
+/// Only the gaps between them are walked: the offsets of held ranges, often most of the
+/// map, are never visited, so a fetch step costs what it takes, not what is pending.
+fn take_outside(map: &mut BTreeMap<i64, AckKind>, kept: &[(i64, i64)]) -> BTreeMap<i64, AckKind> {
+    if kept.is_empty() {
+        return std::mem::take(map);
+    }
+    let mut taken = BTreeMap::new();
+    let mut move_range = |map: &mut BTreeMap<i64, AckKind>, lower: Bound<i64>, upper| {
+        let keys: Vec<i64> = map.range((lower, upper)).map(|(k, _)| *k).collect();
+        for k in keys {
+            if let Some(v) = map.remove(&k) {
+                taken.insert(k, v);
+            }
+        }
+    };
+    let mut lower = Bound::Unbounded;
+    for &(first, last) in kept {
+        // `range` panics on an empty pair of excluded bounds; kept ranges never overlap, so
+        // this only guards against a caller's mistake.
+        let empty = matches!(lower, Bound::Excluded(l) if l >= first);
+        if !empty {
+            move_range(map, lower, Bound::Excluded(first));
+        }
+        lower = Bound::Excluded(last);
+    }
+    move_range(map, lower, Bound::Unbounded);
+    taken
 }
 
 /// Turns offset → verdict into batches: one per contiguous run of offsets, with a single type
@@ -703,6 +729,50 @@ mod tests {
             let want: BTreeMap<i64, i8> = expected.iter().map(|(o, k)| (*o, k.code())).collect();
             prop_assert_eq!(covered, want);
             prop_assert!(ledger.is_empty());
+        }
+
+        /// A fetch step takes exactly the final verdicts outside the ranges still held (a
+        /// range is held until every offset in it has a final verdict, within the linger),
+        /// and leaves everything else: the Renews and the held ranges' verdicts.
+        #[test]
+        fn a_fetch_step_takes_exactly_what_no_held_range_keeps(
+            ranges in proptest::collection::vec((0i64..300, 1i64..40), 0..12),
+            verdicts in proptest::collection::vec((0i64..340, kind()), 0..400),
+        ) {
+            let mut ledger = AckLedger::new();
+            for (first, len) in &ranges {
+                ledger.acquired(tp(0), *first, first + len);
+            }
+            let mut pending: BTreeMap<i64, AckKind> = BTreeMap::new();
+            for (o, k) in &verdicts {
+                if ledger.record(tp(0), *o, *k).is_ok() {
+                    let e = pending.entry(*o).or_insert(*k);
+                    if *e == AckKind::Renew { *e = *k; }
+                }
+            }
+            let held: Vec<(i64, i64)> = ledger.held.get(&tp(0)).map_or_else(Vec::new, |r| {
+                r.iter().map(|(f, r)| (*f, r.last)).collect()
+            });
+            let whole = |f: i64, l: i64| (f..=l).all(|o| pending.get(&o).is_some_and(|k| *k != AckKind::Renew));
+            let kept: Vec<(i64, i64)> = held.into_iter().filter(|(f, l)| !whole(*f, *l)).collect();
+            let inside = |o: i64| kept.iter().any(|(f, l)| (*f..=*l).contains(&o));
+            let want_taken: BTreeMap<i64, AckKind> = pending.iter()
+                .filter(|(o, k)| **k != AckKind::Renew && !inside(**o))
+                .map(|(o, k)| (*o, *k)).collect();
+            let want_left: BTreeMap<i64, AckKind> = pending.iter()
+                .filter(|(o, _)| !want_taken.contains_key(o))
+                .map(|(o, k)| (*o, *k)).collect();
+            let taken = ledger.take_ready(|_| true, Instant::now());
+            let mut got = BTreeMap::new();
+            for b in taken.into_iter().flat_map(|(_, b)| b) {
+                for (i, o) in (b.first_offset..=b.last_offset).enumerate() {
+                    got.insert(o, if b.types.len() == 1 { b.types[0] } else { b.types[i] });
+                }
+            }
+            let want_codes: BTreeMap<i64, i8> = want_taken.iter().map(|(o, k)| (*o, k.code())).collect();
+            prop_assert_eq!(got, want_codes);
+            let left = ledger.pending.get(&tp(0)).map_or_else(BTreeMap::new, |m| m.map.clone());
+            prop_assert_eq!(left, want_left);
         }
 
         /// The kept counts of Renew verdicts agree with the verdicts themselves through any
