@@ -24,7 +24,7 @@ use kafka_protocol::protocol::{Encodable, StrBytes};
 use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 use sharehost::kafka::frame::encode_request;
 use sharehost::kafka::records::{Compression, Header, ProduceRecord, encode_batch};
-use sharehost::share::wire::{
+use sharehost::kafka::protocol::share::{
     AckBatch, AckPartitionResult, AckTopicResult, AcquiredRange, FetchPartitionData,
     FetchTopicResponse, LeaderIdAndEpoch, NodeEndpoint, PartitionAcks, ShareAcknowledgeResponse,
     ShareFetchRequest, ShareFetchResponse, TopicAcks,

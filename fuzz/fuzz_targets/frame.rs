@@ -18,7 +18,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::ApiKey;
 use libfuzzer_sys::fuzz_target;
 use sharehost::kafka::frame::{FrameError, decode_response, peek_correlation_id, read_frame};
-use sharehost::share::wire::{ShareAcknowledgeResponse, ShareFetchResponse};
+use sharehost::kafka::protocol::share::{ShareAcknowledgeResponse, ShareFetchResponse};
 use sharehost_fuzz::alloc::{CountingAlloc, largest_allocation};
 use sharehost_fuzz::frame_layout::{Api, api, limit};
 use sharehost_fuzz::{ChunkedReader, block_on};

@@ -1,5 +1,5 @@
 //! ShareFetch (and ShareAcknowledge) response bodies, versions 1 and 2, through sharehost's own
-//! decoders (`share::wire` on top of `share::codec`), then the record batches inside each
+//! decoders (`kafka::protocol::share` on top of `kafka::protocol::codec`), then the record batches inside each
 //! fetched partition, as the share consumer decodes them.
 //!
 //! Input: `[selector, body...]` (see `sharehost_fuzz::share_layout`).
@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use libfuzzer_sys::fuzz_target;
 use sharehost::kafka::records::decode_batches;
-use sharehost::share::wire::{ShareAcknowledgeResponse, ShareFetchResponse};
+use sharehost::kafka::protocol::share::{ShareAcknowledgeResponse, ShareFetchResponse};
 use sharehost_fuzz::batch_layout::codec;
 use sharehost_fuzz::share_layout::selector;
 use sharehost_fuzz::{assert_records_round_trip, assert_unique_header_keys};

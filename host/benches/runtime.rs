@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use sharehost::kafka::{ConsumedRecord, Header};
 use sharehost::runtime::{
     BatchOutcome, InstanceMode, OutputGrant, Plugin, PluginLimits, PluginRuntime, Record,
     RuntimeConfig, Verdict,
@@ -53,18 +52,16 @@ fn batch(n: usize, value_len: usize) -> Vec<Record> {
                 seed ^= seed << 17;
                 v.push(b'a' + (seed % 26) as u8);
             }
-            Record::from_consumed(
-                topic.clone(),
-                0,
-                1,
-                ConsumedRecord {
-                    offset: i as i64,
-                    timestamp: 0,
-                    key: Some(Bytes::from(format!("key-{:04}", i % 10_000))),
-                    value: Some(Bytes::from(v)),
-                    headers: Vec::<Header>::new(),
-                },
-            )
+            Record {
+                topic: topic.clone(),
+                partition: 0,
+                offset: i as i64,
+                timestamp: 0,
+                delivery_count: 1,
+                key: Some(Bytes::from(format!("key-{:04}", i % 10_000))),
+                value: Some(Bytes::from(v)),
+                headers: Vec::new(),
+            }
         })
         .collect()
 }

@@ -34,12 +34,12 @@ use bytes::Bytes;
 use kafka_protocol::messages::MetadataRequest;
 use serde::{Deserialize, Serialize};
 
+use crate::kafka::partitioner;
 use crate::kafka::{
     Compression, ConsumedRecord, Header, KafkaClient, OffsetSpec, ProduceRecord, TopicMeta,
 };
 use crate::manifest::Manifest;
 use crate::provenance::{self as pv, DEAD_LETTER_HEADERS};
-use crate::writes::murmur2;
 
 /// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
 pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
@@ -1015,16 +1015,12 @@ impl Replayer<'_> {
 /// key like the Java client's default partitioner (murmur2), else (no key) the original
 /// partition modulo the partition count.
 pub fn target_partition(meta: &TopicMeta, original: Option<i32>, key: Option<&[u8]>) -> i32 {
-    let n = meta.partitions.len().max(1) as u32;
     if let Some(p) = original
         && meta.partitions.iter().any(|m| m.index == p)
     {
         return p;
     }
-    match key {
-        Some(k) => ((murmur2(k) & 0x7fff_ffff) % n) as i32,
-        None => (original.unwrap_or(0).unsigned_abs() % n) as i32,
-    }
+    partitioner::by_key_or(key, original.unwrap_or(0), meta.partitions.len())
 }
 
 #[cfg(test)]

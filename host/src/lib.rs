@@ -1,24 +1,34 @@
-//! sharehost: runs sandboxed WebAssembly plugins on Apache Kafka share groups (KIP-932).
+//! sharehost: runs sandboxed WebAssembly plugins on Apache Kafka share groups (KIP-932). This
+//! crate is where the layers meet and the binary lives; the layers are crates of their own, so
+//! the compiler keeps them apart:
+//! - [`kafka`] (`sharehost-kafka`): the wire layer, bytes to and from brokers.
+//! - [`share`] (`sharehost-share`): the KIP-932 engine on top of it.
+//! - [`runtime`] (`sharehost-runtime`): the sandbox, knowing neither of the two.
 //!
-//! The crate is a map of its parts:
-//! - [`kafka`]: the wire layer (frames, connections, TLS, SASL, metadata, produce/fetch).
-//! - [`runtime`]: the sandboxed plugin runtime (wasmtime): load and validate a component, call
-//!   it with a bounded budget, turn anything it does wrong into a fault for that batch.
-//!
-//! The share-group engine (`share`), the plugin runtime (`runtime`), the manifest and the
-//! pipeline arrive with their issues; see `docs/` and the design notes.
+//! Its own parts:
+//! - [`manifest`]: the TOML a host runs, parsed and checked with errors that point at the line.
+//! - [`pipeline`]: the one place where the engine and the sandbox meet: records in, verdicts
+//!   out, outputs and dead letters written, acknowledgements decided; hot-swap, shadow, canary.
+//! - [`writes`]: produce that never costs a delivery (retried while the records stay held).
+//! - [`rollout`]: the pure rules of shadow and canary runs; [`state`]: what survives a restart.
+//! - [`tenants`]: a host's pipelines, each loading, running and failing on its own.
+//! - [`admin`]: the admin HTTP API (metrics, health, swap, rollout); [`ctl`]: its client.
+//! - [`dlq`]: reading and replaying dead letters; [`provenance`]: the header names written.
+//! - [`metrics`]: the registry passed down to everything that counts.
 
 pub mod admin;
 pub mod ctl;
 pub mod dlq;
-pub mod kafka;
 pub mod manifest;
 pub mod metrics;
 pub mod pipeline;
 pub mod provenance;
 pub mod rollout;
-pub mod runtime;
-pub mod share;
 pub mod state;
 pub mod tenants;
 pub mod writes;
+
+/// The layers below, under the names the host's modules and the tests use.
+pub use sharehost_kafka as kafka;
+pub use sharehost_runtime as runtime;
+pub use sharehost_share as share;

@@ -26,8 +26,9 @@ use crate::rollout::{
     SHADOW_QUEUE, ShadowRequest, ShadowStatus,
 };
 use crate::runtime::{
-    BatchOutcome, Compiled, Emit, Fault, FaultKind, HttpGrant, InstanceMode, Judged, OutputGrant,
-    Placement, Plugin, PluginInit, PluginLimits, PluginRuntime, Record, Secrets, Verdict,
+    BatchOutcome, Compiled, Emit, Fault, FaultKind, Header as RuntimeHeader, HttpGrant,
+    InstanceMode, Judged, OutputGrant, Placement, Plugin, PluginInit, PluginLimits, PluginRuntime,
+    Record, Secrets, Verdict,
 };
 use crate::share::consumer::{
     AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
@@ -1846,7 +1847,12 @@ impl Pipeline {
     /// debug: the run loop reports a coordinator that is really gone).
     async fn watch_lag(&self, client: &KafkaClient, stop: &CancellationToken) {
         loop {
-            match crate::share::offsets::share_group_offsets(client, &self.spec.group).await {
+            match crate::kafka::protocol::share_offsets::share_group_offsets(
+                client,
+                &self.spec.group,
+            )
+            .await
+            {
                 Ok(partitions) => {
                     for p in partitions
                         .iter()
@@ -1970,17 +1976,7 @@ impl Pipeline {
             retries,
             stop,
         } = ctx;
-        let records: Arc<[Record]> = batch
-            .iter()
-            .map(|r| {
-                Record::from_consumed(
-                    r.topic.clone(),
-                    r.partition.partition,
-                    r.delivery_count,
-                    r.record.clone(),
-                )
-            })
-            .collect();
+        let records: Arc<[Record]> = batch.iter().map(plugin_record).collect();
         let policy = match self.spec.fault_policy {
             FaultPolicy::Release => Verdict::Release,
             FaultPolicy::Reject => Verdict::Reject(None),
@@ -2775,6 +2771,30 @@ pub async fn join_failures(
         shutdown.cancel();
     }
     failures
+}
+
+/// What the plugin judges of `r`: the runtime's own record, built from the engine's without
+/// copying a payload (the key and value are reference-counted). A negative delivery count,
+/// never sent by a correct broker, reads as 0.
+fn plugin_record(r: &ShareRecord) -> Record {
+    let c = &r.record;
+    Record {
+        topic: r.topic.clone(),
+        partition: r.partition.partition,
+        offset: c.offset,
+        timestamp: c.timestamp,
+        delivery_count: u16::try_from(r.delivery_count).unwrap_or(0),
+        key: c.key.clone(),
+        value: c.value.clone(),
+        headers: c
+            .headers
+            .iter()
+            .map(|h| RuntimeHeader {
+                key: h.key.clone(),
+                value: h.value.clone(),
+            })
+            .collect(),
+    }
 }
 
 /// Releases the held records whose retry delay has passed.

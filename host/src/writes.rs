@@ -19,7 +19,7 @@ use kafka_protocol::ResponseError;
 use tokio_util::sync::CancellationToken;
 
 use crate::kafka::backoff::{Backoff, BackoffConfig};
-use crate::kafka::{Compression, KafkaClient, KafkaError, ProduceRecord};
+use crate::kafka::{Compression, KafkaClient, KafkaError, ProduceRecord, partitioner};
 
 /// Outputs and dead letters are produced compressed: they are usually small and alike (JSON),
 /// and lz4 costs the least CPU of Kafka's codecs, on a machine whose cores the broker shares.
@@ -55,12 +55,10 @@ pub enum PartitionBy {
 
 impl PartitionBy {
     fn partition(self, key: Option<&[u8]>, partitions: usize) -> i32 {
-        let n = partitions.max(1) as u32;
-        let p = match (self, key) {
-            (PartitionBy::KeyOrSource(_), Some(k)) => (murmur2(k) & 0x7fff_ffff) % n,
-            (PartitionBy::KeyOrSource(s) | PartitionBy::Source(s), _) => s.unsigned_abs() % n,
-        };
-        p as i32
+        match self {
+            PartitionBy::KeyOrSource(s) => partitioner::by_key_or(key, s, partitions),
+            PartitionBy::Source(s) => partitioner::by_key_or(None, s, partitions),
+        }
     }
 }
 
@@ -425,62 +423,9 @@ fn chunks_by_size(items: Vec<Write>) -> Vec<Vec<Write>> {
     chunks
 }
 
-/// Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c), written out because
-/// the default partitioner's exact hash is a fact of the Java client no Rust crate we use
-/// exposes.
-pub(crate) fn murmur2(data: &[u8]) -> u32 {
-    const SEED: u32 = 0x9747_b28c;
-    const M: u32 = 0x5bd1_e995;
-    const R: u32 = 24;
-    let mut h = SEED ^ data.len() as u32;
-    let mut chunks = data.chunks_exact(4);
-    for c in &mut chunks {
-        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> R;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M);
-        h ^= k;
-    }
-    let rest = chunks.remainder();
-    if rest.len() >= 3 {
-        h ^= u32::from(rest[2]) << 16;
-    }
-    if rest.len() >= 2 {
-        h ^= u32::from(rest[1]) << 8;
-    }
-    if !rest.is_empty() {
-        h ^= u32::from(rest[0]);
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    h
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn murmur2_matches_the_java_clients_default_partitioner() {
-        // Values from the Java client's UtilsTest.testMurmur2.
-        let cases: [(&[u8], i32); 6] = [
-            (b"21", -973932308),
-            (b"foobar", -790332482),
-            (b"a-little-bit-long-string", -985981536),
-            (b"a-little-bit-longer-string", -1486304829),
-            (
-                b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
-                -58897971,
-            ),
-            (b"abc", 479470107),
-        ];
-        for (input, want) in cases {
-            assert_eq!(murmur2(input) as i32, want, "{input:?}");
-        }
-    }
 
     fn write(owner: usize, bytes: usize) -> Write {
         let record = ProduceRecord {
@@ -511,7 +456,7 @@ mod tests {
         assert_eq!(by.partition(None, 3), 1);
         assert_eq!(
             by.partition(Some(b"foobar"), 12),
-            ((murmur2(b"foobar") & 0x7fff_ffff) % 12) as i32
+            partitioner::by_key_or(Some(b"foobar"), 0, 12)
         );
         assert_eq!(PartitionBy::Source(7).partition(Some(b"foobar"), 3), 1);
         assert_eq!(

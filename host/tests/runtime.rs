@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sharehost::kafka::Header;
+use sharehost::runtime::Header;
 use sharehost::runtime::{
     AllocatorKind, BatchOutcome, FaultKind, ISOLATION_DEADLINES, InstanceMode, LoadError, Plugin,
     PluginInit, PluginLimits, PluginRuntime, Record, RuntimeConfig, Secrets, Verdict,

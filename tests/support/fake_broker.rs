@@ -372,12 +372,12 @@ pub fn lying_array_body(flexible: bool, before: &[u8]) -> Vec<u8> {
 pub fn lying_share_member(values: &[&str]) -> impl Fn(&Seen) -> Answer + Send + Sync + 'static {
     use kafka_protocol::messages::ShareGroupHeartbeatResponse;
     use kafka_protocol::messages::share_group_heartbeat_response::{Assignment, TopicPartitions};
-    use sharehost::kafka::records::encode_batch;
-    use sharehost::kafka::{Compression, ProduceRecord};
-    use sharehost::share::wire::{
+    use sharehost::kafka::protocol::share::{
         AcquiredRange, FetchPartitionData, FetchTopicResponse, ShareAcknowledgeResponse,
         ShareFetchResponse,
     };
+    use sharehost::kafka::records::encode_batch;
+    use sharehost::kafka::{Compression, ProduceRecord};
 
     fn encode<T: Encodable>(msg: &T, version: i16) -> Vec<u8> {
         let mut b = BytesMut::new();

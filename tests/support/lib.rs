@@ -385,24 +385,22 @@ pub fn plugin_record(
     value: &str,
     headers: &[(&str, &str)],
 ) -> sharehost::runtime::Record {
-    sharehost::runtime::Record::from_consumed(
-        std::sync::Arc::from("orders"),
-        3,
-        1,
-        sharehost::kafka::ConsumedRecord {
-            offset,
-            timestamp: 1_700_000_000_000 + offset,
-            key: Some(Bytes::from(format!("k{offset}"))),
-            value: Some(Bytes::copy_from_slice(value.as_bytes())),
-            headers: headers
-                .iter()
-                .map(|(k, v)| sharehost::kafka::Header {
-                    key: (*k).to_owned(),
-                    value: Some(Bytes::copy_from_slice(v.as_bytes())),
-                })
-                .collect(),
-        },
-    )
+    sharehost::runtime::Record {
+        topic: std::sync::Arc::from("orders"),
+        partition: 3,
+        offset,
+        timestamp: 1_700_000_000_000 + offset,
+        delivery_count: 1,
+        key: Some(Bytes::from(format!("k{offset}"))),
+        value: Some(Bytes::copy_from_slice(value.as_bytes())),
+        headers: headers
+            .iter()
+            .map(|(k, v)| sharehost::runtime::Header {
+                key: (*k).to_owned(),
+                value: Some(Bytes::copy_from_slice(v.as_bytes())),
+            })
+            .collect(),
+    }
 }
 
 /// Waits until the broker reports nothing left for `group` (lag 0 on every partition: each

@@ -1,4 +1,5 @@
-//! The Kafka wire layer: bytes to and from brokers. It knows nothing of share semantics.
+//! sharehost-kafka: the Kafka wire layer, bytes to and from brokers. It knows nothing of share
+//! semantics: the share messages are encoded here, what they mean is `sharehost-share`'s.
 //!
 //! - [`addr`]: broker addresses and the bootstrap list.
 //! - [`frame`]: length-prefixed frames with a size limit.
@@ -11,6 +12,9 @@
 //! - [`client`]: the cluster: metadata, cached connections, coordinator lookup, produce/fetch/admin.
 //! - [`records`]: record batches in every compression.
 //! - [`error`], [`backoff`]: typed errors with their one classification, and the one backoff.
+//! - [`protocol`]: the messages kafka-protocol does not cover (ShareFetch and ShareAcknowledge
+//!   v1-v2, DescribeShareGroupOffsets v0-1), on its public traits.
+//! - [`partitioner`]: which partition a keyed record goes to, as the Java client decides.
 
 pub mod addr;
 pub mod backoff;
@@ -20,6 +24,8 @@ pub mod connection;
 pub mod error;
 pub mod frame;
 pub mod messenger;
+pub mod partitioner;
+pub mod protocol;
 pub mod records;
 pub mod sasl;
 pub mod tls;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use uuid::Uuid;
 
-use super::wire::{AckBatch, ack_type};
+use sharehost_kafka::protocol::share::{AckBatch, ack_type};
 
 /// A partition of a topic, by id (what the share protocol speaks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use kafka_protocol::ResponseError;
 
 use super::ledger::TopicIdPartition;
-use super::wire::{ForgottenTopic, PartitionAcks, TopicAcks};
+use sharehost_kafka::protocol::share::{ForgottenTopic, PartitionAcks, TopicAcks};
 
 /// The epoch that opens a session.
 pub const INITIAL_EPOCH: i32 = 0;
@@ -97,7 +97,10 @@ impl ShareSession {
     pub fn fetch_request(
         &mut self,
         wanted: &BTreeSet<TopicIdPartition>,
-        acks: Vec<(TopicIdPartition, Vec<super::wire::AckBatch>)>,
+        acks: Vec<(
+            TopicIdPartition,
+            Vec<sharehost_kafka::protocol::share::AckBatch>,
+        )>,
     ) -> Result<SessionRequest, SessionError> {
         if self.in_flight {
             return Err(SessionError::Busy);
@@ -147,7 +150,10 @@ impl ShareSession {
     /// Builds a standalone ShareAcknowledge's session part (never at epoch 0).
     pub fn ack_request(
         &mut self,
-        acks: Vec<(TopicIdPartition, Vec<super::wire::AckBatch>)>,
+        acks: Vec<(
+            TopicIdPartition,
+            Vec<sharehost_kafka::protocol::share::AckBatch>,
+        )>,
     ) -> Result<(i32, Vec<TopicAcks>), SessionError> {
         if self.in_flight {
             return Err(SessionError::Busy);
@@ -239,7 +245,7 @@ fn group_forgotten<'a>(parts: impl Iterator<Item = &'a TopicIdPartition>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::share::wire::AckBatch;
+    use sharehost_kafka::protocol::share::AckBatch;
     use uuid::Uuid;
 
     fn tp(t: u128, p: i32) -> TopicIdPartition {

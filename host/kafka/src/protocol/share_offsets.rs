@@ -16,7 +16,7 @@ use kafka_protocol::protocol::{
 use uuid::Uuid;
 
 use super::codec::*;
-use crate::kafka::{KafkaClient, KafkaError};
+use crate::{KafkaClient, KafkaError};
 
 /// Versions of DescribeShareGroupOffsets spoken here.
 pub const OFFSETS_VERSIONS: VersionRange = VersionRange { min: 0, max: 1 };

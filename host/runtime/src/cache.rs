@@ -394,7 +394,7 @@ mod tests {
     use std::os::unix::fs::{PermissionsExt, chown, symlink};
 
     use super::*;
-    use crate::runtime::{PluginRuntime, RuntimeConfig};
+    use crate::{PluginRuntime, RuntimeConfig};
 
     /// Another user: `nobody` on most systems. The tests run as root (they chown).
     const OTHER_UID: u32 = 65534;

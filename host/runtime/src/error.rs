@@ -1,5 +1,5 @@
 //! Typed errors of the runtime. Faults during a batch are not errors: they are
-//! [`crate::runtime::BatchOutcome::Fault`] values.
+//! [`crate::BatchOutcome::Fault`] values.
 
 use std::path::PathBuf;
 

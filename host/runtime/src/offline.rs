@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use super::batch::Record;
 use super::outputs::Emit;
 use super::plugin::{Fault, Verdict};
-use crate::kafka::Header;
+use crate::Header;
 
 /// A bad input line: names the line (1-based) and what is wrong with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

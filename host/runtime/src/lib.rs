@@ -1,5 +1,6 @@
-//! The plugin runtime: turns a WebAssembly component file into something the pipeline can call
-//! with a bounded budget and only the capabilities it was granted.
+//! sharehost-runtime: the plugin sandbox. Turns a WebAssembly component file into something a
+//! pipeline can call with a bounded budget and only the capabilities it was granted. It knows
+//! no Kafka type: records come in as its own [`Record`], so it builds and is tested alone.
 //!
 //! A map of the parts:
 //! - [`PluginRuntime`] (`engine.rs`): the one wasmtime `Engine` per process (component model,
@@ -10,8 +11,8 @@
 //!   (`validate.rs`), an `InstancePre`, and a warm or fresh instance per batch. Every call runs
 //!   under a memory cap, a CPU deadline and bounds on verdicts and logs; anything a guest does
 //!   wrong becomes a [`BatchOutcome::Fault`], never a host crash.
-//! - [`Record`] and the columnar wire batch (`batch.rs`): what a plugin judges, and how it
-//!   crosses the sandbox boundary as a few integer columns plus one byte buffer.
+//! - [`Record`], [`Header`] and the columnar wire batch (`batch.rs`): what a plugin judges, and
+//!   how it crosses the sandbox boundary as a few integer columns plus one byte buffer.
 //! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
 //! - `component_file.rs`: the one reader of component files (regular files only, bounded,
 //!   what-it-is errors) and the pre-compile look at a component's imports and exports.
@@ -37,7 +38,7 @@ mod trust;
 mod turns;
 mod validate;
 
-pub use batch::Record;
+pub use batch::{Header, Record};
 pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
 pub use config::{DEFAULT_WALL_PER_CPU, InstanceMode, PluginLimits, RuntimeConfig};
@@ -67,7 +68,7 @@ pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
 /// through typed functions, so one runtime serves both contract versions.
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "sharehost:plugin/plugin",
         exports: { default: async },
         additional_derives: [PartialEq],
@@ -79,7 +80,7 @@ mod bindings {
 /// the same in 0.2.
 mod bindings_v01 {
     wasmtime::component::bindgen!({
-        path: "../wit/0.1.0/plugin.wit",
+        path: "../../wit/0.1.0/plugin.wit",
         world: "sharehost:plugin/plugin",
         exports: { default: async },
     });

@@ -3,14 +3,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Process-wide runtime settings. One [`crate::runtime::PluginRuntime`] is built from them.
+/// Process-wide runtime settings. One [`crate::PluginRuntime`] is built from them.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// The largest linear memory any plugin may use. Pool slots are sized to it, so a smaller
     /// value means less reserved address space; a plugin asking for more is refused at load.
     pub max_plugin_memory: usize,
     /// How many instances may be alive at once across all plugins (pool size). Each live
-    /// [`crate::runtime::Plugin`] holds at most one.
+    /// [`crate::Plugin`] holds at most one.
     pub max_instances: u32,
     /// How often the epoch ticker thread advances the engine's epoch. The CPU deadline of a
     /// batch is checked on every tick, so this is the deadline's resolution.

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::bindings::sharehost::plugin::types::Batch;
-use crate::kafka::{ConsumedRecord, Header};
 
 /// One record as the runtime hands it to a plugin. Owns cheap, reference-counted pieces
 /// (`Bytes`, `Arc<str>`) so building it from a fetched record copies no payload.
@@ -31,26 +30,14 @@ pub struct Record {
     pub headers: Vec<Header>,
 }
 
-impl Record {
-    /// Builds a record from what the wire layer decoded. A move of the payload handles: no
-    /// bytes are copied. A negative delivery count (never sent by a correct broker) reads as 0.
-    pub fn from_consumed(
-        topic: Arc<str>,
-        partition: i32,
-        delivery_count: i16,
-        record: ConsumedRecord,
-    ) -> Self {
-        Self {
-            topic,
-            partition,
-            offset: record.offset,
-            timestamp: record.timestamp,
-            delivery_count: u16::try_from(delivery_count).unwrap_or(0),
-            key: record.key,
-            value: record.value,
-            headers: record.headers,
-        }
-    }
+/// One record header as a plugin sees it: the runtime's own type, so the sandbox builds and is
+/// tested without the Kafka wire layer (whoever feeds it converts, moving the value's bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Header {
+    /// The header's key.
+    pub key: String,
+    /// The header's value; `None` is a null value.
+    pub value: Option<Bytes>,
 }
 
 /// The wire encoding of "null" in a span's start position (see `wit/plugin.wit`).

@@ -20,17 +20,17 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::kafka::backoff::{Backoff, BackoffConfig};
-use crate::kafka::error::CodeDisplay;
-use crate::kafka::records::{batch_spans, decode_batches};
-use crate::kafka::{
+use sharehost_kafka::backoff::{Backoff, BackoffConfig};
+use sharehost_kafka::error::CodeDisplay;
+use sharehost_kafka::records::{batch_spans, decode_batches};
+use sharehost_kafka::{
     BrokerConnection, ConsumedRecord, ErrorClass, KafkaClient, KafkaError, classify,
 };
 
 use super::ledger::{AckKind, AckLedger, TopicIdPartition};
 use super::membership::{HeartbeatAction, MemberState, Membership};
 use super::session::{FINAL_EPOCH, SessionOutcome, ShareSession};
-use super::wire::{
+use sharehost_kafka::protocol::share::{
     AckBatch, PartitionAcks, SHARE_VERSIONS, ShareAcknowledgeRequest, ShareFetchRequest,
     ShareFetchResponse, TopicAcks,
 };
@@ -1917,7 +1917,7 @@ impl LeaderWorker {
         acks: &[(TopicIdPartition, Vec<AckBatch>)],
         top: Option<ResponseError>,
         top_message: Option<&str>,
-        responses: &[super::wire::AckTopicResult],
+        responses: &[sharehost_kafka::protocol::share::AckTopicResult],
     ) {
         let results = by_partition(
             responses
