@@ -35,7 +35,7 @@ const SDK_DIR = dirname(fileURLToPath(import.meta.url));
 /** The WIT features componentize-js must leave out (see the header comment). */
 export const DISABLED_FEATURES = ['stdio', 'http', 'fetch-event'];
 /**
- * The interfaces the host lets a plugin import without a grant (host/src/runtime/validate.rs).
+ * The interfaces the host lets a plugin import without a grant (host/runtime/src/validate.rs).
  * The build checks its output against them, so a toolchain that starts importing more fails
  * here, naming the import, rather than at load in the host.
  */
