@@ -3,195 +3,26 @@
 //!
 //! The reference with every field, its default and an example is `docs/manifest.md`.
 
+pub mod defaults;
+mod error;
+mod raw;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use toml::Spanned;
 
 use crate::kafka::{
     ConnectionConfig, Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap,
 };
 use crate::runtime::{
-    DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, HttpGrant, HttpSettings,
-    LoadError, OutputGrant, RuntimeConfig, Secrets, TrustPolicy, TrustedKey, check_component_path,
-    parse_keys_file,
+    HttpGrant, HttpSettings, LoadError, OutputGrant, RuntimeConfig, Secrets, TrustPolicy,
+    TrustedKey, check_component_path, parse_keys_file,
 };
-
-/// A manifest problem, located in its file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ManifestError {
-    /// The manifest file.
-    pub file: PathBuf,
-    /// 1-based line, when known.
-    pub line: Option<usize>,
-    /// 1-based column, when known.
-    pub column: Option<usize>,
-    /// The field in dotted form (`pipeline[0].batch_size`), when known.
-    pub field: Option<String>,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for ManifestError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let (Some(l), Some(c)) = (self.line, self.column) {
-            write!(f, ":{l}:{c}")?;
-        }
-        write!(f, ": ")?;
-        if let Some(field) = &self.field {
-            write!(f, "{field}: ")?;
-        }
-        f.write_str(&self.message)
-    }
-}
-
-/// Top-level TOML shape.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawManifest {
-    cluster: RawCluster,
-    #[serde(default)]
-    admin: Option<RawAdmin>,
-    #[serde(default)]
-    runtime: Option<RawRuntime>,
-    #[serde(default)]
-    trust: Option<Spanned<RawTrust>>,
-    #[serde(default, rename = "pipeline")]
-    pipelines: Vec<RawPipeline>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCluster {
-    bootstrap: Spanned<String>,
-    #[serde(default)]
-    client_id: Option<String>,
-    #[serde(default)]
-    tls: Option<RawTls>,
-    #[serde(default)]
-    sasl: Option<Spanned<RawSasl>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTls {
-    #[serde(default)]
-    ca_file: Option<Spanned<String>>,
-    #[serde(default)]
-    cert_file: Option<Spanned<String>>,
-    #[serde(default)]
-    key_file: Option<Spanned<String>>,
-    #[serde(default)]
-    server_name: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSasl {
-    mechanism: Spanned<String>,
-    username: Spanned<String>,
-    #[serde(default)]
-    password_env: Option<Spanned<String>>,
-    #[serde(default)]
-    password_file: Option<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAdmin {
-    #[serde(default)]
-    listen: Option<Spanned<String>>,
-    #[serde(default)]
-    token_env: Option<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRuntime {
-    #[serde(default)]
-    max_component_mib: Option<Spanned<i64>>,
-}
-
-/// `[trust]` and `[pipeline.trust]`: minisign public keys, inline and/or in a file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTrust {
-    #[serde(default)]
-    keys: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
-    keys_file: Option<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPipeline {
-    name: Spanned<String>,
-    topics: Spanned<Vec<String>>,
-    group: Spanned<String>,
-    component: Spanned<String>,
-    #[serde(default)]
-    config: BTreeMap<String, String>,
-    #[serde(default)]
-    batch_size: Option<Spanned<i64>>,
-    #[serde(default)]
-    max_in_flight: Option<Spanned<i64>>,
-    #[serde(default)]
-    delivery_cap: Option<Spanned<i64>>,
-    #[serde(default)]
-    fault_policy: Option<Spanned<String>>,
-    #[serde(default)]
-    cpu_deadline_ms: Option<Spanned<i64>>,
-    #[serde(default)]
-    memory_limit_mib: Option<Spanned<i64>>,
-    #[serde(default)]
-    instance_mode: Option<Spanned<String>>,
-    #[serde(default)]
-    recycle_after: Option<Spanned<i64>>,
-    #[serde(default)]
-    concurrency: Option<Spanned<i64>>,
-    #[serde(default)]
-    dead_letter_topic: Option<Spanned<String>>,
-    broker_dead_letter_topic: Option<Spanned<String>>,
-    #[serde(default)]
-    max_renewals: Option<Spanned<i64>>,
-    #[serde(default)]
-    auto_renew_after: Option<Spanned<f64>>,
-    #[serde(default)]
-    wall_deadline_ms: Option<Spanned<i64>>,
-    #[serde(default)]
-    max_retry_delay_ms: Option<Spanned<i64>>,
-    #[serde(default)]
-    outputs: BTreeMap<String, Spanned<String>>,
-    #[serde(default)]
-    max_emits_per_batch: Option<Spanned<i64>>,
-    #[serde(default)]
-    max_emit_bytes_per_batch: Option<Spanned<i64>>,
-    #[serde(default)]
-    // Read as plain TOML values and interpreted by hand: serde's own error for a string where
-    // `{ env = .. }` belongs would quote the string, i.e. the secret someone put in the manifest.
-    secrets: BTreeMap<String, Spanned<toml::Value>>,
-    #[serde(default)]
-    allowed_outbound_hosts: Option<Spanned<Vec<String>>>,
-    #[serde(default)]
-    http_timeout_ms: Option<Spanned<i64>>,
-    #[serde(default)]
-    http_max_response_bytes: Option<Spanned<i64>>,
-    #[serde(default)]
-    http_max_concurrent: Option<Spanned<i64>>,
-    #[serde(default)]
-    http_ca_file: Option<Spanned<String>>,
-    #[serde(default)]
-    trust: Option<Spanned<RawTrust>>,
-    #[serde(default)]
-    shadow: Option<Spanned<String>>,
-    #[serde(default)]
-    shadow_sample: Option<Spanned<f64>>,
-}
+pub use error::ManifestError;
+use raw::{RawManifest, RawTrust};
 
 /// Where the SASL password comes from (never the manifest itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -419,57 +250,12 @@ pub struct Manifest {
     pub pipelines: Vec<PipelineSpec>,
 }
 
-/// Defaults, in one place so docs/manifest.md and the code agree.
-pub mod defaults {
-    /// Records per plugin call.
-    pub const BATCH_SIZE: usize = 100;
-    /// Records acquired and not yet judged. Several producer batches' worth, so the next
-    /// fetch leaves while the plugin works and each fetch carries more than one batch (with
-    /// 1000, 100 B records took about three times the requests and broker CPU; see
-    /// docs/benchmarks.md).
-    pub const MAX_IN_FLIGHT: usize = 5000;
-    /// CPU deadline of one call, in ms.
-    pub const CPU_DEADLINE_MS: u64 = 5000;
-    /// Memory cap of one instance, in MiB.
-    pub const MEMORY_LIMIT_MIB: usize = 64;
-    /// Batches per instance in reuse mode.
-    pub const RECYCLE_AFTER: u32 = 1000;
-    /// Parallel plugin instances.
-    pub const CONCURRENCY: usize = 1;
-    /// Renewals per record.
-    pub const MAX_RENEWALS: u32 = 3;
-    /// Fraction of the lock duration after which a running batch is renewed.
-    pub const AUTO_RENEW_AFTER: f64 = 0.5;
-    /// Admin listener.
-    pub const ADMIN_LISTEN: &str = "127.0.0.1:9464";
-    /// Largest component file, in MiB.
-    pub const MAX_COMPONENT_MIB: u64 = crate::runtime::DEFAULT_MAX_COMPONENT_BYTES >> 20;
-    /// Longest `retry` delay, in ms (one minute).
-    pub const MAX_RETRY_DELAY_MS: u64 = 60_000;
-    /// Per-request HTTP timeout, in ms.
-    pub const HTTP_TIMEOUT_MS: u64 = 5_000;
-    /// Largest HTTP response body handed to a plugin (1 MiB).
-    pub const HTTP_MAX_RESPONSE_BYTES: u64 = 1 << 20;
-    /// HTTP requests in flight at once per pipeline.
-    pub const HTTP_MAX_CONCURRENT: usize = 32;
-}
-
 struct Ctx<'a> {
     file: &'a Path,
     text: &'a str,
 }
 
 impl Ctx<'_> {
-    fn position(&self, offset: usize) -> (usize, usize) {
-        let before = &self.text[..offset.min(self.text.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before
-            .rfind('\n')
-            .map(|i| before.len() - i)
-            .unwrap_or(before.len() + 1);
-        (line, column)
-    }
-
     fn err(
         &self,
         span: Option<std::ops::Range<usize>>,
@@ -478,7 +264,7 @@ impl Ctx<'_> {
     ) -> ManifestError {
         let (line, column) = match span {
             Some(s) => {
-                let (l, c) = self.position(s.start);
+                let (l, c) = error::line_column(self.text, s.start);
                 (Some(l), Some(c))
             }
             None => (None, None),
@@ -606,7 +392,7 @@ impl Manifest {
             .iter()
             .map(|p| p.memory_limit)
             .max()
-            .unwrap_or(64 << 20);
+            .unwrap_or(defaults::MEMORY_LIMIT_MIB << 20);
         let instances: usize = self.pipelines.iter().map(|p| p.concurrency * 3 + 3).sum();
         RuntimeConfig {
             max_plugin_memory,
@@ -618,45 +404,16 @@ impl Manifest {
 
     /// Reads and validates a manifest file.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
-            file: path.to_path_buf(),
-            line: None,
-            column: None,
-            field: None,
-            message: format!("cannot read the manifest: {e}"),
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ManifestError::unreadable(path, &e))?;
         Self::parse(path, &text)
     }
 
     /// Validates manifest text; `path` names it in errors and anchors relative paths.
     pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
         let cx = Ctx { file: path, text };
-        let raw: RawManifest = toml::from_str(text).map_err(|e| {
-            let (line, column) = e
-                .span()
-                .map(|s| cx.position(s.start))
-                .map(|(l, c)| (Some(l), Some(c)))
-                .unwrap_or((None, None));
-            // serde names unknown fields but not the field whose value has the wrong type: take
-            // the key written on the error's line.
-            let message = e.message().trim().to_owned();
-            let field = line
-                .and_then(|l| text.lines().nth(l - 1))
-                .and_then(|l| l.split_once('='))
-                .map(|(k, _)| k.trim().to_owned())
-                .filter(|k| {
-                    !k.is_empty()
-                        && !message.contains(&format!("`{k}`"))
-                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                });
-            ManifestError {
-                file: path.to_path_buf(),
-                line,
-                column,
-                field,
-                message,
-            }
-        })?;
+        let raw: RawManifest =
+            toml::from_str(text).map_err(|e| ManifestError::from_toml(path, text, &e))?;
 
         // Cluster.
         let c = &raw.cluster;
@@ -732,7 +489,7 @@ impl Manifest {
             client_id: c
                 .client_id
                 .clone()
-                .unwrap_or_else(|| "sharehost".to_owned()),
+                .unwrap_or_else(|| defaults::CLIENT_ID.to_owned()),
             tls,
             sasl,
         };
@@ -995,7 +752,7 @@ impl Manifest {
                         return Err(cx.err(Some(path.span()), f("shadow"), e.to_string()));
                     }
                     let sample = match sample {
-                        None => 1.0,
+                        None => defaults::SHADOW_SAMPLE,
                         Some(v) if *v.get_ref() > 0.0 && *v.get_ref() <= 1.0 => *v.get_ref(),
                         Some(v) => {
                             return Err(cx.err(
@@ -1015,7 +772,7 @@ impl Manifest {
                 &p.wall_deadline_ms,
                 &f("wall_deadline_ms"),
                 1..=3_600_000,
-                (cpu_ms * u64::from(crate::runtime::DEFAULT_WALL_PER_CPU)).min(3_600_000),
+                defaults::wall_deadline_ms(cpu_ms).min(3_600_000),
             )?;
             if wall_ms < cpu_ms {
                 let span = p.wall_deadline_ms.as_ref().map(|s| s.span());
@@ -1174,13 +931,13 @@ impl Manifest {
                     &p.max_emits_per_batch,
                     &f("max_emits_per_batch"),
                     0..=1_000_000,
-                    DEFAULT_MAX_EMITS_PER_BATCH,
+                    defaults::MAX_EMITS_PER_BATCH,
                 )?,
                 max_emit_bytes_per_batch: cx.int(
                     &p.max_emit_bytes_per_batch,
                     &f("max_emit_bytes_per_batch"),
                     0..=(1 << 32),
-                    DEFAULT_MAX_EMIT_BYTES_PER_BATCH,
+                    defaults::MAX_EMIT_BYTES_PER_BATCH,
                 )?,
                 secrets,
                 http,
