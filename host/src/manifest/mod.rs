@@ -3,9 +3,15 @@
 //!
 //! The reference with every field, its default and an example is `docs/manifest.md`.
 
+mod admin;
+mod cluster;
+mod context;
 pub mod defaults;
 mod error;
 mod raw;
+mod runtime;
+mod secret;
+mod trust;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -14,91 +20,18 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use crate::kafka::{
-    ConnectionConfig, Mechanism, SaslSettings, Secret, TlsSettings, parse_bootstrap,
-};
+pub use admin::AdminSpec;
+pub use cluster::{ClusterSpec, SaslSpec};
+pub use error::ManifestError;
+pub use runtime::RuntimeSpec;
+pub use secret::SecretSource;
+
 use crate::runtime::{
     HttpGrant, HttpSettings, LoadError, OutputGrant, RuntimeConfig, Secrets, TrustPolicy,
-    TrustedKey, check_component_path, parse_keys_file,
+    check_component_path,
 };
-pub use error::ManifestError;
-use raw::{RawManifest, RawTrust};
-
-/// Where the SASL password comes from (never the manifest itself).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretSource {
-    /// An environment variable's name.
-    Env(String),
-    /// A file whose content (trimmed) is the secret.
-    File(PathBuf),
-}
-
-impl SecretSource {
-    /// Reads the secret; errors start with `field` and name the variable or file.
-    pub fn read(&self, field: &str) -> Result<String, String> {
-        match self {
-            SecretSource::Env(var) => std::env::var(var)
-                .map_err(|_| format!("{field}: environment variable {var} is not set")),
-            SecretSource::File(path) => std::fs::read_to_string(path)
-                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-                .map_err(|e| format!("{field}: cannot read {}: {e}", path.display())),
-        }
-    }
-}
-
-/// SASL settings as written; the secret is read by [`ClusterSpec::sasl_settings`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SaslSpec {
-    /// Mechanism.
-    pub mechanism: Mechanism,
-    /// User name.
-    pub username: String,
-    /// Where the password is.
-    pub password: SecretSource,
-}
-
-/// How to reach the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterSpec {
-    /// Bootstrap list as written (already validated).
-    pub bootstrap: String,
-    /// Client id sent to the brokers.
-    pub client_id: String,
-    /// TLS settings (paths resolved against the manifest's folder).
-    pub tls: Option<TlsSettings>,
-    /// SASL settings.
-    pub sasl: Option<SaslSpec>,
-}
-
-impl ClusterSpec {
-    /// The connection settings every broker connection of the host uses (client id, TLS, SASL
-    /// with its secret read now), built in one place for `sharehost run` and the benchmark host.
-    pub fn connection_config(&self) -> Result<ConnectionConfig, String> {
-        let mut config = ConnectionConfig::new(self.client_id.clone());
-        if let Some(tls) = &self.tls {
-            config = config.with_tls(tls).map_err(|e| e.to_string())?;
-        }
-        if let Some(sasl) = self.sasl_settings()? {
-            config = config.with_sasl(sasl);
-        }
-        Ok(config)
-    }
-
-    /// Reads the SASL secret from its environment variable or file.
-    pub fn sasl_settings(&self) -> Result<Option<SaslSettings>, String> {
-        let Some(s) = &self.sasl else { return Ok(None) };
-        let field = match &s.password {
-            SecretSource::Env(_) => "cluster.sasl.password_env",
-            SecretSource::File(_) => "cluster.sasl.password_file",
-        };
-        let password = s.password.read(field)?;
-        Ok(Some(SaslSettings {
-            mechanism: s.mechanism,
-            username: s.username.clone(),
-            password: Secret::new(password),
-        }))
-    }
-}
+use context::{Ctx, valid_name};
+use raw::RawManifest;
 
 /// What happens to a batch whose plugin faulted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,23 +148,6 @@ impl PipelineSpec {
     }
 }
 
-/// The admin HTTP listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdminSpec {
-    /// Address to bind.
-    pub listen: String,
-    /// Environment variable with the bearer token mutating endpoints require.
-    pub token_env: Option<String>,
-}
-
-/// Host-wide plugin runtime settings (`[runtime]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeSpec {
-    /// The largest component file the host reads: a bound on what a path (in the manifest or
-    /// a hot-swap request) can make the host read into memory.
-    pub max_component_bytes: u64,
-}
-
 /// A validated manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
@@ -248,136 +164,6 @@ pub struct Manifest {
     pub trust: Option<Arc<TrustPolicy>>,
     /// The pipelines, in file order.
     pub pipelines: Vec<PipelineSpec>,
-}
-
-struct Ctx<'a> {
-    file: &'a Path,
-    text: &'a str,
-}
-
-impl Ctx<'_> {
-    fn err(
-        &self,
-        span: Option<std::ops::Range<usize>>,
-        field: impl Into<String>,
-        message: impl Into<String>,
-    ) -> ManifestError {
-        let (line, column) = match span {
-            Some(s) => {
-                let (l, c) = error::line_column(self.text, s.start);
-                (Some(l), Some(c))
-            }
-            None => (None, None),
-        };
-        ManifestError {
-            file: self.file.to_path_buf(),
-            line,
-            column,
-            field: Some(field.into()),
-            message: message.into(),
-        }
-    }
-
-    fn int<T: TryFrom<i64>>(
-        &self,
-        v: &Option<Spanned<i64>>,
-        field: &str,
-        range: std::ops::RangeInclusive<i64>,
-        default: T,
-    ) -> Result<T, ManifestError> {
-        let Some(v) = v else { return Ok(default) };
-        let n = *v.get_ref();
-        if !range.contains(&n) {
-            return Err(self.err(
-                Some(v.span()),
-                field,
-                format!(
-                    "must be between {} and {} (got {n})",
-                    range.start(),
-                    range.end()
-                ),
-            ));
-        }
-        T::try_from(n).map_err(|_| self.err(Some(v.span()), field, format!("{n} is out of range")))
-    }
-
-    /// Reads a `[trust]` table (`field` is `trust` or `pipeline[i].trust`): its inline keys and
-    /// its keys file together. A table that names no key is refused: it would either trust
-    /// nobody or, for a pipeline, silently drop the host's keys.
-    fn trust(
-        &self,
-        raw: &Spanned<RawTrust>,
-        field: &str,
-    ) -> Result<Arc<TrustPolicy>, ManifestError> {
-        let t = raw.get_ref();
-        let mut keys = Vec::new();
-        if let Some(list) = &t.keys {
-            for (i, k) in list.get_ref().iter().enumerate() {
-                keys.push(
-                    TrustedKey::parse(k.get_ref())
-                        .map_err(|e| self.err(Some(k.span()), format!("{field}.keys[{i}]"), e))?,
-                );
-            }
-        }
-        if let Some(file) = &t.keys_file {
-            let path = self.path(file);
-            let text = read_keys_file(&path)
-                .and_then(|text| {
-                    parse_keys_file(&text).map_err(|e| format!("{}: {e}", path.display()))
-                })
-                .map_err(|e| self.err(Some(file.span()), format!("{field}.keys_file"), e))?;
-            keys.extend(text);
-        }
-        TrustPolicy::new(keys).map(Arc::new).ok_or_else(|| {
-            self.err(
-                Some(raw.span()),
-                field,
-                "names no key: list minisign public keys in `keys = [\"RW...\"]` or `keys_file` (a pipeline cannot opt out of the host's [trust])",
-            )
-        })
-    }
-
-    fn path(&self, v: &Spanned<String>) -> PathBuf {
-        let p = Path::new(v.get_ref());
-        if p.is_absolute() {
-            p.to_path_buf()
-        } else {
-            self.file.parent().unwrap_or(Path::new(".")).join(p)
-        }
-    }
-}
-
-/// The largest keys file read: a public key line is 56 bytes, so 64 KiB is hundreds of keys.
-const MAX_KEYS_FILE_BYTES: u64 = 64 << 10;
-
-/// Reads a `keys_file`: a regular file of at most [`MAX_KEYS_FILE_BYTES`].
-fn read_keys_file(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let meta = file.metadata().map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    let mut text = String::new();
-    file.take(MAX_KEYS_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(cannot)?;
-    if text.len() as u64 > MAX_KEYS_FILE_BYTES {
-        return Err(format!(
-            "{} is larger than a keys file's {} KiB maximum",
-            path.display(),
-            MAX_KEYS_FILE_BYTES >> 10
-        ));
-    }
-    Ok(text)
-}
-
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 impl Manifest {
@@ -411,146 +197,15 @@ impl Manifest {
 
     /// Validates manifest text; `path` names it in errors and anchors relative paths.
     pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
-        let cx = Ctx { file: path, text };
         let raw: RawManifest =
             toml::from_str(text).map_err(|e| ManifestError::from_toml(path, text, &e))?;
 
-        // Cluster.
-        let c = &raw.cluster;
-        parse_bootstrap(c.bootstrap.get_ref())
-            .map_err(|e| cx.err(Some(c.bootstrap.span()), "cluster.bootstrap", e.to_string()))?;
-        let tls = c
-            .tls
-            .as_ref()
-            .map(|t| -> Result<TlsSettings, ManifestError> {
-                let file = |v: &Option<Spanned<String>>,
-                            field: &str|
-                 -> Result<Option<PathBuf>, ManifestError> {
-                    let Some(v) = v else { return Ok(None) };
-                    let p = cx.path(v);
-                    if !p.is_file() {
-                        return Err(cx.err(
-                            Some(v.span()),
-                            field,
-                            format!("file {} does not exist", p.display()),
-                        ));
-                    }
-                    Ok(Some(p))
-                };
-                let settings = TlsSettings {
-                    ca_file: file(&t.ca_file, "cluster.tls.ca_file")?,
-                    cert_file: file(&t.cert_file, "cluster.tls.cert_file")?,
-                    key_file: file(&t.key_file, "cluster.tls.key_file")?,
-                    server_name: t.server_name.clone(),
-                };
-                if settings.cert_file.is_some() != settings.key_file.is_some() {
-                    return Err(cx.err(None, "cluster.tls", "cert_file and key_file go together"));
-                }
-                Ok(settings)
-            });
-        let tls = tls.transpose()?;
-        let sasl = match &c.sasl {
-            None => None,
-            Some(s) => {
-                let span = s.span();
-                let s = s.get_ref();
-                let mechanism: Mechanism = s.mechanism.get_ref().parse().map_err(|e: String| {
-                    cx.err(Some(s.mechanism.span()), "cluster.sasl.mechanism", e)
-                })?;
-                if s.username.get_ref().is_empty() {
-                    return Err(cx.err(
-                        Some(s.username.span()),
-                        "cluster.sasl.username",
-                        "must not be empty",
-                    ));
-                }
-                let password = match (&s.password_env, &s.password_file) {
-                    (Some(e), None) if !e.get_ref().is_empty() => {
-                        SecretSource::Env(e.get_ref().clone())
-                    }
-                    (None, Some(f)) => SecretSource::File(cx.path(f)),
-                    _ => {
-                        return Err(cx.err(
-                            Some(span),
-                            "cluster.sasl",
-                            "set exactly one of password_env or password_file (secrets never go in the manifest)",
-                        ));
-                    }
-                };
-                Some(SaslSpec {
-                    mechanism,
-                    username: s.username.get_ref().clone(),
-                    password,
-                })
-            }
-        };
-        let cluster = ClusterSpec {
-            bootstrap: c.bootstrap.get_ref().clone(),
-            client_id: c
-                .client_id
-                .clone()
-                .unwrap_or_else(|| defaults::CLIENT_ID.to_owned()),
-            tls,
-            sasl,
-        };
-
-        // Admin.
-        let admin = match &raw.admin {
-            None => AdminSpec {
-                listen: defaults::ADMIN_LISTEN.to_owned(),
-                token_env: None,
-            },
-            Some(a) => {
-                let listen = match &a.listen {
-                    Some(l) => {
-                        l.get_ref().parse::<std::net::SocketAddr>().map_err(|e| {
-                            cx.err(
-                                Some(l.span()),
-                                "admin.listen",
-                                format!("{:?} is not an address:port ({e})", l.get_ref()),
-                            )
-                        })?;
-                        l.get_ref().clone()
-                    }
-                    None => defaults::ADMIN_LISTEN.to_owned(),
-                };
-                let token_env = a.token_env.as_ref().map(|t| t.get_ref().clone());
-                // Only a loopback listener may leave the rollout endpoints open: elsewhere
-                // anyone who reaches the port could swap in their own plugin.
-                let loopback = listen
-                    .parse::<std::net::SocketAddr>()
-                    .is_ok_and(|addr| addr.ip().is_loopback());
-                if !loopback && token_env.is_none() {
-                    return Err(cx.err(
-                        a.listen.as_ref().map(|l| l.span()),
-                        "admin.listen",
-                        format!(
-                            "{listen} is not a loopback address: set admin.token_env, so that \
-                             swaps and rollouts need a bearer token (or listen on 127.0.0.1)"
-                        ),
-                    ));
-                }
-                AdminSpec { listen, token_env }
-            }
-        };
-
-        // Runtime.
-        let max_component_mib: u64 = match &raw.runtime {
-            Some(r) => cx.int(
-                &r.max_component_mib,
-                "runtime.max_component_mib",
-                1..=1024,
-                defaults::MAX_COMPONENT_MIB,
-            )?,
-            None => defaults::MAX_COMPONENT_MIB,
-        };
-        let runtime = RuntimeSpec {
-            max_component_bytes: max_component_mib << 20,
-        };
-
-        // Trust.
+        let cx = Ctx { file: path, text };
+        let cluster = cluster::validate(&cx, &raw.cluster)?;
+        let admin = admin::validate(&cx, raw.admin.as_ref())?;
+        let runtime = runtime::validate(&cx, raw.runtime.as_ref())?;
         let trust = match &raw.trust {
-            Some(t) => Some(cx.trust(t, "trust")?),
+            Some(t) => Some(trust::validate(&cx, t, "trust")?),
             None => None,
         };
 
@@ -638,36 +293,24 @@ impl Manifest {
                 None => None,
                 Some(_) => Some(cx.int::<i16>(&p.delivery_cap, &f("delivery_cap"), 2..=25, 0)?),
             };
-            let fault_policy = match p
-                .fault_policy
-                .as_ref()
-                .map(|s| (s.get_ref().as_str(), s.span()))
-            {
-                None | Some(("release", _)) => FaultPolicy::Release,
-                Some(("reject", _)) => FaultPolicy::Reject,
-                Some((other, span)) => {
-                    return Err(cx.err(
-                        Some(span),
-                        f("fault_policy"),
-                        format!("{other:?} is not one of \"release\", \"reject\""),
-                    ));
-                }
-            };
-            let instance_mode = match p
-                .instance_mode
-                .as_ref()
-                .map(|s| (s.get_ref().as_str(), s.span()))
-            {
-                None | Some(("reuse", _)) => InstanceModeSpec::Reuse,
-                Some(("fresh", _)) => InstanceModeSpec::Fresh,
-                Some((other, span)) => {
-                    return Err(cx.err(
-                        Some(span),
-                        f("instance_mode"),
-                        format!("{other:?} is not one of \"reuse\", \"fresh\""),
-                    ));
-                }
-            };
+            let fault_policy = cx.choice(
+                &p.fault_policy,
+                &f("fault_policy"),
+                &[
+                    ("release", FaultPolicy::Release),
+                    ("reject", FaultPolicy::Reject),
+                ],
+                FaultPolicy::Release,
+            )?;
+            let instance_mode = cx.choice(
+                &p.instance_mode,
+                &f("instance_mode"),
+                &[
+                    ("reuse", InstanceModeSpec::Reuse),
+                    ("fresh", InstanceModeSpec::Fresh),
+                ],
+                InstanceModeSpec::Reuse,
+            )?;
             let cpu_ms: u64 = cx.int(
                 &p.cpu_deadline_ms,
                 &f("cpu_deadline_ms"),
@@ -942,7 +585,7 @@ impl Manifest {
                 secrets,
                 http,
                 trust: match &p.trust {
-                    Some(t) => Some(cx.trust(t, &f("trust"))?),
+                    Some(t) => Some(trust::validate(&cx, t, &f("trust"))?),
                     None => trust.clone(),
                 },
                 shadow,
