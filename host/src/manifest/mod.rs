@@ -1,6 +1,19 @@
 //! The manifest: what `sharehost run` and `sharehost check` read. TOML with unknown fields
 //! refused, every value checked, and every error pointing at the file, line and field.
 //!
+//! Read in two steps, each in rooms of its own:
+//! - `raw`: the TOML shape as written (serde, unknown fields refused, values kept with their
+//!   position in the text); nothing is checked there but the shape.
+//! - one validator per table turns it into the specs the host runs on, resolving paths against
+//!   the manifest's folder and filling in [`defaults`]: `cluster` (`[cluster]`, into
+//!   [`ClusterSpec`]), `admin` (`[admin]`, [`AdminSpec`]), `runtime` (`[runtime]`,
+//!   [`RuntimeSpec`]), `trust` (`[trust]` and `[pipeline.trust]`), `pipeline` (`[[pipeline]]`,
+//!   [`PipelineSpec`]), and `grants` (a pipeline's outputs, secrets and outbound HTTP).
+//!
+//! Beside them: `error` ([`ManifestError`], located by line, column and field), `context`
+//! (what every validator shares: the text to locate errors in, range and choice checks,
+//! relative paths), `secret` ([`SecretSource`]: where a secret lives) and [`defaults`].
+//!
 //! The reference with every field, its default and an example is `docs/manifest.md`.
 
 mod admin;
@@ -8,145 +21,26 @@ mod cluster;
 mod context;
 pub mod defaults;
 mod error;
+mod grants;
+mod pipeline;
 mod raw;
 mod runtime;
 mod secret;
 mod trust;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
-
-use toml::Spanned;
 
 pub use admin::AdminSpec;
 pub use cluster::{ClusterSpec, SaslSpec};
 pub use error::ManifestError;
+pub use pipeline::{FaultPolicy, InstanceModeSpec, PipelineSpec, ShadowSpec};
 pub use runtime::RuntimeSpec;
 pub use secret::SecretSource;
 
-use crate::runtime::{
-    HttpGrant, HttpSettings, LoadError, OutputGrant, RuntimeConfig, Secrets, TrustPolicy,
-    check_component_path,
-};
-use context::{Ctx, valid_name};
+use crate::runtime::{RuntimeConfig, TrustPolicy};
+use context::Ctx;
 use raw::RawManifest;
-
-/// What happens to a batch whose plugin faulted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultPolicy {
-    /// Give the records back for redelivery (the delivery cap catches a record that always
-    /// faults).
-    Release,
-    /// Reject them (and dead-letter them when a dead-letter topic is set).
-    Reject,
-}
-
-/// Instance reuse, as written in the manifest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstanceModeSpec {
-    /// One warm instance, recycled after `recycle_after` batches or any fault.
-    Reuse,
-    /// A fresh instance for every batch.
-    Fresh,
-}
-
-/// One pipeline: topics + share group + plugin + policy.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PipelineSpec {
-    /// Unique name (metrics, logs, admin URLs).
-    pub name: String,
-    /// Topics to consume.
-    pub topics: Vec<String>,
-    /// Share group.
-    pub group: String,
-    /// Component file (resolved against the manifest's folder).
-    pub component: PathBuf,
-    /// Plugin configuration handed to `init`.
-    pub config: BTreeMap<String, String>,
-    /// Most records per plugin call.
-    pub batch_size: usize,
-    /// Most records acquired and not yet judged.
-    pub max_in_flight: usize,
-    /// Client-side delivery cap (see docs/share-engine.md).
-    pub delivery_cap: Option<i16>,
-    /// Verdict for the records of a faulted batch.
-    pub fault_policy: FaultPolicy,
-    /// CPU deadline of one plugin call.
-    pub cpu_deadline: Duration,
-    /// Memory cap of one plugin instance.
-    pub memory_limit: usize,
-    /// Instance reuse.
-    pub instance_mode: InstanceModeSpec,
-    /// Batches per instance in reuse mode.
-    pub recycle_after: u32,
-    /// Plugin instances working in parallel.
-    pub concurrency: usize,
-    /// Where rejected records go, if anywhere.
-    pub dead_letter_topic: Option<String>,
-    /// The group's broker-side dead-letter topic (KIP-1191), which the host configures: it
-    /// receives what the broker archives at the delivery limit (a record whose every
-    /// delivery crashed the host), so every archived record has a dead letter.
-    pub broker_dead_letter_topic: Option<String>,
-    /// How often one record may ask for renew before it is released.
-    pub max_renewals: u32,
-    /// Renew records held past this fraction of the lock duration.
-    pub auto_renew_after: f64,
-    /// Wall-clock deadline of one plugin call (at least `cpu_deadline`): a plugin waiting on
-    /// HTTP burns no CPU but must still end.
-    pub wall_deadline: Duration,
-    /// Longest delay a `retry` verdict may ask for; longer ones are cut to it.
-    pub max_retry_delay: Duration,
-    /// Output name to topic (`[pipeline.outputs]`): the only topics a plugin can emit to.
-    pub outputs: BTreeMap<String, String>,
-    /// Most emits per batch.
-    pub max_emits_per_batch: u32,
-    /// Most emitted bytes per batch.
-    pub max_emit_bytes_per_batch: u64,
-    /// Secrets handed to `init` (`[pipeline.secrets]`), by name; read at load, never shown.
-    pub secrets: Vec<(String, SecretSource)>,
-    /// Outbound HTTP, when `allowed_outbound_hosts` grants any host.
-    pub http: Option<HttpSettings>,
-    /// The keys its components must be signed by: the pipeline's own `[pipeline.trust]` when
-    /// it has one (it replaces the host's), else the host's `[trust]`; `None`: no signature
-    /// needed. Goes into the plugin's limits, so every load of the pipeline checks it.
-    pub trust: Option<Arc<TrustPolicy>>,
-    /// A candidate to shadow from the start (`shadow`, resolved against the manifest's
-    /// folder) and the fraction of batches it sees (`shadow_sample`, default 1).
-    pub shadow: Option<ShadowSpec>,
-}
-
-/// A shadow candidate named by the manifest.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ShadowSpec {
-    /// The candidate component.
-    pub path: PathBuf,
-    /// Fraction of batches it judges, in (0, 1].
-    pub sample: f64,
-}
-
-impl PipelineSpec {
-    /// Reads the pipeline's secrets from their environment variables and files. Errors name
-    /// the secret and its source, never a value.
-    pub fn resolve_secrets(&self) -> Result<Secrets, String> {
-        let mut pairs = Vec::with_capacity(self.secrets.len());
-        for (name, source) in &self.secrets {
-            let field = format!("pipeline {}: secrets.{name}", self.name);
-            pairs.push((name.clone(), source.read(&field)?));
-        }
-        Ok(Secrets::new(pairs))
-    }
-
-    /// What the runtime grants this pipeline's plugin for outputs.
-    pub fn output_grant(&self) -> OutputGrant {
-        OutputGrant {
-            names: self.outputs.keys().map(|n| n.as_str().into()).collect(),
-            max_emits: self.max_emits_per_batch,
-            max_bytes: self.max_emit_bytes_per_batch,
-        }
-    }
-}
 
 /// A validated manifest.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,11 +89,12 @@ impl Manifest {
         Self::parse(path, &text)
     }
 
-    /// Validates manifest text; `path` names it in errors and anchors relative paths.
+    /// Validates manifest text; `path` names it in errors and anchors relative paths. The
+    /// tables are checked one after another (cluster, admin, runtime, trust, then each pipeline
+    /// in file order), and the first error is the one returned.
     pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
         let raw: RawManifest =
             toml::from_str(text).map_err(|e| ManifestError::from_toml(path, text, &e))?;
-
         let cx = Ctx { file: path, text };
         let cluster = cluster::validate(&cx, &raw.cluster)?;
         let admin = admin::validate(&cx, raw.admin.as_ref())?;
@@ -208,389 +103,12 @@ impl Manifest {
             Some(t) => Some(trust::validate(&cx, t, "trust")?),
             None => None,
         };
-
-        // Pipelines.
-        if raw.pipelines.is_empty() {
-            return Err(cx.err(None, "pipeline", "the manifest defines no [[pipeline]]"));
-        }
-        let mut names = HashSet::new();
-        // One share group per pipeline: two pipelines in one group would split its records
-        // between two plugins, each judging the other's share as if it were its own.
-        let mut groups: HashMap<String, String> = HashMap::new();
-        let mut pipelines = Vec::new();
-        for (i, p) in raw.pipelines.iter().enumerate() {
-            let f = |name: &str| format!("pipeline[{i}].{name}");
-            let name = p.name.get_ref().clone();
-            if !valid_name(&name) {
-                return Err(cx.err(
-                    Some(p.name.span()),
-                    f("name"),
-                    format!("{name:?} must be 1-64 letters, digits, '-' or '_'"),
-                ));
-            }
-            if !names.insert(name.clone()) {
-                return Err(cx.err(
-                    Some(p.name.span()),
-                    f("name"),
-                    format!("another pipeline is already named {name:?}"),
-                ));
-            }
-            if p.topics.get_ref().is_empty() || p.topics.get_ref().iter().any(String::is_empty) {
-                return Err(cx.err(
-                    Some(p.topics.span()),
-                    f("topics"),
-                    "list at least one topic, none empty",
-                ));
-            }
-            if p.group.get_ref().is_empty() {
-                return Err(cx.err(Some(p.group.span()), f("group"), "must not be empty"));
-            }
-            if let Some(other) = groups.insert(p.group.get_ref().clone(), name.clone()) {
-                return Err(cx.err(
-                    Some(p.group.span()),
-                    f("group"),
-                    format!(
-                        "pipeline {other:?} already consumes share group {:?}: two pipelines in one group split its records between their plugins; give each its own group",
-                        p.group.get_ref()
-                    ),
-                ));
-            }
-            let component = cx.path(&p.component);
-            // The runtime's own reader decides (regular file, size), so `check` and a load
-            // refuse the same paths with the same words; the file is not read here.
-            if let Err(e) = check_component_path(&component, runtime.max_component_bytes) {
-                let message = match e {
-                    LoadError::Read { error, .. }
-                        if error.kind() == std::io::ErrorKind::NotFound =>
-                    {
-                        format!("component file {} does not exist", component.display())
-                    }
-                    other => other.to_string(),
-                };
-                return Err(cx.err(Some(p.component.span()), f("component"), message));
-            }
-            let batch_size: usize = cx.int(
-                &p.batch_size,
-                &f("batch_size"),
-                1..=10_000,
-                defaults::BATCH_SIZE,
-            )?;
-            let max_in_flight: usize = cx.int(
-                &p.max_in_flight,
-                &f("max_in_flight"),
-                1..=1_000_000,
-                defaults::MAX_IN_FLIGHT,
-            )?;
-            if max_in_flight < batch_size {
-                let span = p.max_in_flight.as_ref().map(|s| s.span());
-                return Err(cx.err(
-                    span,
-                    f("max_in_flight"),
-                    format!("must be at least batch_size ({batch_size}), got {max_in_flight}"),
-                ));
-            }
-            let delivery_cap = match &p.delivery_cap {
-                None => None,
-                Some(_) => Some(cx.int::<i16>(&p.delivery_cap, &f("delivery_cap"), 2..=25, 0)?),
-            };
-            let fault_policy = cx.choice(
-                &p.fault_policy,
-                &f("fault_policy"),
-                &[
-                    ("release", FaultPolicy::Release),
-                    ("reject", FaultPolicy::Reject),
-                ],
-                FaultPolicy::Release,
-            )?;
-            let instance_mode = cx.choice(
-                &p.instance_mode,
-                &f("instance_mode"),
-                &[
-                    ("reuse", InstanceModeSpec::Reuse),
-                    ("fresh", InstanceModeSpec::Fresh),
-                ],
-                InstanceModeSpec::Reuse,
-            )?;
-            let cpu_ms: u64 = cx.int(
-                &p.cpu_deadline_ms,
-                &f("cpu_deadline_ms"),
-                1..=600_000,
-                defaults::CPU_DEADLINE_MS,
-            )?;
-            let mem_mib: usize = cx.int(
-                &p.memory_limit_mib,
-                &f("memory_limit_mib"),
-                1..=4096,
-                defaults::MEMORY_LIMIT_MIB,
-            )?;
-            let dead_letter_topic = match &p.dead_letter_topic {
-                Some(t) if t.get_ref().is_empty() => {
-                    return Err(cx.err(
-                        Some(t.span()),
-                        f("dead_letter_topic"),
-                        "must not be empty (leave it out for none)",
-                    ));
-                }
-                Some(t) if p.topics.get_ref().contains(t.get_ref()) => {
-                    return Err(cx.err(
-                        Some(t.span()),
-                        f("dead_letter_topic"),
-                        "must not be one of the pipeline's own topics",
-                    ));
-                }
-                Some(t) => Some(t.get_ref().clone()),
-                None => None,
-            };
-            let broker_dead_letter_topic = match &p.broker_dead_letter_topic {
-                Some(t) if t.get_ref().trim().is_empty() => {
-                    return Err(cx.err(
-                        Some(t.span()),
-                        f("broker_dead_letter_topic"),
-                        "must not be empty (leave it out for none)",
-                    ));
-                }
-                Some(t) if t.get_ref().starts_with("__") => {
-                    return Err(cx.err(
-                        Some(t.span()),
-                        f("broker_dead_letter_topic"),
-                        "must not start with `__` (the broker refuses internal names)",
-                    ));
-                }
-                Some(t)
-                    if p.topics.get_ref().contains(t.get_ref())
-                        || dead_letter_topic.as_ref() == Some(t.get_ref()) =>
-                {
-                    return Err(cx.err(
-                        Some(t.span()),
-                        f("broker_dead_letter_topic"),
-                        "must differ from the pipeline's topics and its dead_letter_topic",
-                    ));
-                }
-                Some(t) => Some(t.get_ref().clone()),
-                None => None,
-            };
-            let auto_renew_after = match &p.auto_renew_after {
-                None => defaults::AUTO_RENEW_AFTER,
-                Some(v) if (0.05..=0.95).contains(v.get_ref()) => *v.get_ref(),
-                Some(v) => {
-                    return Err(cx.err(
-                        Some(v.span()),
-                        f("auto_renew_after"),
-                        format!("must be between 0.05 and 0.95 (got {})", v.get_ref()),
-                    ));
-                }
-            };
-            let shadow = match (&p.shadow, &p.shadow_sample) {
-                (None, None) => None,
-                (None, Some(v)) => {
-                    return Err(cx.err(
-                        Some(v.span()),
-                        f("shadow_sample"),
-                        "has no effect without shadow (the candidate component)",
-                    ));
-                }
-                (Some(path), sample) => {
-                    let resolved = cx.path(path);
-                    if let Err(e) = check_component_path(&resolved, runtime.max_component_bytes) {
-                        return Err(cx.err(Some(path.span()), f("shadow"), e.to_string()));
-                    }
-                    let sample = match sample {
-                        None => defaults::SHADOW_SAMPLE,
-                        Some(v) if *v.get_ref() > 0.0 && *v.get_ref() <= 1.0 => *v.get_ref(),
-                        Some(v) => {
-                            return Err(cx.err(
-                                Some(v.span()),
-                                f("shadow_sample"),
-                                format!("must be in (0, 1] (got {})", v.get_ref()),
-                            ));
-                        }
-                    };
-                    Some(ShadowSpec {
-                        path: resolved,
-                        sample,
-                    })
-                }
-            };
-            let wall_ms: u64 = cx.int(
-                &p.wall_deadline_ms,
-                &f("wall_deadline_ms"),
-                1..=3_600_000,
-                defaults::wall_deadline_ms(cpu_ms).min(3_600_000),
-            )?;
-            if wall_ms < cpu_ms {
-                let span = p.wall_deadline_ms.as_ref().map(|s| s.span());
-                return Err(cx.err(
-                    span,
-                    f("wall_deadline_ms"),
-                    format!("must be at least cpu_deadline_ms ({cpu_ms}), got {wall_ms}"),
-                ));
-            }
-            let mut outputs = BTreeMap::new();
-            for (out, topic) in &p.outputs {
-                let field = f(&format!("outputs.{out}"));
-                if !valid_name(out) {
-                    return Err(cx.err(
-                        Some(topic.span()),
-                        field,
-                        format!("output name {out:?} must be 1-64 letters, digits, '-' or '_'"),
-                    ));
-                }
-                let t = topic.get_ref();
-                if t.is_empty() || p.topics.get_ref().contains(t) {
-                    return Err(cx.err(
-                        Some(topic.span()),
-                        field,
-                        "must name a topic that is not one of the pipeline's own (an output into its own input would loop)",
-                    ));
-                }
-                outputs.insert(out.clone(), t.clone());
-            }
-            let mut secrets = Vec::new();
-            for (secret, source) in &p.secrets {
-                let field = f(&format!("secrets.{secret}"));
-                let table = source.get_ref().as_table();
-                let key = |k: &str| table.and_then(|t| t.get(k)).and_then(toml::Value::as_str);
-                let only = table.is_some_and(|t| t.len() == 1);
-                let source = match (key("env"), key("file")) {
-                    (Some(var), None) if only && !var.is_empty() => {
-                        SecretSource::Env(var.to_owned())
-                    }
-                    (None, Some(file)) if only && !file.is_empty() => {
-                        SecretSource::File(cx.path(&Spanned::new(source.span(), file.to_owned())))
-                    }
-                    _ => {
-                        return Err(cx.err(
-                            Some(source.span()),
-                            field,
-                            "set exactly one of { env = \"VAR\" } or { file = \"path\" } (secrets never go in the manifest)",
-                        ));
-                    }
-                };
-                secrets.push((secret.clone(), source));
-            }
-            let http = match &p.allowed_outbound_hosts {
-                Some(hosts) if !hosts.get_ref().is_empty() => {
-                    let settings = HttpSettings {
-                        allowed_outbound_hosts: hosts.get_ref().clone(),
-                        request_timeout: Duration::from_millis(cx.int(
-                            &p.http_timeout_ms,
-                            &f("http_timeout_ms"),
-                            1..=600_000,
-                            defaults::HTTP_TIMEOUT_MS,
-                        )?),
-                        max_response_bytes: cx.int(
-                            &p.http_max_response_bytes,
-                            &f("http_max_response_bytes"),
-                            1..=(1 << 30),
-                            defaults::HTTP_MAX_RESPONSE_BYTES,
-                        )?,
-                        max_concurrent: cx.int(
-                            &p.http_max_concurrent,
-                            &f("http_max_concurrent"),
-                            1..=1024,
-                            defaults::HTTP_MAX_CONCURRENT,
-                        )?,
-                        ca_file: p.http_ca_file.as_ref().map(|c| cx.path(c)),
-                    };
-                    // The grant's own checks (every entry, the CA file), at the list's span.
-                    HttpGrant::new(settings.clone()).map_err(|e| {
-                        cx.err(
-                            Some(hosts.span()),
-                            f("allowed_outbound_hosts"),
-                            e.to_string(),
-                        )
-                    })?;
-                    Some(settings)
-                }
-                _ => {
-                    let stray = [
-                        (
-                            "http_timeout_ms",
-                            p.http_timeout_ms.as_ref().map(|s| s.span()),
-                        ),
-                        (
-                            "http_max_response_bytes",
-                            p.http_max_response_bytes.as_ref().map(|s| s.span()),
-                        ),
-                        (
-                            "http_max_concurrent",
-                            p.http_max_concurrent.as_ref().map(|s| s.span()),
-                        ),
-                        ("http_ca_file", p.http_ca_file.as_ref().map(|s| s.span())),
-                    ];
-                    if let Some((key, span)) = stray.into_iter().find(|(_, s)| s.is_some()) {
-                        return Err(cx.err(
-                            span,
-                            f(key),
-                            "has no effect without allowed_outbound_hosts (which grants no host yet)",
-                        ));
-                    }
-                    None
-                }
-            };
-            pipelines.push(PipelineSpec {
-                name,
-                topics: p.topics.get_ref().clone(),
-                group: p.group.get_ref().clone(),
-                component,
-                config: p.config.clone(),
-                batch_size,
-                max_in_flight,
-                delivery_cap,
-                fault_policy,
-                cpu_deadline: Duration::from_millis(cpu_ms),
-                memory_limit: mem_mib << 20,
-                instance_mode,
-                recycle_after: cx.int(
-                    &p.recycle_after,
-                    &f("recycle_after"),
-                    1..=1_000_000,
-                    defaults::RECYCLE_AFTER,
-                )?,
-                concurrency: cx.int(
-                    &p.concurrency,
-                    &f("concurrency"),
-                    1..=64,
-                    defaults::CONCURRENCY,
-                )?,
-                dead_letter_topic,
-                broker_dead_letter_topic,
-                max_renewals: cx.int(
-                    &p.max_renewals,
-                    &f("max_renewals"),
-                    0..=100,
-                    defaults::MAX_RENEWALS,
-                )?,
-                auto_renew_after,
-                wall_deadline: Duration::from_millis(wall_ms),
-                max_retry_delay: Duration::from_millis(cx.int(
-                    &p.max_retry_delay_ms,
-                    &f("max_retry_delay_ms"),
-                    0..=86_400_000,
-                    defaults::MAX_RETRY_DELAY_MS,
-                )?),
-                outputs,
-                max_emits_per_batch: cx.int(
-                    &p.max_emits_per_batch,
-                    &f("max_emits_per_batch"),
-                    0..=1_000_000,
-                    defaults::MAX_EMITS_PER_BATCH,
-                )?,
-                max_emit_bytes_per_batch: cx.int(
-                    &p.max_emit_bytes_per_batch,
-                    &f("max_emit_bytes_per_batch"),
-                    0..=(1 << 32),
-                    defaults::MAX_EMIT_BYTES_PER_BATCH,
-                )?,
-                secrets,
-                http,
-                trust: match &p.trust {
-                    Some(t) => Some(trust::validate(&cx, t, &f("trust"))?),
-                    None => trust.clone(),
-                },
-                shadow,
-            });
-        }
+        let pipelines = pipeline::validate_all(
+            &cx,
+            &raw.pipelines,
+            runtime.max_component_bytes,
+            trust.as_ref(),
+        )?;
         Ok(Manifest {
             path: path.to_path_buf(),
             cluster,
@@ -604,6 +122,9 @@ impl Manifest {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
     use super::*;
 
     fn dir() -> PathBuf {
