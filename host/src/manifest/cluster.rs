@@ -145,3 +145,26 @@ fn sasl(cx: &Ctx<'_>, raw: &Spanned<RawSasl>) -> Result<SaslSpec, ManifestError>
         password,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::manifest::testing::{MINIMAL, parse};
+
+    #[test]
+    fn sasl_secrets_come_from_the_environment_or_a_file() {
+        let text = MINIMAL.replace(
+            "bootstrap = \"127.0.0.1:9092\"",
+            "bootstrap = \"127.0.0.1:9092\"\nsasl = { mechanism = \"SCRAM-SHA-512\", username = \"u\", password_env = \"SHAREHOST_TEST_PW_UNSET\" }",
+        );
+        let m = parse(&text).expect("valid");
+        let e = m.cluster.sasl_settings().expect_err("unset");
+        assert!(e.contains("SHAREHOST_TEST_PW_UNSET"), "{e}");
+        let both = text.replace("password_env", "password_file = \"x\", password_env");
+        assert!(
+            parse(&both)
+                .expect_err("both")
+                .message
+                .contains("exactly one")
+        );
+    }
+}

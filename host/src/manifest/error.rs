@@ -85,3 +85,35 @@ pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
         .unwrap_or(before.len() + 1);
     (line, column)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::manifest::testing::{MINIMAL, dir, parse};
+
+    #[test]
+    fn unknown_fields_name_line_and_field() {
+        let text = MINIMAL.replace(
+            "group = \"orders-g\"",
+            "group = \"orders-g\"\nbatchsize = 10",
+        );
+        let e = parse(&text).expect_err("unknown field");
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.message.contains("unknown field `batchsize`"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_name_line_and_field() {
+        let text = MINIMAL.replace(
+            "group = \"orders-g\"",
+            "group = \"orders-g\"\nbatch_size = 0",
+        );
+        let e = parse(&text).expect_err("bad value");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}:9:14: pipeline[0].batch_size: must be between 1 and 10000 (got 0)",
+                dir().join("m.toml").display()
+            )
+        );
+    }
+}

@@ -165,3 +165,88 @@ pub(super) fn http(
     })?;
     Ok(Some(settings))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::manifest::defaults;
+    use crate::manifest::testing::{MINIMAL, parse};
+
+    #[test]
+    fn outputs_secrets_http_and_deadlines_of_a_plugin_that_acts_are_parsed() {
+        let text = format!(
+            "{MINIMAL}wall_deadline_ms = 9000\nmax_retry_delay_ms = 1000\nallowed_outbound_hosts = [\"http://127.0.0.1:8088\"]\nhttp_max_concurrent = 4\n[pipeline.outputs]\nvalid = \"orders-valid\"\n[pipeline.secrets]\napi-token = {{ env = \"SHAREHOST_TEST_TOKEN_UNSET\" }}\n"
+        );
+        let m = parse(&text).expect("valid");
+        let p = &m.pipelines[0];
+        assert_eq!(p.wall_deadline, Duration::from_secs(9));
+        assert_eq!(p.max_retry_delay, Duration::from_secs(1));
+        assert_eq!(
+            p.outputs.get("valid").map(String::as_str),
+            Some("orders-valid")
+        );
+        let http = p.http.as_ref().expect("http granted");
+        assert_eq!(http.allowed_outbound_hosts, ["http://127.0.0.1:8088"]);
+        assert_eq!(http.max_concurrent, 4);
+        assert_eq!(
+            http.request_timeout,
+            Duration::from_millis(defaults::HTTP_TIMEOUT_MS)
+        );
+        // The secret is read at load, and its error names it and its source, no value.
+        let e = p.resolve_secrets().expect_err("variable unset");
+        assert!(
+            e.contains("secrets.api-token") && e.contains("SHAREHOST_TEST_TOKEN_UNSET"),
+            "{e}"
+        );
+        // A minimal pipeline grants nothing: no outputs, no hosts, no secrets.
+        let m = parse(MINIMAL).expect("valid");
+        let p = &m.pipelines[0];
+        assert!(p.outputs.is_empty() && p.http.is_none() && p.secrets.is_empty());
+        assert_eq!(
+            p.wall_deadline,
+            p.cpu_deadline * 3,
+            "three CPU budgets by default"
+        );
+    }
+
+    #[test]
+    fn a_plugin_that_acts_is_refused_bad_grants_naming_the_key() {
+        for (extra, key, why) in [
+            (
+                "wall_deadline_ms = 10\n",
+                "wall_deadline_ms",
+                "at least cpu_deadline_ms",
+            ),
+            (
+                "[pipeline.outputs]\nloop = \"orders\"\n",
+                "outputs.loop",
+                "would loop",
+            ),
+            (
+                "[pipeline.outputs]\n\"bad name\" = \"t\"\n",
+                "outputs.bad name",
+                "letters, digits",
+            ),
+            (
+                "[pipeline.secrets]\nt = { env = \"A\", file = \"b\" }\n",
+                "secrets.t",
+                "exactly one of",
+            ),
+            (
+                "[pipeline.secrets]\nt = { }\n",
+                "secrets.t",
+                "exactly one of",
+            ),
+            (
+                "http_timeout_ms = 100\n",
+                "http_timeout_ms",
+                "without allowed_outbound_hosts",
+            ),
+        ] {
+            let e = parse(&format!("{MINIMAL}{extra}")).expect_err(extra);
+            let text = e.to_string();
+            assert!(text.contains(key) && text.contains(why), "{extra}: {text}");
+        }
+    }
+}

@@ -515,3 +515,45 @@ fn shadow(
         sample,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{FaultPolicy, InstanceModeSpec};
+    use crate::manifest::defaults;
+    use crate::manifest::testing::{MINIMAL, dir, parse};
+
+    #[test]
+    fn a_minimal_manifest_gets_the_documented_defaults() {
+        let m = parse(MINIMAL).expect("valid");
+        let p = &m.pipelines[0];
+        assert_eq!(p.batch_size, defaults::BATCH_SIZE);
+        assert_eq!(p.max_in_flight, defaults::MAX_IN_FLIGHT);
+        assert_eq!(p.fault_policy, FaultPolicy::Release);
+        assert_eq!(p.instance_mode, InstanceModeSpec::Reuse);
+        assert_eq!(p.delivery_cap, None);
+        assert_eq!(
+            p.component,
+            dir().join("plugin.wasm"),
+            "relative to the manifest"
+        );
+        assert_eq!(m.admin.listen, "127.0.0.1:9464");
+        assert_eq!(m.cluster.client_id, "sharehost");
+    }
+
+    #[test]
+    fn a_component_path_that_is_not_a_regular_file_says_what_it_is() {
+        let d = dir().join("a-directory.wasm");
+        std::fs::create_dir_all(&d).expect("dir");
+        let e =
+            parse(&MINIMAL.replace("plugin.wasm", "a-directory.wasm")).expect_err("a directory");
+        assert_eq!(e.field.as_deref(), Some("pipeline[0].component"));
+        assert_eq!(e.message, format!("{}: is a directory", d.display()));
+        let e = parse(&MINIMAL.replace("plugin.wasm", "/dev/zero")).expect_err("a device");
+        assert_eq!(
+            e.message,
+            "/dev/zero: is a character device, not a regular file"
+        );
+        let e = parse(&MINIMAL.replace("plugin.wasm", "absent.wasm")).expect_err("absent");
+        assert!(e.message.ends_with("absent.wasm does not exist"), "{e}");
+    }
+}
