@@ -1,0 +1,252 @@
+//! What a pipeline grants its plugin beyond its records: the topics it may emit to
+//! (`[pipeline.outputs]` and the emit limits), the secrets handed to `init`
+//! (`[pipeline.secrets]`), and outbound HTTP (`allowed_outbound_hosts` and the `http_*` keys).
+//! The manifest grants; the runtime enforces.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::context::{Ctx, valid_name};
+use super::defaults;
+use super::error::ManifestError;
+use super::raw::RawPipeline;
+use super::secret::SecretSource;
+use crate::runtime::{HttpGrant, HttpSettings};
+
+/// `[pipeline.outputs]`: output name to topic, never one of the pipeline's own topics.
+/// `field` names the pipeline (`pipeline[i]`).
+pub(super) fn outputs(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<BTreeMap<String, String>, ManifestError> {
+    let mut outputs = BTreeMap::new();
+    for (out, topic) in &p.outputs {
+        let field = format!("{field}.outputs.{out}");
+        if !valid_name(out) {
+            return Err(cx.err(
+                Some(topic.span()),
+                field,
+                format!("output name {out:?} must be 1-64 letters, digits, '-' or '_'"),
+            ));
+        }
+        let t = topic.get_ref();
+        if t.is_empty() || p.topics.get_ref().contains(t) {
+            return Err(cx.err(
+                Some(topic.span()),
+                field,
+                "must name a topic that is not one of the pipeline's own (an output into its own input would loop)",
+            ));
+        }
+        outputs.insert(out.clone(), t.clone());
+    }
+    Ok(outputs)
+}
+
+/// `max_emits_per_batch` and `max_emit_bytes_per_batch`: how much one batch may emit.
+pub(super) fn emit_limits(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<(u32, u64), ManifestError> {
+    let max_emits = cx.int(
+        &p.max_emits_per_batch,
+        &format!("{field}.max_emits_per_batch"),
+        0..=1_000_000,
+        defaults::MAX_EMITS_PER_BATCH,
+    )?;
+    let max_bytes = cx.int(
+        &p.max_emit_bytes_per_batch,
+        &format!("{field}.max_emit_bytes_per_batch"),
+        0..=(1 << 32),
+        defaults::MAX_EMIT_BYTES_PER_BATCH,
+    )?;
+    Ok((max_emits, max_bytes))
+}
+
+/// `[pipeline.secrets]`: each names exactly one of an environment variable or a file. A value
+/// written in its place is refused without being quoted.
+pub(super) fn secrets(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<Vec<(String, SecretSource)>, ManifestError> {
+    let mut secrets = Vec::new();
+    for (secret, source) in &p.secrets {
+        let field = format!("{field}.secrets.{secret}");
+        let table = source.get_ref().as_table();
+        let key = |k: &str| table.and_then(|t| t.get(k)).and_then(toml::Value::as_str);
+        let only = table.is_some_and(|t| t.len() == 1);
+        let source = match (key("env"), key("file")) {
+            (Some(var), None) if only && !var.is_empty() => SecretSource::Env(var.to_owned()),
+            (None, Some(file)) if only && !file.is_empty() => {
+                SecretSource::File(cx.path(&Spanned::new(source.span(), file.to_owned())))
+            }
+            _ => {
+                return Err(cx.err(
+                    Some(source.span()),
+                    field,
+                    "set exactly one of { env = \"VAR\" } or { file = \"path\" } (secrets never go in the manifest)",
+                ));
+            }
+        };
+        secrets.push((secret.clone(), source));
+    }
+    Ok(secrets)
+}
+
+/// Outbound HTTP: granted when `allowed_outbound_hosts` lists a host, checked by the runtime's
+/// own [`HttpGrant`]. Without one, an `http_*` key is refused rather than silently ignored.
+pub(super) fn http(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<Option<HttpSettings>, ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let hosts = match &p.allowed_outbound_hosts {
+        Some(hosts) if !hosts.get_ref().is_empty() => hosts,
+        _ => {
+            let stray = [
+                (
+                    "http_timeout_ms",
+                    p.http_timeout_ms.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "http_max_response_bytes",
+                    p.http_max_response_bytes.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "http_max_concurrent",
+                    p.http_max_concurrent.as_ref().map(|s| s.span()),
+                ),
+                ("http_ca_file", p.http_ca_file.as_ref().map(|s| s.span())),
+            ];
+            if let Some((key, span)) = stray.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(cx.err(
+                    span,
+                    f(key),
+                    "has no effect without allowed_outbound_hosts (which grants no host yet)",
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    let settings = HttpSettings {
+        allowed_outbound_hosts: hosts.get_ref().clone(),
+        request_timeout: Duration::from_millis(cx.int(
+            &p.http_timeout_ms,
+            &f("http_timeout_ms"),
+            1..=600_000,
+            defaults::HTTP_TIMEOUT_MS,
+        )?),
+        max_response_bytes: cx.int(
+            &p.http_max_response_bytes,
+            &f("http_max_response_bytes"),
+            1..=(1 << 30),
+            defaults::HTTP_MAX_RESPONSE_BYTES,
+        )?,
+        max_concurrent: cx.int(
+            &p.http_max_concurrent,
+            &f("http_max_concurrent"),
+            1..=1024,
+            defaults::HTTP_MAX_CONCURRENT,
+        )?,
+        ca_file: p.http_ca_file.as_ref().map(|c| cx.path(c)),
+    };
+    // The grant's own checks (every entry, the CA file), at the list's span.
+    HttpGrant::new(settings.clone()).map_err(|e| {
+        cx.err(
+            Some(hosts.span()),
+            f("allowed_outbound_hosts"),
+            e.to_string(),
+        )
+    })?;
+    Ok(Some(settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::manifest::defaults;
+    use crate::manifest::testing::{MINIMAL, parse};
+
+    #[test]
+    fn outputs_secrets_http_and_deadlines_of_a_plugin_that_acts_are_parsed() {
+        let text = format!(
+            "{MINIMAL}wall_deadline_ms = 9000\nmax_retry_delay_ms = 1000\nallowed_outbound_hosts = [\"http://127.0.0.1:8088\"]\nhttp_max_concurrent = 4\n[pipeline.outputs]\nvalid = \"orders-valid\"\n[pipeline.secrets]\napi-token = {{ env = \"SHAREHOST_TEST_TOKEN_UNSET\" }}\n"
+        );
+        let m = parse(&text).expect("valid");
+        let p = &m.pipelines[0];
+        assert_eq!(p.wall_deadline, Duration::from_secs(9));
+        assert_eq!(p.max_retry_delay, Duration::from_secs(1));
+        assert_eq!(
+            p.outputs.get("valid").map(String::as_str),
+            Some("orders-valid")
+        );
+        let http = p.http.as_ref().expect("http granted");
+        assert_eq!(http.allowed_outbound_hosts, ["http://127.0.0.1:8088"]);
+        assert_eq!(http.max_concurrent, 4);
+        assert_eq!(
+            http.request_timeout,
+            Duration::from_millis(defaults::HTTP_TIMEOUT_MS)
+        );
+        // The secret is read at load, and its error names it and its source, no value.
+        let e = p.resolve_secrets().expect_err("variable unset");
+        assert!(
+            e.contains("secrets.api-token") && e.contains("SHAREHOST_TEST_TOKEN_UNSET"),
+            "{e}"
+        );
+        // A minimal pipeline grants nothing: no outputs, no hosts, no secrets.
+        let m = parse(MINIMAL).expect("valid");
+        let p = &m.pipelines[0];
+        assert!(p.outputs.is_empty() && p.http.is_none() && p.secrets.is_empty());
+        assert_eq!(
+            p.wall_deadline,
+            p.cpu_deadline * 3,
+            "three CPU budgets by default"
+        );
+    }
+
+    #[test]
+    fn a_plugin_that_acts_is_refused_bad_grants_naming_the_key() {
+        for (extra, key, why) in [
+            (
+                "wall_deadline_ms = 10\n",
+                "wall_deadline_ms",
+                "at least cpu_deadline_ms",
+            ),
+            (
+                "[pipeline.outputs]\nloop = \"orders\"\n",
+                "outputs.loop",
+                "would loop",
+            ),
+            (
+                "[pipeline.outputs]\n\"bad name\" = \"t\"\n",
+                "outputs.bad name",
+                "letters, digits",
+            ),
+            (
+                "[pipeline.secrets]\nt = { env = \"A\", file = \"b\" }\n",
+                "secrets.t",
+                "exactly one of",
+            ),
+            (
+                "[pipeline.secrets]\nt = { }\n",
+                "secrets.t",
+                "exactly one of",
+            ),
+            (
+                "http_timeout_ms = 100\n",
+                "http_timeout_ms",
+                "without allowed_outbound_hosts",
+            ),
+        ] {
+            let e = parse(&format!("{MINIMAL}{extra}")).expect_err(extra);
+            let text = e.to_string();
+            assert!(text.contains(key) && text.contains(why), "{extra}: {text}");
+        }
+    }
+}

@@ -1,0 +1,559 @@
+//! `[[pipeline]]`: one pipeline ([`PipelineSpec`]: topics, share group, plugin and policy),
+//! and its validator. Each pipeline's table is checked on its own, then against the pipelines
+//! before it (a name and a share group belong to one pipeline). Its grants are checked in
+//! [`super::grants`], its own trusted keys in [`super::trust`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::context::{Ctx, valid_name};
+use super::defaults;
+use super::error::ManifestError;
+use super::grants;
+use super::raw::RawPipeline;
+use super::secret::SecretSource;
+use super::trust;
+use crate::runtime::{
+    HttpSettings, LoadError, OutputGrant, Secrets, TrustPolicy, check_component_path,
+};
+
+/// What happens to a batch whose plugin faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPolicy {
+    /// Give the records back for redelivery (the delivery cap catches a record that always
+    /// faults).
+    Release,
+    /// Reject them (and dead-letter them when a dead-letter topic is set).
+    Reject,
+}
+
+/// Instance reuse, as written in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceModeSpec {
+    /// One warm instance, recycled after `recycle_after` batches or any fault.
+    Reuse,
+    /// A fresh instance for every batch.
+    Fresh,
+}
+
+/// One pipeline: topics + share group + plugin + policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineSpec {
+    /// Unique name (metrics, logs, admin URLs).
+    pub name: String,
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// Share group.
+    pub group: String,
+    /// Component file (resolved against the manifest's folder).
+    pub component: PathBuf,
+    /// Plugin configuration handed to `init`.
+    pub config: BTreeMap<String, String>,
+    /// Most records per plugin call.
+    pub batch_size: usize,
+    /// Most records acquired and not yet judged.
+    pub max_in_flight: usize,
+    /// Client-side delivery cap (see docs/share-engine.md).
+    pub delivery_cap: Option<i16>,
+    /// Verdict for the records of a faulted batch.
+    pub fault_policy: FaultPolicy,
+    /// CPU deadline of one plugin call.
+    pub cpu_deadline: Duration,
+    /// Memory cap of one plugin instance.
+    pub memory_limit: usize,
+    /// Instance reuse.
+    pub instance_mode: InstanceModeSpec,
+    /// Batches per instance in reuse mode.
+    pub recycle_after: u32,
+    /// Plugin instances working in parallel.
+    pub concurrency: usize,
+    /// Where rejected records go, if anywhere.
+    pub dead_letter_topic: Option<String>,
+    /// The group's broker-side dead-letter topic (KIP-1191), which the host configures: it
+    /// receives what the broker archives at the delivery limit (a record whose every
+    /// delivery crashed the host), so every archived record has a dead letter.
+    pub broker_dead_letter_topic: Option<String>,
+    /// How often one record may ask for renew before it is released.
+    pub max_renewals: u32,
+    /// Renew records held past this fraction of the lock duration.
+    pub auto_renew_after: f64,
+    /// Wall-clock deadline of one plugin call (at least `cpu_deadline`): a plugin waiting on
+    /// HTTP burns no CPU but must still end.
+    pub wall_deadline: Duration,
+    /// Longest delay a `retry` verdict may ask for; longer ones are cut to it.
+    pub max_retry_delay: Duration,
+    /// Output name to topic (`[pipeline.outputs]`): the only topics a plugin can emit to.
+    pub outputs: BTreeMap<String, String>,
+    /// Most emits per batch.
+    pub max_emits_per_batch: u32,
+    /// Most emitted bytes per batch.
+    pub max_emit_bytes_per_batch: u64,
+    /// Secrets handed to `init` (`[pipeline.secrets]`), by name; read at load, never shown.
+    pub secrets: Vec<(String, SecretSource)>,
+    /// Outbound HTTP, when `allowed_outbound_hosts` grants any host.
+    pub http: Option<HttpSettings>,
+    /// The keys its components must be signed by: the pipeline's own `[pipeline.trust]` when
+    /// it has one (it replaces the host's), else the host's `[trust]`; `None`: no signature
+    /// needed. Goes into the plugin's limits, so every load of the pipeline checks it.
+    pub trust: Option<Arc<TrustPolicy>>,
+    /// A candidate to shadow from the start (`shadow`, resolved against the manifest's
+    /// folder) and the fraction of batches it sees (`shadow_sample`, default 1).
+    pub shadow: Option<ShadowSpec>,
+}
+
+/// A shadow candidate named by the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowSpec {
+    /// The candidate component.
+    pub path: PathBuf,
+    /// Fraction of batches it judges, in (0, 1].
+    pub sample: f64,
+}
+
+impl PipelineSpec {
+    /// Reads the pipeline's secrets from their environment variables and files. Errors name
+    /// the secret and its source, never a value.
+    pub fn resolve_secrets(&self) -> Result<Secrets, String> {
+        let mut pairs = Vec::with_capacity(self.secrets.len());
+        for (name, source) in &self.secrets {
+            let field = format!("pipeline {}: secrets.{name}", self.name);
+            pairs.push((name.clone(), source.read(&field)?));
+        }
+        Ok(Secrets::new(pairs))
+    }
+
+    /// What the runtime grants this pipeline's plugin for outputs.
+    pub fn output_grant(&self) -> OutputGrant {
+        OutputGrant {
+            names: self.outputs.keys().map(|n| n.as_str().into()).collect(),
+            max_emits: self.max_emits_per_batch,
+            max_bytes: self.max_emit_bytes_per_batch,
+        }
+    }
+}
+
+/// What the pipelines checked so far have taken: their names, and their share groups with the
+/// pipeline that consumes each.
+#[derive(Default)]
+struct Taken {
+    names: HashSet<String>,
+    groups: HashMap<String, String>,
+}
+
+/// Validates every `[[pipeline]]`, in file order; the first error ends the check. A pipeline
+/// without a `[pipeline.trust]` of its own gets `host_trust`.
+pub(super) fn validate_all(
+    cx: &Ctx<'_>,
+    raw: &[RawPipeline],
+    max_component_bytes: u64,
+    host_trust: Option<&Arc<TrustPolicy>>,
+) -> Result<Vec<PipelineSpec>, ManifestError> {
+    if raw.is_empty() {
+        return Err(cx.err(None, "pipeline", "the manifest defines no [[pipeline]]"));
+    }
+    let mut taken = Taken::default();
+    raw.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let field = format!("pipeline[{i}]");
+            validate(cx, &field, p, &mut taken, max_component_bytes, host_trust)
+        })
+        .collect()
+}
+
+/// Validates one pipeline (`field` is `pipeline[i]`). The checks run in a fixed order, which
+/// is the one a manifest with several errors reports the first of; keep it when adding keys.
+fn validate(
+    cx: &Ctx<'_>,
+    field: &str,
+    p: &RawPipeline,
+    taken: &mut Taken,
+    max_component_bytes: u64,
+    host_trust: Option<&Arc<TrustPolicy>>,
+) -> Result<PipelineSpec, ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let name = identity(cx, p, field, taken)?;
+    let component = component(cx, p, field, max_component_bytes)?;
+    let (batch_size, max_in_flight) = batching(cx, p, field)?;
+    let delivery_cap = match &p.delivery_cap {
+        None => None,
+        Some(_) => Some(cx.int::<i16>(&p.delivery_cap, &f("delivery_cap"), 2..=25, 0)?),
+    };
+    let fault_policy = cx.choice(
+        &p.fault_policy,
+        &f("fault_policy"),
+        &[
+            ("release", FaultPolicy::Release),
+            ("reject", FaultPolicy::Reject),
+        ],
+        FaultPolicy::Release,
+    )?;
+    let instance_mode = cx.choice(
+        &p.instance_mode,
+        &f("instance_mode"),
+        &[
+            ("reuse", InstanceModeSpec::Reuse),
+            ("fresh", InstanceModeSpec::Fresh),
+        ],
+        InstanceModeSpec::Reuse,
+    )?;
+    let cpu_ms: u64 = cx.int(
+        &p.cpu_deadline_ms,
+        &f("cpu_deadline_ms"),
+        1..=600_000,
+        defaults::CPU_DEADLINE_MS,
+    )?;
+    let mem_mib: usize = cx.int(
+        &p.memory_limit_mib,
+        &f("memory_limit_mib"),
+        1..=4096,
+        defaults::MEMORY_LIMIT_MIB,
+    )?;
+    let (dead_letter_topic, broker_dead_letter_topic) = dead_letter_topics(cx, p, field)?;
+    let auto_renew_after = auto_renew_after(cx, p, field)?;
+    let shadow = shadow(cx, p, field, max_component_bytes)?;
+    let wall_ms = wall_deadline_ms(cx, p, field, cpu_ms)?;
+    let outputs = grants::outputs(cx, p, field)?;
+    let secrets = grants::secrets(cx, p, field)?;
+    let http = grants::http(cx, p, field)?;
+    let recycle_after = cx.int(
+        &p.recycle_after,
+        &f("recycle_after"),
+        1..=1_000_000,
+        defaults::RECYCLE_AFTER,
+    )?;
+    let concurrency = cx.int(
+        &p.concurrency,
+        &f("concurrency"),
+        1..=64,
+        defaults::CONCURRENCY,
+    )?;
+    let max_renewals = cx.int(
+        &p.max_renewals,
+        &f("max_renewals"),
+        0..=100,
+        defaults::MAX_RENEWALS,
+    )?;
+    let max_retry_delay_ms = cx.int(
+        &p.max_retry_delay_ms,
+        &f("max_retry_delay_ms"),
+        0..=86_400_000,
+        defaults::MAX_RETRY_DELAY_MS,
+    )?;
+    let (max_emits_per_batch, max_emit_bytes_per_batch) = grants::emit_limits(cx, p, field)?;
+    let trust = match &p.trust {
+        Some(t) => Some(trust::validate(cx, t, &f("trust"))?),
+        None => host_trust.cloned(),
+    };
+    Ok(PipelineSpec {
+        name,
+        topics: p.topics.get_ref().clone(),
+        group: p.group.get_ref().clone(),
+        component,
+        config: p.config.clone(),
+        batch_size,
+        max_in_flight,
+        delivery_cap,
+        fault_policy,
+        cpu_deadline: Duration::from_millis(cpu_ms),
+        memory_limit: mem_mib << 20,
+        instance_mode,
+        recycle_after,
+        concurrency,
+        dead_letter_topic,
+        broker_dead_letter_topic,
+        max_renewals,
+        auto_renew_after,
+        wall_deadline: Duration::from_millis(wall_ms),
+        max_retry_delay: Duration::from_millis(max_retry_delay_ms),
+        outputs,
+        max_emits_per_batch,
+        max_emit_bytes_per_batch,
+        secrets,
+        http,
+        trust,
+        shadow,
+    })
+}
+
+/// The name, topics and share group: a valid name no other pipeline has, at least one topic,
+/// and a group no other pipeline consumes. Returns the name.
+fn identity(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+    taken: &mut Taken,
+) -> Result<String, ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let name = p.name.get_ref().clone();
+    if !valid_name(&name) {
+        return Err(cx.err(
+            Some(p.name.span()),
+            f("name"),
+            format!("{name:?} must be 1-64 letters, digits, '-' or '_'"),
+        ));
+    }
+    if !taken.names.insert(name.clone()) {
+        return Err(cx.err(
+            Some(p.name.span()),
+            f("name"),
+            format!("another pipeline is already named {name:?}"),
+        ));
+    }
+    if p.topics.get_ref().is_empty() || p.topics.get_ref().iter().any(String::is_empty) {
+        return Err(cx.err(
+            Some(p.topics.span()),
+            f("topics"),
+            "list at least one topic, none empty",
+        ));
+    }
+    if p.group.get_ref().is_empty() {
+        return Err(cx.err(Some(p.group.span()), f("group"), "must not be empty"));
+    }
+    // One share group per pipeline: two pipelines in one group would split its records
+    // between two plugins, each judging the other's share as if it were its own.
+    if let Some(other) = taken.groups.insert(p.group.get_ref().clone(), name.clone()) {
+        return Err(cx.err(
+            Some(p.group.span()),
+            f("group"),
+            format!(
+                "pipeline {other:?} already consumes share group {:?}: two pipelines in one group split its records between their plugins; give each its own group",
+                p.group.get_ref()
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// The component file, resolved against the manifest's folder.
+fn component(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+    max_component_bytes: u64,
+) -> Result<PathBuf, ManifestError> {
+    let component = cx.path(&p.component);
+    // The runtime's own reader decides (regular file, size), so `check` and a load refuse the
+    // same paths with the same words; the file is not read here.
+    if let Err(e) = check_component_path(&component, max_component_bytes) {
+        let message = match e {
+            LoadError::Read { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+                format!("component file {} does not exist", component.display())
+            }
+            other => other.to_string(),
+        };
+        return Err(cx.err(
+            Some(p.component.span()),
+            format!("{field}.component"),
+            message,
+        ));
+    }
+    Ok(component)
+}
+
+/// `batch_size` and `max_in_flight`, which holds at least one batch.
+fn batching(cx: &Ctx<'_>, p: &RawPipeline, field: &str) -> Result<(usize, usize), ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let batch_size: usize = cx.int(
+        &p.batch_size,
+        &f("batch_size"),
+        1..=10_000,
+        defaults::BATCH_SIZE,
+    )?;
+    let max_in_flight: usize = cx.int(
+        &p.max_in_flight,
+        &f("max_in_flight"),
+        1..=1_000_000,
+        defaults::MAX_IN_FLIGHT,
+    )?;
+    if max_in_flight < batch_size {
+        let span = p.max_in_flight.as_ref().map(|s| s.span());
+        return Err(cx.err(
+            span,
+            f("max_in_flight"),
+            format!("must be at least batch_size ({batch_size}), got {max_in_flight}"),
+        ));
+    }
+    Ok((batch_size, max_in_flight))
+}
+
+/// `auto_renew_after`: the fraction of the lock duration after which a running batch is
+/// renewed, in [0.05, 0.95].
+fn auto_renew_after(cx: &Ctx<'_>, p: &RawPipeline, field: &str) -> Result<f64, ManifestError> {
+    match &p.auto_renew_after {
+        None => Ok(defaults::AUTO_RENEW_AFTER),
+        Some(v) if (0.05..=0.95).contains(v.get_ref()) => Ok(*v.get_ref()),
+        Some(v) => Err(cx.err(
+            Some(v.span()),
+            format!("{field}.auto_renew_after"),
+            format!("must be between 0.05 and 0.95 (got {})", v.get_ref()),
+        )),
+    }
+}
+
+/// `wall_deadline_ms`: at least the CPU deadline (`cpu_ms`), by default a few of it.
+fn wall_deadline_ms(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+    cpu_ms: u64,
+) -> Result<u64, ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let wall_ms: u64 = cx.int(
+        &p.wall_deadline_ms,
+        &f("wall_deadline_ms"),
+        1..=3_600_000,
+        defaults::wall_deadline_ms(cpu_ms).min(3_600_000),
+    )?;
+    if wall_ms < cpu_ms {
+        let span = p.wall_deadline_ms.as_ref().map(|s| s.span());
+        return Err(cx.err(
+            span,
+            f("wall_deadline_ms"),
+            format!("must be at least cpu_deadline_ms ({cpu_ms}), got {wall_ms}"),
+        ));
+    }
+    Ok(wall_ms)
+}
+
+/// `dead_letter_topic` (the host's) and `broker_dead_letter_topic` (the group's, KIP-1191):
+/// each, when set, differs from the pipeline's own topics, and from each other.
+fn dead_letter_topics(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<(Option<String>, Option<String>), ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let dead_letter_topic = match &p.dead_letter_topic {
+        Some(t) if t.get_ref().is_empty() => {
+            return Err(cx.err(
+                Some(t.span()),
+                f("dead_letter_topic"),
+                "must not be empty (leave it out for none)",
+            ));
+        }
+        Some(t) if p.topics.get_ref().contains(t.get_ref()) => {
+            return Err(cx.err(
+                Some(t.span()),
+                f("dead_letter_topic"),
+                "must not be one of the pipeline's own topics",
+            ));
+        }
+        Some(t) => Some(t.get_ref().clone()),
+        None => None,
+    };
+    let broker_dead_letter_topic = match &p.broker_dead_letter_topic {
+        Some(t) if t.get_ref().trim().is_empty() => {
+            return Err(cx.err(
+                Some(t.span()),
+                f("broker_dead_letter_topic"),
+                "must not be empty (leave it out for none)",
+            ));
+        }
+        Some(t) if t.get_ref().starts_with("__") => {
+            return Err(cx.err(
+                Some(t.span()),
+                f("broker_dead_letter_topic"),
+                "must not start with `__` (the broker refuses internal names)",
+            ));
+        }
+        Some(t)
+            if p.topics.get_ref().contains(t.get_ref())
+                || dead_letter_topic.as_ref() == Some(t.get_ref()) =>
+        {
+            return Err(cx.err(
+                Some(t.span()),
+                f("broker_dead_letter_topic"),
+                "must differ from the pipeline's topics and its dead_letter_topic",
+            ));
+        }
+        Some(t) => Some(t.get_ref().clone()),
+        None => None,
+    };
+    Ok((dead_letter_topic, broker_dead_letter_topic))
+}
+
+/// `shadow` (a candidate component, checked like `component`) and `shadow_sample`, which
+/// means nothing without it.
+fn shadow(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+    max_component_bytes: u64,
+) -> Result<Option<ShadowSpec>, ManifestError> {
+    let f = |name: &str| format!("{field}.{name}");
+    let path = match (&p.shadow, &p.shadow_sample) {
+        (None, None) => return Ok(None),
+        (None, Some(v)) => {
+            return Err(cx.err(
+                Some(v.span()),
+                f("shadow_sample"),
+                "has no effect without shadow (the candidate component)",
+            ));
+        }
+        (Some(path), _) => path,
+    };
+    let resolved = cx.path(path);
+    if let Err(e) = check_component_path(&resolved, max_component_bytes) {
+        return Err(cx.err(Some(path.span()), f("shadow"), e.to_string()));
+    }
+    let sample = match &p.shadow_sample {
+        None => defaults::SHADOW_SAMPLE,
+        Some(v) if *v.get_ref() > 0.0 && *v.get_ref() <= 1.0 => *v.get_ref(),
+        Some(v) => {
+            return Err(cx.err(
+                Some(v.span()),
+                f("shadow_sample"),
+                format!("must be in (0, 1] (got {})", v.get_ref()),
+            ));
+        }
+    };
+    Ok(Some(ShadowSpec {
+        path: resolved,
+        sample,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FaultPolicy, InstanceModeSpec};
+    use crate::manifest::defaults;
+    use crate::manifest::testing::{MINIMAL, dir, parse};
+
+    #[test]
+    fn a_minimal_manifest_gets_the_documented_defaults() {
+        let m = parse(MINIMAL).expect("valid");
+        let p = &m.pipelines[0];
+        assert_eq!(p.batch_size, defaults::BATCH_SIZE);
+        assert_eq!(p.max_in_flight, defaults::MAX_IN_FLIGHT);
+        assert_eq!(p.fault_policy, FaultPolicy::Release);
+        assert_eq!(p.instance_mode, InstanceModeSpec::Reuse);
+        assert_eq!(p.delivery_cap, None);
+        assert_eq!(
+            p.component,
+            dir().join("plugin.wasm"),
+            "relative to the manifest"
+        );
+        assert_eq!(m.admin.listen, "127.0.0.1:9464");
+        assert_eq!(m.cluster.client_id, "sharehost");
+    }
+
+    #[test]
+    fn a_component_path_that_is_not_a_regular_file_says_what_it_is() {
+        let d = dir().join("a-directory.wasm");
+        std::fs::create_dir_all(&d).expect("dir");
+        let e =
+            parse(&MINIMAL.replace("plugin.wasm", "a-directory.wasm")).expect_err("a directory");
+        assert_eq!(e.field.as_deref(), Some("pipeline[0].component"));
+        assert_eq!(e.message, format!("{}: is a directory", d.display()));
+        let e = parse(&MINIMAL.replace("plugin.wasm", "/dev/zero")).expect_err("a device");
+        assert_eq!(
+            e.message,
+            "/dev/zero: is a character device, not a regular file"
+        );
+        let e = parse(&MINIMAL.replace("plugin.wasm", "absent.wasm")).expect_err("absent");
+        assert!(e.message.ends_with("absent.wasm does not exist"), "{e}");
+    }
+}
