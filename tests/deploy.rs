@@ -277,6 +277,20 @@ async fn the_pods_become_ready_judge_every_record_and_drain_when_stopped() {
         pids.iter().any(|p| p == "1 sharehost"),
         "sharehost is PID 1 in its container: {pids:?}"
     );
+    // The precompiled cache is written to its volume, in a directory only the host's user
+    // may enter (the host refuses one that others can write).
+    let cwasm = played.volume_path("cache").join("cwasm");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&cwasm)
+            .unwrap_or_else(|e| panic!("{}: {e}", cwasm.display()))
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "{}", cwasm.display());
+    let entries = std::fs::read_dir(&cwasm).expect("read the cache").count();
+    assert!(
+        entries >= 2,
+        "the cache's key and the ledger plugin's entry: {entries}"
+    );
     assert_eq!(
         logs[0].http("POST", "/pipelines/orders/rollback").0,
         401,
@@ -323,14 +337,14 @@ async fn the_pods_become_ready_judge_every_record_and_drain_when_stopped() {
     })
     .await;
 
-    let mut ledger = Ledger::new("kube play (2 pods, one drained mid-stream)", ids);
+    let mut ledger = Ledger::new("kube play (2 pods, one stopped mid-stream)", ids);
     first.0.record(&mut ledger);
     for (seen, _) in &rest {
         seen.record(&mut ledger);
     }
     ledger.check();
     report(&format!(
-        "kube play: image {}, 2 pods ready, 2000 records, pod 0 stopped mid-stream, both drained and exited 0 (grace {} s): {} s in all",
+        "kube play: image {}, 2 pods ready, 2000 records, pod 0 stopped once 300 of the first 1,500 were judged, both drained and exited 0 (grace {} s): {} s in all",
         image(),
         played_grace(),
         started.elapsed().as_secs()

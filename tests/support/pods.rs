@@ -286,6 +286,15 @@ impl Played {
         podman_ok(&["kube", "down", &self.file.display().to_string()]);
     }
 
+    /// Where podman keeps the volume the Deployment calls `name` (an `emptyDir`), on this
+    /// machine.
+    pub fn volume_path(&self, name: &str) -> PathBuf {
+        let volume = format!("{}-{name}", self.prefix);
+        PathBuf::from(
+            podman_ok(&["volume", "inspect", "--format", "{{.Mountpoint}}", &volume]).trim(),
+        )
+    }
+
     /// The process ids inside `replica`'s application container (`podman top`).
     pub fn pids(&self, replica: usize) -> Vec<String> {
         podman_ok(&["top", &self.containers[replica], "pid", "comm"])
