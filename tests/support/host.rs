@@ -65,7 +65,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Watch(Arc<(Mutex<u64>, Condvar)>);
 
 impl Watch {
-    fn bump(&self) {
+    pub(crate) fn bump(&self) {
         *lock(&self.0.0) += 1;
         self.0.1.notify_all();
     }
@@ -109,6 +109,79 @@ fn ids_after<'a>(line: &'a str, marker: &str) -> impl Iterator<Item = &'a str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Reads a host's log from `stream` on a thread of its own: ledger reports go into `seen` (and
+/// wake `watch`), every other line is echoed tagged with `tag` and kept in `log`, and the admin
+/// address the host announces is sent once on `admin`. `seen.ended` is set when the log ends.
+pub(crate) fn follow_log(
+    stream: impl Read + Send + 'static,
+    tag: &str,
+    seen: &Arc<Mutex<Seen>>,
+    watch: &Watch,
+    log: &Arc<Mutex<Vec<String>>>,
+    admin: std::sync::mpsc::Sender<String>,
+) -> std::thread::JoinHandle<()> {
+    let (shared, bell, tag, kept) = (seen.clone(), watch.clone(), tag.to_owned(), log.clone());
+    std::thread::spawn(move || {
+        let mut announced = false;
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            let ledger_line = ["ledger begin", "ledger accepted=", "ledger rejected="]
+                .iter()
+                .any(|m| line.contains(m));
+            if !ledger_line {
+                eprintln!("[{tag}] {line}");
+                lock(&kept).push(line.clone());
+            }
+            if !announced && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
+                // Plain text ends the line with the address; a JSON log closes it with a quote.
+                let addr = addr.split(['"', ' ']).next().unwrap_or_default();
+                let _ = admin.send(addr.trim().to_owned());
+                announced = true;
+            }
+            if ledger_line {
+                let mut s = lock(&shared);
+                if line.contains("ledger begin") {
+                    s.calls += 1;
+                }
+                s.accepted
+                    .extend(ids_after(&line, "ledger accepted=").map(str::to_owned));
+                s.rejected
+                    .extend(ids_after(&line, "ledger rejected=").map(str::to_owned));
+                drop(s);
+                bell.bump();
+            }
+        }
+        lock(&shared).ended = true;
+        bell.bump();
+    })
+}
+
+/// One HTTP/1.1 request to an admin listener at `addr`; returns status code and body (status
+/// 0 when the listener is not there or the answer is not HTTP).
+pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let sent = write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut resp = String::new();
+    if sent.is_err() || s.read_to_string(&mut resp).is_err() {
+        return (0, String::new());
+    }
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// A running `sharehost run MANIFEST`.
 pub struct HostProcess {
     name: String,
@@ -143,41 +216,8 @@ impl HostProcess {
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         let seen: Arc<Mutex<Seen>> = Arc::default();
-        let shared = seen.clone();
-        let bell = watch.clone();
-        let tag = name.to_owned();
         let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let kept = log.clone();
-        let log_reader = std::thread::spawn(move || {
-            let mut announced = false;
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let ledger_line = ["ledger begin", "ledger accepted=", "ledger rejected="]
-                    .iter()
-                    .any(|m| line.contains(m));
-                if !ledger_line {
-                    eprintln!("[{tag}] {line}");
-                    lock(&kept).push(line.clone());
-                }
-                if !announced && let Some(addr) = line.split("admin endpoints on http://").nth(1) {
-                    let _ = tx.send(addr.trim().to_owned());
-                    announced = true;
-                }
-                if ledger_line {
-                    let mut s = lock(&shared);
-                    if line.contains("ledger begin") {
-                        s.calls += 1;
-                    }
-                    s.accepted
-                        .extend(ids_after(&line, "ledger accepted=").map(str::to_owned));
-                    s.rejected
-                        .extend(ids_after(&line, "ledger rejected=").map(str::to_owned));
-                    drop(s);
-                    bell.bump();
-                }
-            }
-            lock(&shared).ended = true;
-            bell.bump();
-        });
+        let log_reader = follow_log(stderr, name, &seen, watch, &log, tx);
         let stdout = child.stdout.take().expect("piped stdout");
         let out = Arc::new(Mutex::new(String::new()));
         let sink = out.clone();

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod fake_broker;
 pub mod host;
 pub mod ledger;
+pub mod pods;
 pub mod proxy;
 
 use sharehost::kafka::{
