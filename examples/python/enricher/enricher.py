@@ -40,6 +40,11 @@ from sharehost_guest import (
     retry,
 )
 
+# Where this reads numbers unlike serde_json: a double literal of 16 digits or more, or an
+# integer past 64 bits, is read correctly rounded here (``float``), while serde_json's default
+# reader may land one unit in the last place away (the order validator's ``serde_f64``
+# follows it exactly; an enricher passes such fields through, and rarely sees them).
+
 _U32_MAX = 2**32 - 1
 _U64_MAX = 2**64 - 1
 _I64_MIN = -(2**63)
@@ -52,12 +57,21 @@ _U32 = re.compile(r"\+?[0-9]+")
 # --- JSON as serde_json reads and writes it (the Rust enricher's parser) -----------------------
 
 
+def _float(s: str) -> float:
+    f = float(s)
+    if math.isinf(f):
+        raise ValueError(f"number out of range: {s}")  # serde_json refuses, Python gives inf
+    return f
+
+
 def _int(s: str):
     # serde_json: u64 if it fits, else i64 if it fits, else f64; `-0` is the float -0.0.
-    v = int(s)
-    if (0 <= v <= _U64_MAX and not (v == 0 and s.startswith("-"))) or _I64_MIN <= v < 0:
-        return v
-    return float(s)
+    # Length first: int() refuses 4300+ digits.
+    if len(s) <= 21:
+        v = int(s)
+        if (0 <= v <= _U64_MAX and not (v == 0 and s.startswith("-"))) or _I64_MIN <= v < 0:
+            return v
+    return _float(s)
 
 
 def _no_constant(name: str):
@@ -84,14 +98,16 @@ def parse_json(data: bytes):
     if data.startswith(b"\xef\xbb\xbf"):
         raise ValueError("a UTF-8 byte order mark is not JSON")
     text = data.decode("utf-8")  # UnicodeDecodeError is a ValueError
-    v = json.loads(text, parse_int=_int, parse_constant=_no_constant)
+    v = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_no_constant)
     if not _depth_and_text_ok(v):
         raise ValueError("nested too deep, or a lone surrogate")
     return v
 
 
 def rust_f64(x: float) -> str:
-    """A double as serde_json writes it (Rust's ryu: ``7.0``, ``0.3``, ``1e16``, ``1.5e-7``)."""
+    """A double as serde_json 1.0.154 writes it: the shortest digits that read back (like
+    ``repr``), always with a fraction or an exponent, in exponent form below 1e-5 and from
+    1e16 on (``7.0``, ``0.3``, ``0.00001``, ``1e+16``, ``1.5e-7``)."""
     if x == 0:
         return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
     sign = "-" if x < 0 else ""
@@ -111,9 +127,9 @@ def rust_f64(x: float) -> str:
     elif -5 < kk <= 0:
         text = "0." + "0" * -kk + digits
     elif n == 1:
-        text = f"{digits}e{kk - 1}"
+        text = f"{digits}e{kk - 1:+d}"
     else:
-        text = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+        text = f"{digits[0]}.{digits[1:]}e{kk - 1:+d}"
     return sign + text
 
 

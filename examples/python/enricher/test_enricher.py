@@ -175,7 +175,7 @@ def test_without_a_mock_every_request_is_denied_like_a_pipeline_without_a_grant(
 
 
 def test_numbers_are_written_the_way_serde_json_writes_them():
-    assert [rust_f64(x) for x in (7.0, 0.3, 1e16, 1.5e-7, 0.00001, -0.0)] == [
-        "7.0", "0.3", "1e16", "1.5e-7", "0.00001", "-0.0",
+    assert [rust_f64(x) for x in (7.0, 0.3, 1e16, 1.5e-7, 0.00001, -0.0, 4.611686018427388e19)] == [
+        "7.0", "0.3", "1e+16", "1.5e-7", "0.00001", "-0.0", "4.611686018427388e+19",
     ]
     assert to_json({"b": [1, 2.0], "a": "é\n"}) == '{"a":"é\\n","b":[1,2.0]}'
