@@ -256,7 +256,9 @@ def _where(e: BaseException) -> str:
     """Where an exception was raised, as ``file:line in function``: the innermost frame of the
     plugin's own code (not the standard library's, not the SDK's), else the innermost one.
     File names lose the component's mount prefix (``/1/plugin.py`` reads ``plugin.py``)."""
-    frames = traceback.extract_tb(e.__traceback__, limit=None) if e.__traceback__ else []
+    # Source lines are never looked up: the component has no files (and linecache would
+    # import modules at run time).
+    frames = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)
     if not frames:
         return ""
     ours = [
@@ -277,12 +279,12 @@ def _report(e: BaseException) -> None:
     """Writes one line saying what failed and where to the component's stderr, just before the
     instance traps: the host's fault text shows the last stderr line of a failed call (Rust
     panics reach it the same way)."""
-    where = _where(e)
-    message = f"{type(e).__name__}: {e}"
-    if len(message) > 400:
-        message = message[:400] + "..."
-    line = f"plugin fault: {message}" + (f" (at {where})" if where else "")
     try:
+        where = _where(e)
+        message = f"{type(e).__name__}: {e}"
+        if len(message) > 400:
+            message = message[:400] + "..."
+        line = f"plugin fault: {message}" + (f" (at {where})" if where else "")
         out = stderr.get_stderr()
         try:
             out.blocking_write_and_flush((line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
