@@ -9,31 +9,41 @@
 //  1. esbuild bundles the plugin, this SDK and the component glue (src/component.js) into one
 //     ES module: componentize-js takes one source file and resolves no npm packages.
 //     `@sharehost/guest` always resolves to this SDK copy (one host backend in the bundle);
-//     `sharehost:plugin/*` stays external (those are the component's imports).
-//  2. componentize-js (pinned, see package.json) splices the bindings into StarlingMonkey
-//     and pre-initializes the module with Wizer, with `--disable stdio http fetch-event`:
-//       - `http` and `fetch-event` would import wasi:http (refused unless a pipeline grants
-//         hosts) and export an HTTP handler the world does not have;
+//     `sharehost:plugin/*` and `wasi:*` stay external (those are the component's imports).
+//     The global `fetch` is injected from src/fetch.js, so the bundle shows whether the plugin
+//     calls it. A table from each bundle line to its source file and line (from esbuild's
+//     source map) is appended, so a fault names the plugin's own file and line.
+//  2. componentize-js (pinned, see toolchain/package.json) splices the bindings into
+//     StarlingMonkey and pre-initializes the module with Wizer, against world `plugin-js`
+//     (the contract plus wasi:cli/stderr, where the SDK writes an uncaught exception), with
+//     `--disable stdio fetch-event`, and `http` too unless the plugin calls `fetch`:
+//       - `http` imports wasi:http, which the host refuses unless a pipeline grants hosts: a
+//         plugin that never fetches needs no grant;
+//       - `fetch-event` would export an HTTP handler the world does not have;
 //       - `stdio` would import wasi:filesystem (always refused), so it goes too; the SDK
 //         routes `console.*` to the host log instead, so nothing vanishes.
 //     `random` and `clocks` stay: the host grants them (Math.random is seeded at run time,
 //     Date.now works).
-//  3. The component's imports are checked against what the host allows without a grant
-//     (listed by jco's `componentWit`); anything else fails the build, naming the import.
+//  3. The component's imports are checked against what the host allows (with wasi:http only
+//     for a plugin that fetches); anything else fails the build, naming the import.
 //
-// The toolchain is installed from this package's lockfile (`npm ci`) the first time, when it
-// is missing.
+// The toolchain is installed from toolchain/package-lock.json (`npm ci`) the first time into
+// a per-user cache, ~/.cache/sharehost/js-toolchain/<lock hash>/ ($SHAREHOST_JS_TOOLCHAIN
+// overrides), never into the SDK's or the plugin's directory.
 
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { copyFileSync, cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const SDK_DIR = dirname(fileURLToPath(import.meta.url));
-/** The WIT features componentize-js must leave out (see the header comment). */
-export const DISABLED_FEATURES = ['stdio', 'http', 'fetch-event'];
+/** The WIT features componentize-js always leaves out (see the header comment). */
+export const DISABLED_FEATURES = ['stdio', 'fetch-event'];
+/** Marks the bundle of a plugin that calls `fetch` (the string is in src/fetch.js). */
+const USES_FETCH = 'sharehost:uses-fetch';
 /**
  * The interfaces the host lets a plugin import without a grant (host/runtime/src/validate.rs).
  * The build checks its output against them, so a toolchain that starts importing more fails
@@ -47,6 +57,8 @@ const ALLOWED_IMPORTS = [
   'wasi:io/streams', 'wasi:clocks/wall-clock', 'wasi:clocks/monotonic-clock',
   'wasi:random/random', 'wasi:random/insecure', 'wasi:random/insecure-seed',
 ];
+/** What a plugin that calls `fetch` imports besides: granted by a pipeline's outbound hosts. */
+const HTTP_IMPORTS = ['wasi:http/types', 'wasi:http/outgoing-handler'];
 
 function usage(msg) {
   if (msg) process.stderr.write(`sharehost-build-js: ${msg}\n`);
@@ -61,34 +73,109 @@ function findWit(explicit) {
   usage(`no WIT found (tried ${candidates.join(', ')}); pass --wit path/to/plugin.wit`);
 }
 
-/** Imports a toolchain package, running `npm ci` in the SDK once if it is not installed. */
-async function load(name) {
-  const req = createRequire(join(SDK_DIR, 'package.json'));
-  const resolveIt = () => {
-    try {
-      return req.resolve(name);
-    } catch {
-      // ESM-only packages have no `require` condition: look for the package directory.
-      for (let d = SDK_DIR; ; d = dirname(d)) {
-        const p = join(d, 'node_modules', name, 'package.json');
-        if (existsSync(p)) {
-          const pkg = JSON.parse(readFileSync(p, 'utf8'));
-          const exp = pkg.exports?.import ?? pkg.exports?.['.']?.import ?? pkg.module ?? pkg.main ?? 'index.js';
-          return join(dirname(p), typeof exp === 'string' ? exp : exp.default);
+/**
+ * Where the pinned toolchain lives: one directory per lock file in the per-user cache, so
+ * every plugin and every copy of the SDK shares it and nothing is written next to them.
+ */
+export function toolchainDir() {
+  if (process.env.SHAREHOST_JS_TOOLCHAIN) return resolve(process.env.SHAREHOST_JS_TOOLCHAIN);
+  const lock = readFileSync(join(SDK_DIR, 'toolchain', 'package-lock.json'));
+  const id = createHash('sha256').update(lock).digest('hex').slice(0, 16);
+  const cache = process.env.XDG_CACHE_HOME || join(homedir(), '.cache');
+  return join(cache, 'sharehost', 'js-toolchain', id);
+}
+
+/** Installs the toolchain into its cache directory (`npm ci` on the pinned lock) once. */
+function ensureToolchain() {
+  const dir = toolchainDir();
+  if (existsSync(join(dir, 'node_modules', '.sharehost-installed'))) return dir;
+  process.stderr.write(`sharehost-build-js: installing the pinned toolchain into ${dir} (once)\n`);
+  // Installed beside, then moved in whole: a build interrupted half-way leaves no half toolchain.
+  const staging = `${dir}.partial-${process.pid}`;
+  rmSync(staging, { recursive: true, force: true });
+  mkdirSync(staging, { recursive: true });
+  for (const f of ['package.json', 'package-lock.json']) copyFileSync(join(SDK_DIR, 'toolchain', f), join(staging, f));
+  const r = spawnSync('npm', ['ci', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: staging, stdio: 'inherit' });
+  if (r.status !== 0) {
+    rmSync(staging, { recursive: true, force: true });
+    process.exit(r.status ?? 1);
+  }
+  writeFileSync(join(staging, 'node_modules', '.sharehost-installed'), '');
+  rmSync(dir, { recursive: true, force: true });
+  mkdirSync(dirname(dir), { recursive: true });
+  renameSync(staging, dir);
+  return dir;
+}
+
+/** Imports a toolchain package from the toolchain's cache directory. */
+async function load(dir, name) {
+  const req = createRequire(join(dir, 'package.json'));
+  let path;
+  try {
+    path = req.resolve(name);
+  } catch {
+    // ESM-only packages have no `require` condition: read the package's own entry.
+    const p = join(dir, 'node_modules', name, 'package.json');
+    if (existsSync(p)) {
+      const pkg = JSON.parse(readFileSync(p, 'utf8'));
+      const exp = pkg.exports?.import ?? pkg.exports?.['.']?.import ?? pkg.exports?.['.']?.default ?? pkg.module ?? pkg.main ?? 'index.js';
+      path = join(dirname(p), typeof exp === 'string' ? exp : exp.default);
+    }
+  }
+  if (!path) usage(`cannot find ${name} in ${dir}; remove that directory and build again`);
+  return import(pathToFileURL(path).href);
+}
+
+/** The WIT the component is built against: world `plugin-js` and its dependencies. */
+function writeWit(into, contract) {
+  cpSync(join(SDK_DIR, 'world'), into, { recursive: true });
+  copyFileSync(contract, join(into, 'deps', 'plugin.wit'));
+  return into;
+}
+
+/**
+ * Per line of the bundle (1-based line n at index n - 1): `[file, line]` of the source it
+ * came from, read from esbuild's source map (the first mapping of each line); `null` for the
+ * build's own lines. Why by hand: decoding a source map's base64 VLQ segments is a few lines,
+ * and the component needs only this table, not a source-map library at run time.
+ */
+export function lineTable(map, relativeTo) {
+  const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+  const files = map.sources.map((s) => {
+    const abs = resolve(dirname(map.file ?? '.'), s);
+    const rel = abs.startsWith(`${relativeTo}/`) ? abs.slice(relativeTo.length + 1) : abs;
+    return rel;
+  });
+  const lines = [];
+  let source = 0;
+  let line = 0;
+  for (const segments of map.mappings.split(';')) {
+    let entry = null;
+    for (const seg of segments.split(',')) {
+      if (seg === '') continue;
+      const fields = [];
+      let value = 0;
+      let shift = 0;
+      for (const ch of seg) {
+        const digit = B64.indexOf(ch);
+        value += (digit & 31) << shift;
+        if (digit & 32) {
+          shift += 5;
+        } else {
+          fields.push(value & 1 ? -(value >>> 1) : value >>> 1);
+          value = 0;
+          shift = 0;
         }
-        if (dirname(d) === d) return null;
+      }
+      if (fields.length >= 4) {
+        source += fields[1];
+        line += fields[2];
+        if (entry === null) entry = [source, line + 1];
       }
     }
-  };
-  let path = resolveIt();
-  if (!path && existsSync(join(SDK_DIR, 'package-lock.json'))) {
-    process.stderr.write(`sharehost-build-js: installing the pinned toolchain (npm ci in ${SDK_DIR})\n`);
-    const r = spawnSync('npm', ['ci', '--no-audit', '--no-fund'], { cwd: SDK_DIR, stdio: 'inherit' });
-    if (r.status !== 0) process.exit(r.status ?? 1);
-    path = resolveIt();
+    lines.push(entry);
   }
-  if (!path) usage(`cannot find ${name}; run \`npm ci\` in ${SDK_DIR}`);
-  return import(pathToFileURL(path).href);
+  return { files, lines };
 }
 
 async function main(argv) {
@@ -110,8 +197,9 @@ async function main(argv) {
   const witPath = findWit(wit);
 
   const started = performance.now();
-  const esbuild = await load('esbuild');
-  const { componentize } = await load('@bytecodealliance/componentize-js');
+  const toolchain = ensureToolchain();
+  const esbuild = await load(toolchain, 'esbuild');
+  const { componentize } = await load(toolchain, '@bytecodealliance/componentize-js');
 
   // 1. Bundle.
   const entry = [
@@ -125,6 +213,9 @@ async function main(argv) {
     '',
   ].join('\n');
   const sdkEntries = { '': 'index.js', '/testing': 'testing.js' };
+  const workDir = join(tmpdir(), `sharehost-build-js-${process.pid}`);
+  mkdirSync(workDir, { recursive: true });
+  const bundlePath = join(workDir, `${basename(plugin, '.js')}.bundle.js`);
   const bundled = await esbuild.build({
     stdin: { contents: entry, resolveDir: dirname(plugin), sourcefile: 'sharehost-entry.js', loader: 'js' },
     bundle: true,
@@ -132,8 +223,12 @@ async function main(argv) {
     platform: 'neutral',
     target: 'es2022',
     write: false,
+    outfile: bundlePath,
+    sourcemap: 'external',
+    sourcesContent: false,
+    inject: [join(SDK_DIR, 'src', 'fetch.js')],
     logLevel: 'warning',
-    external: ['sharehost:plugin/*'],
+    external: ['sharehost:plugin/*', 'wasi:*'],
     plugins: [
       {
         name: 'sharehost-guest',
@@ -148,10 +243,13 @@ async function main(argv) {
       },
     ],
   });
-  const workDir = join(tmpdir(), `sharehost-build-js-${process.pid}`);
-  mkdirSync(workDir, { recursive: true });
-  const bundlePath = join(workDir, `${basename(plugin, '.js')}.bundle.js`);
-  writeFileSync(bundlePath, bundled.outputFiles[0].text);
+  const js = bundled.outputFiles.find((f) => f.path.endsWith('.js'));
+  const map = bundled.outputFiles.find((f) => f.path.endsWith('.map'));
+  const usesFetch = js.text.includes(USES_FETCH);
+  const lines = lineTable({ ...JSON.parse(map.text), file: bundlePath }, dirname(plugin));
+  // Appended after the last line, so no line of the bundle moves.
+  const source = `${js.text}\nglobalThis.__sharehostSourceLines = ${JSON.stringify(lines)};\n`;
+  writeFileSync(bundlePath, source);
   const bundledAt = performance.now();
 
   // 2. Componentize.
@@ -159,28 +257,29 @@ async function main(argv) {
   try {
     ({ component } = await componentize({
       sourcePath: bundlePath,
-      witPath,
-      worldName: 'plugin',
-      disableFeatures: DISABLED_FEATURES,
+      witPath: writeWit(join(workDir, 'wit'), witPath),
+      worldName: 'plugin-js',
+      disableFeatures: usesFetch ? DISABLED_FEATURES : [...DISABLED_FEATURES, 'http'],
     }));
   } catch (e) {
     process.stderr.write(`sharehost-build-js: componentize-js failed (bundle kept at ${bundlePath}):\n${e?.stack ?? e}\n`);
     process.exit(1);
   }
-  const { componentWit } = await load('@bytecodealliance/jco');
+  const { componentWit } = await load(toolchain, '@bytecodealliance/jco');
   const imports = [...(await componentWit(component)).matchAll(/^\s*import ([a-z0-9-]+:[a-z0-9-]+\/[a-z0-9-]+)(@[^;\s]*)?;/gm)].map((m) => m[1]);
-  const refused = imports.filter((i) => !ALLOWED_IMPORTS.includes(i));
+  const allowed = usesFetch ? [...ALLOWED_IMPORTS, ...HTTP_IMPORTS] : ALLOWED_IMPORTS;
+  const refused = imports.filter((i) => !allowed.includes(i));
   if (refused.length > 0 || !imports.includes('sharehost:plugin/host')) {
     process.stderr.write(`sharehost-build-js: the component imports ${refused.join(', ') || '(no sharehost:plugin/host?)'}, which the host refuses; not written (imports: ${imports.join(', ')})\n`);
     process.exit(1);
   }
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, component);
-  if (keepBundle) writeFileSync(out.replace(/\.wasm$/, '') + '.bundle.js', bundled.outputFiles[0].text);
+  if (keepBundle) writeFileSync(out.replace(/\.wasm$/, '') + '.bundle.js', source);
   rmSync(workDir, { recursive: true, force: true });
   const done = performance.now();
   process.stderr.write(
-    `sharehost-build-js: ${out} (${(statSync(out).size / 1e6).toFixed(1)} MB) in ${((done - started) / 1000).toFixed(1)} s ` +
+    `sharehost-build-js: ${out} (${(statSync(out).size / 1e6).toFixed(1)} MB${usesFetch ? ', fetch: imports wasi:http' : ''}) in ${((done - started) / 1000).toFixed(1)} s ` +
       `(bundle ${((bundledAt - started) / 1000).toFixed(1)} s)\n`,
   );
 }

@@ -12,7 +12,7 @@ use crate::{Config, EmitError, Header, Level, Plugin, Record, Verdict};
 #[allow(unsafe_code, missing_docs, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "sharehost:plugin/plugin",
         pub_export_macro: true,
         export_macro_name: "__export_world_plugin",

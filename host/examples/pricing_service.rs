@@ -1,6 +1,7 @@
 //! A tiny pricing API for the enricher example and the demo (`dev/demo`): `GET /price/{sku}`
-//! answers `{"sku": "A-1", "unit_price": 2.5}` for the known SKUs (A-1, B-2, C-3) and 404 for
-//! any other. Optional: `--throttle-every N` answers 429 (`Retry-After: 1`) to every Nth
+//! answers `{"sku": "A-1", "unit_price": 2.5}` for the known SKUs (A-1, B-2, C-3), 503 with
+//! `Retry-After: 3` for BUSY-1, a price that is not a number for ODD-1 (so the enrichers' retry
+//! paths can be compared, host/tests/languages.rs) and 404 for any other. Optional: `--throttle-every N` answers 429 (`Retry-After: 1`) to every Nth
 //! request, so a pipeline shows its `retry` verdicts; `--token T` requires
 //! `Authorization: Bearer T` (401 otherwise); `--delay-ms D` answers after D ms.
 //!
@@ -19,21 +20,21 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get};
 use clap::Parser;
 
-/// Command line.
-#[derive(Parser)]
-struct Args {
+/// Command line (and the settings of [`app`]).
+#[derive(Parser, Default)]
+pub struct Args {
     /// Address to listen on (loopback only).
     #[arg(long, default_value = "127.0.0.1:8088")]
-    listen: SocketAddr,
+    pub listen: Option<SocketAddr>,
     /// Answer 429 to every Nth request (0: never).
     #[arg(long, default_value_t = 0)]
-    throttle_every: u64,
+    pub throttle_every: u64,
     /// Require `Authorization: Bearer TOKEN`.
     #[arg(long, env = "PRICING_TOKEN")]
-    token: Option<String>,
+    pub token: Option<String>,
     /// Answer every request after this many milliseconds.
     #[arg(long, default_value_t = 0)]
-    delay_ms: u64,
+    pub delay_ms: u64,
 }
 
 /// Shared by every request: the settings and the request counter.
@@ -66,33 +67,47 @@ async fn price(
         "A-1" => 2.5,
         "B-2" => 9.5,
         "C-3" => 12.25,
+        "BUSY-1" => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "3")],
+            )
+                .into_response();
+        }
+        "ODD-1" => {
+            return Json(serde_json::json!({ "sku": sku, "unit_price": "n/a" })).into_response();
+        }
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
     Json(serde_json::json!({ "sku": sku, "unit_price": unit_price })).into_response()
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    if !args.listen.ip().is_loopback() {
-        bail!(
-            "--listen {}: only loopback addresses are allowed",
-            args.listen
-        );
-    }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    println!(
-        "pricing service listening on http://{}",
-        listener.local_addr()?
-    );
+/// The service's routes with these settings (`listen` is not read): what `main` serves, and
+/// what tests serve on a port of their own.
+pub fn app(args: Args) -> Router {
     let service = Arc::new(Service {
         args,
         requests: AtomicU64::new(0),
     });
-    let app = Router::new()
+    Router::new()
         .route("/price/{sku}", get(price))
-        .with_state(service);
-    axum::serve(listener, app).await.context("serving")
+        .with_state(service)
+}
+
+#[allow(dead_code)] // tests include this file for `app` alone
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let listen = args.listen.context("--listen is required")?;
+    if !listen.ip().is_loopback() {
+        bail!("--listen {listen}: only loopback addresses are allowed");
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    println!(
+        "pricing service listening on http://{}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app(args)).await.context("serving")
 }

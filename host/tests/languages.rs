@@ -5,9 +5,21 @@
 //! tests/fixtures/orders-three-languages.jsonl: valid orders, every rejection reason, and the
 //! JSON edge cases where parsers disagree (5.0 and 1e2 as quantities, `true` as a number,
 //! integers past 2^53 and 2^64, lone surrogates, deep nesting, duplicate keys).
+//!
+//! The same for a plugin that acts: the enricher (examples/enricher, examples/python/enricher,
+//! examples/js/enricher) calls the example pricing service over HTTP and emits; the three must
+//! emit the same bytes and give the same verdicts on tests/fixtures/enricher-three-languages.jsonl.
+//! And the component behaves like the tests: the parity fixtures (tests/fixtures/guests-py/parity,
+//! tests/fixtures/guests-js/parity) give the same results natively and inside the component, and
+//! an exception in Python or JavaScript reaches the record's fault with its message and line.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "../examples/pricing_service.rs"]
+#[allow(dead_code)]
+mod pricing_service;
 
 use sharehost::runtime::{BatchOutcome, PluginLimits, Verdict};
 use sharehost_tests::{guest, plugin_record, plugin_runtime, repo_root};
@@ -22,13 +34,24 @@ fn orders() -> PathBuf {
     repo_root().join("tests/fixtures/orders-three-languages.jsonl")
 }
 
-/// Runs `sharehost test-plugin` and returns (success, verdict lines, summary, stderr).
+/// Runs `sharehost test-plugin` and returns (success, verdict lines, stderr).
 fn test_plugin(component: &Path, input: &Path, config: &[&str]) -> (bool, Vec<String>, String) {
+    test_plugin_with(component, input, config, &[])
+}
+
+/// `test_plugin` with more command-line arguments (grants, outputs).
+fn test_plugin_with(
+    component: &Path,
+    input: &Path,
+    config: &[&str],
+    args: &[&str],
+) -> (bool, Vec<String>, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sharehost"));
     cmd.arg("test-plugin")
         .arg(component)
         .arg("--input")
         .arg(input)
+        .args(args)
         .env("SHAREHOST_LOG", "off");
     for c in config {
         cmd.args(["--config", c]);
@@ -151,4 +174,224 @@ async fn a_javascript_instance_that_leaks_per_call_is_replaced_before_it_runs_ou
     let stats = plugin.stats();
     assert!(stats.recycled_for_memory >= 1, "{stats:?}");
     assert_eq!(stats.faults, 0);
+}
+
+const ENRICHERS: [(&str, &str); 3] = [
+    ("Rust", "enricher"),
+    ("Python", "enricher_py"),
+    ("JavaScript", "enricher_js"),
+];
+
+/// The example pricing service (host/examples/pricing_service.rs) on a free loopback port,
+/// served by its own runtime for as long as the returned runtime lives.
+fn pricing_service() -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("address");
+    let app = pricing_service::app(pricing_service::Args::default());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (rt, format!("http://{addr}"))
+}
+
+/// Runs the three enrichers on the fixture against `url`, granted; returns the Rust lines after
+/// checking that the Python and JavaScript ones are the same, line by line.
+fn enrichers_alike(url: &str) -> Vec<String> {
+    let input = repo_root().join("tests/fixtures/enricher-three-languages.jsonl");
+    let records = std::fs::read_to_string(&input)
+        .expect("input")
+        .lines()
+        .count();
+    let config = format!("pricing-url={url}");
+    let args = ["--output", "enriched", "--allow-outbound-host", url];
+    let outputs: Vec<(&str, Vec<String>)> = ENRICHERS
+        .iter()
+        .map(|(language, name)| {
+            let (ok, lines, stderr) = test_plugin_with(&guest(name), &input, &[&config], &args);
+            assert!(ok, "{language}: {stderr}");
+            assert_eq!(lines.len(), records, "{language}: one line per record");
+            (*language, lines)
+        })
+        .collect();
+    let rust = &outputs[0].1;
+    for (language, lines) in &outputs[1..] {
+        for (i, (r, o)) in rust.iter().zip(lines).enumerate() {
+            assert_eq!(o, r, "{language} differs from Rust on record {i}");
+        }
+    }
+    outputs
+        .into_iter()
+        .next()
+        .map(|(_, l)| l)
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_enricher_emits_and_decides_alike_in_rust_python_and_javascript() {
+    let (_rt, url) = pricing_service();
+    let rust = enrichers_alike(&url);
+    // The file exercises every path, not just one: priced and emitted, unknown, malformed,
+    // and both kinds of retry (a 503 asking for 3 s, a price that is not a number).
+    let count = |needle: &str| rust.iter().filter(|l| l.contains(needle)).count();
+    assert!(count(r#""output":"enriched""#) >= 8, "{rust:#?}");
+    assert_eq!(
+        count(r#""output":"enriched""#),
+        count(r#""verdict":"accept""#)
+    );
+    assert!(count(r#""reason":"not JSON""#) >= 6, "{rust:#?}");
+    assert!(count("unknown sku") >= 2, "{rust:#?}");
+    assert_eq!(count(r#""retry_after_ms":3000"#), 1, "{rust:#?}");
+    assert_eq!(count(r#""retry_after_ms":2000"#), 1, "{rust:#?}");
+}
+
+#[test]
+fn the_enrichers_retry_alike_when_the_pricing_service_does_not_answer() {
+    // A granted port nobody listens on: every lookup fails to connect.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let rust = enrichers_alike(&format!("http://127.0.0.1:{port}"));
+    assert!(rust.iter().all(|l| !l.contains(r#""verdict":"accept""#)));
+    assert!(
+        rust.iter()
+            .filter(|l| l.contains(r#""retry_after_ms":2000"#))
+            .count()
+            >= 10,
+        "{rust:#?}"
+    );
+}
+
+/// The parity fixture's cases, natively: `name<TAB>result` lines.
+fn native_cases(cmd: &mut Command) -> Vec<(String, String)> {
+    let out = cmd.output().expect("run the native cases");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(n, r)| {
+            let r: String = serde_json::from_str(r).expect("a JSON string");
+            (n.to_owned(), r)
+        })
+        .collect()
+}
+
+/// Runs the parity component on the case names and returns each record's result (the reject
+/// reason, a JSON string).
+fn component_cases(component: &str, names: &[String]) -> Vec<String> {
+    let dir = std::env::temp_dir().join(format!("sharehost-parity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let input = dir.join(format!("{component}.jsonl"));
+    let lines: Vec<String> = names
+        .iter()
+        .map(|n| serde_json::json!({ "key": n, "value": n }).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write input");
+    let (ok, out, stderr) = test_plugin(&guest(component), &input, &[]);
+    assert!(ok, "{component}: {stderr}");
+    out.iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a verdict line");
+            let reason = v["reason"].as_str().unwrap_or_default();
+            serde_json::from_str::<String>(reason).unwrap_or_else(|_| l.clone())
+        })
+        .collect()
+}
+
+/// Compares a parity fixture's results natively and in the component; `differ` lists the
+/// cases that are known to differ, with the start of the component's result.
+fn parity(native: Vec<(String, String)>, component: &str, differ: &[(&str, &str)]) {
+    assert!(native.len() >= 20, "{native:?}");
+    let names: Vec<String> = native.iter().map(|(n, _)| n.clone()).collect();
+    let inside = component_cases(component, &names);
+    assert_eq!(inside.len(), native.len());
+    for ((name, there), here) in native.iter().zip(&inside) {
+        match differ.iter().find(|(n, _)| *n == name.as_str()) {
+            Some((_, start)) => assert!(
+                here.starts_with(start),
+                "{component} {name}: {here:?} (natively {there:?})"
+            ),
+            None => assert_eq!(here, there, "{component} {name}: inside vs natively"),
+        }
+    }
+}
+
+#[test]
+fn python_cases_give_the_same_results_natively_and_inside_the_component() {
+    let root = repo_root();
+    let native = native_cases(
+        Command::new("python3")
+            .arg(root.join("tests/fixtures/guests-py/parity/cases.py"))
+            .env("PYTHONPATH", root.join("guest-sdk/python")),
+    );
+    parity(
+        native,
+        "parity_py",
+        &[
+            // A codec the build did not load says what to do (natively every codec loads).
+            (
+                "unknown-codec",
+                "raised LookupError: codec 'cp037' was not loaded when the component was built",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn javascript_cases_give_the_same_results_natively_and_inside_the_component() {
+    let root = repo_root();
+    let native = native_cases(
+        Command::new("node").arg(root.join("tests/fixtures/guests-js/parity/native.mjs")),
+    );
+    parity(
+        native,
+        "parity_js",
+        &[
+            // StarlingMonkey (componentize-js 0.23) has no Unicode property escapes in regexps.
+            (
+                "regexp-unicode-property",
+                "threw SyntaxError: invalid property name in regular expression",
+            ),
+            // Nor String.prototype.normalize (no ICU in the engine).
+            (
+                "normalize",
+                "threw TypeError: \"e\\u0301\".normalize is not a function",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_python_or_javascript_exception_reaches_the_records_fault_with_its_message_and_line() {
+    let dir = std::env::temp_dir().join(format!("sharehost-raise-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (component, value, expected) in [
+        (
+            "parity_py",
+            "raise",
+            "plugin fault: ValueError: parity case raise raised on purpose (at plugin.py:12 in explode)",
+        ),
+        (
+            "parity_js",
+            "throw",
+            "plugin fault: RangeError: parity case throw threw on purpose (at plugin.js:9 in explode)",
+        ),
+    ] {
+        let input = dir.join(format!("{component}.jsonl"));
+        std::fs::write(&input, format!("{{\"value\":\"{value}\"}}\n")).expect("input");
+        let (ok, lines, stderr) = test_plugin(&guest(component), &input, &[]);
+        assert!(ok, "{component}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).expect("a verdict line");
+        assert_eq!(v["fault"], "trap", "{v}");
+        let message = v["fault_message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(expected) && message.contains("unreachable"),
+            "{component}: {message}"
+        );
+    }
 }

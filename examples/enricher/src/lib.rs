@@ -9,7 +9,7 @@
 //! | JSON object with a string `sku` and a positive integer `quantity` | 2xx with a `unit_price` | emit `{..order, "unit_price": X, "total": X × quantity}` to `enriched`, **accept** |
 //! | same | 404 | **reject**: ``unknown sku `Z-9` `` |
 //! | same | 429, 5xx, any other status, an unreadable price, or no answer (timeout, refused, not granted) | **retry** after `retry-after-ms` (or the 429/503's `Retry-After`, if longer) |
-//! | anything else | none sent | **reject** with what is wrong |
+//! | anything else | none sent | **reject** with what is wrong (`not JSON` for bytes that are not JSON) |
 //!
 //! An emit the host refuses (the batch's emit budget is spent) releases the order instead of
 //! accepting it, so an accepted order always has its enriched copy.
@@ -60,7 +60,12 @@ impl Enricher {
     /// Parses one order; `Err` is the rejection reason.
     fn parse(value: Option<&[u8]>) -> Result<Order, String> {
         let value = value.ok_or("null value (tombstone)")?;
-        let order: Value = serde_json::from_slice(value).map_err(|e| format!("not JSON: {e}"))?;
+        // The reason is the same in every language (the Python and JavaScript twins read JSON
+        // with other parsers); the parser's own words go to the log.
+        let order: Value = serde_json::from_slice(value).map_err(|e| {
+            log::debug(&format!("not JSON: {e}"));
+            "not JSON".to_owned()
+        })?;
         let Value::Object(object) = order else {
             return Err("not a JSON object".into());
         };
@@ -317,7 +322,7 @@ mod tests {
             ],
         );
         assert!(
-            matches!(&verdicts[0], Verdict::Reject(Some(r)) if r.starts_with("not JSON")),
+            matches!(&verdicts[0], Verdict::Reject(Some(r)) if r == "not JSON"),
             "{verdicts:?}"
         );
         assert_eq!(verdicts[1], Verdict::reject("not a JSON object"));

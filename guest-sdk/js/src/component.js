@@ -5,9 +5,11 @@
 
 import { log as hostLog } from 'sharehost:plugin/host@0.2.0';
 import { emit as hostEmit } from 'sharehost:plugin/outputs@0.2.0';
+import { getStderr } from 'wasi:cli/stderr@0.2.12';
 import { setBackend } from './host.js';
 import { EmitError } from './errors.js';
 import { Runner, format } from './index.js';
+import { where } from './stack.js';
 
 setBackend({
   log(level, message) {
@@ -50,21 +52,58 @@ for (const [name, level] of [
   }
 }
 
+const encoder = new TextEncoder();
+
+/**
+ * Writes one line saying what failed and where (in the plugin's own source) to the
+ * component's stderr, just before the instance traps: the host's fault text shows the last
+ * stderr line of a failed call (Rust panics reach it the same way).
+ * @param {unknown} e
+ */
+function report(e) {
+  const name = e instanceof Error ? e.name : typeof e;
+  let message = e instanceof Error ? e.message : String(e);
+  if (message.length > 400) message = `${message.slice(0, 400)}...`;
+  const at = where(e);
+  const line = `plugin fault: ${name}: ${message}${at ? ` (at ${at})` : ''}`.replace(/\n/g, ' ');
+  try {
+    getStderr().blockingWriteAndFlush(encoder.encode(`${line}\n`));
+  } catch {
+    // the host log line already says it
+  }
+}
+
 /**
  * Exports a plugin definition as the world's `init` and `handle` functions.
  * @param {import('./index.js').PluginDefinition} definition
  */
 export function exportPlugin(definition) {
   const runner = new Runner(definition);
+  // componentize-js turns a thrown error into `result::err` of the export; its payload must
+  // be the string.
+  const settle = (refused) => {
+    if (refused !== null) throw refused;
+  };
   return {
     init(config, secrets) {
       const refused = runner.init(config, secrets);
-      // componentize-js turns a thrown error into `result::err` of the export; its payload
-      // must be the string.
-      if (refused !== null) throw refused;
+      if (refused instanceof Promise) return refused.then(settle);
+      return settle(refused);
     },
     handle(batch) {
-      return runner.handle(batch);
+      try {
+        const verdicts = runner.handle(batch);
+        if (verdicts instanceof Promise) {
+          return verdicts.catch((e) => {
+            report(e);
+            throw e;
+          });
+        }
+        return verdicts;
+      } catch (e) {
+        report(e);
+        throw e;
+      }
     },
   };
 }

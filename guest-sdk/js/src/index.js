@@ -35,6 +35,7 @@
 
 import { getBackend } from './host.js';
 import { EmitError } from './errors.js';
+import { mapStack } from './stack.js';
 
 export { EmitError } from './errors.js';
 export { RESERVED_HEADER_PREFIX } from './host.js';
@@ -142,7 +143,7 @@ function isThenable(v) {
 }
 
 function describe(v) {
-  if (isThenable(v)) return 'a Promise (plugins are synchronous: drop `async`)';
+  if (isThenable(v)) return 'a Promise';
   if (typeof v === 'function') return `the function ${v.name || '(anonymous)'} (missing "()"?)`;
   if (typeof v === 'string') return JSON.stringify(v);
   try {
@@ -249,7 +250,11 @@ export function format(...args) {
 
 function formatOne(a) {
   if (typeof a === 'string') return a;
-  if (a instanceof Error) return a.stack && a.stack.includes(a.message) ? a.stack : `${a.name}: ${a.message}${a.stack ? `\n${a.stack}` : ''}`;
+  if (a instanceof Error) {
+    // In a component the stack points into the bundle: read it as the plugin's own lines.
+    const stack = a.stack ? mapStack(a.stack) : '';
+    return stack.includes(a.message) ? stack : `${a.name}: ${a.message}${stack ? `\n${stack}` : ''}`;
+  }
   if (typeof a === 'bigint') return `${a}n`;
   if (a === undefined || typeof a === 'function' || typeof a === 'symbol') return String(a);
   try {
@@ -436,12 +441,18 @@ export class Record {
     return this.#headers;
   }
 
-  /** The key as UTF-8 text; `null` when null or not valid UTF-8. */
+  /**
+   * The key as UTF-8 text; `null` when null or not valid UTF-8.
+   * @returns {string | null}
+   */
   keyText() {
     return text(this.key);
   }
 
-  /** The value as UTF-8 text; `null` when null (a tombstone) or not valid UTF-8. */
+  /**
+   * The value as UTF-8 text; `null` when null (a tombstone) or not valid UTF-8.
+   * @returns {string | null}
+   */
   valueText() {
     return text(this.value);
   }
@@ -541,6 +552,16 @@ export function recordsOf(batch) {
   return out;
 }
 
+/** One wire verdict per record, or a TypeError saying what the plugin returned instead. */
+function toWireAll(verdicts, records) {
+  if (!Array.isArray(verdicts) || verdicts.length !== records.length) {
+    throw new TypeError(
+      `handleBatch returned ${Array.isArray(verdicts) ? `${verdicts.length} verdicts` : describe(verdicts)} for ${records.length} records; return one verdict per record, in order`,
+    );
+  }
+  return verdicts.map((v, i) => toWire(v, i, records[i].offset));
+}
+
 // ---------------------------------------------------------------------------------------
 // Plugin
 
@@ -562,9 +583,9 @@ export class Plugin {
   init(_config) {}
 
   /**
-   * Judges one record.
+   * Judges one record (may be `async`: the requests of a batch then run at the same time).
    * @param {Record} _record
-   * @returns {Verdict}
+   * @returns {Verdict | Promise<Verdict>}
    */
   handle(_record) {
     throw new Error(`${this.constructor.name}: implement handle(record) or handleBatch(records)`);
@@ -572,9 +593,9 @@ export class Plugin {
 
   /**
    * Judges a batch: exactly one verdict per record, in order. Override it to work on the
-   * batch as a whole.
+   * batch as a whole (`async handleBatch` with `await Promise.all(...)` for requests).
    * @param {Record[]} records
-   * @returns {Verdict[]}
+   * @returns {Array<Verdict | Promise<Verdict>> | Promise<Verdict[]>}
    */
   handleBatch(records) {
     return records.map((r) => this.handle(r));
@@ -582,11 +603,13 @@ export class Plugin {
 }
 
 /**
- * @typedef {{init?(config: Config): void, handle?(record: Record): Verdict,
- *   handleBatch?(records: Record[]): Verdict[]}} PluginObject
+ * @typedef {{init?(config: Config): void | Promise<void>, handle?(record: Record): Verdict | Promise<Verdict>,
+ *   handleBatch?(records: Record[]): Verdict[] | Promise<Verdict[]>}} PluginObject
  * @typedef {(new () => PluginObject) | PluginObject} PluginDefinition
  *   a class (instantiated with `new`, no arguments, once per component instance) or an object
  *   used as the instance.
+ * @typedef {{tag: string, val?: string | number}} WireVerdict
+ *   a verdict as the component's `handle` export returns it (WIT `verdict`).
  */
 
 /**
@@ -606,52 +629,71 @@ export class Runner {
   }
 
   /**
-   * Creates the instance and calls its `init`. Returns the refusal message, or `null`.
+   * Creates the instance and calls its `init`. Returns the refusal message, or `null` (a
+   * Promise of either for an `async init`).
    * @param {Iterable<[string, string]>} pairs
    * @param {Iterable<[string, string]>} secrets
-   * @returns {string | null}
+   * @returns {string | null | Promise<string | null>}
    */
   init(pairs, secrets) {
     this.instance = null;
+    const refusal = (e) => (e instanceof Error ? e.message : String(e));
     try {
       const d = this.definition;
       const p = typeof d === 'function' ? new d() : d;
       if (typeof p.handle !== 'function' && typeof p.handleBatch !== 'function') {
         throw new TypeError('the plugin has neither handle(record) nor handleBatch(records)');
       }
-      if (typeof p.init === 'function' && isThenable(p.init(new Config(pairs, secrets)))) {
-        throw new TypeError('init returned a Promise: plugins are synchronous (the contract has no async), drop `async`');
+      const done = typeof p.init === 'function' ? p.init(new Config(pairs, secrets)) : undefined;
+      if (isThenable(done)) {
+        // An `async init` (e.g. one that fetches a setting): the component runs the event loop
+        // until it settles.
+        return Promise.resolve(done).then(
+          () => {
+            this.instance = p;
+            return null;
+          },
+          refusal,
+        );
       }
       this.instance = p;
       return null;
     } catch (e) {
-      return e instanceof Error ? e.message : String(e);
+      return refusal(e);
     }
   }
 
   /**
    * Judges one wire batch. Throws (a batch fault) when the plugin throws or returns other
-   * than one verdict per record; the error is logged first so it is not lost in a trap.
+   * than one verdict per record; the error is logged first so it is not lost in a trap. An
+   * async plugin's verdicts come as a Promise (that rejects instead of throwing).
    * @param {WireBatch} batch
-   * @returns {Array<{tag: string, val?: string | number}>}
+   * @returns {WireVerdict[] | Promise<WireVerdict[]>}
    */
   handle(batch) {
     const records = recordsOf(batch);
     const p = this.instance;
     if (p === null) return records.map(() => WIRE_RELEASE);
+    const fail = (e) => {
+      getBackend().log('error', `plugin threw while judging a batch of ${records.length}: ${formatOne(e)}`);
+      throw e;
+    };
     try {
       const verdicts = typeof p.handleBatch === 'function'
         ? p.handleBatch(records)
         : records.map((r) => p.handle(r));
-      if (!Array.isArray(verdicts) || verdicts.length !== records.length) {
-        throw new TypeError(
-          `handleBatch returned ${Array.isArray(verdicts) ? `${verdicts.length} verdicts` : describe(verdicts)} for ${records.length} records; return one verdict per record, in order`,
-        );
+      // An `async` plugin (one that awaits fetch, say): a Promise of the verdicts, or verdicts
+      // that are Promises. The component runs the event loop until they settle, so the
+      // requests of a batch run at the same time (`Promise.all`).
+      if (isThenable(verdicts)) {
+        return Promise.resolve(verdicts).then((v) => toWireAll(v, records)).catch(fail);
       }
-      return verdicts.map((v, i) => toWire(v, i, records[i].offset));
+      if (Array.isArray(verdicts) && verdicts.some(isThenable)) {
+        return Promise.all(verdicts).then((v) => toWireAll(v, records)).catch(fail);
+      }
+      return toWireAll(verdicts, records);
     } catch (e) {
-      getBackend().log('error', `plugin threw while judging a batch of ${records.length}: ${formatOne(e)}`);
-      throw e;
+      return fail(e);
     }
   }
 }

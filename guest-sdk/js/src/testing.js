@@ -35,12 +35,69 @@ function fake() {
 }
 
 /**
- * Installs a fresh fake host: clears collected logs and emits and any emit policy, and
- * stops echoing log lines to stderr. Call it at the start of each test that inspects them.
+ * Installs a fresh fake host: clears collected logs, emits, fetch requests, any emit policy
+ * and any fetch mock, and stops echoing log lines to stderr. Call it at the start of each
+ * test that inspects them.
  */
 export function reset() {
   setBackend(new FakeHost({ echo: false }));
+  fetchMock = null;
+  requests = [];
 }
+
+// ---------------------------------------------------------------------------------------
+// fetch
+
+/**
+ * What `fetch` rejects with inside a component when a request gets no response: the host
+ * refused it (not in the pipeline's `allowed_outbound_hosts`), the server could not be
+ * reached, or the host's timeout passed. The engine does not say which; the host logs it.
+ * @returns {TypeError}
+ */
+export function networkError() {
+  return new TypeError('NetworkError when attempting to fetch resource');
+}
+
+/** @type {((request: Request) => Response | Promise<Response>) | null} */
+let fetchMock = null;
+/** @type {Request[]} */
+let requests = [];
+
+/**
+ * Answers the plugin's `fetch` calls with `answer(request)` (a standard `Request`): return a
+ * `Response` (or a Promise of one), or throw, e.g. `networkError()`. Without a mock every
+ * `fetch` rejects with `networkError()`, as in a pipeline that grants no host. Why a fake
+ * global: a plugin calls the standard `fetch` in a component, so its tests replace that.
+ * @param {((request: Request) => Response | Promise<Response>) | null} answer
+ */
+export function mockFetch(answer) {
+  fetchMock = answer;
+}
+
+/**
+ * The requests the plugin fetched since the last `takeRequests`/`reset`, in order (and
+ * clears them): standard `Request` objects (`url`, `method`, `headers.get(name)`, `text()`).
+ * @returns {Request[]}
+ */
+export function takeRequests() {
+  const out = requests;
+  requests = [];
+  return out;
+}
+
+/** The global `fetch` under test: the mock, never the network. */
+async function fakeFetch(input, init) {
+  const request = new Request(input, init);
+  requests.push(request.clone());
+  if (fetchMock === null) throw networkError();
+  const response = await fetchMock(request);
+  if (!(response instanceof Response)) {
+    throw new TypeError(`the fetch mock answered ${typeof response}: return a Response or throw`);
+  }
+  return response;
+}
+
+globalThis.fetch = fakeFetch;
 
 /**
  * The log lines written since the last `takeLogs`/`reset`, and clears them.
@@ -209,13 +266,33 @@ export function record(spec = {}) {
  * @param {import('./index.js').PluginDefinition} definition
  * @param {RecordSpec[][]} batches
  * @param {{config?: Iterable<[string, string]> | {[key: string]: string}, secrets?: Iterable<[string, string]> | {[key: string]: string}}} [options]
- * @returns {Array<Array<{tag: string, val?: string | number}>>}
+ * @returns {Array<Array<{tag: string, val?: string | number}>> | Promise<Array<Array<{tag: string, val?: string | number}>>>}
+ *   a Promise when the plugin is async.
  */
 export function run(definition, batches, options = {}) {
   const runner = new Runner(definition);
+  const out = [];
+  // Batch after batch, as the host calls them; an async plugin makes it a Promise.
+  const from = (i) => {
+    for (; i < batches.length; i++) {
+      const verdicts = runner.handle(batch(batches[i]));
+      if (verdicts instanceof Promise) {
+        const next = i + 1;
+        return verdicts.then((v) => {
+          out.push(v);
+          return from(next);
+        });
+      }
+      out.push(verdicts);
+    }
+    return out;
+  };
+  const start = (refused) => {
+    if (refused !== null) throw new Error(`init refused the configuration: ${refused}`);
+    return from(0);
+  };
   const refused = runner.init(toPairs(options.config), toPairs(options.secrets));
-  if (refused !== null) throw new Error(`init refused the configuration: ${refused}`);
-  return batches.map((b) => runner.handle(batch(b)));
+  return refused instanceof Promise ? refused.then(start) : start(refused);
 }
 
 function toPairs(p) {

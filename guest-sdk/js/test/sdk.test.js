@@ -142,10 +142,70 @@ test('a wrong verdict or count is a clear error, logged before it faults the bat
   assert.match(logs[0].message, /plugin threw while judging a batch of 1/);
 });
 
-test('async plugins are refused with a clear message', () => {
-  assert.throws(() => testing.run({ async init() {}, handle: () => accept() }, []), /init returned a Promise: plugins are synchronous/);
-  assert.throws(() => testing.run({ handle: async () => accept() }, [[{}]]), /returned a Promise \(plugins are synchronous/);
-  assert.throws(() => testing.run({ handleBatch: async () => [accept()] }, [[{}]]), /handleBatch returned a Promise/);
+test('async plugins: init, handle and handleBatch may return Promises, settled in batch order', async () => {
+  const calls = [];
+  const plugin = {
+    async init(config) {
+      await null;
+      this.tag = config.get('tag');
+    },
+    async handle(record) {
+      await null;
+      calls.push(record.valueText());
+      return record.valueText() === 'r' ? reject(this.tag) : accept();
+    },
+  };
+  assert.deepEqual(await testing.run(plugin, [[{ value: 'a' }, { value: 'r' }], [{ value: 'b' }]], { config: { tag: 't' } }), [
+    [{ tag: 'accept' }, { tag: 'reject', val: 't' }],
+    [{ tag: 'accept' }],
+  ]);
+  assert.deepEqual(calls, ['a', 'r', 'b']);
+  await assert.rejects(() => testing.run({ async init() { throw new Error('no token'); }, handle: () => accept() }, []), /init refused the configuration: no token/);
+  await assert.rejects(() => testing.run({ handleBatch: async () => [accept()] }, [[{}, {}]]), /handleBatch returned 1 verdicts for 2 records/);
+  testing.reset();
+  await assert.rejects(() => testing.run({ handle: async () => { throw new RangeError('late'); } }, [[{}]]), /late/);
+  assert.match(testing.takeLogs()[0].message, /plugin threw while judging a batch of 1: RangeError: late/);
+});
+
+test('fetch under test: a mock answers, requests are kept, no mock is a network error', async () => {
+  testing.reset();
+  await assert.rejects(() => fetch('http://127.0.0.1:8088/price/A-1'), (e) => e instanceof TypeError && /NetworkError/.test(e.message));
+  assert.equal(testing.takeRequests().length, 1, 'a refused request is kept too');
+  testing.mockFetch(async (req) => (req.url.endsWith('/A-1') ? Response.json({ unit_price: 2.5 }) : new Response('', { status: 404 })));
+  const [a, z] = await Promise.all([
+    fetch('http://127.0.0.1:8088/price/A-1', { headers: { authorization: 'Bearer t' } }),
+    fetch('http://127.0.0.1:8088/price/Z-9'),
+  ]);
+  assert.deepEqual([a.status, await a.json(), z.status], [200, { unit_price: 2.5 }, 404]);
+  const sent = testing.takeRequests();
+  assert.deepEqual(sent.map((r) => [r.method, r.url, r.headers.get('authorization')]), [
+    ['GET', 'http://127.0.0.1:8088/price/A-1', 'Bearer t'],
+    ['GET', 'http://127.0.0.1:8088/price/Z-9', null],
+  ]);
+  assert.deepEqual(testing.takeRequests(), []);
+  testing.mockFetch(() => { throw testing.networkError(); });
+  await assert.rejects(() => fetch('http://127.0.0.1:8088/x'), /NetworkError/);
+  testing.reset();
+});
+
+test('stacks in a bundle read as the plugin source lines the build recorded', async () => {
+  const { mapStack, where } = await import('../src/stack.js');
+  const lines = { files: ['plugin.js', '../../guest-sdk/js/src/index.js'], lines: [null, [0, 10], [0, 11], [1, 700]] };
+  assert.equal(mapStack('check@bundle.js:3:9\nhandle@bundle.js:4:2\nother', lines), 'check@plugin.js:11\nhandle@../../guest-sdk/js/src/index.js:700\nother');
+  const e = new Error('x');
+  e.stack = 'map@bundle.js:4:1\ncheck@bundle.js:2:5\n';
+  assert.equal(where(e, lines), 'plugin.js:10 in check', 'the innermost frame of the plugin, not the SDK');
+  assert.equal(where('not an error', lines), '');
+});
+
+test('valueText and keyText are string | null in the types, and null for bytes that are not UTF-8', async () => {
+  const { readFileSync } = await import('node:fs');
+  const dts = readFileSync(new URL('../types/index.d.ts', import.meta.url), 'utf8');
+  assert.match(dts, /\n\s*keyText\(\): string \| null;/);
+  assert.match(dts, /\n\s*valueText\(\): string \| null;/);
+  const [bad] = testing.records([{ key: new Uint8Array([0xff]), value: new Uint8Array([0xc3, 0x28]) }]);
+  assert.equal(bad.valueText(), null);
+  assert.equal(bad.keyText(), null);
 });
 
 test('a plugin with neither handle nor handleBatch is refused at init', () => {

@@ -236,9 +236,9 @@ export declare class Record {
      */
     get headers(): ReadonlyArray<Header>;
     /** The key as UTF-8 text; `null` when null or not valid UTF-8. */
-    keyText(): string;
+    keyText(): string | null;
     /** The value as UTF-8 text; `null` when null (a tombstone) or not valid UTF-8. */
-    valueText(): string;
+    valueText(): string | null;
     /**
      * The value of the first header named `name`: `undefined` when absent, `null` when present
      * with a null value.
@@ -318,26 +318,31 @@ export declare class Plugin {
     /**
      * Judges one record.
      * @param {Record} _record
-     * @returns {Verdict}
+     * @returns {Verdict | Promise<Verdict>}
      */
-    handle(_record: Record): Verdict;
+    handle(_record: Record): Verdict | Promise<Verdict>;
     /**
      * Judges a batch: exactly one verdict per record, in order. Override it to work on the
      * batch as a whole.
      * @param {Record[]} records
-     * @returns {Verdict[]}
+     * @returns {Array<Verdict | Promise<Verdict>> | Promise<Verdict[]>}
      */
-    handleBatch(records: Record[]): Verdict[];
+    handleBatch(records: Record[]): Array<Verdict | Promise<Verdict>> | Promise<Verdict[]>;
 }
 export type PluginObject = {
-    init?(config: Config): void;
-    handle?(record: Record): Verdict;
-    handleBatch?(records: Record[]): Verdict[];
+    init?(config: Config): void | Promise<void>;
+    handle?(record: Record): Verdict | Promise<Verdict>;
+    handleBatch?(records: Record[]): Verdict[] | Promise<Verdict[]>;
 };
 export type PluginDefinition = (new () => PluginObject) | PluginObject;
+/** A verdict as the component's `handle` export returns it (WIT `verdict`). */
+export type WireVerdict = {
+    tag: string;
+    val?: string | number;
+};
 /**
- * @typedef {{init?(config: Config): void, handle?(record: Record): Verdict,
- *   handleBatch?(records: Record[]): Verdict[]}} PluginObject
+ * @typedef {{init?(config: Config): void | Promise<void>, handle?(record: Record): Verdict | Promise<Verdict>,
+ *   handleBatch?(records: Record[]): Verdict[] | Promise<Verdict[]>}} PluginObject
  * @typedef {(new () => PluginObject) | PluginObject} PluginDefinition
  *   a class (instantiated with `new`, no arguments, once per component instance) or an object
  *   used as the instance.
@@ -354,20 +359,18 @@ export declare class Runner {
     /** @param {PluginDefinition} definition */
     constructor(definition: PluginDefinition);
     /**
-     * Creates the instance and calls its `init`. Returns the refusal message, or `null`.
+     * Creates the instance and calls its `init`. Returns the refusal message, or `null` (a
+     * Promise of either for an `async init`).
      * @param {Iterable<[string, string]>} pairs
      * @param {Iterable<[string, string]>} secrets
-     * @returns {string | null}
+     * @returns {string | null | Promise<string | null>}
      */
-    init(pairs: Iterable<[string, string]>, secrets: Iterable<[string, string]>): string | null;
+    init(pairs: Iterable<[string, string]>, secrets: Iterable<[string, string]>): string | null | Promise<string | null>;
     /**
      * Judges one wire batch. Throws (a batch fault) when the plugin throws or returns other
      * than one verdict per record; the error is logged first so it is not lost in a trap.
      * @param {WireBatch} batch
-     * @returns {Array<{tag: string, val?: string | number}>}
+     * @returns {WireVerdict[] | Promise<WireVerdict[]>}
      */
-    handle(batch: WireBatch): Array<{
-        tag: string;
-        val?: string | number;
-    }>;
+    handle(batch: WireBatch): WireVerdict[] | Promise<WireVerdict[]>;
 }

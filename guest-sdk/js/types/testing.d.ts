@@ -20,10 +20,24 @@
  */
 import { Config } from './index.js';
 /**
- * Installs a fresh fake host: clears collected logs and emits and any emit policy, and
- * stops echoing log lines to stderr. Call it at the start of each test that inspects them.
+ * Installs a fresh fake host: clears collected logs, emits, fetch requests, any emit policy
+ * and any fetch mock, and stops echoing log lines to stderr. Call it at the start of each
+ * test that inspects them.
  */
 export declare function reset(): void;
+/**
+ * What `fetch` rejects with inside a component when a request gets no response (refused by
+ * the host, unreachable, timed out).
+ */
+export declare function networkError(): TypeError;
+/**
+ * Answers the plugin's `fetch` calls with `answer(request)`: a `Response` (or a Promise of
+ * one), or a throw (e.g. `networkError()`). Without a mock every `fetch` rejects with
+ * `networkError()`, as in a pipeline that grants no host.
+ */
+export declare function mockFetch(answer: ((request: Request) => Response | Promise<Response>) | null): void;
+/** The requests fetched since the last `takeRequests`/`reset`, in order (and clears them). */
+export declare function takeRequests(): Request[];
 /**
  * The log lines written since the last `takeLogs`/`reset`, and clears them.
  * @returns {Array<{level: string, message: string}>}
@@ -144,7 +158,8 @@ export declare function record(spec?: RecordSpec): import('./index.js').Record;
  * @param {import('./index.js').PluginDefinition} definition
  * @param {RecordSpec[][]} batches
  * @param {{config?: Iterable<[string, string]> | {[key: string]: string}, secrets?: Iterable<[string, string]> | {[key: string]: string}}} [options]
- * @returns {Array<Array<{tag: string, val?: string | number}>>}
+ * @returns {Array<Array<{tag: string, val?: string | number}>> | Promise<Array<Array<{tag: string, val?: string | number}>>>}
+ *   a Promise when the plugin is async.
  */
 export declare function run(definition: import('./index.js').PluginDefinition, batches: RecordSpec[][], options?: {
     config?: Iterable<[string, string]> | {
@@ -153,7 +168,4 @@ export declare function run(definition: import('./index.js').PluginDefinition, b
     secrets?: Iterable<[string, string]> | {
         [key: string]: string;
     };
-}): Array<Array<{
-    tag: string;
-    val?: string | number;
-}>>;
+}): Array<Array<import('./index.js').WireVerdict>> | Promise<Array<Array<import('./index.js').WireVerdict>>>;

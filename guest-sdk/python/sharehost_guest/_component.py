@@ -9,6 +9,7 @@ no working stdout: writing to it would trap). Not a public API.
 from __future__ import annotations
 
 import builtins
+import codecs
 import errno
 import io
 import os
@@ -18,7 +19,7 @@ import time
 import traceback
 
 from componentize_py_types import Err
-from wit_world.imports import host, outputs, types
+from wit_world.imports import host, outputs, stderr, types
 
 import sharehost_guest as sg
 
@@ -109,18 +110,20 @@ _stdout = _HostStream("info", "<stdout>", sys.stdout)
 _stderr = _HostStream("warn", "<stderr>", sys.stderr)
 
 
-def _wasi_mode() -> str:
-    """``stub`` (every WASI import traps) or ``deny`` (only files and sockets do), as written
-    by the build into the ``sharehost_build`` module."""
+def _build_setting(name: str, default):
+    """A setting the build wrote into the ``sharehost_build`` module: ``WASI`` (``stub``: every
+    WASI import traps but the SDK's own, or ``deny``: only files and sockets do) and ``HTTP``
+    (whether the component imports ``wasi:http``)."""
     try:
         import sharehost_build
 
-        return sharehost_build.WASI
+        return getattr(sharehost_build, name, default)
     except ImportError:
-        return "stub"
+        return default
 
 
-_WASI = _wasi_mode()
+_WASI = _build_setting("WASI", "stub")
+_HTTP = _build_setting("HTTP", False)
 
 
 def _go_live() -> None:
@@ -218,6 +221,79 @@ def _install_clock_and_random_guards() -> None:
     )
 
 
+# --- Codecs ---------------------------------------------------------------------------------
+# Python finds a codec by importing its module the first time it is named, which a component
+# cannot do at run time: `json.loads(bytes)` names utf-16/utf-32 for input that starts with
+# NUL bytes, `str.encode("idna")` (and urllib with a non-ASCII host) names idna. The build
+# snapshot keeps what was looked up, so the codecs plugins commonly need are looked up now;
+# any other one raises a LookupError that says what to do, instead of "unknown encoding".
+
+_CODECS = (
+    "utf-8", "utf-8-sig", "utf-16", "utf-16-be", "utf-16-le", "utf-32", "utf-32-be",
+    "utf-32-le", "ascii", "latin-1", "cp1252", "idna", "punycode", "unicode-escape",
+    "raw-unicode-escape", "hex", "base64",
+)
+for _name in _CODECS:
+    codecs.lookup(_name)
+
+
+def _missing_codec(name: str):
+    if _live:
+        raise LookupError(
+            f"codec {name!r} was not loaded when the component was built: call "
+            f"codecs.lookup({name!r}) at the top of your plugin module"
+        )
+    return None
+
+
+codecs.register(_missing_codec)
+
+
+# --- Faults ---------------------------------------------------------------------------------
+
+
+def _where(e: BaseException) -> str:
+    """Where an exception was raised, as ``file:line in function``: the innermost frame of the
+    plugin's own code (not the standard library's, not the SDK's), else the innermost one.
+    File names lose the component's mount prefix (``/1/plugin.py`` reads ``plugin.py``)."""
+    # Source lines are never looked up: the component has no files (and linecache would
+    # import modules at run time).
+    frames = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)
+    if not frames:
+        return ""
+    ours = [
+        f
+        for f in frames
+        if not f.filename.startswith(("/python/", "<"))
+        and "/sharehost_guest/" not in f.filename
+    ]
+    f = (ours or frames)[-1]
+    name = f.filename
+    parts = name.split("/")
+    if len(parts) > 2 and parts[0] == "" and parts[1].isdigit():
+        name = "/".join(parts[2:])
+    return f"{name}:{f.lineno} in {f.name}"
+
+
+def _report(e: BaseException) -> None:
+    """Writes one line saying what failed and where to the component's stderr, just before the
+    instance traps: the host's fault text shows the last stderr line of a failed call (Rust
+    panics reach it the same way)."""
+    try:
+        where = _where(e)
+        message = f"{type(e).__name__}: {e}"
+        if len(message) > 400:
+            message = message[:400] + "..."
+        line = f"plugin fault: {message}" + (f" (at {where})" if where else "")
+        out = stderr.get_stderr()
+        try:
+            out.blocking_write_and_flush((line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+        finally:
+            out.__exit__(None, None, None)
+    except Exception:
+        pass  # the log line already says it
+
+
 def _describe(e: BaseException) -> str:
     """``Type: message`` plus the stack as file:line lines. Never reads source files (the
     component has no filesystem), unlike ``traceback.format_exc``."""
@@ -276,6 +352,10 @@ def make_world(module) -> type:
     log, emits, stdout and stderr to the host. Called once, by the build's generated app
     module, at build time (the component starts from that snapshot)."""
     cls = plugin_class(module)
+    if _HTTP:
+        from . import _wasi_http, http
+
+        http._sender = _wasi_http.send_all
     sg._backend.log = _log
     sg._backend.emit = _emit
     sys.stdout = _stdout
@@ -312,6 +392,7 @@ def make_world(module) -> type:
                 # turns an exception escaping an export into a trap, i.e. a plugin fault.
                 _flush()
                 host.log(host.Level.ERROR, f"plugin fault: {_describe(e)}")
+                _report(e)
                 raise
             _flush()
             return verdicts

@@ -48,6 +48,7 @@ __all__ = [
     "take_logs",
     "refuse_emits",
     "echo_logs",
+    "http",
 ]
 
 
@@ -190,11 +191,13 @@ _echo = True
 
 
 def reset() -> None:
-    """Forgets collected emits and log lines and drops any :func:`refuse_emits` policy."""
+    """Forgets collected emits, log lines and HTTP requests, and drops any
+    :func:`refuse_emits` policy and HTTP mock."""
     global _policy
     _emits.clear()
     _logs.clear()
     _policy = None
+    http._reset()
 
 
 def take_emits() -> List[Emit]:
@@ -239,6 +242,61 @@ def _record_emit(index, output, key, value, headers) -> None:
     if _policy is not None:
         _policy(e)
     _emits.append(e)
+
+
+class _FakeHttp:
+    """The fake host's side of :mod:`sharehost_guest.http` (``testing.http``): a mock answers
+    the plugin's requests, and the requests are kept for the test to inspect."""
+
+    def __init__(self) -> None:
+        self._mock = None
+        self._requests = []
+
+    def mock(self, answer) -> None:
+        """Answers every further request with ``answer(request)``, which returns an
+        :class:`sharehost_guest.http.Response` or raises (or returns) an
+        :class:`sharehost_guest.http.HttpError` subclass (``http.Denied("...")``,
+        ``http.Timeout("...")``, ...). Requests of a ``send_all`` are asked in order. Without a
+        mock every request is :class:`~sharehost_guest.http.Denied`, as in a pipeline that
+        grants no host."""
+        self._mock = answer
+
+    def take_requests(self):
+        """The requests sent since the last take or reset, in order (those refused as invalid
+        before sending included), and clears them."""
+        out, self._requests = self._requests, []
+        return out
+
+    def _reset(self) -> None:
+        self._mock = None
+        self._requests = []
+
+    def _send_all(self, requests):
+        from . import http as h
+
+        answers = []
+        for req in requests:
+            self._requests.append(req)
+            try:
+                req.target()
+                if self._mock is None:
+                    raise h.Denied(
+                        f"{req.url}: no mock installed (sharehost_guest.testing.http.mock)"
+                    )
+                answer = self._mock(req)
+            except h.HttpError as e:
+                answer = e
+            if not isinstance(answer, (h.Response, h.HttpError)):
+                raise TypeError(
+                    f"the HTTP mock answered {answer!r}: return an http.Response or raise an "
+                    "http.HttpError subclass"
+                )
+            answers.append(answer)
+        return answers
+
+
+#: The fake HTTP side: ``testing.http.mock(fn)``, ``testing.http.take_requests()``.
+http = _FakeHttp()
 
 
 # Re-exported so a test needs only `testing` for the refusal types.

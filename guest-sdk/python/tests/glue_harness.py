@@ -55,8 +55,19 @@ def fake_bindings(seen):
         setattr(wtypes, "Verdict_" + name, dataclass(type("Verdict_" + name, (), {})))
     wtypes.Verdict_Reject = dataclass(type("Verdict_Reject", (), {"__annotations__": {"value": object}}))
     wtypes.Verdict_Retry = dataclass(type("Verdict_Retry", (), {"__annotations__": {"value": int}}))
+    stderr = pytypes.ModuleType("wit_world.imports.stderr")
+
+    class Stream:
+        def blocking_write_and_flush(self, data):
+            seen["stderr"].append(data.decode())
+
+        def __exit__(self, *exc):
+            return None
+
+    stderr.get_stderr = Stream
     imports = pytypes.ModuleType("wit_world.imports")
     imports.host, imports.outputs, imports.types = host, outputs, wtypes
+    imports.stderr = stderr
     ww = pytypes.ModuleType("wit_world")
     ww.imports = imports
     sys.modules.update(
@@ -67,6 +78,7 @@ def fake_bindings(seen):
             "wit_world.imports.host": host,
             "wit_world.imports.outputs": outputs,
             "wit_world.imports.types": wtypes,
+            "wit_world.imports.stderr": stderr,
         }
     )
     return Err
@@ -116,7 +128,7 @@ class P(Plugin):
 
 
 def main():
-    seen = {"logs": [], "emits": [], "results": []}
+    seen = {"logs": [], "emits": [], "results": [], "stderr": []}
     Err = fake_bindings(seen)
     if len(sys.argv) > 1:
         # What the build writes: which WASI the component has (stub or deny).
@@ -162,6 +174,13 @@ def main():
         import fractions  # noqa: F401
     except ImportError as e:
         seen["results"].append("import refused: " + e.name)
+    # Codecs looked up at build time work; any other says what to do.
+    seen["results"].append(json.loads(b"\xff\xfe{\x00}\x00".decode("utf-16")) == {})
+    seen["results"].append(json.loads('{"a": 1}'.encode("utf-16-be")) == {"a": 1})
+    try:
+        "x".encode("cp037")
+    except LookupError as e:
+        seen["results"].append("codec refused: " + str(e))
     print(json.dumps(seen), file=sys.__stdout__)
 
 

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -68,10 +69,29 @@ def test_print_reaches_the_host_log_line_by_line(seen):
 
 
 def test_files_and_late_imports_are_refused_with_python_errors(seen):
-    assert seen["results"][8:] == ["open refused", "import refused: fractions"]
+    assert seen["results"][8:10] == ["open refused", "import refused: fractions"]
+
+
+def test_an_uncaught_exception_writes_its_message_and_location_to_stderr_before_the_trap(seen):
+    # The host's fault text shows the last stderr line of the failed call.
+    assert seen["stderr"][0] == "plugin fault: ValueError: crash 3 (at plugin_under_test.py:35 in handle)\n"
+    assert seen["stderr"][1].startswith(
+        "plugin fault: TypeError: handle returned 'accept', not a verdict: use accept(), "
+        "release(), reject(reason), renew() or retry(ms) (at "
+    )
+    assert re.search(r"sharehost_guest/_component\.py:\d+ in _wire\)\n$", seen["stderr"][1])
+    assert len(seen["stderr"]) == 2
+
+
+def test_json_of_utf16_bytes_works_and_an_unloaded_codec_says_what_to_do(seen):
+    assert seen["results"][10:12] == [True, True]
+    assert seen["results"][12] == (
+        "codec refused: codec 'cp037' was not loaded when the component was built: call "
+        "codecs.lookup('cp037') at the top of your plugin module"
+    )
 
 
 def test_with_deny_wasi_the_clock_is_real_and_files_still_refused():
     seen = run_harness("deny")
     assert seen["results"][5][1] == "Verdict_Reject{'value': 's3cret'}", "time.time() worked"
-    assert seen["results"][8:] == ["open refused", "import refused: fractions"]
+    assert seen["results"][8:10] == ["open refused", "import refused: fractions"]

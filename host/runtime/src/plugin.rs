@@ -926,7 +926,18 @@ fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind
     match e.downcast_ref::<Trap>() {
         Some(Trap::StackOverflow) => (FaultKind::StackOverflow, cause(e)),
         Some(Trap::Interrupt) => (FaultKind::Timeout, cause(e)),
-        _ => (FaultKind::Trap, cause(e)),
+        _ => (FaultKind::Trap, with_last_words(stderr, cause(e))),
+    }
+}
+
+/// A trap's cause with the last line the guest wrote to stderr in front: the Python and
+/// JavaScript SDKs write an uncaught exception's message and location there just before they
+/// trap, where the trap alone says only "unreachable". The stderr text is already bounded and
+/// redacted ([`StoreState::drain_stdio`](super::host::StoreState::drain_stdio)).
+fn with_last_words(stderr: &str, cause: String) -> String {
+    match stderr.lines().map(str::trim).rfind(|l| !l.is_empty()) {
+        Some(line) => format!("{} ({cause})", truncate(line.to_owned(), MAX_FAULT_SOURCE)),
+        None => cause,
     }
 }
 
@@ -940,4 +951,22 @@ fn truncate(mut s: String, max: usize) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trap_shows_the_last_line_the_guest_wrote_to_stderr_first() {
+        let cause = "wasm trap: wasm `unreachable` instruction executed".to_owned();
+        assert_eq!(
+            with_last_words(
+                "warming up\nplugin fault: ValueError: bad (at plugin.py:3 in handle)\n\n",
+                cause.clone()
+            ),
+            format!("plugin fault: ValueError: bad (at plugin.py:3 in handle) ({cause})")
+        );
+        assert_eq!(with_last_words(" \n", cause.clone()), cause);
+    }
 }

@@ -3,7 +3,9 @@
 //! in flight, not by the server's work. It counts what it served so a run can check that the
 //! client really had the requests in flight it was asked for.
 //!
-//! - `ANY /...`: waits the delay, answers 200 with a small JSON price (`{"sku":"A-1","price":12.5}`).
+//! - `ANY /...`: waits the delay, answers 200 with a small JSON price
+//!   (`{"sku":"A-1","price":12.5,"unit_price":12.5}`: `unit_price` is what the enricher examples
+//!   read).
 //! - `GET /__stats`: `requests=N max_in_flight=M in_flight=K` for the requests since the last
 //!   reset (this request itself is not counted).
 //! - `POST /__reset`: zeroes the counters (between runs).
@@ -85,7 +87,7 @@ async fn slow(State(app): State<Arc<App>>) -> &'static str {
     tokio::time::sleep(app.delay).await;
     app.counters.requests.fetch_add(1, Ordering::Relaxed);
     drop(guard);
-    "{\"sku\":\"A-1\",\"price\":12.5}"
+    "{\"sku\":\"A-1\",\"price\":12.5,\"unit_price\":12.5}"
 }
 
 async fn stats(State(app): State<Arc<App>>) -> String {

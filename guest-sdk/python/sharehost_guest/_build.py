@@ -1,0 +1,294 @@
+"""sharehost-build-py: builds a Python sharehost plugin into a WebAssembly component the host
+accepts (contract ``sharehost:plugin@0.2.0``).
+
+Usage: ``sharehost-build-py [--wasi stub|deny] [--http] PLUGIN OUT.wasm [componentize-py options]``
+
+- ``PLUGIN``: a plugin module file (``path/to/my_plugin.py``), or a directory holding
+  ``plugin.py`` or exactly one other module (``test_*.py``, ``*_test.py``, ``conftest.py`` and
+  ``setup.py`` do not count). Its directory is on the component's module path, so sibling
+  modules import normally; add ``-p path/to/site-packages`` for pure-Python dependencies.
+- ``--wasi``: how the WASI imports the host refuses are dealt with (default ``stub``, or
+  ``$SHAREHOST_PY_WASI``); see the SDK's README.
+- ``--http``: build with ``wasi:http`` (needed when the plugin uses ``sharehost_guest.http``).
+  Without it the build finds out itself: a plugin module of the directory that imports
+  ``sharehost_guest.http`` is built with it, and a build that meets the import elsewhere is
+  made again with it. A component with ``wasi:http`` loads only in a pipeline that grants
+  outbound hosts.
+
+Module-level code runs once, at build time: the component starts from that snapshot. The
+pinned toolchain is installed into a per-user cache the first time (``_toolchain``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Optional, Tuple
+
+from . import _imports, _toolchain
+
+SDK_DIR = pathlib.Path(__file__).resolve().parent.parent
+WIT_DIR = pathlib.Path(__file__).resolve().parent / "wit"
+WORLD_PACKAGE = "sharehost:guest-py"
+RESERVED = {"wit_world", "sharehost_app", "sharehost_guest", "sharehost_build"}
+#: Interfaces a component may import without a grant (host/src/runtime/validate.rs), and with
+#: an HTTP grant; the build checks its output against them.
+ALLOWED = (
+    "sharehost:plugin/host@", "sharehost:plugin/outputs@", "sharehost:plugin/types@",
+    "wasi:cli/stderr@", "wasi:io/error@", "wasi:io/poll@", "wasi:io/streams@",
+    "wasi:clocks/monotonic-clock@", "wasi:clocks/wall-clock@", "wasi:random/random@",
+    "wasi:random/insecure@", "wasi:random/insecure-seed@", "wasi:cli/environment@",
+    "wasi:cli/exit@", "wasi:cli/stdin@", "wasi:cli/stdout@", "wasi:cli/terminal-input@",
+    "wasi:cli/terminal-output@", "wasi:cli/terminal-stdin@", "wasi:cli/terminal-stdout@",
+    "wasi:cli/terminal-stderr@",
+)
+ALLOWED_WITH_HTTP = ("wasi:http/types@", "wasi:http/outgoing-handler@")
+#: The namespace the SDK's own WASI imports carry through a ``--wasi stub`` build (see
+#: ``_imports``).
+STUB_NAMESPACE = "sharehost-wasi"
+
+
+class BuildError(Exception):
+    """A build that cannot go on; the message says why."""
+
+
+def _usage() -> str:
+    return (__doc__ or "").split("\n\n", 2)[1].strip()
+
+
+def find_module(plugin: str) -> Tuple[pathlib.Path, str]:
+    """The plugin's directory and module name."""
+    path = pathlib.Path(plugin)
+    if path.is_dir():
+        directory = path.resolve()
+        if (directory / "plugin.py").is_file():
+            module = "plugin"
+        else:
+            candidates = sorted(
+                p.name
+                for p in directory.glob("*.py")
+                if not (
+                    p.name.startswith("test_")
+                    or p.name.endswith("_test.py")
+                    or p.name in ("conftest.py", "setup.py")
+                )
+            )
+            if len(candidates) != 1:
+                raise BuildError(
+                    f"{plugin}: expected plugin.py or exactly one module, found: "
+                    f"{' '.join(candidates) or 'none'}"
+                )
+            module = candidates[0][:-3]
+    elif path.is_file() and path.suffix == ".py":
+        directory = path.resolve().parent
+        module = path.stem
+    else:
+        raise BuildError(f"{plugin} is neither a .py module nor a directory")
+    if module in RESERVED:
+        raise BuildError(f"rename {module}.py: the name is taken by the build")
+    return directory, module
+
+
+def uses_http(directory: pathlib.Path) -> bool:
+    """Whether a module of the plugin's directory imports ``sharehost_guest.http`` (tests
+    excluded): read with ``ast``, never run."""
+    for path in directory.glob("*.py"):
+        if path.name.startswith("test_") or path.name.endswith("_test.py"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(
+                a.name == "sharehost_guest.http" for a in node.names
+            ):
+                return True
+            if isinstance(node, ast.ImportFrom):
+                if node.module == "sharehost_guest.http":
+                    return True
+                if node.module == "sharehost_guest" and any(a.name == "http" for a in node.names):
+                    return True
+    return False
+
+
+def write_wit(into: pathlib.Path, namespace: str) -> None:
+    """The WIT the component is built against: the contract, the SDK's two worlds, and the
+    WASI interfaces they import under ``namespace`` (``wasi``, or ``sharehost-wasi`` for a stub
+    build, renamed back afterwards)."""
+    deps = into / "deps"
+    deps.mkdir(parents=True)
+    shutil.copy(WIT_DIR / "plugin.wit", deps / "plugin.wit")
+    for package in sorted((WIT_DIR / "wasi").iterdir()):
+        (deps / f"wasi-{package.name}").mkdir()
+        for f in sorted(package.glob("*.wit")):
+            text = re.sub(r"\bwasi:", f"{namespace}:", f.read_text(encoding="utf-8"))
+            (deps / f"wasi-{package.name}" / f.name).write_text(text, encoding="utf-8")
+    (into / "world.wit").write_text(
+        f"""package {WORLD_PACKAGE};
+
+/// A plugin, and the stream its SDK writes an uncaught exception to before it traps.
+world plugin-py {{
+  include sharehost:plugin/plugin@0.2.0;
+  import {namespace}:cli/stderr@0.2.0;
+}}
+
+/// A plugin that calls granted hosts over HTTP.
+world plugin-py-http {{
+  include plugin-py;
+  import {namespace}:http/outgoing-handler@0.2.0;
+}}
+""",
+        encoding="utf-8",
+    )
+
+
+def componentize(
+    cpy: pathlib.Path, work: pathlib.Path, directory: pathlib.Path, module: str, wasi: str,
+    http: bool, extra: List[str], out: pathlib.Path,
+) -> subprocess.CompletedProcess:
+    """One componentize-py run (output captured, so a missing ``--http`` can be recognised)."""
+    namespace = STUB_NAMESPACE if wasi == "stub" else "wasi"
+    wit = work / f"wit-{wasi}-{int(http)}"
+    if not wit.exists():
+        write_wit(wit, namespace)
+    # Tells the SDK glue which WASI and world it has (which guards and clients to install).
+    (work / "sharehost_build.py").write_text(f'WASI = "{wasi}"\nHTTP = {http}\n')
+    # The app module componentize-py wraps: the SDK glue first (it guards clocks, files and
+    # run-time imports before the plugin binds them), then the plugin (imported at build time).
+    (work / "sharehost_app.py").write_text(
+        "from sharehost_guest._component import make_world\n"
+        f"import {module} as _plugin_module\n\n"
+        "WitWorld = make_world(_plugin_module)\n"
+    )
+    world = f"{WORLD_PACKAGE}/plugin-py{'-http' if http else ''}"
+    cmd = [
+        str(cpy), "-q", "-d", str(wit), "-w", world,
+        "--import-interface-name", "sharehost:plugin/types@0.2.0=types",
+    ]
+    if http:
+        cmd += ["--import-interface-name", f"{namespace}:http/types@0.2.0=http_types"]
+    cmd += ["componentize", "sharehost_app", "-p", str(work), "-p", str(directory),
+            "-p", str(SDK_DIR), *extra, "-o", str(out)]
+    if wasi == "stub":
+        cmd.append("--stub-wasi")
+    # The plugin's own directory is where it imports from; the SDK is always this copy.
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+
+
+def deny_filesystem_and_sockets(tools: pathlib.Path, work: pathlib.Path, full: pathlib.Path,
+                                out: pathlib.Path) -> None:
+    """``--wasi deny``: plugs a component exporting exactly the ``wasi:filesystem`` and
+    ``wasi:sockets`` interfaces the build imports, whose functions trap."""
+    run = lambda *a: subprocess.run([str(x) for x in a], check=True, capture_output=True)  # noqa: E731
+    run(tools / "wasm-tools", "component", "wit", full, "--out-dir", work / "full-wit")
+    deny = work / "deny"
+    (deny / "deps").mkdir(parents=True)
+    for f in (work / "full-wit" / "deps").glob("*.wit"):
+        if f.name != "plugin.wit":
+            shutil.copy(f, deny / "deps" / f.name)
+    component_wit = (work / "full-wit" / "component.wit").read_text()
+    denied = sorted(set(re.findall(r"import (wasi:(?:filesystem|sockets)/[a-z-]+@[0-9.]+)", component_wit)))
+    if not denied:
+        shutil.copy(full, out)
+        return
+    (deny / "deny.wit").write_text(
+        "package sharehost:wasi-deny;\nworld deny {\n"
+        + "".join(f"  export {i};\n" for i in denied)
+        + "}\n"
+    )
+    run(tools / "wasm-tools", "component", "embed", "--dummy", deny, "-w", "deny", "-o", work / "deny.core.wasm")
+    run(tools / "wasm-tools", "component", "new", work / "deny.core.wasm", "-o", work / "deny.wasm")
+    run(tools / "wac", "plug", full, "--plug", work / "deny.wasm", "-o", out)
+
+
+def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None,
+          extra: Optional[List[str]] = None) -> pathlib.Path:
+    """Builds ``plugin`` into ``out``; returns the path written."""
+    if wasi not in ("stub", "deny"):
+        raise BuildError(f"--wasi must be stub or deny (got '{wasi}')")
+    directory, module = find_module(plugin)
+    venv = _toolchain.ensure(with_wasm_tools=(wasi == "deny"))
+    cpy = venv / "bin" / "componentize-py"
+    out_path = pathlib.Path(out).resolve()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with_http = uses_http(directory) if http is None else http
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sharehost-build-py-") as tmp:
+        work = pathlib.Path(tmp)
+        raw = work / "raw.wasm"
+        result = componentize(cpy, work, directory, module, wasi, with_http, extra or [], raw)
+        if result.returncode != 0 and not with_http and _needs_http(result):
+            with_http = True
+            result = componentize(cpy, work, directory, module, wasi, True, extra or [], raw)
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout + result.stderr)
+            raise BuildError(f"componentize-py failed ({result.returncode})")
+        sys.stderr.write(result.stdout)
+        if wasi == "stub":
+            component, _ = _imports.rename_imports(raw.read_bytes(), f"{STUB_NAMESPACE}:", "wasi:")
+        else:
+            plugged = work / "plugged.wasm"
+            deny_filesystem_and_sockets(venv / "bin", work, raw, plugged)
+            component = plugged.read_bytes()
+        allowed = ALLOWED + (ALLOWED_WITH_HTTP if with_http else ())
+        refused = [
+            i for i in _imports.import_names(component)
+            if ":" in i and not i.startswith(allowed)
+        ]
+        if refused:
+            raise BuildError(f"the component imports {', '.join(refused)}, which the host refuses")
+        out_path.write_bytes(component)
+    took = time.monotonic() - started
+    sys.stderr.write(
+        f"build: {out} (--wasi {wasi}{', wasi:http' if with_http else ''}, "
+        f"{out_path.stat().st_size} bytes, {took:.1f} s)\n"
+    )
+    return out_path
+
+
+def _needs_http(result: subprocess.CompletedProcess) -> bool:
+    from .http import NEEDS_HTTP
+
+    return NEEDS_HTTP in result.stdout or NEEDS_HTTP in result.stderr
+
+
+def main(argv=None) -> int:
+    """The command line (see the module's doc)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    wasi = os.environ.get("SHAREHOST_PY_WASI", "stub")
+    http: Optional[bool] = None
+    while args and (args[0] in ("--wasi", "--http") or args[0].startswith("--wasi=")):
+        a = args.pop(0)
+        if a == "--http":
+            http = True
+        elif a == "--wasi":
+            wasi = args.pop(0) if args else ""
+        else:
+            wasi = a.split("=", 1)[1]
+    if len(args) < 2 or args[0] in ("-h", "--help"):
+        print(_usage(), file=sys.stderr)
+        return 2
+    try:
+        build(args[0], args[1], wasi, http, args[2:])
+    except BuildError as e:
+        print(f"build: {e}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as e:
+        detail = (e.stderr or b"").decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        print(f"build: {' '.join(map(str, e.cmd))} failed: {detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
