@@ -38,7 +38,7 @@ SDK_DIR = pathlib.Path(__file__).resolve().parent.parent
 WIT_DIR = pathlib.Path(__file__).resolve().parent / "wit"
 WORLD_PACKAGE = "sharehost:guest-py"
 RESERVED = {"wit_world", "sharehost_app", "sharehost_guest", "sharehost_build"}
-#: Interfaces a component may import without a grant (host/src/runtime/validate.rs), and with
+#: Interfaces a component may import without a grant (host/runtime/src/validate.rs), and with
 #: an HTTP grant; the build checks its output against them.
 ALLOWED = (
     "sharehost:plugin/host@", "sharehost:plugin/outputs@", "sharehost:plugin/types@",
