@@ -54,6 +54,7 @@ fn same_token(presented: &[u8], token: &[u8]) -> bool {
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
+    s.metrics.ready.set(i64::from(s.tenants.ready().is_ok()));
     (
         [(
             header::CONTENT_TYPE,

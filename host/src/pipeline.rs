@@ -1014,6 +1014,18 @@ impl Pipeline {
             l.push(("result", result.into()));
             let _ = m.acks.get_or_create(&l);
         }
+        // Alerts on rare events (`increase(...[15m]) > 0`) see the first one only when its
+        // series was there before it, at 0.
+        for result in ["ok", "failed", "rollback"] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            let _ = m.swaps.get_or_create(&l);
+        }
+        for result in ["started", "promoted", "rolled_back"] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            let _ = m.canary_transitions.get_or_create(&l);
+        }
         let v = self.labels(hash);
         let _ = m.batches.get_or_create(&v);
         let _ = m.guest_seconds.get_or_create(&v);
