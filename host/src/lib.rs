@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod pipeline;
 pub mod provenance;
+pub mod recent_faults;
 pub mod rollout;
 pub mod runtime;
 pub mod share;
