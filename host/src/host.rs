@@ -336,6 +336,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         tenants: tenants.clone(),
         metrics: metrics.clone(),
         token,
+        manifest: Some(path.to_owned()),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

@@ -9,6 +9,7 @@
 //! pipeline arrive with their issues; see `docs/` and the design notes.
 
 pub mod admin;
+pub mod console;
 pub mod ctl;
 pub mod dlq;
 pub mod kafka;
