@@ -13,6 +13,8 @@ const state = {
   host: null,
   pipelines: [],
   faults: [],
+  // The open pipeline's own faults (GET /faults?pipeline=NAME).
+  pipelineFaults: [],
   // Per pipeline: [{t, judged}] newest last, for the records/s charts.
   samples: new Map(),
   route: { view: "host", pipeline: null },
@@ -290,8 +292,7 @@ function renderFaults() {
   fill($("host-faults").tBodies[0], faultRows(state.faults.slice(0, 10)), "no faults", 6);
   fill($("all-faults").tBodies[0], faultRows(state.faults), "no faults", 6);
   if (state.route.pipeline) {
-    const mine = state.faults.filter((f) => f.pipeline === state.route.pipeline);
-    fill($("pipeline-faults").tBodies[0], faultRows(mine), "no faults", 6);
+    fill($("pipeline-faults").tBodies[0], faultRows(state.pipelineFaults), "no faults", 6);
   }
 }
 
@@ -457,11 +458,18 @@ function render() {
 async function poll() {
   const error = $("load-error");
   try {
-    const [host, pipelines, faults] = await Promise.all([getJson("/host"), getJson("/pipelines"), getJson("/faults")]);
+    const open = state.route.pipeline;
+    const [host, pipelines, faults, mine] = await Promise.all([
+      getJson("/host"),
+      getJson("/pipelines"),
+      getJson("/faults"),
+      open ? getJson(`/faults?pipeline=${encodeURIComponent(open)}`) : null,
+    ]);
     const now = Date.now();
     state.host = host;
     state.pipelines = pipelines;
     state.faults = faults.faults;
+    state.pipelineFaults = mine && open === state.route.pipeline ? mine.faults : [];
     for (const p of pipelines) sample(p, now);
     error.hidden = true;
     render();

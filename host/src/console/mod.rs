@@ -5,7 +5,7 @@
 //!   build step) showing the host's pipelines, versions, rollouts, records per second, dead
 //!   letters grouped by reason and recent faults; `GET /` leads there.
 //! - `GET /host`: version, readiness, and whether actions need the bearer token.
-//! - `GET /faults`: the last faults of every pipeline, newest first.
+//! - `GET /faults` (`?pipeline=NAME` for one): the last faults, newest first.
 //! - `GET /pipelines/NAME/dead-letters`: the pipeline's dead letters grouped by reason.
 //! - `POST /pipelines/NAME/dead-letters/replay`: replays chosen dead letters once, as
 //!   `sharehost dlq replay` does (behind the bearer token).
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -36,6 +36,10 @@ use dead_letters::{Collector, DeadLetterView};
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
 const CONSOLE_CSS: &str = include_str!("../../console/console.css");
+
+/// Most faults one `GET /faults` lists (a host of 100 pipelines keeps 6,400, and the page asks
+/// every 2 s).
+const MAX_FAULTS_LISTED: usize = 200;
 
 /// Characters of a dead letter's value the console previews.
 const VALUE_PREVIEW: usize = 80;
@@ -112,22 +116,38 @@ async fn host(State(s): State<Arc<AdminState>>) -> Response {
 /// `GET /faults`.
 #[derive(Debug, Serialize)]
 struct FaultsView {
-    /// Every pipeline's kept faults, newest first.
+    /// The newest kept faults (of one pipeline with `?pipeline=NAME`), newest first, at most
+    /// [`MAX_FAULTS_LISTED`].
     faults: Vec<RecentFault>,
+    /// How many faults are kept in all (of that pipeline).
+    kept: usize,
     /// How many each pipeline keeps.
     kept_per_pipeline: usize,
 }
 
-async fn faults(State(s): State<Arc<AdminState>>) -> Response {
+/// The value of `name` in a query string (`a=1&b=2`); pipeline names need no decoding (letters,
+/// digits, `-` and `_`).
+fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
+async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> Response {
+    let only = query_value(query.as_deref(), "pipeline");
     let mut faults: Vec<RecentFault> = s
         .tenants
         .pipelines()
         .iter()
+        .filter(|p| only.is_none_or(|name| p.name() == name))
         .flat_map(|p| p.recent_faults())
         .collect();
     faults.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
+    let kept = faults.len();
+    faults.truncate(MAX_FAULTS_LISTED);
     axum::Json(FaultsView {
         faults,
+        kept,
         kept_per_pipeline: KEPT_FAULTS,
     })
     .into_response()
@@ -316,5 +336,24 @@ async fn replay(
             axum::Json(serde_json::json!({ "pipeline": name, "summary": summary })).into_response()
         }
         (Err(e), _) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_value;
+
+    #[test]
+    fn a_query_value_is_found_by_its_whole_name() {
+        assert_eq!(
+            query_value(Some("pipeline=orders"), "pipeline"),
+            Some("orders")
+        );
+        assert_eq!(
+            query_value(Some("x=1&pipeline=a-b_c"), "pipeline"),
+            Some("a-b_c")
+        );
+        assert_eq!(query_value(Some("pipelines=orders"), "pipeline"), None);
+        assert_eq!(query_value(None, "pipeline"), None);
     }
 }
