@@ -150,6 +150,7 @@ async fn run(path: PathBuf) -> Result<()> {
         tenants: Arc::new(Tenants::loaded(&pipelines)),
         metrics,
         token: None,
+        manifest: None,
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

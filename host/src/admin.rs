@@ -2,7 +2,9 @@
 //! `GET /pipelines` (status with active versions and counters, never secrets),
 //! `GET /pipelines/NAME/versions`, and the rollout endpoints, which a bearer token can guard:
 //! `POST /pipelines/NAME/swap`, `.../rollback`, `.../shadow` (and `DELETE`), `.../canary`
-//! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default.
+//! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default. The console in the browser and
+//! its read endpoints (`/console`, `GET /host`, `GET /faults`, a pipeline's dead letters) are
+//! in [`crate::console`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +30,9 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Bearer token for mutating endpoints, when configured.
     pub token: Option<String>,
+    /// The manifest the host runs, where the console reads each pipeline's dead-letter topic
+    /// and cluster settings from (`None`: no dead-letter view).
+    pub manifest: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -35,7 +40,7 @@ struct SwapBody {
     path: PathBuf,
 }
 
-fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
+pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
     let Some(token) = &state.token else {
         return true;
     };
@@ -54,6 +59,7 @@ fn same_token(presented: &[u8], token: &[u8]) -> bool {
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
+    s.metrics.ready.set(i64::from(s.tenants.ready().is_ok()));
     (
         [(
             header::CONTENT_TYPE,
@@ -266,6 +272,7 @@ pub async fn serve(
         .route("/pipelines/{name}/shadow", post(shadow).delete(shadow_stop))
         .route("/pipelines/{name}/canary", post(canary).delete(canary_stop))
         .route("/pipelines/{name}/promote", post(promote))
+        .merge(crate::console::routes())
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -281,6 +288,7 @@ mod tests {
             tenants: Arc::new(Tenants::new([])),
             metrics: Arc::new(Metrics::new()),
             token: token.map(str::to_owned),
+            manifest: None,
         }
     }
 

@@ -291,6 +291,15 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     let tenants = Arc::new(Tenants::new(
         manifest.pipelines.iter().map(|p| p.name.clone()),
     ));
+    // At 0 from the start, so an alert on their increase sees the first failure.
+    for spec in &manifest.pipelines {
+        for stage in ["load", "run"] {
+            let _ = metrics.pipeline_failures.get_or_create(&vec![
+                ("pipeline", spec.name.clone()),
+                ("stage", stage.to_owned()),
+            ]);
+        }
+    }
     // Components are loaded and initialised before any group is joined (and before the
     // admin listener answers); one that fails is tried again by its tenant, unless `strict`.
     if strict {
@@ -327,6 +336,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         tenants: tenants.clone(),
         metrics: metrics.clone(),
         token,
+        manifest: Some(path.to_owned()),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

@@ -17,12 +17,14 @@
 //! - [`metrics`]: the registry passed down to everything that counts.
 
 pub mod admin;
+pub mod console;
 pub mod ctl;
 pub mod dlq;
 pub mod manifest;
 pub mod metrics;
 pub mod pipeline;
 pub mod provenance;
+pub mod recent_faults;
 pub mod rollout;
 pub mod state;
 pub mod tenants;

@@ -109,6 +109,9 @@ pub struct Metrics {
     /// Records released at their last delivery (the group's delivery limit): the broker
     /// archives them; without a group dead-letter topic nothing of them remains.
     pub released_at_delivery_limit: Family<Labels, Counter>,
+    /// 1 when the host is ready as `/readyz` answers (every pipeline loaded, in its group and
+    /// writing), else 0; set at every scrape, so an alert sees what a probe sees.
+    pub ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -153,6 +156,7 @@ impl Metrics {
             write_seconds: Family::new_with_constructor(seconds_histogram),
             request_seconds: Family::new_with_constructor(seconds_histogram),
             released_at_delivery_limit: Family::default(),
+            ready: Gauge::default(),
         };
         registry.register(
             "records",
@@ -297,6 +301,11 @@ impl Metrics {
             "released_at_delivery_limit",
             "Records released at their last delivery (the group's delivery limit): the broker archives them",
             m.released_at_delivery_limit.clone(),
+        );
+        registry.register(
+            "ready",
+            "Whether the host is ready (1) as /readyz answers: every pipeline loaded, in its group and writing",
+            m.ready.clone(),
         );
         root.register_collector(Box::new(Process));
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = root;

@@ -21,6 +21,7 @@ use crate::kafka::{Header, KafkaClient, KafkaError, ProduceRecord};
 use crate::manifest::{FaultPolicy, InstanceModeSpec, PipelineSpec};
 use crate::metrics::{Labels, Metrics};
 use crate::provenance as pv;
+use crate::recent_faults::{FaultRole, RecentFault, RecentFaults};
 use crate::rollout::{
     ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
     SHADOW_QUEUE, ShadowRequest, ShadowStatus,
@@ -630,6 +631,8 @@ pub struct Pipeline {
     stall: Mutex<SwapStall>,
     /// The last fault of records released for one, for their dead letter at the cap.
     last_faults: Mutex<LastFaults>,
+    /// The last faults met, in words, for `GET /faults` and the console.
+    recent_faults: Arc<RecentFaults>,
 }
 
 /// Most records whose last fault is kept: a bound on what a faulting plugin makes the host
@@ -978,6 +981,7 @@ impl Pipeline {
             unmapped: Mutex::new(BTreeSet::new()),
             stall: Mutex::new(SwapStall::default()),
             last_faults: Mutex::new(LastFaults::default()),
+            recent_faults: Arc::default(),
         });
         let active = lock(&pipeline.active).clone();
         pipeline.publish_version_info(&active, 1);
@@ -1015,6 +1019,18 @@ impl Pipeline {
             l.push(("result", result.into()));
             let _ = m.acks.get_or_create(&l);
         }
+        // Alerts on rare events (`increase(...[15m]) > 0`) see the first one only when its
+        // series was there before it, at 0.
+        for result in ["ok", "failed", "rollback"] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            let _ = m.swaps.get_or_create(&l);
+        }
+        for result in ["started", "promoted", "rolled_back"] {
+            let mut l = l.clone();
+            l.push(("result", result.into()));
+            let _ = m.canary_transitions.get_or_create(&l);
+        }
         let v = self.labels(hash);
         let _ = m.batches.get_or_create(&v);
         let _ = m.guest_seconds.get_or_create(&v);
@@ -1045,6 +1061,12 @@ impl Pipeline {
     /// Content hash of the active version.
     pub fn active_hash(&self) -> String {
         lock(&self.active).hash.clone()
+    }
+
+    /// The last faults this pipeline met (plugin faults of every role, refused swaps), newest
+    /// first.
+    pub fn recent_faults(&self) -> Vec<RecentFault> {
+        self.recent_faults.newest_first()
     }
 
     /// Status for `GET /pipelines`.
@@ -1122,6 +1144,12 @@ impl Pipeline {
             Err(e) => {
                 lock(&self.stall).swap_refused();
                 tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
+                self.recent_faults.note(RecentFault::now(
+                    &self.spec.name,
+                    FaultRole::Swap,
+                    "refused",
+                    &e.to_string(),
+                ));
                 *lock(&self.last_swap_error) = Some(e.to_string());
                 let mut l = labels;
                 l.push(("result", "failed".into()));
@@ -2009,6 +2037,21 @@ impl Pipeline {
                             |f| format!("{}: {}", f.kind, f.message),
                         );
                     tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
+                    let kind = other.as_ref().and_then(|(j, _)| j.faults.first());
+                    self.recent_faults.note(
+                        RecentFault::now(
+                            &self.spec.name,
+                            FaultRole::Canary,
+                            kind.map_or("no_free_instance", |f| f.kind.as_str()),
+                            &kind.map_or(message.clone(), |f| f.message.clone()),
+                        )
+                        .on_batch(
+                            &run.version.hash,
+                            batch.len(),
+                            batch.first().map(|r| r.record.offset),
+                            batch.last().map(|r| r.record.offset),
+                        ),
+                    );
                     if let Some((j, _)) = &other {
                         self.count(&run.version.hash, |c| {
                             c.faults += j.faults.len() as u64;
@@ -2078,6 +2121,15 @@ impl Pipeline {
                 pipeline = %self.spec.name, version = %short(&version.hash), kind = %first.kind,
                 records = batch.len(), first_offset = ?lo, last_offset = ?hi, faults = faults.len(),
                 "plugin fault: {}", first.message
+            );
+            self.recent_faults.note(
+                RecentFault::now(
+                    &self.spec.name,
+                    FaultRole::Active,
+                    first.kind.as_str(),
+                    &first.message,
+                )
+                .on_batch(&version.hash, batch.len(), lo, hi),
             );
             self.count(&version.hash, |c| c.faults += faults.len() as u64);
             for f in &faults {
@@ -2268,6 +2320,11 @@ impl Pipeline {
             .collect();
         let (records, active, policy) = (records.clone(), verdicts.to_vec(), policy.clone());
         let (metrics, pipeline) = (self.metrics.clone(), self.spec.name.clone());
+        let recent_faults = self.recent_faults.clone();
+        let (first, last) = (
+            batch.first().map(|r| r.record.offset),
+            batch.last().map(|r| r.record.offset),
+        );
         tokio::spawn(async move {
             let _place = place;
             let _turn = run.turn.lock().await;
@@ -2281,8 +2338,12 @@ impl Pipeline {
             if let Some(handler) = handler {
                 lock(&run.version.instances).push(handler);
             }
-            if !judged.faults.is_empty() {
+            if let Some(f) = judged.faults.first() {
                 lock(&run.status).faults += judged.faults.len() as u64;
+                recent_faults.note(
+                    RecentFault::now(&pipeline, FaultRole::Shadow, f.kind.as_str(), &f.message)
+                        .on_batch(&run.version.hash, coordinates.len(), first, last),
+                );
                 return;
             }
             lock(&run.status).compare(&coordinates, &active, &judged.verdicts, elapsed);

@@ -508,6 +508,7 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
         tenants: Arc::new(Tenants::loaded(std::slice::from_ref(&pipeline))),
         metrics,
         token: None,
+        manifest: None,
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

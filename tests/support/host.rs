@@ -205,10 +205,32 @@ impl HostProcess {
 
     /// [`HostProcess::start`], with its ledger reports also waking `watch`.
     pub fn start_watched(bin: &Path, manifest: &Path, name: &str, watch: &Watch) -> HostProcess {
+        HostProcess::start_with(bin, manifest, name, watch, &[])
+    }
+
+    /// [`HostProcess::start`] with more environment variables (an admin token, a state
+    /// directory of the test's own).
+    pub fn start_with_env(
+        bin: &Path,
+        manifest: &Path,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> HostProcess {
+        HostProcess::start_with(bin, manifest, name, &Watch::default(), env)
+    }
+
+    fn start_with(
+        bin: &Path,
+        manifest: &Path,
+        name: &str,
+        watch: &Watch,
+        env: &[(&str, &str)],
+    ) -> HostProcess {
         let mut child = Command::new(bin)
             .arg("run")
             .arg(manifest)
             .env("SHAREHOST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -251,13 +273,34 @@ impl HostProcess {
         self.child.id()
     }
 
+    /// The admin listener's address (`127.0.0.1:PORT`).
+    pub fn admin(&self) -> &str {
+        &self.admin
+    }
+
     /// One HTTP/1.1 request to the admin listener; returns status code and body.
     pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        self.request(method, path, &[("Content-Type", "application/json")], body)
+    }
+
+    /// [`HostProcess::http`] with the request's headers chosen (a bearer token, another
+    /// content type).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
         let mut s = TcpStream::connect(&self.admin)
             .unwrap_or_else(|e| panic!("{}: admin connect {}: {e}", self.name, self.admin));
+        let headers: String = headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .expect("write admin request");

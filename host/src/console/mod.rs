@@ -1,0 +1,359 @@
+//! The console in the browser, served by the admin listener, and the read endpoints it needs
+//! beyond `GET /pipelines`:
+//!
+//! - `GET /console`: one page (HTML, a script and a style sheet compiled into the binary, no
+//!   build step) showing the host's pipelines, versions, rollouts, records per second, dead
+//!   letters grouped by reason and recent faults; `GET /` leads there.
+//! - `GET /host`: version, readiness, and whether actions need the bearer token.
+//! - `GET /faults` (`?pipeline=NAME` for one): the last faults, newest first.
+//! - `GET /pipelines/NAME/dead-letters`: the pipeline's dead letters grouped by reason.
+//! - `POST /pipelines/NAME/dead-letters/replay`: replays chosen dead letters once, as
+//!   `sharehost dlq replay` does (behind the bearer token).
+//!
+//! Reading is open to whoever reaches the listener, as `GET /pipelines` is; every action needs
+//! the token when one is set. What plugins wrote (reasons, fault messages, record previews) is
+//! untrusted: the page shows it as text, never as markup, and its content security policy
+//! allows no script but its own.
+
+pub mod dead_letters;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use crate::admin::{AdminState, authorized};
+use crate::dlq::{Action, DlqArgs, Summary};
+use crate::manifest::Manifest;
+use crate::recent_faults::{KEPT_FAULTS, RecentFault};
+use dead_letters::{Collector, DeadLetterView};
+
+const INDEX_HTML: &str = include_str!("../../console/index.html");
+const CONSOLE_JS: &str = include_str!("../../console/console.js");
+const CONSOLE_CSS: &str = include_str!("../../console/console.css");
+
+/// Most faults one `GET /faults` lists (a host of 100 pipelines keeps 6,400, and the page asks
+/// every 2 s).
+const MAX_FAULTS_LISTED: usize = 200;
+
+/// Characters of a dead letter's value the console previews.
+const VALUE_PREVIEW: usize = 80;
+
+/// The page may run its own script and style and talk to its own origin, nothing else: a
+/// reason or fault text that slipped into markup could still not run.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+/// The console's routes, merged into the admin router.
+pub fn routes() -> Router<Arc<AdminState>> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/console") }))
+        .route(
+            "/console",
+            get(|| asset("text/html; charset=utf-8", INDEX_HTML)),
+        )
+        .route(
+            "/console/console.js",
+            get(|| asset("text/javascript; charset=utf-8", CONSOLE_JS)),
+        )
+        .route(
+            "/console/console.css",
+            get(|| asset("text/css; charset=utf-8", CONSOLE_CSS)),
+        )
+        .route("/host", get(host))
+        .route("/faults", get(faults))
+        .route("/pipelines/{name}/dead-letters", get(dead_letters))
+        .route("/pipelines/{name}/dead-letters/replay", post(replay))
+}
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /host`.
+#[derive(Debug, Serialize)]
+struct HostView {
+    /// The host's version.
+    version: &'static str,
+    /// Whether POST and DELETE need `Authorization: Bearer TOKEN` (`[admin] token_env`).
+    actions_need_token: bool,
+    /// What `/readyz` would answer.
+    ready: bool,
+    /// Why not, one line per pipeline, as `/readyz` says.
+    not_ready: Vec<String>,
+}
+
+async fn host(State(s): State<Arc<AdminState>>) -> Response {
+    let ready = s.tenants.ready();
+    axum::Json(HostView {
+        version: env!("CARGO_PKG_VERSION"),
+        actions_need_token: s.token.is_some(),
+        ready: ready.is_ok(),
+        not_ready: ready
+            .err()
+            .map(|why| why.lines().map(str::to_owned).collect())
+            .unwrap_or_default(),
+    })
+    .into_response()
+}
+
+/// `GET /faults`.
+#[derive(Debug, Serialize)]
+struct FaultsView {
+    /// The newest kept faults (of one pipeline with `?pipeline=NAME`), newest first, at most
+    /// [`MAX_FAULTS_LISTED`].
+    faults: Vec<RecentFault>,
+    /// How many faults are kept in all (of that pipeline).
+    kept: usize,
+    /// How many each pipeline keeps.
+    kept_per_pipeline: usize,
+}
+
+/// The value of `name` in a query string (`a=1&b=2`); pipeline names need no decoding (letters,
+/// digits, `-` and `_`).
+fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+}
+
+async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> Response {
+    let only = query_value(query.as_deref(), "pipeline");
+    let mut faults: Vec<RecentFault> = s
+        .tenants
+        .pipelines()
+        .iter()
+        .filter(|p| only.is_none_or(|name| p.name() == name))
+        .flat_map(|p| p.recent_faults())
+        .collect();
+    faults.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
+    let kept = faults.len();
+    faults.truncate(MAX_FAULTS_LISTED);
+    axum::Json(FaultsView {
+        faults,
+        kept,
+        kept_per_pipeline: KEPT_FAULTS,
+    })
+    .into_response()
+}
+
+fn answer(status: StatusCode, pipeline: &str, error: String) -> Response {
+    (
+        status,
+        axum::Json(serde_json::json!({ "pipeline": pipeline, "error": error })),
+    )
+        .into_response()
+}
+
+/// The manifest the host runs and the dead-letter topic of its pipeline `name`, or the status
+/// and reason why not: 404 (no such pipeline, or no manifest to read), 500 (the manifest no
+/// longer loads). `Ok((path, None))`: the pipeline keeps no dead letters.
+fn dead_letter_topic(
+    s: &AdminState,
+    name: &str,
+) -> Result<(PathBuf, Option<String>), (StatusCode, String)> {
+    let Some(path) = &s.manifest else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "this host serves no dead-letter view (it was started without a manifest)".into(),
+        ));
+    };
+    let manifest = Manifest::load(path).map_err(|e| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the manifest no longer loads: {e}"),
+        )
+    })?;
+    match manifest.pipelines.iter().find(|p| p.name == name) {
+        Some(spec) => Ok((path.clone(), spec.dead_letter_topic.clone())),
+        None => Err((StatusCode::NOT_FOUND, format!("no pipeline named {name:?}"))),
+    }
+}
+
+/// Runs `sharehost dlq` with `args` (JSON lines) into a [`Collector`]. On a blocking thread:
+/// the reader writes to a `std::io::Write`, which is not `Send`, between its awaits.
+async fn run_dlq(args: DlqArgs) -> (anyhow::Result<Summary>, Collector) {
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut sink = Collector::default();
+        let result = handle.block_on(crate::dlq::run(&args, &mut sink));
+        (result, sink)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        (
+            Err(anyhow::anyhow!("the dead-letter reader stopped: {e}")),
+            Collector::default(),
+        )
+    })
+}
+
+fn dlq_args(manifest: PathBuf, pipeline: &str, action: Action) -> DlqArgs {
+    DlqArgs {
+        manifest,
+        pipeline: pipeline.to_owned(),
+        action,
+        reason: None,
+        offsets: None,
+        partition: None,
+        dry_run: false,
+        json: true,
+        preview: VALUE_PREVIEW,
+        state_dir: None,
+        any_pipeline: false,
+    }
+}
+
+/// `GET /pipelines/NAME/dead-letters`: the dead-letter topic read to its end, grouped by
+/// reason shape, with what a replay would do per group (a dry-run replay: it reads the replay
+/// state, writes nothing). While a replay of the topic runs (it holds the state's lock), or
+/// when the state cannot be read, the groups come from a plain listing and their replay counts
+/// are `null`, with `replay_state_error` saying why.
+async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
+    let (manifest, topic) = match dead_letter_topic(&s, &name) {
+        Ok(found) => found,
+        Err((status, why)) => return answer(status, &name, why),
+    };
+    let Some(topic) = topic else {
+        return axum::Json(DeadLetterView::none(&name)).into_response();
+    };
+    let dry_run = DlqArgs {
+        dry_run: true,
+        ..dlq_args(manifest.clone(), &name, Action::Replay)
+    };
+    let (result, collector) = run_dlq(dry_run).await;
+    let why = match result {
+        Ok(_) => return axum::Json(DeadLetterView::of(&name, &topic, &collector)).into_response(),
+        Err(e) => format!("{e:#}"),
+    };
+    match run_dlq(dlq_args(manifest, &name, Action::List)).await {
+        (Ok(_), collector) => {
+            let mut view = DeadLetterView::of(&name, &topic, &collector);
+            view.replay_state_error = Some(why);
+            axum::Json(view).into_response()
+        }
+        (Err(e), _) => answer(StatusCode::BAD_GATEWAY, &name, format!("{e:#}")),
+    }
+}
+
+/// `POST /pipelines/NAME/dead-letters/replay`: which dead letters, as `sharehost dlq`'s options.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    /// Reasons matching this regular expression (a group's `reason_regex`).
+    reason: Option<String>,
+    /// Dead-letter topic offsets, `A..B` and the other forms of `--offsets`.
+    offsets: Option<String>,
+    /// One partition of the dead-letter topic.
+    partition: Option<i32>,
+    /// Say what would be replayed; produce and remember nothing.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Replays the chosen dead letters once (the replay state is the one `sharehost dlq` keeps,
+/// so neither replays what the other did). Needs the token; only a JSON body is taken, so a
+/// form on another site cannot post here without the browser asking first (and this listener
+/// allows no other origin).
+async fn replay(
+    State(s): State<Arc<AdminState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    text: String,
+) -> Response {
+    if !authorized(&s, &headers) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            "a valid bearer token is required\n",
+        )
+            .into_response();
+    }
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if !json {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected Content-Type: application/json\n",
+        )
+            .into_response();
+    }
+    let text = if text.trim().is_empty() { "{}" } else { &text };
+    let body: ReplayBody = match serde_json::from_str(text) {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!(
+                    r#"expected {{"reason"?: "REGEX", "offsets"?: "A..B", "partition"?: P, "dry_run"?: true}}: {e}"#
+                ) + "\n",
+            )
+                .into_response();
+        }
+    };
+    let (manifest, topic) = match dead_letter_topic(&s, &name) {
+        Ok(found) => found,
+        Err((status, why)) => return answer(status, &name, why),
+    };
+    if topic.is_none() {
+        return answer(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &name,
+            "the pipeline has no dead_letter_topic: it keeps no dead letters".into(),
+        );
+    }
+    let args = DlqArgs {
+        reason: body.reason.clone(),
+        offsets: body.offsets,
+        partition: body.partition,
+        dry_run: body.dry_run,
+        ..dlq_args(manifest, &name, Action::Replay)
+    };
+    match run_dlq(args).await {
+        (Ok(summary), _) => {
+            tracing::info!(
+                pipeline = %name, reason = ?body.reason, dry_run = summary.dry_run,
+                replayed = summary.replayed, already_replayed = summary.already_replayed,
+                "dead letters replayed through the admin API"
+            );
+            axum::Json(serde_json::json!({ "pipeline": name, "summary": summary })).into_response()
+        }
+        (Err(e), _) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_value;
+
+    #[test]
+    fn a_query_value_is_found_by_its_whole_name() {
+        assert_eq!(
+            query_value(Some("pipeline=orders"), "pipeline"),
+            Some("orders")
+        );
+        assert_eq!(
+            query_value(Some("x=1&pipeline=a-b_c"), "pipeline"),
+            Some("a-b_c")
+        );
+        assert_eq!(query_value(Some("pipelines=orders"), "pipeline"), None);
+        assert_eq!(query_value(None, "pipeline"), None);
+    }
+}
