@@ -8,7 +8,8 @@
 //! delivery cap (and reported as poison), or released by the broker when its session or lock
 //! ends (counted in [`ConsumerStats::released_by_broker`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -230,6 +231,44 @@ impl ShareRecord {
     }
 }
 
+/// How long before a record's lock runs out a record the caller holds back is released (on a
+/// broker that cannot renew it), so the release lands while the record is still ours.
+pub const LOCK_MARGIN: Duration = Duration::from_secs(1);
+
+/// What the caller decided for a record it holds ([`ShareConsumer::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// A verdict for the broker (Accept, Release or Reject).
+    Final(AckKind),
+    /// Extend its lock and deliver it again to be judged; at most `max` times in all for this
+    /// delivery, then (or on a broker without renew) it is released instead.
+    Renew {
+        /// Most renewals of one delivery.
+        max: u32,
+    },
+    /// Keep it for this long (cut to the time its lock has left, when the engine does not
+    /// renew it by itself), then release it for redelivery: the engine does the release.
+    Hold(Duration),
+}
+
+/// What became of one decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The verdict was recorded; it goes out with the next request to the record's leader.
+    Taken,
+    /// Renewed: [`ShareConsumer::poll`] delivers it again.
+    Renewed,
+    /// Out of renewals (or the broker cannot renew): released.
+    RenewsSpent,
+    /// Held back for this long before its release (zero: released now, its lock had no
+    /// time left).
+    Held(Duration),
+    /// No longer this caller's (its session ended or it was settled already): nothing done.
+    Moot,
+    /// Refused as invalid (a Gap, or a verdict the ledger cannot take), with why.
+    Refused(String),
+}
+
 /// What one poll returns.
 #[derive(Debug, Default)]
 pub struct Delivery {
@@ -329,8 +368,11 @@ type Route = foldhash::HashMap<TopicIdPartition, i32>;
 struct LeaderState {
     /// Current session id; verdicts for records of other sessions are moot.
     session: u64,
-    /// Delivered records without a final verdict, with the time their lock (re)started.
-    outstanding: foldhash::HashMap<(TopicIdPartition, i64), Instant>,
+    /// Delivered records without a final verdict, with what the engine keeps of each.
+    outstanding: foldhash::HashMap<(TopicIdPartition, i64), Held>,
+    /// Records the caller holds back (`Settle::Hold`), earliest release first; an entry whose
+    /// record was settled otherwise meanwhile (or delivered again) is skipped when it is due.
+    holds: BinaryHeap<Reverse<(Instant, TopicIdPartition, i64)>>,
     /// Lock duration the broker reported.
     lock_timeout: Option<Duration>,
     /// The task's connection, so a test can cut it.
@@ -349,8 +391,10 @@ impl LeaderState {
     /// still held it comes back in the same session under the same key: it is one record held
     /// all the same (the first final verdict for either copy settles it, the other is moot),
     /// so the in-flight count takes it once.
-    fn hold(&mut self, key: (TopicIdPartition, i64), now: Instant) -> bool {
-        self.outstanding.insert(key, now).is_none()
+    fn hold(&mut self, key: (TopicIdPartition, i64), now: Instant, deliveries: i16) -> bool {
+        self.outstanding
+            .insert(key, Held::new(now, deliveries))
+            .is_none()
     }
 
     /// Forgets the outstanding records of `partitions` (their leadership moved away, so their
@@ -360,6 +404,66 @@ impl LeaderState {
         self.outstanding
             .retain(|(tp, _), _| !partitions.contains(tp));
         before - self.outstanding.len()
+    }
+
+    /// How much longer `held` can stay acquired without a verdict (see
+    /// [`ShareConsumer::hold_limit`]).
+    fn hold_limit(&self, held: &Held, auto_renew: bool) -> Option<Duration> {
+        if self.renew_supported && auto_renew {
+            return None;
+        }
+        Some(
+            self.lock_timeout
+                .map_or(Duration::ZERO, |t| t.saturating_sub(held.since.elapsed())),
+        )
+    }
+
+    /// Takes the held-back records whose release is due by `now` (those still held back for
+    /// that time); returns them and when the next one is due.
+    fn due_holds(&mut self, now: Instant) -> (Vec<(RecordKey, Held)>, Option<Instant>) {
+        let mut due = Vec::new();
+        while let Some(Reverse((at, tp, offset))) = self.holds.peek().copied() {
+            if at > now {
+                return (due, Some(at));
+            }
+            self.holds.pop();
+            let key = (tp, offset);
+            if self
+                .outstanding
+                .get(&key)
+                .is_some_and(|h| h.release_at == Some(at))
+                && let Some(held) = self.outstanding.remove(&key)
+            {
+                due.push((key, held));
+            }
+        }
+        (due, None)
+    }
+}
+
+/// A record by partition and offset.
+type RecordKey = (TopicIdPartition, i64);
+
+/// What the engine keeps of a record it delivered and has no final verdict for: when its lock
+/// (re)started, how often the caller renewed it, and when a record the caller holds back is
+/// to be released. One place for all three, so no caller keeps maps of its own beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    since: Instant,
+    /// Its delivery count (a release at the group's delivery limit archives it).
+    deliveries: i16,
+    renewals: u32,
+    release_at: Option<Instant>,
+}
+
+impl Held {
+    fn new(now: Instant, deliveries: i16) -> Self {
+        Held {
+            since: now,
+            deliveries,
+            renewals: 0,
+            release_at: None,
+        }
     }
 }
 
@@ -397,6 +501,10 @@ struct Shared {
     remap: Notify,
     next_session: AtomicU64,
     outcomes: Mutex<VecDeque<AckOutcome>>,
+    /// Records the caller renewed, to be delivered to it again (ahead of newly fetched ones).
+    again: Mutex<Vec<ShareRecord>>,
+    /// Something was put in `again`: a waiting `poll` returns it.
+    again_ready: Notify,
     fatal: Mutex<Option<String>>,
     stats: ConsumerStats,
     /// The "no v2 here" warning is said once per consumer, not once per reconnect.
@@ -481,6 +589,23 @@ fn paced_limit(rate: f64, horizon: Duration, floor: usize, max: usize) -> usize 
 }
 
 impl Shared {
+    /// Counts `finals` verdicts out of the in-flight bound (and into the pacing rate), and
+    /// `at_limit` releases at the group's delivery limit.
+    fn counted_finals(&self, finals: usize, at_limit: u64) {
+        if finals > 0 {
+            self.in_flight.fetch_sub(
+                finals.min(self.in_flight.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+            self.finals.fetch_add(finals as u64, Ordering::Relaxed);
+        }
+        if at_limit > 0 {
+            self.stats
+                .released_at_limit
+                .fetch_add(at_limit, Ordering::Relaxed);
+        }
+    }
+
     /// How many records this consumer may hold now: 0 while it does not acquire, else
     /// `max_in_flight`, or with pacing what the caller judges within the pace horizon.
     fn in_flight_limit(&self) -> usize {
@@ -566,6 +691,7 @@ impl Shared {
             let mut leaders = lock(&self.leaders);
             let st = leaders.entry(leader).or_default();
             st.session = self.next_session.fetch_add(1, Ordering::Relaxed);
+            st.holds.clear();
             std::mem::take(&mut st.outstanding).len()
         };
         // Outstanding records leave the in-flight count now; their verdicts will be refused.
@@ -699,6 +825,8 @@ impl ShareConsumer {
             remap: Notify::new(),
             next_session: AtomicU64::new(1),
             outcomes: Mutex::new(VecDeque::new()),
+            again: Mutex::new(Vec::new()),
+            again_ready: Notify::new(),
             fatal: Mutex::new(None),
             stats: ConsumerStats::default(),
             v1_warned: std::sync::Once::new(),
@@ -782,20 +910,14 @@ impl ShareConsumer {
         let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
             return Some(Duration::ZERO);
         };
-        let Some(since) = st
+        let Some(held) = st
             .outstanding
             .get(&record.key())
             .filter(|_| st.session == record.session)
         else {
             return Some(Duration::ZERO);
         };
-        if st.renew_supported && self.shared.config.auto_renew_after.is_some() {
-            return None;
-        }
-        Some(
-            st.lock_timeout
-                .map_or(Duration::ZERO, |t| t.saturating_sub(since.elapsed())),
-        )
+        st.hold_limit(held, self.shared.config.auto_renew_after.is_some())
     }
 
     /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.
@@ -806,15 +928,31 @@ impl ShareConsumer {
         if let Some(why) = self.shared.fatal() {
             return Err(ShareError::Fatal(why));
         }
+        let deadline = Instant::now() + timeout;
         let mut rx = self.deliveries.lock().await;
-        match tokio::time::timeout(timeout, rx.recv()).await {
-            Ok(Some(d)) => Ok(Some(d)),
-            Ok(None) => Err(self
-                .shared
-                .fatal()
-                .map(ShareError::Fatal)
-                .unwrap_or(ShareError::Closed)),
-            Err(_) => Ok(None),
+        loop {
+            let again = self.shared.again_ready.notified();
+            tokio::pin!(again);
+            again.as_mut().enable();
+            let renewed = std::mem::take(&mut *lock(&self.shared.again));
+            if !renewed.is_empty() {
+                return Ok(Some(Delivery {
+                    records: renewed,
+                    poison: Vec::new(),
+                }));
+            }
+            tokio::select! {
+                d = rx.recv() => return match d {
+                    Some(d) => Ok(Some(d)),
+                    None => Err(self
+                        .shared
+                        .fatal()
+                        .map(ShareError::Fatal)
+                        .unwrap_or(ShareError::Closed)),
+                },
+                _ = &mut again => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
         }
     }
 
@@ -920,22 +1058,156 @@ impl ShareConsumer {
                 })
                 .collect()
         };
-        if finals > 0 {
-            self.shared.in_flight.fetch_sub(finals, Ordering::Relaxed);
-            self.shared
-                .finals
-                .fetch_add(finals as u64, Ordering::Relaxed);
-        }
-        if at_limit > 0 {
-            self.shared
-                .stats
-                .released_at_limit
-                .fetch_add(at_limit, Ordering::Relaxed);
-        }
+        self.shared.counted_finals(finals, at_limit);
         if recorded {
             self.shared.wake.notify_waiters();
         }
         results
+    }
+
+    /// Settles records the caller judged, in one pass under the engine's locks: final
+    /// verdicts are recorded, renewals counted against `max` with the record (a record out of
+    /// renewals, or on a broker that cannot renew, is released instead) and delivered again by
+    /// [`ShareConsumer::poll`], and held-back records kept until their time, then released by
+    /// the engine. One result per decision, in order.
+    pub fn settle(&self, decisions: &[(&ShareRecord, Settle)]) -> Vec<Settled> {
+        let leaders_of: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            decisions
+                .iter()
+                .map(|(r, _)| route.get(&r.partition).copied())
+                .collect()
+        };
+        let auto_renew = self.shared.config.auto_renew_after.is_some();
+        let archive_at = self.shared.config.archive_at;
+        let now = Instant::now();
+        let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
+        let mut again = Vec::new();
+        let results = {
+            let mut leaders = lock(&self.shared.leaders);
+            let mut ledger = lock(&self.shared.ledger);
+            decisions
+                .iter()
+                .zip(leaders_of)
+                .map(|((record, decision), leader)| {
+                    let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                        return Settled::Moot;
+                    };
+                    if st.session != record.session {
+                        return Settled::Moot;
+                    }
+                    let key = record.key();
+                    let Some(held) = st.outstanding.get(&key).copied() else {
+                        return Settled::Moot;
+                    };
+                    let (kind, result) = match decision {
+                        Settle::Final(AckKind::Gap) => {
+                            return Settled::Refused(
+                                "Gap is for offsets without a record; the engine sends it itself"
+                                    .into(),
+                            );
+                        }
+                        Settle::Final(kind) => (*kind, Settled::Taken),
+                        Settle::Renew { max } if held.renewals < *max && st.renew_supported => {
+                            if let Err(e) = ledger.record(
+                                record.partition,
+                                record.record.offset,
+                                AckKind::Renew,
+                            ) {
+                                return Settled::Refused(e.to_string());
+                            }
+                            if let Some(h) = st.outstanding.get_mut(&key) {
+                                h.renewals += 1;
+                                h.release_at = None;
+                            }
+                            recorded = true;
+                            again.push((*record).clone());
+                            return Settled::Renewed;
+                        }
+                        Settle::Renew { .. } => (AckKind::Release, Settled::RenewsSpent),
+                        Settle::Hold(wish) => {
+                            let mut keep = *wish;
+                            if let Some(left) = st.hold_limit(&held, auto_renew) {
+                                keep = keep.min(left.saturating_sub(LOCK_MARGIN));
+                            }
+                            if !keep.is_zero() {
+                                let at = now + keep;
+                                if let Some(h) = st.outstanding.get_mut(&key) {
+                                    h.release_at = Some(at);
+                                }
+                                st.holds.push(Reverse((
+                                    at,
+                                    record.partition,
+                                    record.record.offset,
+                                )));
+                                holds = true;
+                                return Settled::Held(keep);
+                            }
+                            // No time left on its lock: released now, like a due hold.
+                            (AckKind::Release, Settled::Held(Duration::ZERO))
+                        }
+                    };
+                    if let Err(e) = ledger.record(record.partition, record.record.offset, kind) {
+                        return Settled::Refused(e.to_string());
+                    }
+                    st.outstanding.remove(&key);
+                    recorded = true;
+                    finals += 1;
+                    if kind == AckKind::Release
+                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                    {
+                        at_limit += 1;
+                    }
+                    result
+                })
+                .collect()
+        };
+        self.shared.counted_finals(finals, at_limit);
+        if !again.is_empty() {
+            lock(&self.shared.again).extend(again);
+            self.shared.again_ready.notify_waiters();
+        }
+        if recorded || holds {
+            self.shared.wake.notify_waiters();
+        }
+        results
+    }
+
+    /// Releases every record the caller holds back now, not at its time (a caller that drains
+    /// gives them back at once: the next member honours the delay no less than a redelivery
+    /// does). Returns how many were released.
+    pub fn release_holds(&self) -> usize {
+        let (mut released, mut at_limit) = (0, 0u64);
+        let archive_at = self.shared.config.archive_at;
+        {
+            let mut leaders = lock(&self.shared.leaders);
+            let mut ledger = lock(&self.shared.ledger);
+            for st in leaders.values_mut() {
+                st.holds.clear();
+                let due: Vec<(TopicIdPartition, i64)> = st
+                    .outstanding
+                    .iter()
+                    .filter(|(_, h)| h.release_at.is_some())
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in due {
+                    let Some(held) = st.outstanding.remove(&key) else {
+                        continue;
+                    };
+                    if ledger.record(key.0, key.1, AckKind::Release).is_ok() {
+                        released += 1;
+                        if archive_at.is_some_and(|limit| held.deliveries >= limit) {
+                            at_limit += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.shared.counted_finals(released, at_limit);
+        if released > 0 {
+            self.shared.wake.notify_waiters();
+        }
+        released
     }
 
     /// Acknowledgement outcomes received since the last call (piggybacked, standalone and on
@@ -1328,6 +1600,33 @@ impl LeaderWorker {
         )
     }
 
+    /// Releases the records the caller held back whose time has come; returns when the next
+    /// one is due, so the loop wakes for it.
+    fn release_due_holds(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let archive_at = self.shared.config.archive_at;
+        let (due, next) = {
+            let mut leaders = lock(&self.shared.leaders);
+            let st = leaders.get_mut(&self.leader)?;
+            st.due_holds(now)
+        };
+        if !due.is_empty() {
+            let mut ledger = lock(&self.shared.ledger);
+            let (mut released, mut at_limit) = (0, 0u64);
+            for ((tp, offset), held) in due {
+                if ledger.record(tp, offset, AckKind::Release).is_ok() {
+                    released += 1;
+                    if archive_at.is_some_and(|limit| held.deliveries >= limit) {
+                        at_limit += 1;
+                    }
+                }
+            }
+            drop(ledger);
+            self.shared.counted_finals(released, at_limit);
+        }
+        next
+    }
+
     /// Queues Renew for records held past the auto-renew threshold.
     fn schedule_auto_renew(&self) {
         let Some(fraction) = self.shared.config.auto_renew_after else {
@@ -1352,13 +1651,13 @@ impl LeaderWorker {
         // Records delivered after this scan are held since `now` or later, so none is due
         // before the earliest `since` left here plus `due`.
         let mut earliest = now;
-        for ((tp, offset), since) in st.outstanding.iter_mut() {
-            if now.duration_since(*since) >= due
+        for ((tp, offset), held) in st.outstanding.iter_mut() {
+            if now.duration_since(held.since) >= due
                 && ledger.record(*tp, *offset, AckKind::Renew).is_ok()
             {
-                *since = now;
+                held.since = now;
             }
-            earliest = earliest.min(*since);
+            earliest = earliest.min(held.since);
         }
         st.next_renew_scan = Some((earliest + due, due));
     }
@@ -1380,6 +1679,7 @@ impl LeaderWorker {
         let wake = shared.wake.notified();
         tokio::pin!(wake);
         wake.as_mut().enable();
+        let next_hold = self.release_due_holds();
         self.schedule_auto_renew();
         let wanted = self.wanted_rx.borrow_and_update().clone();
         let serves = self.serves(session);
@@ -1455,10 +1755,11 @@ impl LeaderWorker {
                 self.acks_waiting_since = None;
                 return self.send_acks(conn, session, version, false).await;
             }
+            let until = next_hold.map_or(since + ACK_LINGER, |h| h.min(since + ACK_LINGER));
             tokio::select! {
                 _ = &mut wake => {}
                 _ = self.stop.cancelled() => {}
-                _ = tokio::time::sleep_until(since + ACK_LINGER) => {}
+                _ = tokio::time::sleep_until(until) => {}
             }
             return Step::Continue;
         }
@@ -1482,6 +1783,7 @@ impl LeaderWorker {
         // At the in-flight bound, or dry, with nothing to send: wait for a verdict, waking in
         // time for auto-renew (and for the end of the dry wait).
         let until = dry_until.unwrap_or_else(|| Instant::now() + cfg.max_wait);
+        let until = next_hold.map_or(until, |h| h.min(until));
         tokio::select! {
             _ = &mut wake => {}
             _ = self.stop.cancelled() => {}
@@ -1809,7 +2111,7 @@ impl LeaderWorker {
                             let _ = ledger.record(tp, o, AckKind::Reject);
                             delivery.poison.push(sr);
                         } else {
-                            if st.hold((tp, o), now) {
+                            if st.hold((tp, o), now, a.delivery_count) {
                                 self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
                             }
                             self.shared.stats.acquired.fetch_add(1, Ordering::Relaxed);
@@ -2382,16 +2684,46 @@ mod tests {
     fn a_record_delivered_again_while_still_held_is_held_once() {
         let (first, again) = (Instant::now(), Instant::now() + Duration::from_secs(30));
         let mut st = LeaderState::default();
-        assert!(st.hold((tp(0), 5), first), "a new record");
-        assert!(st.hold((tp(0), 6), first));
+        assert!(st.hold((tp(0), 5), first, 1), "a new record");
+        assert!(st.hold((tp(0), 6), first, 1));
         // Offset 5's lock expired and the broker acquired it for this member again.
-        assert!(!st.hold((tp(0), 5), again), "still the same record held");
+        assert!(!st.hold((tp(0), 5), again, 2), "still the same record held");
         assert_eq!(st.outstanding.len(), 2);
         assert_eq!(
             st.outstanding.get(&(tp(0), 5)),
-            Some(&again),
-            "its lock restarted with the redelivery"
+            Some(&Held::new(again, 2)),
+            "its lock restarted with the redelivery, its renewals and hold with it"
         );
+    }
+
+    #[test]
+    fn a_held_back_record_is_released_once_at_its_time_and_never_after_another_verdict() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut st = LeaderState::default();
+        for o in 1..=3 {
+            st.hold((tp(0), o), t0, 1);
+        }
+        for (o, at) in [(1, ms(10)), (2, ms(20)), (3, ms(30))] {
+            if let Some(h) = st.outstanding.get_mut(&(tp(0), o)) {
+                h.release_at = Some(at);
+            }
+            st.holds.push(Reverse((at, tp(0), o)));
+        }
+        // Offset 2 got a final verdict meanwhile; offset 3 was delivered again (a new lock,
+        // no hold).
+        st.outstanding.remove(&(tp(0), 2));
+        st.hold((tp(0), 3), ms(5), 2);
+        let (due, next) = st.due_holds(ms(5));
+        assert!(due.is_empty());
+        assert_eq!(next, Some(ms(10)));
+        let (due, next) = st.due_holds(ms(40));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0, (tp(0), 1));
+        assert_eq!(next, None);
+        assert!(!st.outstanding.contains_key(&(tp(0), 1)), "released: no longer held");
+        assert!(st.outstanding.contains_key(&(tp(0), 3)), "its new delivery stays held");
+        assert!(st.due_holds(ms(50)).0.is_empty(), "once only");
     }
 
     #[test]
@@ -2399,7 +2731,7 @@ mod tests {
         let now = Instant::now();
         let mut st = LeaderState::default();
         for (p, o) in [(0, 5), (0, 6), (1, 5)] {
-            st.outstanding.insert((tp(p), o), now);
+            st.outstanding.insert((tp(p), o), Held::new(now, 1));
         }
         assert_eq!(st.release(&set(&[0])), 2);
         assert_eq!(st.outstanding.len(), 1);

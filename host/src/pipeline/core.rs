@@ -1,0 +1,594 @@
+//! [`Pipeline`]: the handle the host, the tenants and the admin API hold. It owns the spec and
+//! grants, the version store (active, kept for rollback, remembered across restarts), the
+//! rollout runs and the counts; the run loop, judging and acting are its impl blocks in rooms
+//! of their own (`run`, `judge`, `act`), which read these parts and never the other way round.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::counters::Counters;
+use super::guard::lock;
+use super::handler::NativeHandler;
+use super::runs::{CanaryRun, ShadowRun, canary_status};
+use super::versions::{
+    Grants, KEPT_VERSIONS, Kept, SwapError, Version, compile_version, instantiate_version, limits,
+    load_version, now_ms, short,
+};
+use crate::kafka::KafkaClient;
+use crate::manifest::PipelineSpec;
+use crate::metrics::{Labels, Metrics};
+use crate::recent_faults::{FaultRole, RecentFault};
+use crate::rollout::{
+    ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
+    SHADOW_QUEUE, ShadowRequest, ShadowStatus,
+};
+use crate::runtime::{PluginLimits, PluginRuntime};
+
+/// A running pipeline as the admin endpoints see it.
+pub struct Pipeline {
+    pub(super) spec: PipelineSpec,
+    pub(super) grants: Grants,
+    pub(super) runtime: PluginRuntime,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) active: Mutex<Arc<Version>>,
+    /// Replaced versions, newest first, at most [`KEPT_VERSIONS`].
+    pub(super) history: Mutex<VecDeque<Kept>>,
+    /// A candidate judging copies of batches, compared and never acted on.
+    pub(super) shadow: Mutex<Option<Arc<ShadowRun>>>,
+    /// A candidate judging a share of batches for real.
+    pub(super) canary: Mutex<Option<Arc<CanaryRun>>>,
+    /// How the last canary ended (kept after it is gone, for `GET /pipelines`).
+    pub(super) last_canary: Mutex<Option<CanaryStatus>>,
+    /// Where the active version is remembered across restarts (`None`: not remembered).
+    pub(super) state_file: Option<PathBuf>,
+    /// Content hash of the manifest's component, as loaded at start.
+    pub(super) manifest_hash: String,
+    /// One change of versions at a time (swap, rollback, shadow, canary, promotion).
+    pub(super) swapping: tokio::sync::Mutex<()>,
+    pub(super) state: Mutex<String>,
+    /// What the pipeline counts, and the registry it publishes to.
+    pub(super) counters: Counters,
+    /// Whether the group's broker dead-letters Rejects and archived records itself (KIP-1191):
+    /// the host's own dead letters are then acknowledged as done.
+    pub(super) broker_dlq: AtomicBool,
+    pub(super) last_swap_error: Mutex<Option<String>>,
+    pub(super) last_error: Mutex<Option<String>>,
+    /// Output names the plugin emitted to that the manifest does not map.
+    pub(super) unmapped: Mutex<BTreeSet<String>>,
+}
+
+impl Pipeline {
+    /// Loads the pipeline's component (validated and initialised) without touching Kafka.
+    pub async fn load(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Pipeline>, SwapError> {
+        let grants = Grants::build(&spec)?;
+        let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
+        tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
+        Self::with_version(spec, grants, runtime, metrics, version)
+            .start_manifest_shadow()
+            .await
+    }
+
+    /// Starts the shadow the manifest names, if any: a candidate that cannot be shadowed stops
+    /// the load with the reason, as a bad component would.
+    async fn start_manifest_shadow(self: Arc<Self>) -> Result<Arc<Self>, SwapError> {
+        if let Some(sh) = self.spec.shadow.clone() {
+            self.start_shadow(ShadowRequest {
+                path: sh.path,
+                sample: sh.sample,
+            })
+            .await?;
+        }
+        Ok(self)
+    }
+
+    /// Loads the pipeline like [`Pipeline::load`], remembering its active version in
+    /// `state_dir` across restarts. The rule at start: if the state file names another
+    /// version than the manifest's component, and the manifest's component is the one the
+    /// file was written against (unchanged since), the host comes back on the remembered
+    /// version (when its file still has that content) with the manifest's kept for rollback;
+    /// otherwise it starts on the manifest's component. Either way the log says which, and why.
+    pub async fn load_remembering(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        state_dir: &Path,
+    ) -> Result<Arc<Pipeline>, SwapError> {
+        let grants = Grants::build(&spec)?;
+        let file = ActiveState::file(state_dir, &spec.name, &spec.group);
+        let manifest = compile_version(&runtime, &spec, &grants, &spec.component).await?;
+        let remembered = match ActiveState::read(&file) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(pipeline = %spec.name, "ignoring an unreadable state file: {e}");
+                None
+            }
+        };
+        let canary_ended = remembered.as_ref().is_some_and(|r| r.canary.is_some());
+        if let Some(c) = remembered.as_ref().and_then(|r| r.canary.as_ref()) {
+            tracing::warn!(pipeline = %spec.name, candidate = %short(&c.candidate), path = %c.path.display(), percent = c.percent, "a canary was running when the host stopped; the restart ended it (not resumed): the active version judges every batch, start the canary again to go on");
+        }
+        let restore = match remembered {
+            Some(st) if st.active_hash == manifest.hash => {
+                tracing::info!(pipeline = %spec.name, version = %short(&manifest.hash), state = %file.display(), "the version active before the restart is the manifest's component: starting on it");
+                None
+            }
+            Some(st) if st.manifest_hash != manifest.hash => {
+                tracing::info!(pipeline = %spec.name, remembered = %short(&st.active_hash), manifest = %short(&manifest.hash), "the manifest's component changed since the last run: starting on it, not on the version active before");
+                None
+            }
+            Some(st) => match compile_version(&runtime, &spec, &grants, &st.active_path).await {
+                Ok(c) if c.hash == st.active_hash => Some((st.active_path, c)),
+                Ok(c) => {
+                    tracing::warn!(pipeline = %spec.name, path = %st.active_path.display(), expected = %short(&st.active_hash), found = %short(&c.hash), "the version active before the restart has changed on disk: starting on the manifest's component");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(pipeline = %spec.name, "the version active before the restart cannot be loaded, starting on the manifest's component: {e}");
+                    None
+                }
+            },
+            None => {
+                tracing::info!(pipeline = %spec.name, state = %file.display(), "no version remembered for this pipeline and group: starting on the manifest's component");
+                None
+            }
+        };
+        let manifest_hash = manifest.hash.clone();
+        let (start, kept) = match restore {
+            Some((path, c)) => {
+                tracing::info!(pipeline = %spec.name, version = %short(&c.hash), manifest = %short(&manifest_hash), "coming back on the version active before the restart (the manifest's component is unchanged; it is kept for rollback)");
+                let kept = Kept {
+                    hash: manifest.hash.clone(),
+                    path: spec.component.clone(),
+                    compiled: manifest,
+                    loaded_at_ms: now_ms(),
+                };
+                ((path, c), Some(kept))
+            }
+            None => ((spec.component.clone(), manifest), None),
+        };
+        let version = instantiate_version(
+            &runtime,
+            &spec,
+            &grants,
+            &start.0,
+            start.1,
+            limits(&spec, &grants),
+            spec.concurrency,
+        )
+        .await?;
+        tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
+        let mut pipeline = Self::with_version(spec, grants, runtime, metrics, version);
+        if let Some(p) = Arc::get_mut(&mut pipeline) {
+            p.state_file = Some(file);
+            p.manifest_hash = manifest_hash;
+            if let Some(k) = kept {
+                lock(&p.history).push_front(k);
+            }
+        }
+        if canary_ended {
+            pipeline.remember_active();
+        }
+        pipeline.start_manifest_shadow().await
+    }
+
+    /// A pipeline whose batches go to a trusted native handler instead of `spec.component`
+    /// (which is not loaded). A hot-swap still loads a Wasm component in its place.
+    pub fn native(
+        spec: PipelineSpec,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        handler: Arc<dyn NativeHandler>,
+    ) -> Arc<Pipeline> {
+        let version = Version::native(handler, spec.concurrency);
+        tracing::info!(pipeline = %spec.name, version = %version.hash, "native handler in place of a plugin");
+        // A native handler uses no grant; a later hot-swap to a component gets the
+        // manifest's, or none when they cannot be built (say, a secret that is not set).
+        let grants = Grants::build(&spec).unwrap_or_else(|e| {
+            tracing::warn!(pipeline = %spec.name, "grants for a later hot-swap unavailable: {e}");
+            Grants::default()
+        });
+        Self::with_version(spec, grants, runtime, metrics, version)
+    }
+
+    fn with_version(
+        spec: PipelineSpec,
+        grants: Grants,
+        runtime: PluginRuntime,
+        metrics: Arc<Metrics>,
+        version: Version,
+    ) -> Arc<Pipeline> {
+        let counters = Counters::new(&spec.name, metrics.clone());
+        let pipeline = Arc::new(Pipeline {
+            spec,
+            grants,
+            runtime,
+            metrics,
+            counters,
+            manifest_hash: version.hash.clone(),
+            active: Mutex::new(Arc::new(version)),
+            history: Mutex::new(VecDeque::new()),
+            shadow: Mutex::new(None),
+            canary: Mutex::new(None),
+            last_canary: Mutex::new(None),
+            state_file: None,
+            swapping: tokio::sync::Mutex::new(()),
+            state: Mutex::new("starting".into()),
+            broker_dlq: AtomicBool::new(false),
+            last_swap_error: Mutex::new(None),
+            last_error: Mutex::new(None),
+            unmapped: Mutex::new(BTreeSet::new()),
+        });
+        let active = lock(&pipeline.active).clone();
+        pipeline.publish_version_info(&active, 1);
+        pipeline.counters.init_series(&active.hash);
+        pipeline
+    }
+
+    /// The pipeline's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The component path of the active version.
+    pub fn component(&self) -> PathBuf {
+        lock(&self.active).path.clone()
+    }
+
+    /// Content hash of the active version.
+    pub fn active_hash(&self) -> String {
+        lock(&self.active).hash.clone()
+    }
+
+    /// The last faults this pipeline met (plugin faults of every role, refused swaps), newest
+    /// first.
+    pub fn recent_faults(&self) -> Vec<RecentFault> {
+        self.counters.recent_faults.newest_first()
+    }
+
+    /// Loads `path` as the new version; it takes the next batch. A version that fails to load
+    /// or initialise leaves the old one running, and the failure is returned and remembered.
+    pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let labels: Labels = vec![("pipeline", self.spec.name.clone())];
+        lock(&self.counters.stall).swap_requested();
+        match load_version(&self.runtime, &self.spec, &self.grants, path).await {
+            Ok(v) => {
+                let hash = v.hash.clone();
+                lock(&self.counters.stall).swap_ready(&hash);
+                self.activate(v, "hot-swapped");
+                *lock(&self.last_swap_error) = None;
+                let mut l = labels;
+                l.push(("result", "ok".into()));
+                self.metrics.swaps.get_or_create(&l).inc();
+                Ok(hash)
+            }
+            Err(e) => {
+                lock(&self.counters.stall).swap_refused();
+                tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
+                self.counters.recent_faults.note(RecentFault::now(
+                    &self.spec.name,
+                    FaultRole::Swap,
+                    "refused",
+                    &e.to_string(),
+                ));
+                *lock(&self.last_swap_error) = Some(e.to_string());
+                let mut l = labels;
+                l.push(("result", "failed".into()));
+                self.metrics.swaps.get_or_create(&l).inc();
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes `v` the active version: the replaced one is kept compiled for rollback, and the
+    /// state file remembers `v` for a restart. Batches already running finish on the version
+    /// they started with.
+    fn activate(&self, v: impl Into<Arc<Version>>, how: &str) {
+        let v: Arc<Version> = v.into();
+        let hash = v.hash.clone();
+        self.publish_version_info(&v, 1);
+        let old = std::mem::replace(&mut *lock(&self.active), v);
+        self.publish_version_info(&old, 0);
+        tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
+        {
+            let mut history = lock(&self.history);
+            history.retain(|k| k.hash != hash && k.hash != old.hash);
+            if let Some(compiled) = &old.compiled {
+                history.push_front(Kept {
+                    hash: old.hash.clone(),
+                    path: old.path.clone(),
+                    compiled: compiled.clone(),
+                    loaded_at_ms: old.loaded_at_ms,
+                });
+            }
+            history.truncate(KEPT_VERSIONS);
+        }
+        self.remember_active();
+    }
+
+    /// `sharehost_plugin_version{pipeline, version, signer}`: 1 for the active version, 0 for
+    /// one it replaced, so dashboards join any per-version metric with who signed it.
+    fn publish_version_info(&self, v: &Version, active: i64) {
+        self.metrics
+            .plugin_version
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("version", short(&v.hash).to_owned()),
+                ("signer", v.signer().unwrap_or_default()),
+            ])
+            .set(active);
+    }
+
+    /// Writes the state file (when this pipeline keeps one); a failure is logged, not fatal.
+    fn remember_active(&self) {
+        let Some(file) = &self.state_file else {
+            return;
+        };
+        let active = lock(&self.active).clone();
+        let state = ActiveState {
+            pipeline: self.spec.name.clone(),
+            group: self.spec.group.clone(),
+            active_hash: active.hash.clone(),
+            active_path: active.path.clone(),
+            manifest_hash: self.manifest_hash.clone(),
+            canary: lock(&self.canary).as_ref().map(|c| CanaryNote {
+                candidate: c.version.hash.clone(),
+                path: c.version.path.clone(),
+                percent: lock(&c.plan).request.percent,
+            }),
+        };
+        if let Err(e) = state.write(file) {
+            tracing::warn!(pipeline = %self.spec.name, "cannot remember the active version for a restart: {e}");
+        }
+    }
+
+    /// Switches back to a kept version (the newest one, or the one whose hash starts with
+    /// `hash`), without compiling: its code was kept. Returns the now active hash.
+    pub async fn rollback(&self, hash: Option<&str>) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: PathBuf::new(),
+            message,
+        };
+        let kept = {
+            let history = lock(&self.history);
+            match hash {
+                None => history.front().cloned(),
+                Some(h) => history.iter().find(|k| k.hash.starts_with(h)).cloned(),
+            }
+        };
+        let Some(kept) = kept else {
+            let known: Vec<String> = lock(&self.history)
+                .iter()
+                .map(|k| short(&k.hash).to_owned())
+                .collect();
+            return Err(err(match hash {
+                None => "no earlier version is kept to roll back to".into(),
+                Some(h) => format!("no kept version matches {h:?} (kept: {known:?})"),
+            }));
+        };
+        let v = instantiate_version(
+            &self.runtime,
+            &self.spec,
+            &self.grants,
+            &kept.path,
+            kept.compiled.clone(),
+            limits(&self.spec, &self.grants),
+            self.spec.concurrency,
+        )
+        .await?;
+        // The same version as before, loaded when it first was.
+        let v = Version {
+            loaded_at_ms: kept.loaded_at_ms,
+            ..v
+        };
+        let hash = v.hash.clone();
+        self.activate(v, "rolled back");
+        self.metrics
+            .swaps
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("result", "rollback".into()),
+            ])
+            .inc();
+        Ok(hash)
+    }
+
+    /// Starts shadowing `req.path`: it judges copies of (a sample of) the batches the active
+    /// version judged, on its own single instance, and is compared, never acted on. It gets
+    /// the pipeline's output names but its emits are discarded, and no HTTP: a candidate that
+    /// imports `wasi:http` is refused as a shadow (its answers would depend on calls that a
+    /// shadow must not make). Replaces a running shadow.
+    pub async fn start_shadow(&self, req: ShadowRequest) -> Result<String, SwapError> {
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: req.path.clone(),
+            message,
+        };
+        req.validate().map_err(err)?;
+        let _one_at_a_time = self.swapping.lock().await;
+        let shadow_limits = PluginLimits {
+            http: None,
+            ..limits(&self.spec, &self.grants)
+        };
+        let compiled = self
+            .runtime
+            .compile(&req.path, &shadow_limits)
+            .await
+            .map_err(|e| err(format!("as a shadow: {e}")))?;
+        let version = instantiate_version(
+            &self.runtime,
+            &self.spec,
+            &self.grants,
+            &req.path,
+            compiled,
+            shadow_limits,
+            1,
+        )
+        .await?;
+        let hash = version.hash.clone();
+        let status = ShadowStatus {
+            candidate: hash.clone(),
+            path: req.path.display().to_string(),
+            sample: req.sample,
+            ..ShadowStatus::default()
+        };
+        *lock(&self.shadow) = Some(Arc::new(ShadowRun {
+            version,
+            sample: req.sample,
+            offered: AtomicU64::new(0),
+            queue: Arc::new(Semaphore::new(SHADOW_QUEUE)),
+            turn: tokio::sync::Mutex::new(()),
+            status: Mutex::new(status),
+        }));
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), sample = req.sample, "shadow started");
+        Ok(hash)
+    }
+
+    /// Stops the shadow; returns what it saw.
+    pub fn stop_shadow(&self) -> Option<ShadowStatus> {
+        let run = lock(&self.shadow).take()?;
+        let status = lock(&run.status).clone();
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&status.candidate), records = status.records, disagreed = ?status.disagreed, "shadow stopped");
+        Some(status)
+    }
+
+    /// Starts a canary: the candidate judges `percent` of the batches for real, and is
+    /// promoted or rolled back by [`CanaryPlan`]'s rules. Replaces nothing: a second canary
+    /// while one runs is refused.
+    pub async fn start_canary(&self, req: CanaryRequest) -> Result<String, SwapError> {
+        let err = |message: String| SwapError {
+            pipeline: self.spec.name.clone(),
+            path: req.path.clone(),
+            message,
+        };
+        req.validate().map_err(err)?;
+        let _one_at_a_time = self.swapping.lock().await;
+        if let Some(c) = lock(&self.canary).as_ref() {
+            return Err(err(format!(
+                "a canary of {} is already running: promote it or roll it back first",
+                short(&c.version.hash)
+            )));
+        }
+        let version = load_version(&self.runtime, &self.spec, &self.grants, &req.path).await?;
+        if version.hash == lock(&self.active).hash {
+            return Err(err("the candidate is the active version".into()));
+        }
+        let hash = version.hash.clone();
+        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), percent = req.percent, "canary started");
+        self.count_canary("started");
+        *lock(&self.canary) = Some(Arc::new(CanaryRun {
+            version: Arc::new(version),
+            plan: Mutex::new(CanaryPlan::new(req)),
+        }));
+        self.remember_active();
+        Ok(hash)
+    }
+
+    /// Ends the running canary now, an operator's decision: promoted (`promote`) or rolled
+    /// back. Returns the active hash.
+    pub async fn end_canary_now(&self, promote: bool) -> Result<String, SwapError> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let reason = if promote {
+            "promoted by the operator"
+        } else {
+            "rolled back by the operator"
+        };
+        self.end_canary(promote, reason.into())
+            .ok_or_else(|| SwapError {
+                pipeline: self.spec.name.clone(),
+                path: PathBuf::new(),
+                message: "no canary is running".into(),
+            })
+    }
+
+    /// Ends the running canary (if any, and if it is still the one running): promoted, its
+    /// version becomes the active one; rolled back, it is dropped. Logged, counted and kept
+    /// for `GET /pipelines` with `reason`. Returns the active hash.
+    fn end_canary(&self, promote: bool, reason: String) -> Option<String> {
+        let run = lock(&self.canary).take()?;
+        let state = if promote {
+            CanaryState::Promoted
+        } else {
+            CanaryState::RolledBack
+        };
+        let status = canary_status(&run, state, Some(reason.clone()));
+        *lock(&self.last_canary) = Some(status);
+        self.count_canary(if promote { "promoted" } else { "rolled_back" });
+        if promote {
+            tracing::info!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary promoted");
+            // The canary's version (the same one: batches it is judging now give their
+            // instance back to it) becomes the active one.
+            self.activate(run.version.clone(), "promoted from canary");
+        } else {
+            tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary rolled back");
+            self.remember_active();
+        }
+        Some(self.active_hash())
+    }
+
+    fn count_canary(&self, result: &str) {
+        self.metrics
+            .canary_transitions
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("result", result.to_owned()),
+            ])
+            .inc();
+    }
+
+    pub(super) fn set_state(&self, s: &str) {
+        *lock(&self.state) = s.to_owned();
+        if s != "running" {
+            self.metrics
+                .pipeline_up
+                .get_or_create(&vec![("pipeline", self.spec.name.clone())])
+                .set(0);
+        }
+    }
+
+    /// Acts on a canary's decision after one of its batches (if it is still the running one).
+    pub(super) fn decide_canary(&self, run: &Arc<CanaryRun>, decision: CanaryDecision) {
+        let still_running = lock(&self.canary)
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, run));
+        if !still_running {
+            return;
+        }
+        match decision {
+            CanaryDecision::Continue => {}
+            CanaryDecision::Promote(reason) => {
+                self.end_canary(true, reason);
+            }
+            CanaryDecision::RollBack(reason) => {
+                self.end_canary(false, reason);
+            }
+        }
+    }
+
+    /// Runs the pipeline until `shutdown`: consume, judge, acknowledge, dead-letter; then drain:
+    /// stop fetching, let running batches finish (bounded), flush verdicts, release the rest,
+    /// close the sessions and leave the group.
+    pub async fn run(
+        self: Arc<Self>,
+        client: Arc<KafkaClient>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String> {
+        let result = self.clone().serve(client, shutdown).await;
+        if let Err(e) = &result {
+            *lock(&self.last_error) = Some(e.clone());
+            self.set_state("failed");
+        }
+        result
+    }
+}

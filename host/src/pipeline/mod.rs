@@ -1,0 +1,79 @@
+//! The one place where Kafka and Wasm meet: the share engine's records go to plugin instances in
+//! batches, verdicts come back, and the pipeline decides what to acknowledge, what to write and
+//! what to present again. A batch is judged, its verdicts become a [`plan::Plan`] (a plain
+//! value), and one step acts on the plan.
+//!
+//! The rooms, each a type of its own (so no room reaches back into another):
+//! - `core`: [`Pipeline`], the handle the host and the admin API hold: the spec, the grants,
+//!   the rooms below, and its state (starting, running, draining, ...).
+//! - `handler`: what judges a batch: a plugin instance or a trusted [`NativeHandler`].
+//! - `versions`: the version store: the active version, the kept ones for rollback, loading and
+//!   swapping, and the state file that brings a restart back on the active version.
+//! - `runs`: shadow and canary runs of a candidate beside the active version.
+//! - `judge`: one batch to the version that judges it, and what the judging tells the counters.
+//! - `plan`: verdicts and emits to a [`plan::Plan`]: what the engine settles now, which outputs
+//!   and dead letters are written first. Pure, with tests of its own.
+//! - `act`: executes a plan: one call into the engine, the writes, and the verdicts they owed.
+//! - `run`: the run loop: checks before joining, fetching and dispatching batches, the drain.
+//! - `counters`: what the pipeline counts (per version, engine, writes, swap stall, faults).
+//! - `status`: what `GET /pipelines` shows.
+
+mod act;
+mod core;
+mod counters;
+mod guard;
+mod handler;
+mod judge;
+mod plan;
+mod run;
+mod runs;
+mod status;
+mod versions;
+
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka::KafkaClient;
+
+pub use self::core::Pipeline;
+pub use counters::VersionCounters;
+pub use handler::NativeHandler;
+pub use status::{GrantsStatus, PipelineStatus, VersionInfo, VersionsStatus};
+pub use versions::{SwapError, short};
+
+/// Runs every pipeline until `shutdown`, as one host: the first pipeline to fail (or panic)
+/// cancels `shutdown`, so the others drain too. Returns the failures, empty when every pipeline
+/// drained cleanly.
+pub async fn run_all(
+    pipelines: &[Arc<Pipeline>],
+    client: Arc<KafkaClient>,
+    shutdown: CancellationToken,
+) -> Vec<String> {
+    let mut tasks = JoinSet::new();
+    for p in pipelines {
+        tasks.spawn(p.clone().run(client.clone(), shutdown.clone()));
+    }
+    join_failures(tasks, &shutdown).await
+}
+
+/// Waits for every pipeline task of `tasks`; the first to fail (or panic) cancels `shutdown`,
+/// so the others drain too. Returns the failures, logged.
+pub async fn join_failures(
+    mut tasks: JoinSet<Result<(), String>>,
+    shutdown: &CancellationToken,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let failure = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(e) => format!("pipeline task panicked: {e}"),
+        };
+        tracing::error!("{failure}");
+        failures.push(failure);
+        shutdown.cancel();
+    }
+    failures
+}

@@ -1,0 +1,533 @@
+//! The run loop of a pipeline: what it checks before it joins (the topics it writes, the group's
+//! delivery limit, the broker's dead-letter setup, the member id kept across restarts), then
+//! fetching and handing batches to judging, and the drain that judges what it holds before it
+//! releases the rest.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::act::BatchContext;
+use super::core::Pipeline;
+use super::guard::lock;
+use super::plan::{Rules, plan};
+use crate::kafka::KafkaClient;
+use crate::metrics::Metrics;
+use crate::runtime::{Header as RuntimeHeader, Record};
+use crate::share::consumer::{
+    AcquireMode, RoundTrip, RoundTrips, Settle, ShareConsumer, ShareConsumerConfig, ShareRecord,
+};
+use crate::share::ledger::AckKind;
+use crate::share::membership::fresh_member_id;
+use crate::state::{Claim, MemberIdentity};
+
+/// How long running batches may take to finish once shutdown starts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a drain goes on judging the records it holds before it releases the rest: within
+/// a 30 s grace period (Kubernetes' default), with time left to flush and close.
+const DRAIN_JUDGING: Duration = Duration::from_secs(20);
+/// A pipeline acquires no more records than its plugin judges in this long (at its measured
+/// rate), so a drain judges what it holds within [`DRAIN_JUDGING`] and a crash hands little
+/// back. Half the lock duration when that is shorter.
+const PACE_WITHIN: Duration = Duration::from_secs(10);
+/// How often a pipeline asks the group coordinator for its share group's lag.
+const LAG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps the engine's request latencies (`sharehost_request_seconds`) for one pipeline.
+struct RequestTimes {
+    metrics: Arc<Metrics>,
+    pipeline: String,
+}
+
+impl RoundTrips for RequestTimes {
+    fn took(&self, kind: RoundTrip, took: Duration) {
+        let request = match kind {
+            RoundTrip::Fetch => "fetch",
+            RoundTrip::Acknowledge => "acknowledge",
+        };
+        self.metrics
+            .request_seconds
+            .get_or_create(&vec![
+                ("pipeline", self.pipeline.clone()),
+                ("request", request.to_owned()),
+            ])
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// Aborts a spawned task when dropped: a helper task lives exactly as long as its run.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Pipeline {
+    /// One run of the pipeline (see [`Pipeline::run`]).
+    pub(super) async fn serve(
+        self: Arc<Self>,
+        client: Arc<KafkaClient>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String> {
+        self.topics_exist(&client).await?;
+        let delivery_limit = self.delivery_limit(&client).await?;
+        self.broker_dead_letters(&client).await?;
+        let spec = &self.spec;
+        let mut cfg = ShareConsumerConfig::new(
+            &spec.group,
+            &spec.topics.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        cfg.max_in_flight = spec.max_in_flight;
+        cfg.max_records = i32::try_from(spec.max_in_flight.min(10_000)).unwrap_or(500);
+        cfg.batch_size = i32::try_from(spec.batch_size).unwrap_or(500);
+        cfg.delivery_count_limit = spec.delivery_cap;
+        cfg.archive_at = delivery_limit;
+        // With a dead-letter topic, capped records come to us still acquired, so they can be
+        // dead-lettered before their Reject goes out.
+        cfg.reject_poison = spec.dead_letter_topic.is_none();
+        cfg.auto_renew_after = Some(spec.auto_renew_after);
+        cfg.pace_within = Some(PACE_WITHIN);
+        // Whole producer batches while the room holds the largest one seen (a batch the broker
+        // splits costs it a lock timer per record), at most MaxRecords per request otherwise:
+        // `max_in_flight` holds unless a batch larger than any seen before arrives.
+        cfg.acquire_mode = AcquireMode::Fitted;
+        cfg.min_in_flight = spec.batch_size.saturating_mul(spec.concurrency);
+        // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
+        let identity = self.member_identity();
+        cfg.member_id = identity.as_ref().map(|i| i.id().to_owned());
+        cfg.observer = Some(Arc::new(RequestTimes {
+            metrics: self.metrics.clone(),
+            pipeline: spec.name.clone(),
+        }));
+        let consumer = Arc::new(
+            ShareConsumer::start(client.clone(), cfg)
+                .await
+                .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
+        );
+        self.set_state("running");
+        *lock(&self.last_error) = None;
+        tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
+        let permits = Arc::new(Semaphore::new(spec.concurrency));
+        let mut running = JoinSet::new();
+        // Records acquired (or renewed: the engine delivers those again) and not yet judged.
+        let mut backlog: VecDeque<ShareRecord> = VecDeque::new();
+        let mut failure = None;
+        let ctx = BatchContext {
+            consumer: consumer.clone(),
+            client: client.clone(),
+            stop: shutdown.clone(),
+        };
+        let lag_watch = {
+            let (this, client, stop) = (self.clone(), client.clone(), shutdown.clone());
+            tokio::spawn(async move { this.watch_lag(&client, &stop).await })
+        };
+        let _lag_watch = AbortOnDrop(lag_watch);
+        loop {
+            if backlog.is_empty() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    r = consumer.poll(Duration::from_millis(500)) => match r {
+                        Ok(Some(d)) => {
+                            if !d.poison.is_empty() {
+                                let this = self.clone();
+                                let (c, k, stop) = (consumer.clone(), client.clone(), shutdown.clone());
+                                running.spawn(async move { this.handle_poison(&c, &k, d.poison, &stop).await });
+                            }
+                            backlog.extend(d.records);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            failure = Some(format!("pipeline {}: {e}", spec.name));
+                            break;
+                        }
+                    },
+                }
+            }
+            self.publish_engine_stats(&consumer);
+            while let Some(Ok(())) = running.try_join_next() {}
+            if backlog.is_empty() {
+                continue;
+            }
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            self.start_batch(&ctx, &mut backlog, permit, &mut running);
+        }
+        // Drain: no more records are acquired; what is held is judged while time allows (the
+        // engine acquires only what the plugin judges within `PACE_WITHIN`, so usually all of
+        // it), and only what is left then is released: each release spends a delivery.
+        self.set_state("draining");
+        consumer.stop_acquiring();
+        tracing::info!(pipeline = %spec.name, running = running.len(), unjudged = backlog.len(), "draining");
+        let drain_started = Instant::now();
+        if failure.is_none() {
+            let judge_until = tokio::time::Instant::now() + DRAIN_JUDGING;
+            loop {
+                // Deliveries already acquired (or renewed) and queued in the engine.
+                while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
+                    if !d.poison.is_empty() {
+                        let (this, c, k, stop) = (
+                            self.clone(),
+                            consumer.clone(),
+                            client.clone(),
+                            shutdown.clone(),
+                        );
+                        running.spawn(
+                            async move { this.handle_poison(&c, &k, d.poison, &stop).await },
+                        );
+                    }
+                    backlog.extend(d.records);
+                }
+                if backlog.is_empty() {
+                    if running.is_empty() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(judge_until) => break,
+                        _ = running.join_next() => {}
+                    }
+                    continue;
+                }
+                let permit = tokio::select! {
+                    _ = tokio::time::sleep_until(judge_until) => break,
+                    p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                };
+                self.start_batch(&ctx, &mut backlog, permit, &mut running);
+            }
+        }
+        if !backlog.is_empty() {
+            tracing::warn!(pipeline = %spec.name, records = backlog.len(), "not judged before the drain's end: released");
+        }
+        let unjudged: Vec<(&ShareRecord, Settle)> = backlog
+            .iter()
+            .map(|r| (r, Settle::Final(AckKind::Release)))
+            .collect();
+        consumer.settle(&unjudged);
+        backlog.clear();
+        let left = DRAIN_TIMEOUT.saturating_sub(drain_started.elapsed());
+        if tokio::time::timeout(left, async { while running.join_next().await.is_some() {} })
+            .await
+            .is_err()
+        {
+            tracing::warn!(pipeline = %spec.name, "batches still running after {DRAIN_TIMEOUT:?}; their records are released");
+            running.abort_all();
+        }
+        // Renewed records delivered again after the judging ended go back unjudged.
+        while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
+            let back: Vec<(&ShareRecord, Settle)> = d
+                .records
+                .iter()
+                .map(|r| (r, Settle::Final(AckKind::Release)))
+                .collect();
+            consumer.settle(&back);
+        }
+        // Held records are released now, not at their due time: their delay was a plugin's
+        // wish, and the next member honours it no less than a redelivery does.
+        consumer.release_holds();
+        if !consumer.flush(Duration::from_secs(30)).await {
+            tracing::warn!(pipeline = %spec.name, "not every verdict was confirmed before close");
+        }
+        consumer.close(Duration::from_secs(30)).await;
+        self.publish_engine_stats(&consumer);
+        self.set_state(if failure.is_some() {
+            "failed"
+        } else {
+            "stopped"
+        });
+        drop(identity);
+        tracing::info!(pipeline = %spec.name, "pipeline stopped");
+        match failure {
+            Some(f) => Err(f),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks that the topics the pipeline writes to exist before it acquires anything: a
+    /// record it could never write would only be held. Names the manifest key of each that
+    /// is missing; the host runs the pipeline again (with backoff) until they exist.
+    async fn topics_exist(&self, client: &KafkaClient) -> Result<(), String> {
+        let spec = &self.spec;
+        let mut needed: Vec<(String, &String)> = spec
+            .outputs
+            .iter()
+            .map(|(name, topic)| (format!("pipeline.outputs.{name}"), topic))
+            .collect();
+        if let Some(dlq) = &spec.dead_letter_topic {
+            needed.push(("dead_letter_topic".to_owned(), dlq));
+        }
+        if needed.is_empty() {
+            return Ok(());
+        }
+        let topics: Vec<String> = needed.iter().map(|(_, t)| (*t).clone()).collect();
+        client
+            .refresh_metadata(&topics)
+            .await
+            .map_err(|e| format!("pipeline {}: {e}", spec.name))?;
+        let missing: Vec<String> = needed
+            .iter()
+            .filter(|(_, t)| client.topic(t).is_none())
+            .map(|(key, t)| format!("{key} names topic {t:?}, which does not exist"))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "pipeline {}: {}; it waits for them before it acquires a record (create them)",
+            spec.name,
+            missing.join("; ")
+        ))
+    }
+
+    /// Checks `delivery_cap` against the group's delivery limit (`share.delivery.count.limit`,
+    /// the group's own or the broker's): above it, the broker archives a record at its last
+    /// delivery before the host's cap is ever reached, without a dead letter.
+    /// Sets up, or notices, the group's broker-side dead-letter topic (KIP-1191, `share.version`
+    /// 2 and up), which receives what the broker archives at the delivery limit: records whose
+    /// last delivery the host never finished (it crashed, was killed, or lost the broker), and
+    /// with it the Rejects. With `broker_dead_letter_topic` the host configures it (topic and
+    /// group configs), after checking what the broker would otherwise refuse at write time,
+    /// silently; without, a group configured so by someone else is noticed. Either way the
+    /// host's own dead letters are then acknowledged as done (see [`Pipeline::reject`]).
+    async fn broker_dead_letters(&self, client: &KafkaClient) -> Result<(), String> {
+        let spec = &self.spec;
+        let level = client.feature_level("share.version").await;
+        let Some(topic) = &spec.broker_dead_letter_topic else {
+            // Only noticed, so a broker that will not say is taken for one without it.
+            let level = level.ok().flatten().unwrap_or(0);
+            let configured = client
+                .group_config(&spec.group, "errors.deadletterqueue.topic.name")
+                .await
+                .ok()
+                .flatten()
+                .filter(|t| !t.trim().is_empty());
+            let active = level >= 2 && configured.is_some();
+            if active {
+                tracing::info!(pipeline = %spec.name, group = %spec.group, topic = ?configured, "the group has a broker dead-letter topic: records the host dead-letters itself are acknowledged as done, so the broker writes no second copy");
+            }
+            self.broker_dlq.store(active, Ordering::Relaxed);
+            return Ok(());
+        };
+        let fail = |why: String| {
+            format!(
+                "pipeline {}: broker_dead_letter_topic {topic}: {why}",
+                spec.name
+            )
+        };
+        let level = level
+            .map_err(|e| fail(format!("cannot read the cluster's share.version: {e}")))?
+            .unwrap_or(0);
+        if level < 2 {
+            return Err(fail(format!(
+                "the cluster's share.version is {level}; broker dead-letter topics need share.version 2 (Kafka 4.4: kafka-features upgrade --feature share.version=2)"
+            )));
+        }
+        let prefix = client
+            .broker_config("errors.deadletterqueue.topic.name.prefix")
+            .await
+            .map_err(|e| fail(format!("cannot read the broker's dead-letter prefix: {e}")))?
+            .unwrap_or_default();
+        if !topic.starts_with(&prefix) {
+            return Err(fail(format!(
+                "the broker takes only dead-letter topics whose name starts with \"{prefix}\" (errors.deadletterqueue.topic.name.prefix) and would archive without writing"
+            )));
+        }
+        client
+            .alter_topic_configs(
+                topic,
+                &[("errors.deadletterqueue.group.enable", Some("true"))],
+            )
+            .await
+            .map_err(|e| {
+                fail(format!(
+                    "cannot enable it as a group dead-letter topic: {e}"
+                ))
+            })?;
+        client
+            .alter_group_configs(
+                &spec.group,
+                &[
+                    ("errors.deadletterqueue.topic.name", topic.as_str()),
+                    ("errors.deadletterqueue.copy.record.enable", "true"),
+                ],
+            )
+            .await
+            .map_err(|e| fail(format!("cannot set it on group {}: {e}", spec.group)))?;
+        tracing::info!(pipeline = %spec.name, group = %spec.group, %topic, "the broker dead-letters what it archives at the delivery limit into the broker dead-letter topic");
+        self.broker_dlq.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The group's effective delivery limit (`None` when the broker would not say), checked
+    /// against `delivery_cap`: a cap above it is refused, since the broker would archive a
+    /// record before the cap saw it.
+    async fn delivery_limit(&self, client: &KafkaClient) -> Result<Option<i16>, String> {
+        let spec = &self.spec;
+        let limit = match client
+            .group_config(&spec.group, "share.delivery.count.limit")
+            .await
+        {
+            Ok(v) => v.and_then(|v| v.parse::<i16>().ok()),
+            Err(e) => {
+                tracing::warn!(pipeline = %spec.name, group = %spec.group, "cannot read the group's delivery limit (to check delivery_cap against it and count what the broker archives): {e}");
+                None
+            }
+        };
+        match (spec.delivery_cap, limit) {
+            (Some(cap), Some(limit)) if cap > limit => Err(format!(
+                "pipeline {}: delivery_cap {cap} is above group {}'s delivery limit {limit} (share.delivery.count.limit): the broker would archive a record at its delivery {limit}, before the cap, without a dead letter; set delivery_cap to at most {limit}",
+                spec.name, spec.group
+            )),
+            _ => Ok(limit),
+        }
+    }
+
+    /// The member id this pipeline joined with before (beside its state file), claimed for
+    /// this process; `None` (join with a fresh id) without a state file, when another live
+    /// process holds it, or when the file cannot be used.
+    fn member_identity(&self) -> Option<MemberIdentity> {
+        let file = self.state_file.as_ref()?.with_extension("member");
+        match MemberIdentity::claim(&file, &fresh_member_id()) {
+            Ok(Claim::Claimed { identity, reused }) => {
+                if reused {
+                    tracing::info!(pipeline = %self.spec.name, member = identity.id(), "rejoining the group as the member this pipeline was before the restart");
+                }
+                Some(identity)
+            }
+            Ok(Claim::Taken) => {
+                tracing::info!(pipeline = %self.spec.name, file = %file.display(), "another live process runs this pipeline with its kept member id: joining as a new member");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(pipeline = %self.spec.name, file = %file.display(), "cannot keep the member id across restarts: {e}");
+                None
+            }
+        }
+    }
+
+    /// Hands the next batch of `backlog` to a plugin instance, on a task of `running`.
+    fn start_batch(
+        self: &Arc<Self>,
+        ctx: &BatchContext,
+        backlog: &mut VecDeque<ShareRecord>,
+        permit: OwnedSemaphorePermit,
+        running: &mut JoinSet<()>,
+    ) {
+        let take = backlog.len().min(self.spec.batch_size);
+        let mut batch: Vec<ShareRecord> = backlog.drain(..take).collect();
+        // Records whose session died while they waited (a lost connection, a restarted
+        // broker) are back with the broker already: judging them would only make duplicates.
+        let stale = ctx.consumer.retain_held(&mut batch);
+        if stale > 0 {
+            tracing::debug!(pipeline = %self.spec.name, records = stale, "skipped records released with their share session");
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let (this, ctx) = (self.clone(), ctx.clone());
+        running.spawn(async move { this.judge_and_act(&ctx, batch, permit).await });
+    }
+
+    /// One batch: judged, planned, acted on. `permit` (one of the pipeline's `concurrency`) is
+    /// held while the batch is judged and its writes first tried.
+    async fn judge_and_act(
+        &self,
+        ctx: &BatchContext,
+        batch: Vec<ShareRecord>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let records: Arc<[Record]> = batch.iter().map(plugin_record).collect();
+        let Some(j) = self.judge(&batch, &records).await else {
+            let back: Vec<(&ShareRecord, Settle)> = batch
+                .iter()
+                .map(|r| (r, Settle::Final(AckKind::Release)))
+                .collect();
+            ctx.consumer.settle(&back);
+            return;
+        };
+        self.note(&batch, &records, &j);
+        let rules = Rules {
+            outputs: &self.spec.outputs,
+            max_renewals: self.spec.max_renewals,
+            max_retry_delay: self.spec.max_retry_delay,
+        };
+        let hash = j.version.hash.clone();
+        let p = plan(j.judged.verdicts, j.judged.emits, rules);
+        self.act(ctx, &batch, p, &hash, permit).await;
+    }
+
+    /// Publishes what the engine counted (see [`super::counters::Counters::publish_engine`]).
+    fn publish_engine_stats(&self, consumer: &ShareConsumer) {
+        let running = lock(&self.state).as_str() == "running";
+        self.counters
+            .publish_engine(consumer, running, self.grants.http.as_deref());
+    }
+
+    /// Keeps `sharehost_share_group_lag` current: the group coordinator's lag per partition,
+    /// asked every [`LAG_INTERVAL`] until `stop`. A failed ask keeps the last values (logged at
+    /// debug: the run loop reports a coordinator that is really gone).
+    async fn watch_lag(&self, client: &KafkaClient, stop: &CancellationToken) {
+        loop {
+            match crate::kafka::protocol::share_offsets::share_group_offsets(
+                client,
+                &self.spec.group,
+            )
+            .await
+            {
+                Ok(partitions) => {
+                    for p in partitions
+                        .iter()
+                        .filter(|p| p.error_code == 0 && p.lag >= 0)
+                    {
+                        self.metrics
+                            .share_group_lag
+                            .get_or_create(&vec![
+                                ("pipeline", self.spec.name.clone()),
+                                ("topic", p.topic.clone()),
+                                ("partition", p.partition.to_string()),
+                            ])
+                            .set(p.lag);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(pipeline = %self.spec.name, group = %self.spec.group, "cannot read the group's lag: {e}");
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(LAG_INTERVAL) => {}
+            }
+        }
+    }
+}
+
+/// What the plugin judges of `r`: the runtime's own record, built from the engine's without
+/// copying a payload (the key and value are reference-counted). A negative delivery count,
+/// never sent by a correct broker, reads as 0.
+fn plugin_record(r: &ShareRecord) -> Record {
+    let c = &r.record;
+    Record {
+        topic: r.topic.clone(),
+        partition: r.partition.partition,
+        offset: c.offset,
+        timestamp: c.timestamp,
+        delivery_count: u16::try_from(r.delivery_count).unwrap_or(0),
+        key: c.key.clone(),
+        value: c.value.clone(),
+        headers: c
+            .headers
+            .iter()
+            .map(|h| RuntimeHeader {
+                key: h.key.clone(),
+                value: h.value.clone(),
+            })
+            .collect(),
+    }
+}
