@@ -2721,8 +2721,14 @@ mod tests {
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].0, (tp(0), 1));
         assert_eq!(next, None);
-        assert!(!st.outstanding.contains_key(&(tp(0), 1)), "released: no longer held");
-        assert!(st.outstanding.contains_key(&(tp(0), 3)), "its new delivery stays held");
+        assert!(
+            !st.outstanding.contains_key(&(tp(0), 1)),
+            "released: no longer held"
+        );
+        assert!(
+            st.outstanding.contains_key(&(tp(0), 3)),
+            "its new delivery stays held"
+        );
         assert!(st.due_holds(ms(50)).0.is_empty(), "once only");
     }
 
