@@ -13,10 +13,10 @@ use super::cache::{self, Cache};
 use super::component_file::{self, Surface};
 use super::config::{PluginLimits, RuntimeConfig};
 use super::error::{LoadError, RuntimeError};
-use super::host::StoreState;
 use super::plugin::{Plugin, PluginInit};
 use super::turns::Turns;
 use super::validate;
+use crate::store::{self, StoreState};
 use sharehost_trusted_cwasm::load_host_precompiled;
 
 /// Which instance allocator the engine ended up with.
@@ -114,14 +114,7 @@ pub(crate) struct Flavor {
 impl Flavor {
     fn new(engine: Engine, kind: AllocatorKind) -> Result<Self, RuntimeError> {
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        super::host::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        // wasi:http's own interfaces; whether a plugin may import them (and where its
-        // requests may go) is decided per plugin by its grant, never by the linker.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        store::add_to_linker(&mut linker).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(Self {
             engine,
             linker,
@@ -302,6 +295,11 @@ impl PluginRuntime {
         GuestTask {
             handle: rt.spawn(future),
         }
+    }
+
+    /// The fair share of the guest threads between pipelines.
+    pub(crate) fn turns(&self) -> &Arc<Turns> {
+        &self.inner.turns
     }
 
     /// Turns granted so far to the plugins of `tenant` (the fair share at work; for tests).

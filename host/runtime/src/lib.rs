@@ -23,27 +23,33 @@
 //! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
 
 mod batch;
+mod bindings;
 mod cache;
 mod component_file;
 mod config;
 mod engine;
 mod error;
-mod host;
+mod fault;
+mod fs;
 mod http;
+mod log;
+mod meter;
 pub mod offline;
 mod outputs;
 mod plugin;
+mod record;
 mod secrets;
+mod store;
 mod trust;
 mod turns;
 mod validate;
 
-pub use batch::{Header, Record};
 pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
 pub use config::{DEFAULT_WALL_PER_CPU, InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, Compiled, Origin, Placement, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
+pub use fault::{BatchOutcome, Fault, FaultKind};
 pub use http::{
     AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,
     parse_allowed_origin,
@@ -52,36 +58,12 @@ pub use outputs::{
     DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, Emit, EmitHeader, OutputGrant,
     RESERVED_HEADER_PREFIX,
 };
-pub use plugin::{
-    BatchOutcome, Contract, Fault, FaultKind, ISOLATION_DEADLINES, Judged, Plugin, PluginInit,
-    PluginStats, Verdict,
-};
+pub use plugin::{Contract, ISOLATION_DEADLINES, Judged, Plugin, PluginInit, PluginStats};
+pub use record::{Header, Record};
 pub use secrets::Secrets;
+pub use sharehost_bounded_lift::Verdict;
 pub use trust::{
     MAX_SIGNATURE_BYTES, SIGNATURE_SUFFIX, TrustPolicy, TrustRefusal, TrustedKey, parse_keys_file,
     signature_path,
 };
 pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
-
-/// Bindings generated from `wit/plugin.wit` (contract 0.2); private so the wire shape can
-/// change without touching the runtime's public API. Only the types are used: calls go
-/// through typed functions, so one runtime serves both contract versions.
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "sharehost:plugin/plugin",
-        exports: { default: async },
-        additional_derives: [PartialEq],
-    });
-}
-
-/// The verdict type of contract 0.1 (`wit/0.1.0/plugin.wit`): four cases, no `retry`. A 0.1
-/// component's `handle` result is checked against it; every other type of 0.1 is structurally
-/// the same in 0.2.
-mod bindings_v01 {
-    wasmtime::component::bindgen!({
-        path: "../../wit/0.1.0/plugin.wit",
-        world: "sharehost:plugin/plugin",
-        exports: { default: async },
-    });
-}

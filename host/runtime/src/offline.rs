@@ -14,10 +14,10 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::batch::Record;
+use super::fault::Fault;
 use super::outputs::Emit;
-use super::plugin::{Fault, Verdict};
-use crate::Header;
+use super::record::{Header, Record};
+use sharehost_bounded_lift::Verdict;
 
 /// A bad input line: names the line (1-based) and what is wrong with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
