@@ -358,3 +358,44 @@ impl AsyncWrite for Capture {
         Poll::Ready(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(text: &str) -> LogMessage {
+        LogMessage {
+            text: text.to_owned(),
+            truncated: false,
+        }
+    }
+
+    #[test]
+    fn a_call_logs_at_most_its_budget_and_counts_the_rest() {
+        let mut ctx = LogCtx::builder().build();
+        ctx.begin_call();
+        let over = 10;
+        for _ in 0..MAX_LOG_MESSAGES_PER_BATCH + over {
+            Log::new(&mut ctx).log(Level::Debug, message("hello"));
+        }
+        assert_eq!(ctx.drain().log_messages_dropped, u64::from(over));
+        // The next call has a full budget again.
+        ctx.begin_call();
+        Log::new(&mut ctx).log(Level::Debug, message("hello"));
+        assert_eq!(ctx.drain().log_messages_dropped, 0);
+    }
+
+    #[test]
+    fn captured_stdio_keeps_its_bound_and_counts_the_rest() {
+        let mut ctx = LogCtx::builder().build();
+        let mut out = ctx.stdout();
+        OutputStream::write(
+            &mut out,
+            Bytes::from(vec![b'x'; MAX_STDIO_BYTES_PER_BATCH + 5]),
+        )
+        .expect("a write past the bound succeeds");
+        let drained = ctx.drain();
+        assert_eq!(drained.output_bytes_dropped, 5);
+        assert_eq!(ctx.drain().output_bytes_dropped, 0, "drained means empty");
+    }
+}

@@ -393,4 +393,20 @@ mod tests {
             Err(EmitError::NoSuchRecord)
         );
     }
+
+    #[test]
+    fn the_default_context_refuses_every_emit_as_an_unknown_output() {
+        let mut ctx = OutputsCtx::builder().build();
+        ctx.begin(Some(1));
+        assert_eq!(
+            ctx.emit(0, "valid", None, None, vec![]),
+            Err(EmitError::UnknownOutput("valid".into()))
+        );
+        let emits = ctx.finish();
+        assert_eq!(
+            (emits.len(), ctx.markers),
+            (1, 1),
+            "only the marker is kept"
+        );
+    }
 }

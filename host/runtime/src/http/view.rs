@@ -193,3 +193,29 @@ pub(crate) fn add_to_linker<T: WasiHttpView + 'static>(
 ) -> wasmtime::Result<()> {
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_default_context_refuses_every_request_in_the_host() {
+        let mut ctx = HttpCtx::builder().build();
+        let request = http::Request::builder()
+            .uri("http://127.0.0.1:9/")
+            .body(
+                http_body_util::Empty::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .expect("request");
+        let sent = ctx
+            .hooks
+            .send_request(request, None, Box::new(async { Ok(()) }));
+        let result = std::pin::Pin::from(sent).await;
+        assert!(matches!(result, Err(HttpError::HttpRequestDenied)));
+        assert_eq!(ctx.hooks.refusals.dropped(), 0, "the refusal was logged");
+    }
+}
