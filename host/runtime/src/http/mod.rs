@@ -3,7 +3,8 @@
 //!
 //! wasmtime-wasi-http implements the `wasi:http` types and hands every outgoing request to
 //! its `WasiHttpHooks::send_request`; the crate's own sender (which connects anywhere) is not
-//! compiled in. This module is that hook, and it is where every promise of the grant is kept:
+//! compiled in. This module is that hook (`view.rs`), and its rooms keep every promise of the
+//! grant:
 //!
 //! - **Allow-list.** A request whose scheme, host and port match no `allowed_outbound_hosts`
 //!   entry fails with `HTTP-request-denied` (a value the guest handles), is logged and
