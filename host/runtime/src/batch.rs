@@ -1,44 +1,13 @@
-//! What a plugin judges ([`Record`]) and how a batch crosses the sandbox boundary: integer
-//! columns plus one byte buffer (see `wit/plugin.wit` and docs/wit.md for why: each column
-//! is lowered into the guest as one block copy).
+//! How a batch of [`Record`]s crosses the sandbox boundary: integer columns plus one byte
+//! buffer (see `wit/plugin.wit` and docs/wit.md for why: each column is lowered into the guest
+//! as one block copy).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::bindings::sharehost::plugin::types::Batch;
-
-/// One record as the runtime hands it to a plugin. Owns cheap, reference-counted pieces
-/// (`Bytes`, `Arc<str>`) so building it from a fetched record copies no payload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// The topic the record came from; shared between the records of a batch.
-    pub topic: Arc<str>,
-    /// The partition the record came from.
-    pub partition: i32,
-    /// The record's offset in its partition.
-    pub offset: i64,
-    /// Record timestamp, milliseconds since the Unix epoch.
-    pub timestamp: i64,
-    /// Deliveries so far including this one (KIP-932 delivery count; 1 on first delivery).
-    pub delivery_count: u16,
-    /// The key; `None` is a null key.
-    pub key: Option<Bytes>,
-    /// The value; `None` is a null value (tombstone).
-    pub value: Option<Bytes>,
-    /// Headers in order.
-    pub headers: Vec<Header>,
-}
-
-/// One record header as a plugin sees it: the runtime's own type, so the sandbox builds and is
-/// tested without the Kafka wire layer (whoever feeds it converts, moving the value's bytes).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Header {
-    /// The header's key.
-    pub key: String,
-    /// The header's value; `None` is a null value.
-    pub value: Option<Bytes>,
-}
+use crate::bindings::v02::sharehost::plugin::types::Batch;
+use crate::record::Record;
 
 /// The wire encoding of "null" in a span's start position (see `wit/plugin.wit`).
 pub(crate) const NULL_SPAN: u32 = u32::MAX;

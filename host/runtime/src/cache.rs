@@ -40,7 +40,7 @@ use wasmtime::Engine;
 #[cfg(test)]
 use wasmtime::component::Component;
 
-use super::error::RuntimeError;
+use crate::error::RuntimeError;
 
 /// Where `sharehost run`, `check` and `test-plugin` keep precompiled components unless told
 /// otherwise: `$SHAREHOST_CACHE_DIR`, else `$XDG_CACHE_HOME/sharehost/cwasm`, else
@@ -394,7 +394,8 @@ mod tests {
     use std::os::unix::fs::{PermissionsExt, chown, symlink};
 
     use super::*;
-    use crate::{PluginRuntime, RuntimeConfig};
+    use crate::config::RuntimeConfig;
+    use crate::engine::PluginRuntime;
 
     /// Another user: `nobody` on most systems. The tests run as root (they chown).
     const OTHER_UID: u32 = 65534;

@@ -1,11 +1,8 @@
 //! The one reader of component files: every path that loads a plugin (the runtime's compile,
 //! `sharehost test-plugin` and `check`, the hot-swap endpoint, the manifest's check) goes
-//! through it, so none of them can be made to hang or to exhaust memory by a path.
-//!
-//! A path is opened first (non-blocking, so a FIFO never blocks the open), then the *opened*
-//! file is examined (fstat): anything but a regular file is refused by type, and a file larger
-//! than the configured maximum is refused by size before a byte is read. The read itself is
-//! bounded too, so a file that grows after the check cannot push it past the maximum.
+//! through it, so none of them can be made to hang or to exhaust memory by a path: the file is
+//! read by the bounded reader (`fs.rs`: regular files only, refused by size before a byte is
+//! read), whose refusals become [`LoadError`]s naming the setting that raises the maximum.
 //!
 //! Then the first eight bytes say what the file is (a component, a core module, something
 //! else); errors describe the file and never quote its bytes, since a path may point at a
@@ -15,14 +12,12 @@
 //! it, so a component that would be refused anyway (forbidden import, another package version,
 //! not the plugin world) costs a parse of its section headers, not a compilation.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 
-use rustix::fs::{Mode, OFlags};
 use wasmparser::{Chunk, ComponentExternalKind, ComponentTypeRef, Parser, Payload};
 
-use super::error::LoadError;
+use crate::error::LoadError;
+use crate::fs::{self, FileError};
 
 /// The largest component file read by default: ample for a plugin (the example plugins are
 /// well under 1 MiB; a Python component with its interpreter is about 40 MiB), small enough
@@ -33,91 +28,38 @@ pub const DEFAULT_MAX_COMPONENT_BYTES: u64 = 64 << 20;
 pub(crate) const MAX_SETTING: &str =
     "runtime.max_component_mib in the manifest, --max-component-mib for test-plugin";
 
-/// Describes a file type that is not a regular file, as the rest of an error line.
-fn what_it_is(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "is a directory"
-    } else if ft.is_fifo() {
-        "is a FIFO (named pipe), not a regular file"
-    } else if ft.is_char_device() {
-        "is a character device, not a regular file"
-    } else if ft.is_block_device() {
-        "is a block device, not a regular file"
-    } else if ft.is_socket() {
-        "is a socket, not a regular file"
-    } else {
-        "is not a regular file"
-    }
-}
-
-/// Opens `path` and checks that the opened file is a regular file of at most `max_bytes`;
-/// returns it with its size. `O_NONBLOCK` makes opening a FIFO return at once (it is then
-/// refused by type); it has no effect on regular files.
-fn open_regular(path: &Path, max_bytes: u64) -> Result<(File, u64), LoadError> {
-    let read_err = |error: std::io::Error| LoadError::Read {
-        path: path.to_owned(),
-        error,
-    };
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-        Mode::empty(),
-    )
-    .map_err(|e| read_err(e.into()))?;
-    let file = File::from(fd);
-    let meta = file.metadata().map_err(read_err)?;
-    if !meta.file_type().is_file() {
-        return Err(LoadError::NotAFile {
-            path: path.to_owned(),
-            what: what_it_is(meta.file_type()),
-        });
-    }
-    if meta.len() > max_bytes {
-        return Err(LoadError::TooLarge {
-            path: path.to_owned(),
-            size: meta.len(),
-            maximum: max_bytes,
+/// A load's words for a file the reader refused: the same as the reader's, with the setting
+/// that raises the maximum named.
+fn refused(e: FileError) -> LoadError {
+    match e {
+        FileError::Read { path, error } => LoadError::Read { path, error },
+        FileError::NotAFile { path, what } => LoadError::NotAFile { path, what },
+        FileError::TooLarge {
+            path,
+            size,
+            maximum,
+        } => LoadError::TooLarge {
+            path,
+            size,
+            maximum,
             setting: MAX_SETTING,
-        });
+        },
     }
-    Ok((file, meta.len()))
 }
 
 /// Checks that `path` names a regular file of at most `max_bytes` without reading it: what
 /// the manifest check needs to refuse a bad path early, with the same words as a load.
 pub fn check_component_path(path: &Path, max_bytes: u64) -> Result<(), LoadError> {
-    open_regular(path, max_bytes).map(|_| ())
+    fs::open_regular(path, max_bytes)
+        .map(|_| ())
+        .map_err(refused)
 }
 
 /// Reads a component file: a regular file of at most `max_bytes`, whose header says it is a
 /// component (see the module doc). Only then are its bytes handed to a parser.
 pub fn read_component(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError> {
-    let bytes = read_regular(path, max_bytes)?;
+    let bytes = fs::read_regular(path, max_bytes).map_err(refused)?;
     identify(path, &bytes)?;
-    Ok(bytes)
-}
-
-/// Reads a regular file of at most `max_bytes` (a FIFO cannot hang the read, `/dev/zero`
-/// cannot fill memory): the reader behind components and their signatures.
-pub(crate) fn read_regular(path: &Path, max_bytes: u64) -> Result<Vec<u8>, LoadError> {
-    let (file, size) = open_regular(path, max_bytes)?;
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    // One byte more than allowed tells a file that grew since the fstat from one that did not.
-    file.take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|error| LoadError::Read {
-            path: path.to_owned(),
-            error,
-        })?;
-    if bytes.len() as u64 > max_bytes {
-        return Err(LoadError::TooLarge {
-            path: path.to_owned(),
-            size: bytes.len() as u64,
-            maximum: max_bytes,
-            setting: MAX_SETTING,
-        });
-    }
     Ok(bytes)
 }
 
@@ -315,7 +257,7 @@ mod tests {
     fn a_file_over_the_maximum_is_refused_by_size_naming_the_setting() {
         let d = scratch("big");
         let f = d.join("big.wasm");
-        let file = File::create(&f).expect("create");
+        let file = std::fs::File::create(&f).expect("create");
         // Sparse: 100 MiB of size without 100 MiB of disk.
         file.set_len(100 << 20).expect("set_len");
         let e = read_component(&f, DEFAULT_MAX_COMPONENT_BYTES).expect_err("too big");

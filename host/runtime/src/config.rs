@@ -1,7 +1,13 @@
 //! Settings of the runtime (per process) and of each plugin (per load).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::component_file::DEFAULT_MAX_COMPONENT_BYTES;
+use crate::http::HttpGrant;
+use crate::outputs::OutputGrant;
+use crate::trust::TrustPolicy;
 
 /// Process-wide runtime settings. One [`crate::PluginRuntime`] is built from them.
 #[derive(Debug, Clone)]
@@ -37,7 +43,7 @@ impl Default for RuntimeConfig {
             epoch_tick: Duration::from_millis(2),
             cache_dir: None,
             pooling: true,
-            max_component_bytes: super::component_file::DEFAULT_MAX_COMPONENT_BYTES,
+            max_component_bytes: DEFAULT_MAX_COMPONENT_BYTES,
             guest_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
@@ -83,13 +89,13 @@ pub struct PluginLimits {
     /// dead-letter headers, so they must stay small).
     pub max_reason_bytes: usize,
     /// Outbound HTTP granted to the plugin (`None`: every request is refused in the host).
-    pub http: Option<std::sync::Arc<super::http::HttpGrant>>,
+    pub http: Option<Arc<HttpGrant>>,
     /// Output names granted to the plugin and the per-batch emit bounds.
-    pub outputs: std::sync::Arc<super::outputs::OutputGrant>,
+    pub outputs: Arc<OutputGrant>,
     /// The keys a component must be signed by (manifest `[trust]`); `None`: no signature
     /// needed. Checked on every load, before the component is parsed, compiled or looked up
     /// in the precompiled cache.
-    pub trust: Option<std::sync::Arc<super::trust::TrustPolicy>>,
+    pub trust: Option<Arc<TrustPolicy>>,
 }
 
 impl Default for PluginLimits {
@@ -100,7 +106,7 @@ impl Default for PluginLimits {
             instance_mode: InstanceMode::default(),
             max_reason_bytes: 1024,
             http: None,
-            outputs: std::sync::Arc::default(),
+            outputs: Arc::default(),
             wall_deadline: None,
             trust: None,
         }

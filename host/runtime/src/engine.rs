@@ -1,23 +1,24 @@
-//! The one wasmtime engine per process, its epoch ticker, its linker and its cache.
+//! The plugin runtime, one per process: its wasmtime engines (configured here, in one place:
+//! component model, async, epoch interruption, copy-on-write memory images, the pooling
+//! allocator with an on-demand engine beside it), their linkers, where compiled code is
+//! placed ([`Compiled`], [`Placement`]), and the threads guests run on. How a component file
+//! becomes a [`Compiled`] and a [`crate::Plugin`] is `loader.rs`'s: the runtime's loading
+//! methods live there.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::{JoinHandle, Thread};
-use std::time::{Duration, Instant};
 
+use sharehost_trusted_cwasm::load_host_precompiled;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig};
 
-use super::cache::{self, Cache};
-use super::component_file::{self, Surface};
-use super::config::{PluginLimits, RuntimeConfig};
-use super::error::{LoadError, RuntimeError};
-use super::host::StoreState;
-use super::plugin::{Plugin, PluginInit};
-use super::turns::Turns;
-use super::validate;
-use sharehost_trusted_cwasm::load_host_precompiled;
+use crate::cache::Cache;
+use crate::config::{PluginLimits, RuntimeConfig};
+use crate::error::{LoadError, RuntimeError};
+use crate::store::{self, StoreState};
+use crate::threads::{GuestRunning, GuestTask, GuestThreads, Ticker};
+use crate::turns::Turns;
 
 /// Which instance allocator the engine ended up with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,86 +43,40 @@ pub enum AllocatorKind {
 /// which stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct PluginRuntime {
-    pub(crate) inner: Arc<RuntimeInner>,
+    inner: Arc<RuntimeInner>,
 }
 
-pub(crate) struct RuntimeInner {
+struct RuntimeInner {
+    /// Stopped (and joined) first when the last clone goes.
+    ticker: Ticker,
     /// The engine every component tries first: the pool when it could be reserved.
-    pub(crate) primary: Flavor,
+    primary: Flavor,
     /// An on-demand engine with the primary's code settings, for a component that does not
     /// fit one pool slot (more core instances, memories or tables per instance than a slot's
     /// share: a Python component has about 40 core instances). `None` when the primary is
     /// on-demand already.
     overflow: Option<Flavor>,
-    pub(crate) config: RuntimeConfig,
+    config: RuntimeConfig,
     cache: Option<Cache>,
-    ticker: Ticker,
     /// The threads guests run on (see [`GuestThreads`]).
     guests: GuestThreads,
     /// The fair share of those threads between pipelines.
-    pub(crate) turns: Arc<Turns>,
-}
-
-/// The threads guests run on, apart from the host's own: a guest computing to its deadline
-/// takes one of these, never a thread that the share engine's I/O, another pipeline's
-/// acknowledgements or the admin API wait on. One per core; which guest runs on them when
-/// there are more busy guests than threads is [`Turns`]' business.
-struct GuestThreads {
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for GuestThreads {
-    fn drop(&mut self) {
-        // The last handle may go inside an async context (a test, a drained pipeline):
-        // a blocking shutdown would panic there. Guests still running are cut off.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// A future run on the guest threads ([`PluginRuntime::spawn_guest`]): awaiting it gives its
-/// output; dropping it cancels it there (as dropping the future itself would have).
-pub(crate) struct GuestTask<T> {
-    handle: tokio::task::JoinHandle<T>,
-}
-
-impl<T> Drop for GuestTask<T> {
-    fn drop(&mut self) {
-        self.handle.abort();
-    }
-}
-
-impl<T> std::future::Future for GuestTask<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.handle).poll(cx)
-    }
+    turns: Arc<Turns>,
 }
 
 /// One wasmtime engine with its linker. Compiled components and linkers belong to the engine
 /// that made them, so each allocator has its own; both engines share code settings, so one
 /// precompiled artifact loads into either.
-pub(crate) struct Flavor {
-    pub(crate) engine: Engine,
-    pub(crate) linker: Linker<StoreState>,
+struct Flavor {
+    engine: Engine,
+    linker: Linker<StoreState>,
     kind: AllocatorKind,
 }
 
 impl Flavor {
     fn new(engine: Engine, kind: AllocatorKind) -> Result<Self, RuntimeError> {
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        super::host::add_to_linker(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
-        // wasi:http's own interfaces; whether a plugin may import them (and where its
-        // requests may go) is decided per plugin by its grant, never by the linker.
-        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
-            .map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
+        store::add_to_linker(&mut linker).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         Ok(Self {
             engine,
             linker,
@@ -148,50 +103,6 @@ impl AllocatorKind {
             AllocatorKind::Pooling => "pooling",
             AllocatorKind::PoolingCompact => "pooling-compact",
             AllocatorKind::OnDemand => "on-demand",
-        }
-    }
-}
-
-/// The dedicated epoch thread. A tokio task would stop ticking exactly when it matters most:
-/// when a spinning guest (or anything else) blocks the executor's threads. It ticks only while
-/// guest code may run: idle, it parks instead of waking 500 times a second (half a percent of
-/// a core whatever the number of pipelines, issue 14).
-struct Ticker {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    /// Guest calls under way ([`GuestRunning`] guards).
-    running: Arc<AtomicUsize>,
-    /// The ticker is parked until a call starts (not just between two ticks).
-    asleep: Arc<AtomicBool>,
-    /// The ticker's thread, to unpark it when the first call starts.
-    waker: Thread,
-}
-
-/// Ticks the ticker keeps making after the last guest call ended before it parks: calls
-/// that follow each other closely (a pipeline's batches, thousands a second) then find it
-/// ticking, instead of each waking it (a futex wake and a thread switch per call, then a
-/// park again: a fifth of the host's CPU at 1 KiB records). At the 2 ms default tick, an
-/// idle host parks the ticker 100 ms after its last call.
-const IDLE_TICKS_BEFORE_PARKING: u32 = 50;
-
-/// Held while guest code may run (instantiation, `init`, `handle`): the epoch ticker, which
-/// enforces the CPU deadline and time-slices the guest, ticks while any guard exists.
-pub(crate) struct GuestRunning {
-    running: Arc<AtomicUsize>,
-}
-
-impl Drop for GuestRunning {
-    fn drop(&mut self) {
-        self.running.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Drop for RuntimeInner {
-    fn drop(&mut self) {
-        self.ticker.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.ticker.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
         }
     }
 }
@@ -264,23 +175,16 @@ impl PluginRuntime {
             .collect();
         let threads = config.guest_threads.max(1);
         let turns = Turns::new(threads);
-        let ticker = start_ticker(engines, config.epoch_tick, turns.clone())?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("sharehost-guest")
-            .enable_all()
-            .build()
-            .map_err(|e| RuntimeError::Engine(format!("cannot start the guest threads: {e}")))?;
+        let ticker = Ticker::start(engines, config.epoch_tick, turns.clone())?;
+        let guests = GuestThreads::start(threads)?;
         Ok(Self {
             inner: Arc::new(RuntimeInner {
+                ticker,
                 primary,
                 overflow,
                 config,
                 cache,
-                ticker,
-                guests: GuestThreads {
-                    runtime: Some(runtime),
-                },
+                guests,
                 turns,
             }),
         })
@@ -290,18 +194,15 @@ impl PluginRuntime {
     /// guest's time slices never stand between the host's own tasks and a thread.
     pub(crate) fn spawn_guest<F>(&self, future: F) -> GuestTask<F::Output>
     where
-        F: std::future::Future + Send + 'static,
+        F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let rt = self
-            .inner
-            .guests
-            .runtime
-            .as_ref()
-            .expect("the guest threads live as long as the runtime");
-        GuestTask {
-            handle: rt.spawn(future),
-        }
+        self.inner.guests.spawn(future)
+    }
+
+    /// The fair share of the guest threads between pipelines.
+    pub(crate) fn turns(&self) -> &Arc<Turns> {
+        &self.inner.turns
     }
 
     /// Turns granted so far to the plugins of `tenant` (the fair share at work; for tests).
@@ -312,15 +213,7 @@ impl PluginRuntime {
     /// Starts the epoch ticker (if it was parked) for a guest call; it keeps ticking until
     /// the guard is dropped, and a while after.
     pub(crate) fn guest_running(&self) -> GuestRunning {
-        let ticker = &self.inner.ticker;
-        if ticker.running.fetch_add(1, Ordering::SeqCst) == 0
-            && ticker.asleep.load(Ordering::SeqCst)
-        {
-            ticker.waker.unpark();
-        }
-        GuestRunning {
-            running: ticker.running.clone(),
-        }
+        self.inner.ticker.guest_running()
     }
 
     /// Which allocator the engine uses (pooling, or the on-demand fallback).
@@ -336,214 +229,11 @@ impl PluginRuntime {
         Some((m.unused_warm_memories(), m.unused_memory_bytes_resident()))
     }
 
-    /// Loads, validates, compiles (or maps from the cache) and initialises a plugin.
-    ///
-    /// Refused before anything runs: unreadable file, not a component, an import not
-    /// granted (named in the error), a missing or mistyped `init`/`handle` export. Then one
-    /// instance is created and `init(config)` must succeed within the plugin's deadline.
-    ///
-    /// Compiling a component that is not in the cache takes tens of milliseconds of CPU on
-    /// the calling thread: load plugins at startup or on a dedicated task, not on a hot path.
-    pub async fn load(
-        &self,
-        path: &Path,
-        limits: PluginLimits,
-        config: Vec<(String, String)>,
-    ) -> Result<Plugin, LoadError> {
-        self.load_with(
-            path,
-            limits,
-            PluginInit {
-                config,
-                ..PluginInit::default()
-            },
-        )
-        .await
-    }
-
-    /// Loads a plugin like [`PluginRuntime::load`], with secrets beside the configuration
-    /// (handed to a contract 0.2 component's `init`, redacted from everything it prints).
-    pub async fn load_with(
-        &self,
-        path: &Path,
-        limits: PluginLimits,
-        init: PluginInit,
-    ) -> Result<Plugin, LoadError> {
-        let compiled = self.compile(path, &limits).await?;
-        Plugin::new(self.clone(), path, compiled, limits, init).await
-    }
-
-    /// A plugin from a component compiled earlier (a version a pipeline kept): instantiated
-    /// and initialised like [`PluginRuntime::load_with`], nothing read or compiled.
-    pub async fn instantiate(
-        &self,
-        path: &Path,
-        compiled: Compiled,
-        limits: PluginLimits,
-        init: PluginInit,
-    ) -> Result<Plugin, LoadError> {
-        Plugin::new(self.clone(), path, compiled, limits, init).await
-    }
-
-    /// Reads, validates and compiles a component without instantiating it, and says whether
-    /// it came from the cache and which allocator takes it. Exposed for `sharehost check` and
-    /// benchmarks.
-    ///
-    /// When `limits.trust` is set, the bytes read must carry a valid signature by a trusted key
-    /// (`PATH.minisig`, see `trust.rs`) or the component is refused ([`LoadError::Untrusted`])
-    /// before it is parsed, compiled or looked up in the cache.
-    ///
-    /// The file goes through the one component reader (regular file, bounded size, header),
-    /// then its imports and exports are checked from its sections *before* compiling: a
-    /// component refused for its contract costs a read and a parse, not a compilation (which
-    /// for a component with a large data segment costs several times its size in memory).
-    ///
-    /// Compiling takes seconds of CPU, so this runs on a blocking thread of the caller's
-    /// tokio runtime: no caller can stall the async workers that judging and the engine share.
-    pub async fn compile(&self, path: &Path, limits: &PluginLimits) -> Result<Compiled, LoadError> {
-        let (runtime, owned, limits) = (self.clone(), path.to_owned(), limits.clone());
-        tokio::task::spawn_blocking(move || runtime.compile_blocking(&owned, &limits))
-            .await
-            .unwrap_or_else(|e| {
-                Err(LoadError::Compile {
-                    path: path.to_owned(),
-                    message: format!("the compile task failed: {e}"),
-                })
-            })
-    }
-
-    /// [`PluginRuntime::compile`] on the calling thread, for callers outside an async runtime
-    /// (`sharehost check`, tests, benchmarks). It blocks for as long as compiling takes.
-    pub fn compile_blocking(
-        &self,
-        path: &Path,
-        limits: &PluginLimits,
-    ) -> Result<Compiled, LoadError> {
-        let inner = &self.inner;
-        if limits.max_memory > inner.config.max_plugin_memory {
-            return Err(LoadError::MemoryLimit {
-                requested: limits.max_memory,
-                maximum: inner.config.max_plugin_memory,
-            });
-        }
-        let bytes = component_file::read_component(path, inner.config.max_component_bytes)?;
-        // The signature covers exactly these bytes, and is checked before anything parses them
-        // and before the cache lookup: a cached artifact never stands in for a signature.
-        let signer = match &limits.trust {
-            Some(policy) => {
-                Some(
-                    policy
-                        .verify(path, &bytes)
-                        .map_err(|refusal| LoadError::Untrusted {
-                            path: path.to_owned(),
-                            refusal,
-                        })?,
-                )
-            }
-            None => None,
-        };
-        let surface = Surface::read(&bytes).map_err(|message| LoadError::Compile {
-            path: path.to_owned(),
-            message,
-        })?;
-        check_contract(
-            path,
-            limits.http.is_some(),
-            surface.imports.iter().map(String::as_str),
-            surface
-                .exports
-                .iter()
-                .map(|(n, is_func)| (n.as_str(), *is_func)),
-        )?;
-        // A memory the plugin may not have is refused before the (costly) compile: one
-        // 200 MiB data segment cost seconds and hundreds of MiB to compile, on every attempt.
-        if surface.initial_memory > limits.max_memory as u64 {
-            return Err(LoadError::InitialMemory {
-                path: path.to_owned(),
-                declared: surface.initial_memory,
-                limit: limits.max_memory as u64,
-            });
-        }
-        let hash = cache::content_hash(&bytes);
-        let cached = inner.cache.as_ref().and_then(|c| {
-            let artifact = c.get_artifact(&hash)?;
-            match self.place(&artifact) {
-                Ok(placed) => Some(placed),
-                // Not a pool-fit refusal (those fall back to on-demand): an entry wasmtime
-                // cannot load, e.g. truncated by a crash. Compile it again.
-                Err(e) => {
-                    c.discard(&hash, &format!("{e:#}"));
-                    None
-                }
-            }
-        });
-        // `fresh`: the artifact compiled now, cached once the checks below pass.
-        let (component, placement, fresh) = match cached {
-            Some((component, placement)) => (component, placement, None),
-            None => {
-                // Compiled once, without the allocator's check; `place` then loads the code
-                // into the engine whose allocator takes it.
-                let artifact = inner
-                    .primary
-                    .engine
-                    .precompile_component(&bytes)
-                    .map_err(|e| self.compile_error(path, limits, &e))?;
-                let (component, placement) = self
-                    .place(&artifact)
-                    .map_err(|e| self.compile_error(path, limits, &e))?;
-                (component, placement, Some(artifact))
-            }
-        };
-        drop(bytes);
-        // The same checks on the compiled component's types: they also cover a cached entry
-        // and export types the section walk does not look at.
-        let engine = component.engine();
-        if let Some(found) = validate::foreign_version(
-            validate::names(engine, &component)
-                .iter()
-                .map(String::as_str),
-        ) {
-            return Err(LoadError::WrongVersion {
-                path: path.to_owned(),
-                found,
-            });
-        }
-        let imports = validate::imports(engine, &component);
-        check_imports(
-            path,
-            limits.http.is_some(),
-            imports.iter().map(String::as_str),
-        )?;
-        if let Some(message) = validate::missing_exports(engine, &component) {
-            return Err(LoadError::WrongWorld {
-                path: path.to_owned(),
-                message,
-            });
-        }
-        // Only components that passed validation are cached.
-        let origin = match fresh {
-            Some(artifact) => {
-                if let Some(cache) = &inner.cache {
-                    cache.put_artifact(&artifact, &hash);
-                }
-                Origin::Compiled
-            }
-            None => Origin::Cached,
-        };
-        Ok(Compiled {
-            component,
-            hash,
-            origin,
-            placement,
-            signer,
-        })
-    }
-
     /// Loads precompiled code into the pool's engine, or, when one instance of the component
     /// needs more than a pool slot's share (core instances, memories, tables, instance
     /// state), into the on-demand engine, with wasmtime's count as the reason. The artifact is
     /// this host's own compilation (just made, or read back from its own cache).
-    fn place(&self, artifact: &[u8]) -> wasmtime::Result<(Component, Placement)> {
+    pub(crate) fn place(&self, artifact: &[u8]) -> wasmtime::Result<(Component, Placement)> {
         let inner = &self.inner;
         let primary = load_host_precompiled(&inner.primary.engine, artifact);
         match (primary, &inner.overflow) {
@@ -571,6 +261,22 @@ impl PluginRuntime {
         }
     }
 
+    /// Compiles a component's bytes once, without any allocator's check: [`PluginRuntime::place`]
+    /// then loads the code into the engine whose allocator takes it.
+    pub(crate) fn precompile(&self, bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
+        self.inner.primary.engine.precompile_component(bytes)
+    }
+
+    /// The settings the runtime was built from.
+    pub(crate) fn config(&self) -> &RuntimeConfig {
+        &self.inner.config
+    }
+
+    /// The precompiled cache, if one is configured.
+    pub(crate) fn cache(&self) -> Option<&Cache> {
+        self.inner.cache.as_ref()
+    }
+
     /// The linker of the engine `component` was loaded into.
     pub(crate) fn linker_for(&self, component: &Component) -> &Linker<StoreState> {
         let inner = &self.inner;
@@ -582,7 +288,12 @@ impl PluginRuntime {
 
     /// Turns wasmtime's refusal into a load error: a component that does not fit the pool
     /// gets a message naming the limit to raise, anything else wasmtime's explanation.
-    fn compile_error(&self, path: &Path, limits: &PluginLimits, e: &wasmtime::Error) -> LoadError {
+    pub(crate) fn compile_error(
+        &self,
+        path: &Path,
+        limits: &PluginLimits,
+        e: &wasmtime::Error,
+    ) -> LoadError {
         match pool_limit_hint(e, &self.inner.config, limits) {
             Some(message) => LoadError::PoolLimit {
                 path: path.to_owned(),
@@ -601,93 +312,6 @@ impl PluginRuntime {
     pub(crate) fn cache_path_for(&self, content_hash: &str) -> Option<std::path::PathBuf> {
         self.inner.cache.as_ref().map(|c| c.path_for(content_hash))
     }
-
-    /// Measures compile-from-bytes against load-from-cache for one component (for the
-    /// benchmark): returns (compile, cached load) durations.
-    #[doc(hidden)]
-    pub fn measure_compile_and_cached_load(
-        &self,
-        path: &Path,
-    ) -> Result<(Duration, Duration), LoadError> {
-        let bytes = component_file::read_component(path, self.inner.config.max_component_bytes)?;
-        let t = Instant::now();
-        // What a load without the cache compiles (placement aside: loading the code into the
-        // engine that takes it is the cached-load part).
-        self.inner
-            .primary
-            .engine
-            .precompile_component(&bytes)
-            .map_err(|e| LoadError::Compile {
-                path: path.to_owned(),
-                message: format!("{e:#}"),
-            })?;
-        let compile = t.elapsed();
-        let limits = PluginLimits::default();
-        // First call fills the cache (when configured), second one maps from it.
-        self.compile_blocking(path, &limits)?;
-        let t = Instant::now();
-        let origin = self.compile_blocking(path, &limits)?.origin;
-        let load = t.elapsed();
-        if origin != Origin::Cached {
-            return Err(LoadError::Cache {
-                path: path.to_owned(),
-                message: "no cache directory configured".into(),
-            });
-        }
-        Ok((compile, load))
-    }
-}
-
-/// Refuses a component whose top-level names break the contract, in the order that tells its
-/// author the most: another package version first (every other complaint follows from it),
-/// then imports not granted, then a missing or non-function `init`/`handle`.
-fn check_contract<'a>(
-    path: &Path,
-    http: bool,
-    imports: impl Iterator<Item = &'a str> + Clone,
-    exports: impl Iterator<Item = (&'a str, bool)> + Clone,
-) -> Result<(), LoadError> {
-    if let Some(found) =
-        validate::foreign_version(imports.clone().chain(exports.clone().map(|(n, _)| n)))
-    {
-        return Err(LoadError::WrongVersion {
-            path: path.to_owned(),
-            found,
-        });
-    }
-    check_imports(path, http, imports)?;
-    if let Some(message) = validate::missing_exports_in(exports) {
-        return Err(LoadError::WrongWorld {
-            path: path.to_owned(),
-            message,
-        });
-    }
-    Ok(())
-}
-
-/// Refuses imports that are not granted: outbound HTTP without a grant with its own error
-/// (naming the manifest key that grants it), anything else as forbidden.
-fn check_imports<'a>(
-    path: &Path,
-    http: bool,
-    imports: impl Iterator<Item = &'a str>,
-) -> Result<(), LoadError> {
-    let forbidden: Vec<&str> = imports
-        .filter(|n| !validate::import_allowed(n, http))
-        .collect();
-    if forbidden.is_empty() {
-        return Ok(());
-    }
-    if forbidden.iter().all(|n| validate::is_http_import(n)) {
-        return Err(LoadError::HttpNotGranted {
-            path: path.to_owned(),
-            imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
-        });
-    }
-    Err(LoadError::ForbiddenImport {
-        path: path.to_owned(),
-        imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
-    })
 }
 
 /// What one pool slot offers a plugin instance (its share of the pool's totals): enough for a
@@ -827,7 +451,7 @@ fn pooling_config(config: &RuntimeConfig, compact: bool) -> Config {
         // A new version (a hot swap, a canary, a rollback) takes over the slots its
         // predecessors left instead of touching cold ones: with wasmtime's default (100 unused
         // warm slots kept) every swap left 1 MiB per memory resident for good, and a 30-minute
-        // soak with a swap every 5 minutes grew from 23 to 29 MiB (issue 14). Slots affine to
+        // soak with a swap every 5 minutes grew from 23 to 29 MiB. Slots affine to
         // the same component are still picked first, so recycled instances lose nothing.
         .max_unused_warm_slots(0);
     let allocator = if compact {
@@ -874,56 +498,4 @@ fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), Runti
     }))
     .map(|e| (e, AllocatorKind::OnDemand))
     .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
-}
-
-fn start_ticker(
-    engines: Vec<Engine>,
-    tick: Duration,
-    turns: Arc<Turns>,
-) -> Result<Ticker, RuntimeError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = Arc::new(AtomicUsize::new(0));
-    let asleep = Arc::new(AtomicBool::new(false));
-    let (flag, calls, parked) = (stop.clone(), running.clone(), asleep.clone());
-    let tick = tick.max(Duration::from_micros(100));
-    let thread = std::thread::Builder::new()
-        .name("sharehost-epoch".into())
-        .spawn(move || {
-            let mut idle = 0u32;
-            while !flag.load(Ordering::Relaxed) {
-                if calls.load(Ordering::SeqCst) == 0 {
-                    idle = idle.saturating_add(1);
-                } else {
-                    idle = 0;
-                }
-                if idle > IDLE_TICKS_BEFORE_PARKING {
-                    // No guest ran for a while: sleep until the first call (or the
-                    // runtime's drop) unparks us. `asleep` is set before `running` is read
-                    // again, and a starting call raises `running` before it reads `asleep`
-                    // (both SeqCst): either we see the call and do not park, or the call
-                    // sees us asleep and unparks us (its token makes a late park return).
-                    parked.store(true, Ordering::SeqCst);
-                    if calls.load(Ordering::SeqCst) == 0 {
-                        std::thread::park();
-                    }
-                    parked.store(false, Ordering::SeqCst);
-                    idle = 0;
-                    continue;
-                }
-                // park_timeout, not sleep: dropping the runtime unparks us at once.
-                std::thread::park_timeout(tick);
-                for engine in &engines {
-                    engine.increment_epoch();
-                }
-                turns.tick();
-            }
-        })
-        .map_err(RuntimeError::Ticker)?;
-    Ok(Ticker {
-        stop,
-        waker: thread.thread().clone(),
-        thread: Some(thread),
-        running,
-        asleep,
-    })
 }

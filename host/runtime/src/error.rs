@@ -169,7 +169,7 @@ pub enum LoadError {
         /// The component path.
         path: PathBuf,
         /// Which check failed.
-        refusal: super::trust::TrustRefusal,
+        refusal: crate::trust::TrustRefusal,
     },
     /// The precompiled cache could not be written (loading still works without it).
     #[error("{path}: precompiled cache: {message}")]

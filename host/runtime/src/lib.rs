@@ -1,49 +1,67 @@
 //! sharehost-runtime: the plugin sandbox. Turns a WebAssembly component file into something a
 //! pipeline can call with a bounded budget and only the capabilities it was granted. It knows
 //! no Kafka type: records come in as its own [`Record`], so it builds and is tested alone.
-//!
-//! A map of the parts:
-//! - [`PluginRuntime`] (`engine.rs`): the one wasmtime `Engine` per process (component model,
-//!   async, epoch interruption ticked by a dedicated thread, pooling allocator with an
-//!   on-demand fallback, copy-on-write memory images) and the precompiled-artifact cache
-//!   (`cache.rs`).
-//! - [`Plugin`] (`plugin.rs`): one loaded plugin version: validated imports and exports
-//!   (`validate.rs`), an `InstancePre`, and a warm or fresh instance per batch. Every call runs
-//!   under a memory cap, a CPU deadline and bounds on verdicts and logs; anything a guest does
-//!   wrong becomes a [`BatchOutcome::Fault`], never a host crash.
-//! - [`Record`], [`Header`] and the columnar wire batch (`batch.rs`): what a plugin judges, and
-//!   how it crosses the sandbox boundary as a few integer columns plus one byte buffer.
-//! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
-//! - `component_file.rs`: the one reader of component files (regular files only, bounded,
-//!   what-it-is errors) and the pre-compile look at a component's imports and exports.
-//! - `trust.rs`: signed components: the keys a pipeline trusts and the signature check every
-//!   load makes on the bytes it read, before parsing or compiling them.
-//! - `host.rs`: what a guest may call (the bounded `log` import) and its captured stdio.
-//!
 //! The contract itself is `wit/plugin.wit`; see `docs/wit.md`.
+//!
+//! A map of the rooms, from the top down:
+//!
+//! - **Running a plugin.** [`PluginRuntime`] (`engine.rs`): the one runtime per process, its
+//!   wasmtime engines configured in one place (component model, async, epoch interruption,
+//!   the pooling allocator with an on-demand engine beside it, copy-on-write memory images),
+//!   their linkers and where compiled code is placed. `threads.rs`: the guest threads and the
+//!   epoch ticker; `turns.rs`: the fair share of those threads between pipelines.
+//!   [`Plugin`] (`plugin.rs`): one loaded plugin version, a warm or fresh instance per batch,
+//!   poison isolation; every call runs under a memory cap, a CPU and a wall-clock deadline
+//!   (`meter.rs` measures them) and bounds on verdicts and logs. `fault.rs`: anything a guest
+//!   does wrong becomes a [`BatchOutcome::Fault`], never a host crash.
+//! - **Loading.** `loader.rs`: the runtime's loading methods ([`PluginRuntime::compile`], off
+//!   the async workers, and `load`): read, verify, check, compile or map from the precompiled
+//!   cache (`cache.rs`). `component_file.rs`: the one reader of component files, over the
+//!   bounded file reader (`fs.rs`, an error of its own); `trust.rs`: signed components;
+//!   `validate.rs`: the contract's imports and exports.
+//! - **What a guest can reach**, one room per capability in the shape of wasmtime's
+//!   capability crates (a context, a builder with documented defaults, a per-call view,
+//!   `add_to_linker`): `log.rs` (the `log` import and captured stdio), `outputs.rs` (`emit`,
+//!   granted by an [`OutputGrant`]), `http/` (outbound HTTP, granted by an [`HttpGrant`]) and
+//!   `secrets.rs` ([`Secrets`], handed to `init` and redacted from everything the host shows).
+//!   `store.rs`: what one instance owns; it implements every capability's view, in one place.
+//! - **What a plugin judges.** [`Record`] and [`Header`] (`record.rs`); `batch.rs`: how a batch
+//!   crosses the sandbox boundary as a few integer columns plus one byte buffer;
+//!   `bindings.rs`: the types generated from the contract, both versions.
+//! - **Settings and errors.** [`RuntimeConfig`], [`PluginLimits`] (`config.rs`);
+//!   [`RuntimeError`], [`LoadError`] (`error.rs`).
+//! - [`offline`]: JSON-lines records in, verdict lines out, for `sharehost test-plugin`.
 
 mod batch;
+mod bindings;
 mod cache;
 mod component_file;
 mod config;
 mod engine;
 mod error;
-mod host;
+mod fault;
+mod fs;
 mod http;
+mod loader;
+mod log;
+mod meter;
 pub mod offline;
 mod outputs;
 mod plugin;
+mod record;
 mod secrets;
+mod store;
+mod threads;
 mod trust;
 mod turns;
 mod validate;
 
-pub use batch::{Header, Record};
 pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};
 pub use config::{DEFAULT_WALL_PER_CPU, InstanceMode, PluginLimits, RuntimeConfig};
 pub use engine::{AllocatorKind, Compiled, Origin, Placement, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
+pub use fault::{BatchOutcome, Fault, FaultKind};
 pub use http::{
     AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,
     parse_allowed_origin,
@@ -52,36 +70,12 @@ pub use outputs::{
     DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, Emit, EmitHeader, OutputGrant,
     RESERVED_HEADER_PREFIX,
 };
-pub use plugin::{
-    BatchOutcome, Contract, Fault, FaultKind, ISOLATION_DEADLINES, Judged, Plugin, PluginInit,
-    PluginStats, Verdict,
-};
+pub use plugin::{Contract, ISOLATION_DEADLINES, Judged, Plugin, PluginInit, PluginStats};
+pub use record::{Header, Record};
 pub use secrets::Secrets;
+pub use sharehost_bounded_lift::Verdict;
 pub use trust::{
     MAX_SIGNATURE_BYTES, SIGNATURE_SUFFIX, TrustPolicy, TrustRefusal, TrustedKey, parse_keys_file,
     signature_path,
 };
 pub use validate::{ALLOWED_WASI_INTERFACES, HOST_INTERFACE};
-
-/// Bindings generated from `wit/plugin.wit` (contract 0.2); private so the wire shape can
-/// change without touching the runtime's public API. Only the types are used: calls go
-/// through typed functions, so one runtime serves both contract versions.
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../../wit",
-        world: "sharehost:plugin/plugin",
-        exports: { default: async },
-        additional_derives: [PartialEq],
-    });
-}
-
-/// The verdict type of contract 0.1 (`wit/0.1.0/plugin.wit`): four cases, no `retry`. A 0.1
-/// component's `handle` result is checked against it; every other type of 0.1 is structurally
-/// the same in 0.2.
-mod bindings_v01 {
-    wasmtime::component::bindgen!({
-        path: "../../wit/0.1.0/plugin.wit",
-        world: "sharehost:plugin/plugin",
-        exports: { default: async },
-    });
-}

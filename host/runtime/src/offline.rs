@@ -13,11 +13,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
+use sharehost_bounded_lift::Verdict;
 
-use super::batch::Record;
-use super::outputs::Emit;
-use super::plugin::{Fault, Verdict};
-use crate::Header;
+use crate::fault::Fault;
+use crate::outputs::Emit;
+use crate::record::{Header, Record};
 
 /// A bad input line: names the line (1-based) and what is wrong with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,6 +1,12 @@
 //! Outputs: records a plugin emits, each bound to one record of the batch it is judging
 //! (contract 0.2's `sharehost:plugin/outputs`).
 //!
+//! In the shape of wasmtime's capability crates: what a pipeline grants ([`OutputGrant`],
+//! shared by every instance of a plugin version), a context per store ([`OutputsCtx`], made by
+//! [`OutputsCtxBuilder`], whose defaults are documented there), a view made for each host call
+//! ([`Outputs`]), and [`add_to_linker`] with a closure that makes the view from the store's
+//! state.
+//!
 //! The runtime checks and keeps emits; it knows no topic. The manifest grants output *names*
 //! (`[pipeline.outputs] valid = "orders-valid"`), the runtime refuses any other name, and the
 //! pipeline maps names to topics and produces an emit before its source record's Accept (and
@@ -18,8 +24,7 @@ use bytes::Bytes;
 use wasmtime::StoreContextMut;
 use wasmtime::component::Linker;
 
-use super::bindings::sharehost::plugin::outputs::{EmitError, Header as WireHeader};
-use super::host::StoreState;
+use crate::bindings::v02::sharehost::plugin::outputs::{EmitError, Header as WireHeader};
 
 /// The interface name the `emit` import is defined under (any 0.2.x guest links to it).
 const OUTPUTS_INSTANCE: &str = "sharehost:plugin/outputs@0.2.0";
@@ -93,9 +98,34 @@ impl Emit {
     }
 }
 
-/// The emits of the call in progress, in one store.
+/// Builds an [`OutputsCtx`]. The default grant names no output, so every emit is refused as
+/// `unknown-output` (and marked, see [`Emit::output`]), within the default bounds
+/// ([`DEFAULT_MAX_EMITS_PER_BATCH`], [`DEFAULT_MAX_EMIT_BYTES_PER_BATCH`]).
+#[derive(Default)]
+pub(crate) struct OutputsCtxBuilder {
+    grant: Arc<OutputGrant>,
+}
+
+impl OutputsCtxBuilder {
+    /// The outputs the pipeline grants and their per-batch bounds.
+    pub(crate) fn grant(mut self, grant: Arc<OutputGrant>) -> Self {
+        self.grant = grant;
+        self
+    }
+
+    /// The context, closed: every emit is refused until a `handle` call opens it.
+    pub(crate) fn build(self) -> OutputsCtx {
+        OutputsCtx {
+            grant: self.grant,
+            ..OutputsCtx::default()
+        }
+    }
+}
+
+/// What one store keeps for the outputs capability: the grant, and the emits of the call in
+/// progress.
 #[derive(Debug, Default)]
-pub(crate) struct EmitBuffer {
+pub(crate) struct OutputsCtx {
     grant: Arc<OutputGrant>,
     /// Records of the batch being judged; `None` outside `handle` (during `init`).
     records: Option<u32>,
@@ -107,12 +137,10 @@ pub(crate) struct EmitBuffer {
     pub(crate) markers: u64,
 }
 
-impl EmitBuffer {
-    pub(crate) fn new(grant: Arc<OutputGrant>) -> Self {
-        Self {
-            grant,
-            ..Self::default()
-        }
+impl OutputsCtx {
+    /// A builder with the defaults.
+    pub(crate) fn builder() -> OutputsCtxBuilder {
+        OutputsCtxBuilder::default()
     }
 
     /// Opens the buffer for a `handle` call over `records` records, dropping anything left.
@@ -130,6 +158,18 @@ impl EmitBuffer {
         self.bytes = 0;
         std::mem::take(&mut self.emits)
     }
+}
+
+/// The outputs capability as one host call sees it.
+pub(crate) struct Outputs<'a> {
+    ctx: &'a mut OutputsCtx,
+}
+
+impl<'a> Outputs<'a> {
+    /// A view of `ctx` for one call.
+    pub(crate) fn new(ctx: &'a mut OutputsCtx) -> Self {
+        Self { ctx }
+    }
 
     /// The `emit` import: checks the record index, the output name, the reserved header
     /// prefix and the batch's bounds, in that order, and keeps the emit.
@@ -143,7 +183,7 @@ impl EmitBuffer {
     ) -> Result<(), EmitError> {
         let result = self.check_and_keep(record, output, key, value, headers);
         if result.is_err() {
-            self.refused += 1;
+            self.ctx.refused += 1;
         }
         result
     }
@@ -156,16 +196,17 @@ impl EmitBuffer {
         value: Option<Vec<u8>>,
         headers: Vec<WireHeader>,
     ) -> Result<(), EmitError> {
-        if self.records.is_none_or(|n| record >= n) {
+        let ctx = &mut *self.ctx;
+        if ctx.records.is_none_or(|n| record >= n) {
             return Err(EmitError::NoSuchRecord);
         }
-        let Some(name) = self.grant.names.iter().find(|n| ***n == *output) else {
+        let Some(name) = ctx.grant.names.iter().find(|n| ***n == *output) else {
             // Kept as an empty emit under the name the plugin used (within the batch's count
             // bound), so the pipeline sees the misconfiguration: a record whose plugin meant to
             // write somewhere the manifest does not map never ends accepted without it.
-            if (self.emits.len() as u64) < u64::from(self.grant.max_emits) {
-                self.markers += 1;
-                self.emits.push(Emit {
+            if (ctx.emits.len() as u64) < u64::from(ctx.grant.max_emits) {
+                ctx.markers += 1;
+                ctx.emits.push(Emit {
                     record: record as usize,
                     output: Arc::from(output),
                     key: None,
@@ -185,8 +226,8 @@ impl EmitBuffer {
         }) {
             return Err(EmitError::ReservedHeader(h.key.clone()));
         }
-        if self.emits.len() as u64 >= u64::from(self.grant.max_emits) {
-            return Err(EmitError::TooManyEmits(self.grant.max_emits));
+        if ctx.emits.len() as u64 >= u64::from(ctx.grant.max_emits) {
+            return Err(EmitError::TooManyEmits(ctx.grant.max_emits));
         }
         let emit = Emit {
             record: record as usize,
@@ -201,18 +242,22 @@ impl EmitBuffer {
                 })
                 .collect(),
         };
-        let bytes = self.bytes.saturating_add(emit.size());
-        if bytes > self.grant.max_bytes {
-            return Err(EmitError::TooManyBytes(self.grant.max_bytes));
+        let bytes = ctx.bytes.saturating_add(emit.size());
+        if bytes > ctx.grant.max_bytes {
+            return Err(EmitError::TooManyBytes(ctx.grant.max_bytes));
         }
-        self.bytes = bytes;
-        self.emits.push(emit);
+        ctx.bytes = bytes;
+        ctx.emits.push(emit);
         Ok(())
     }
 }
 
-/// Defines `sharehost:plugin/outputs@0.2.0` in `linker`.
-pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+/// Defines `sharehost:plugin/outputs@0.2.0` in `linker`. `view` makes the capability's view
+/// from the store's state, per call.
+pub(crate) fn add_to_linker<T: 'static>(
+    linker: &mut Linker<T>,
+    view: impl Fn(&mut T) -> Outputs<'_> + Send + Sync + Copy + 'static,
+) -> wasmtime::Result<()> {
     type Args = (
         u32,
         String,
@@ -222,12 +267,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
     );
     linker.instance(OUTPUTS_INSTANCE)?.func_wrap(
         "emit",
-        |mut store: StoreContextMut<'_, StoreState>,
-         (record, output, key, value, headers): Args| {
-            Ok((store
-                .data_mut()
-                .emits
-                .emit(record, &output, key, value, headers),))
+        move |mut store: StoreContextMut<'_, T>, (record, output, key, value, headers): Args| {
+            Ok((view(store.data_mut()).emit(record, &output, key, value, headers),))
         },
     )
 }
@@ -236,14 +277,30 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
 mod tests {
     use super::*;
 
-    fn buffer(max_emits: u32, max_bytes: u64) -> EmitBuffer {
-        let mut b = EmitBuffer::new(Arc::new(OutputGrant {
-            names: vec!["valid".into(), "audit".into()],
-            max_emits,
-            max_bytes,
-        }));
+    fn buffer(max_emits: u32, max_bytes: u64) -> OutputsCtx {
+        let mut b = OutputsCtx::builder()
+            .grant(Arc::new(OutputGrant {
+                names: vec!["valid".into(), "audit".into()],
+                max_emits,
+                max_bytes,
+            }))
+            .build();
         b.begin(Some(3));
         b
+    }
+
+    impl OutputsCtx {
+        /// One `emit` call, through the view the linker makes.
+        fn emit(
+            &mut self,
+            record: u32,
+            output: &str,
+            key: Option<Vec<u8>>,
+            value: Option<Vec<u8>>,
+            headers: Vec<WireHeader>,
+        ) -> Result<(), EmitError> {
+            Outputs::new(self).emit(record, output, key, value, headers)
+        }
     }
 
     fn header(key: &str) -> WireHeader {
@@ -334,6 +391,22 @@ mod tests {
         assert_eq!(
             b.emit(0, "valid", None, None, vec![]),
             Err(EmitError::NoSuchRecord)
+        );
+    }
+
+    #[test]
+    fn the_default_context_refuses_every_emit_as_an_unknown_output() {
+        let mut ctx = OutputsCtx::builder().build();
+        ctx.begin(Some(1));
+        assert_eq!(
+            ctx.emit(0, "valid", None, None, vec![]),
+            Err(EmitError::UnknownOutput("valid".into()))
+        );
+        let emits = ctx.finish();
+        assert_eq!(
+            (emits.len(), ctx.markers),
+            (1, 1),
+            "only the marker is kept"
         );
     }
 }

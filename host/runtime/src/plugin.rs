@@ -1,25 +1,31 @@
-//! One loaded plugin version and the fault model of a call into it.
+//! One loaded plugin version: its instances (a warm one reused, or a fresh one per batch), a
+//! call into it under the plugin's budgets, poison isolation, and the hand-off of a call that
+//! computes past its first tick to the guest threads. What a failed call is lives in
+//! `fault.rs`; what an instance owns in `store.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use sharehost_bounded_lift::{Verdict, VerdictBounds, VerdictList, with_verdict_bounds};
+use wasmtime::Store;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, Func, InstancePre};
-use wasmtime::{Store, Trap, UpdateDeadline};
 
-use super::batch::{Record, WireBatch};
-use super::bindings::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
-use super::bindings_v01::sharehost::plugin::types::Verdict as WireVerdictV01;
-use super::config::{InstanceMode, PluginLimits};
-use super::engine::{Compiled, Origin, Placement, PluginRuntime};
-use super::error::LoadError;
-use super::host::{Deadline, Drained, HOSTCALL_FUEL, Metered, StoreState};
-use super::outputs::Emit;
-use super::secrets::Secrets;
-pub use sharehost_bounded_lift::Verdict;
-use sharehost_bounded_lift::{VerdictBounds, VerdictLiftError, VerdictList, with_verdict_bounds};
+use crate::batch::WireBatch;
+use crate::bindings::v01::sharehost::plugin::types::Verdict as WireVerdictV01;
+use crate::bindings::v02::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
+use crate::config::{InstanceMode, PluginLimits};
+use crate::engine::{Compiled, Origin, Placement, PluginRuntime};
+use crate::error::LoadError;
+use crate::fault::{BatchOutcome, Fault, FaultKind, MAX_FAULT_MESSAGE, MAX_INIT_ERROR, classify};
+use crate::log::Drained;
+use crate::meter::Metered;
+use crate::outputs::Emit;
+use crate::record::Record;
+use crate::secrets::Secrets;
+use crate::store::StoreState;
 
 /// Extra wall time granted beyond the deadline before the call is abandoned from the
 /// outside. Epochs stop a spinning guest; this backstop stops one blocked in a host call
@@ -29,112 +35,6 @@ const OUTER_TIMEOUT_GRACE: Duration = Duration::from_millis(250);
 /// CPU deadlines' worth of extra calls after which [`Plugin::handle_isolating`] starts no
 /// more: a faulting batch costs its first call plus at most about three deadlines.
 pub const ISOLATION_DEADLINES: u32 = 2;
-
-/// Why a batch got no verdicts from the plugin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FaultKind {
-    /// The guest trapped (unreachable, bad memory access, `wasi:cli/exit`, ...).
-    Trap,
-    /// The guest panicked (Rust panics abort with a message on stderr).
-    Panic,
-    /// The guest ran past the batch deadline and was interrupted.
-    Timeout,
-    /// The guest tried to grow its memory past the plugin's limit.
-    OutOfMemory,
-    /// The guest exhausted its stack (e.g. unbounded recursion).
-    StackOverflow,
-    /// The guest returned a different number of verdicts than records.
-    WrongVerdictCount,
-    /// The guest returned a verdict list the host cannot read (out of its memory, an
-    /// unknown verdict, a reason that is not valid text).
-    UnreadableVerdicts,
-    /// A fresh instance could not be created or its `init` failed.
-    InitFailed,
-    /// The batch could not be handed to the guest (larger than the 4 GiB wire format).
-    BatchTooLarge,
-    /// An export has a type other than the contract's (reported at load as a wrong world).
-    WrongWorld,
-}
-
-impl FaultKind {
-    /// A stable lower-case name, for logs and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Trap => "trap",
-            Self::Panic => "panic",
-            Self::Timeout => "timeout",
-            Self::OutOfMemory => "out_of_memory",
-            Self::StackOverflow => "stack_overflow",
-            Self::WrongVerdictCount => "wrong_verdict_count",
-            Self::UnreadableVerdicts => "unreadable_verdicts",
-            Self::InitFailed => "init_failed",
-            Self::BatchTooLarge => "batch_too_large",
-            Self::WrongWorld => "wrong_world",
-        }
-    }
-}
-
-impl std::fmt::Display for FaultKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A plugin fault for one batch. The instance that faulted is already discarded; the next
-/// batch gets a fresh one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fault {
-    /// What went wrong.
-    pub kind: FaultKind,
-    /// Human-readable detail (trap message, panic message, counts).
-    pub message: String,
-    /// How many records the batch had: all of them get the fault policy's verdict.
-    pub records: usize,
-}
-
-impl Fault {
-    /// The verdict a record of this fault's batch gets under the fault `policy`: the policy
-    /// itself, except that a reject says it was this fault (kind and message), so its dead
-    /// letter tells a fault from the plugin's own reject.
-    pub fn verdict_under(&self, policy: &Verdict) -> Verdict {
-        match policy {
-            Verdict::Reject(_) => Verdict::Reject(Some(format!(
-                "plugin fault ({}): {}",
-                self.kind, self.message
-            ))),
-            other => other.clone(),
-        }
-    }
-}
-
-/// The result of one `handle` call: never an error, because nothing a guest does may
-/// bring down the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BatchOutcome {
-    /// Exactly one verdict per record, in record order.
-    Verdicts(Vec<Verdict>),
-    /// The plugin faulted; the caller applies its fault policy to every record.
-    Fault(Fault),
-}
-
-impl BatchOutcome {
-    /// The verdicts, or `policy` for every record when the plugin faulted (the pipeline's
-    /// fault policy: release by default).
-    pub fn verdicts_or(self, policy: &Verdict) -> Vec<Verdict> {
-        match self {
-            Self::Verdicts(v) => v,
-            Self::Fault(f) => vec![policy.clone(); f.records],
-        }
-    }
-
-    /// The fault, if the batch faulted.
-    pub fn fault(&self) -> Option<&Fault> {
-        match self {
-            Self::Verdicts(_) => None,
-            Self::Fault(f) => Some(f),
-        }
-    }
-}
 
 /// Which version of the `sharehost:plugin` contract a component implements. The host speaks
 /// both: a 0.1 component never sees outputs, secrets or `retry`.
@@ -230,7 +130,7 @@ impl Warm {
     /// replaced by a fresh one *between* batches, before a batch runs out of memory and
     /// faults.
     fn near_memory_limit(&self, max_memory: usize) -> bool {
-        let used = self.store.data().limiter.memory_bytes;
+        let used = self.store.data().limiter().memory_bytes;
         let headroom = max_memory.saturating_sub(self.baseline_memory);
         used > self.baseline_memory + headroom / 4 * 3
     }
@@ -381,7 +281,7 @@ impl Plugin {
     pub fn instance_memory_bytes(&self) -> Option<usize> {
         self.warm
             .as_ref()
-            .map(|w| w.store.data().limiter.memory_bytes)
+            .map(|w| w.store.data().limiter().memory_bytes)
     }
 
     /// Whether loading compiled the component or mapped it from the precompiled cache (the
@@ -596,9 +496,8 @@ impl Plugin {
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
         let state = warm.store.data_mut();
-        state.begin_call(cpu, wall);
+        state.begin_call(cpu, wall, u32::try_from(n).ok());
         let meter = state.meter();
-        state.emits.begin(u32::try_from(n).ok());
         warm.store.set_epoch_deadline(1);
         let handle = warm.handle;
         let batch = &self.wire.batch;
@@ -626,14 +525,11 @@ impl Plugin {
         });
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(call, meter)).await;
-        let state = warm.store.data_mut();
-        state.turn.finished();
-        let emits = state.emits.finish();
-        let emits_refused = state.emits.refused;
-        let markers = state.emits.markers;
-        let drained = state.drain_stdio();
-        self.count_dropped(&drained);
-        let stderr = drained.stderr;
+        let ended = warm.store.data_mut().end_call();
+        self.count_dropped(&ended.drained);
+        let (emits, emits_refused, markers) =
+            (ended.emits, ended.emits_refused, ended.emit_markers);
+        let stderr = ended.drained.stderr;
         let mut verdicts = match result {
             Ok(Ok(verdicts)) => verdicts,
             Ok(Err(e)) => {
@@ -671,7 +567,7 @@ impl Plugin {
                 self.stats.recycled_for_memory += 1;
                 tracing::debug!(
                     plugin = %self.name,
-                    memory = warm.store.data().limiter.memory_bytes,
+                    memory = warm.store.data().limiter().memory_bytes,
                     limit = self.limits.max_memory,
                     batches = warm.batches,
                     "replacing an instance that used 3/4 of its memory headroom"
@@ -691,36 +587,18 @@ impl Plugin {
     /// A fresh store and instance, with `init(config)` already run under the deadline.
     async fn instantiate(&mut self) -> Result<Warm, Fault> {
         self.stats.instances += 1;
-        let mut store = Store::new(
-            self.pre.component().engine(),
-            StoreState::new(
-                self.name.clone(),
-                &self.limits,
-                self.init.secrets.clone(),
-                self.runtime.inner.turns.clone(),
-                self.init.tenant.clone(),
-            ),
-        );
-        store.limiter(|s| &mut s.limiter);
-        store.set_hostcall_fuel(HOSTCALL_FUEL);
-        store.call_hook(|mut ctx, hook| {
-            ctx.data_mut().on_call_hook(hook);
-            Ok(())
-        });
-        store.epoch_deadline_callback(|mut ctx| {
-            if ctx.data_mut().check_deadlines().is_some() {
-                return Ok(UpdateDeadline::Interrupt);
-            }
-            // Time-slice: every tick, other tasks on this thread run, and past its first tick
-            // the guest computes only on a turn of the fair share (the call's CPU meter stops
-            // between polls, so waiting for a turn costs it nothing).
-            Ok(UpdateDeadline::YieldCustom(1, ctx.data().turn.next_slice()))
-        });
+        let mut store = StoreState::new(
+            self.name.clone(),
+            &self.limits,
+            self.init.secrets.clone(),
+            self.runtime.turns().clone(),
+            self.init.tenant.clone(),
+        )
+        .into_store(self.pre.component().engine());
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
-        store.data_mut().begin_call(cpu, wall);
+        store.data_mut().begin_call(cpu, wall, None);
         let meter = store.data().meter();
-        store.data_mut().emits.begin(None);
         store.set_epoch_deadline(1);
         let init_fault = |kind: FaultKind, message: String| Fault {
             kind,
@@ -764,13 +642,12 @@ impl Plugin {
         };
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(setup, meter)).await;
-        store.data_mut().turn.finished();
-        let drained = store.data_mut().drain_stdio();
+        let drained = store.data_mut().end_call().drained;
         self.count_dropped(&drained);
         let stderr = drained.stderr;
         match result {
             Ok(Ok((handle, Ok(())))) => Ok(Warm {
-                baseline_memory: store.data().limiter.memory_bytes,
+                baseline_memory: store.data().limiter().memory_bytes,
                 store,
                 handle,
                 batches: 0,
@@ -811,162 +688,3 @@ impl Plugin {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct WrongType(String);
-
-/// Longest fault message kept (a deep recursion's wasm backtrace can run to megabytes). Cut
-/// after redaction ([`Secrets::redact_then_cut`]).
-const MAX_FAULT_MESSAGE: usize = 512;
-
-/// Longest text a fault message is built from before it is redacted and cut to
-/// [`MAX_FAULT_MESSAGE`]: far enough past the final cut that a secret crossing that cut is
-/// still whole when it is redacted.
-const MAX_FAULT_SOURCE: usize = 16 << 10;
-
-/// Longest `init` error kept (redacted first): a plugin refusing its configuration with a
-/// megabyte of text, in fresh-instance mode once per batch, would otherwise flood the log.
-pub(crate) const MAX_INIT_ERROR: usize = 1 << 10;
-
-/// The cause of a failed call without wasmtime's wasm backtrace context, bounded.
-fn cause(e: &wasmtime::Error) -> String {
-    truncate(e.root_cause().to_string(), MAX_FAULT_SOURCE)
-}
-
-/// Maps a failed call onto a fault kind, most specific evidence first.
-fn classify(e: &wasmtime::Error, state: &StoreState, stderr: &str) -> (FaultKind, String) {
-    // The guest returned, and the host refused what it returned.
-    match e.downcast_ref::<VerdictLiftError>() {
-        Some(l @ VerdictLiftError::WrongCount { .. }) => {
-            return (FaultKind::WrongVerdictCount, l.to_string());
-        }
-        Some(l @ VerdictLiftError::Unreadable(_)) => {
-            return (
-                FaultKind::UnreadableVerdicts,
-                truncate(l.to_string(), MAX_FAULT_SOURCE),
-            );
-        }
-        None => {}
-    }
-    match state.timed_out {
-        Some(Deadline::Cpu) => {
-            let charged = state.charged();
-            let message = if charged.is_zero() {
-                "interrupted at the batch's CPU deadline".to_owned()
-            } else {
-                format!(
-                    "interrupted at the batch's CPU deadline ({charged:?} of it host work for the plugin's HTTP requests)"
-                )
-            };
-            return (FaultKind::Timeout, message);
-        }
-        Some(Deadline::Wall) => {
-            let (guest, host) = state.times();
-            return (
-                FaultKind::Timeout,
-                format!(
-                    "interrupted at the batch's wall-clock deadline (guest time {guest:?}, waiting in host calls {host:?})"
-                ),
-            );
-        }
-        None => {}
-    }
-    if state.limiter.hit {
-        return (FaultKind::OutOfMemory, cause(e));
-    }
-    if let Some(at) = stderr.find("panicked at") {
-        // Rust's panic hook prints "thread '…' panicked at FILE:LINE:COL:\nMESSAGE".
-        let text = stderr[at..].trim();
-        let text = text.split("\nnote: run with").next().unwrap_or(text);
-        return (
-            FaultKind::Panic,
-            truncate(text.replace('\n', " "), MAX_FAULT_SOURCE),
-        );
-    }
-    let root = cause(e);
-    if root.contains("maximum concurrent limit of") {
-        // wasmtime's pool is out of slots (instances, or core instances, memories, tables of
-        // them). Every pooled component fits one slot's share, so this means more instances
-        // are alive than the runtime was sized for.
-        return (
-            FaultKind::Trap,
-            format!(
-                "the plugin instance pool is exhausted ({root}): sharehost reserves \
-                 3 × concurrency + 3 instances per pipeline ([pipeline] concurrency; \
-                 test-plugin reserves 4), so more instances are alive than that"
-            ),
-        );
-    }
-    if root.contains("resource table has no free keys") {
-        // wasmtime's words for the store's resource table being full (the cap on what a
-        // plugin makes the host hold for it): say which bound and what raises it.
-        let limit = state.limiter.max_memory;
-        return (
-            FaultKind::Trap,
-            format!(
-                "the plugin holds more host resources at once (HTTP requests and responses, \
-                 header maps, streams, pollables) than its memory limit allows: {} for {} MiB \
-                 (64 per MiB of memory_limit_mib); hold fewer at once (e.g. send_all in \
-                 smaller groups) or raise the limit",
-                super::host::max_resources(limit),
-                limit >> 20
-            ),
-        );
-    }
-    if root.contains("fuel allocated for hostcalls has been exhausted") {
-        // wasmtime's words for the store's hostcall fuel running out: say which bound it is
-        // and what usually crosses it.
-        return (
-            FaultKind::Trap,
-            format!(
-                "too much data in one host call: more than {} MiB from the plugin, the most a \
-                 call may carry (an emit's key, value and headers together, or one write to \
-                 stdout or stderr, are bounded by it)",
-                HOSTCALL_FUEL >> 20
-            ),
-        );
-    }
-    match e.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => (FaultKind::StackOverflow, cause(e)),
-        Some(Trap::Interrupt) => (FaultKind::Timeout, cause(e)),
-        _ => (FaultKind::Trap, with_last_words(stderr, cause(e))),
-    }
-}
-
-/// A trap's cause with the last line the guest wrote to stderr in front: the Python and
-/// JavaScript SDKs write an uncaught exception's message and location there just before they
-/// trap, where the trap alone says only "unreachable". The stderr text is already bounded and
-/// redacted ([`StoreState::drain_stdio`](super::host::StoreState::drain_stdio)).
-fn with_last_words(stderr: &str, cause: String) -> String {
-    match stderr.lines().map(str::trim).rfind(|l| !l.is_empty()) {
-        Some(line) => format!("{} ({cause})", truncate(line.to_owned(), MAX_FAULT_SOURCE)),
-        None => cause,
-    }
-}
-
-/// Cuts `s` to at most `max` bytes on a character boundary.
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_trap_shows_the_last_line_the_guest_wrote_to_stderr_first() {
-        let cause = "wasm trap: wasm `unreachable` instruction executed".to_owned();
-        assert_eq!(
-            with_last_words(
-                "warming up\nplugin fault: ValueError: bad (at plugin.py:3 in handle)\n\n",
-                cause.clone()
-            ),
-            format!("plugin fault: ValueError: bad (at plugin.py:3 in handle) ({cause})")
-        );
-        assert_eq!(with_last_words(" \n", cause.clone()), cause);
-    }
-}

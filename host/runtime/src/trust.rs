@@ -17,8 +17,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use super::component_file::read_regular;
-use super::error::LoadError;
+use crate::fs::{FileError, read_regular};
 
 /// The largest `.minisig` file read: a signature is about 300 bytes with its comments, so
 /// anything much bigger is not one (and is not read into memory).
@@ -184,28 +183,24 @@ pub fn signature_path(component: &Path) -> PathBuf {
 /// fill memory) of at most [`MAX_SIGNATURE_BYTES`], in UTF-8.
 fn read_signature(path: &Path) -> Result<String, TrustRefusal> {
     let bytes = read_regular(path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
-        LoadError::Read { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+        FileError::Read { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
             TrustRefusal::NoSignature {
                 signature: path.to_owned(),
             }
         }
-        LoadError::TooLarge { size, .. } => TrustRefusal::MalformedSignature {
+        FileError::TooLarge { size, .. } => TrustRefusal::MalformedSignature {
             signature: path.to_owned(),
             reason: format!(
                 "{size} bytes, more than a signature's {MAX_SIGNATURE_BYTES}-byte maximum"
             ),
         },
-        LoadError::NotAFile { .. } => TrustRefusal::UnreadableSignature {
+        FileError::NotAFile { .. } => TrustRefusal::UnreadableSignature {
             signature: path.to_owned(),
             reason: "not a regular file".into(),
         },
-        LoadError::Read { error, .. } => TrustRefusal::UnreadableSignature {
+        FileError::Read { error, .. } => TrustRefusal::UnreadableSignature {
             signature: path.to_owned(),
             reason: error.to_string(),
-        },
-        other => TrustRefusal::UnreadableSignature {
-            signature: path.to_owned(),
-            reason: other.to_string(),
         },
     })?;
     String::from_utf8(bytes).map_err(|_| TrustRefusal::MalformedSignature {

@@ -14,6 +14,8 @@
 //! gives per-tenant fairness to futures that already yield at a tick of their own.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -276,6 +278,90 @@ fn pick(st: &State, cap: usize) -> Option<Arc<str>> {
         .as_ref()
         .and_then(|last| candidates().find(|name| *name > last));
     after.or_else(|| candidates().next()).cloned()
+}
+
+/// A store's place at the [`Turns`] gate: the turn it holds (if any), under its tenant (the
+/// pipeline's name).
+/// Shared with the tick's yield future, which gives the turn back and waits for the next.
+pub(crate) struct TurnSlot {
+    turns: Arc<Turns>,
+    tenant: Arc<str>,
+    held: Arc<Mutex<Option<Turn>>>,
+    /// The tick at which the guest's epoch deadline falls (one past the tick it last resumed
+    /// at): a host call made before it is the guest's own, one made at or after it is
+    /// (almost always) the epoch check itself, which must not give the turn away.
+    next_tick: Arc<AtomicU64>,
+    /// The call under way (its tenant counts as active meanwhile).
+    call: Option<CallUnderWay>,
+}
+
+impl TurnSlot {
+    /// A slot at `turns` for the calls of `tenant`.
+    pub(crate) fn new(turns: Arc<Turns>, tenant: Arc<str>) -> Self {
+        TurnSlot {
+            turns,
+            tenant,
+            held: Arc::new(Mutex::new(None)),
+            next_tick: Arc::new(AtomicU64::new(0)),
+            call: None,
+        }
+    }
+
+    /// A call begins, with an epoch deadline of one tick.
+    pub(crate) fn started(&mut self) {
+        self.call = Some(self.turns.call_began(&self.tenant));
+        self.next_tick
+            .store(self.turns.ticks() + 1, Ordering::Relaxed);
+    }
+
+    /// The call ended: its turn goes back, and it no longer keeps its tenant active.
+    pub(crate) fn finished(&mut self) {
+        self.give_back();
+        self.call = None;
+    }
+
+    /// A host call begins: one that may wait (HTTP) holds no turn while it does. The epoch
+    /// check is a host call too, and there the tick's own logic decides.
+    pub(crate) fn entering_host(&self) {
+        if self.turns.ticks() < self.next_tick.load(Ordering::Relaxed) {
+            self.give_back();
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, Option<Turn>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the guest awaits at a tick: a yield to the other tasks on its thread, then a
+    /// turn. A guest that holds one keeps it unless a guest of another waits (the gate's
+    /// policy decides who runs next); one that holds none (its first tick, or back from a
+    /// host call) queues for one.
+    pub(crate) fn next_slice(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let (turns, tenant, held) = (self.turns.clone(), self.tenant.clone(), self.held.clone());
+        let next_tick = self.next_tick.clone();
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            let given_back = {
+                let mut slot = held.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_some() && !turns.contended() {
+                    next_tick.store(turns.ticks() + 1, Ordering::Relaxed);
+                    return;
+                }
+                slot.take()
+            };
+            // Given back first, so that the gate can hand it to whoever waits.
+            drop(given_back);
+            let turn = turns.acquire(&tenant).await;
+            *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(turn);
+            next_tick.store(turns.ticks() + 1, Ordering::Relaxed);
+        })
+    }
+
+    /// Gives the turn back (the call ended, or entered a host call that may wait).
+    pub(crate) fn give_back(&self) {
+        let turn = self.held().take();
+        drop(turn);
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,15 @@
 //! Load-time checks: a component must export the plugin world and import nothing beyond
 //! what the runtime grants. Both run before anything is instantiated, so a refused plugin
-//! never executes a single instruction.
+//! never executes a single instruction: once on the names read from the component's sections
+//! before compiling ([`check_contract`]), and again on the compiled types ([`check_compiled`]).
+
+use std::path::Path;
 
 use wasmtime::Engine;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
+
+use crate::error::LoadError;
 
 /// The host interface every plugin may import (any 0.1.x or 0.2.x patch version).
 pub const HOST_INTERFACE: &str = "sharehost:plugin/host";
@@ -55,7 +60,7 @@ const REQUIRED_EXPORTS: &[&str] = &["init", "handle"];
 
 /// Whether one import name (e.g. `wasi:io/streams@0.2.6`) is granted; `http` says whether
 /// the pipeline grants outbound HTTP.
-pub(crate) fn import_allowed(name: &str, http: bool) -> bool {
+fn import_allowed(name: &str, http: bool) -> bool {
     let (interface, version) = match name.split_once('@') {
         Some((i, v)) => (i, Some(v)),
         None => (name, None),
@@ -74,7 +79,7 @@ pub(crate) fn import_allowed(name: &str, http: bool) -> bool {
 }
 
 /// Whether an import name is one of the WASI HTTP interfaces (0.2.x) a grant would allow.
-pub(crate) fn is_http_import(name: &str) -> bool {
+fn is_http_import(name: &str) -> bool {
     name.split_once('@')
         .is_some_and(|(i, v)| HTTP_INTERFACES.contains(&i) && v.starts_with("0.2."))
 }
@@ -86,7 +91,7 @@ const PACKAGE: &str = "sharehost:plugin/";
 /// this host speaks (0.1.x, 0.2.x), e.g. `0.3.0` for `sharehost:plugin/host@0.3.0`. Such a
 /// component was built against another contract; calling that a forbidden import would send
 /// its author looking in the wrong place.
-pub(crate) fn foreign_version<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+fn foreign_version<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<String> {
     names.into_iter().find_map(|name| {
         let rest = name.strip_prefix(PACKAGE)?;
         match rest.split_once('@') {
@@ -99,7 +104,7 @@ pub(crate) fn foreign_version<'a>(names: impl IntoIterator<Item = &'a str>) -> O
 
 /// Names the first missing or non-function export of the plugin world in a component's
 /// top-level exports (`(name, is a function)`), read before compiling.
-pub(crate) fn missing_exports_in<'a>(
+fn missing_exports_in<'a>(
     exports: impl IntoIterator<Item = (&'a str, bool)> + Clone,
 ) -> Option<String> {
     let problems: Vec<String> = REQUIRED_EXPORTS
@@ -121,7 +126,7 @@ pub(crate) fn missing_exports_in<'a>(
 
 /// The top-level import and export names of a compiled component (for a cached one, whose
 /// bytes were not parsed this time).
-pub(crate) fn names(engine: &Engine, component: &Component) -> Vec<String> {
+fn names(engine: &Engine, component: &Component) -> Vec<String> {
     let ty = component.component_type();
     ty.imports(engine)
         .map(|(n, _)| n.to_owned())
@@ -130,7 +135,7 @@ pub(crate) fn names(engine: &Engine, component: &Component) -> Vec<String> {
 }
 
 /// Every import name of `component`, in the component's order.
-pub(crate) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
+fn imports(engine: &Engine, component: &Component) -> Vec<String> {
     component
         .component_type()
         .imports(engine)
@@ -139,7 +144,7 @@ pub(crate) fn imports(engine: &Engine, component: &Component) -> Vec<String> {
 }
 
 /// Names the first missing or non-function export of the plugin world, if any.
-pub(crate) fn missing_exports(engine: &Engine, component: &Component) -> Option<String> {
+fn missing_exports(engine: &Engine, component: &Component) -> Option<String> {
     let ty = component.component_type();
     let mut problems = Vec::new();
     for name in REQUIRED_EXPORTS {
@@ -154,6 +159,79 @@ pub(crate) fn missing_exports(engine: &Engine, component: &Component) -> Option<
     } else {
         Some(problems.join(", "))
     }
+}
+
+/// Refuses a component whose top-level names break the contract, in the order that tells its
+/// author the most: another package version first (every other complaint follows from it),
+/// then imports not granted, then a missing or non-function `init`/`handle`.
+pub(crate) fn check_contract<'a>(
+    path: &Path,
+    http: bool,
+    imports: impl Iterator<Item = &'a str> + Clone,
+    exports: impl Iterator<Item = (&'a str, bool)> + Clone,
+) -> Result<(), LoadError> {
+    if let Some(found) = foreign_version(imports.clone().chain(exports.clone().map(|(n, _)| n))) {
+        return Err(LoadError::WrongVersion {
+            path: path.to_owned(),
+            found,
+        });
+    }
+    check_imports(path, http, imports)?;
+    if let Some(message) = missing_exports_in(exports) {
+        return Err(LoadError::WrongWorld {
+            path: path.to_owned(),
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses imports that are not granted: outbound HTTP without a grant with its own error
+/// (naming the manifest key that grants it), anything else as forbidden.
+fn check_imports<'a>(
+    path: &Path,
+    http: bool,
+    imports: impl Iterator<Item = &'a str>,
+) -> Result<(), LoadError> {
+    let forbidden: Vec<&str> = imports.filter(|n| !import_allowed(n, http)).collect();
+    if forbidden.is_empty() {
+        return Ok(());
+    }
+    if forbidden.iter().all(|n| is_http_import(n)) {
+        return Err(LoadError::HttpNotGranted {
+            path: path.to_owned(),
+            imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
+        });
+    }
+    Err(LoadError::ForbiddenImport {
+        path: path.to_owned(),
+        imports: forbidden.iter().map(|n| (*n).to_owned()).collect(),
+    })
+}
+
+/// The same checks on a compiled component's types: they also cover a cached entry (whose
+/// bytes were not parsed this time) and export types the section walk does not look at.
+pub(crate) fn check_compiled(
+    path: &Path,
+    http: bool,
+    component: &Component,
+) -> Result<(), LoadError> {
+    let engine = component.engine();
+    if let Some(found) = foreign_version(names(engine, component).iter().map(String::as_str)) {
+        return Err(LoadError::WrongVersion {
+            path: path.to_owned(),
+            found,
+        });
+    }
+    let imported = imports(engine, component);
+    check_imports(path, http, imported.iter().map(String::as_str))?;
+    if let Some(message) = missing_exports(engine, component) {
+        return Err(LoadError::WrongWorld {
+            path: path.to_owned(),
+            message,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
