@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # it sets variables (ACC, P_CPU, BOOTSTRAP, ...) for the scripts that source it
 # dev/lib.sh: the helpers the dev/ scripts share. Sourced, never run; a script starts with
 #
 #   # shellcheck source=dev/lib.sh
