@@ -18,6 +18,7 @@
 #   note MSG                       "NAME: MSG" on stderr (DEV_NOTE_FD=1: on stdout, as dev/kafka prints)
 #   step MSG                       a "== MSG" heading on stdout
 #   require_cargo                  exit 1 with where to get Rust when cargo is missing
+#   header_help                    print the script's header comment (its --help), exit 0
 # Processes, ports and waits
 #   port_in_use PORT               whether something accepts connections on 127.0.0.1:PORT
 #   wait_until SECONDS PID CMD...  poll CMD until it succeeds; 2 as soon as PID is gone, 1 after SECONDS
@@ -66,6 +67,11 @@ note() { echo "$DEV_NAME: $*" >&"${DEV_NOTE_FD:-2}"; }
 step() { printf '\n== %s\n' "$*"; }
 require_cargo() {
   command -v cargo >/dev/null || { echo "error: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+}
+# header_help: the comment between the shebang and `set -euo pipefail` is the script's manual.
+header_help() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
 }
 
 # --- processes, ports and waits ----------------------------------------------------------------------------------
