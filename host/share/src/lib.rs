@@ -5,9 +5,11 @@
 //! and feed responses back. Bytes on the wire are `sharehost-kafka`'s (its `protocol::share`).
 //!
 //! - [`membership`]: ShareGroupHeartbeat join/stable/fenced/leave transitions.
-//! - [`session`]: one share session per leader: epochs, added and forgotten partitions.
+//! - [`session`]: one share session per leader: epochs, added and forgotten partitions, and
+//!   the session part of every request, the closing one included.
 //! - [`ledger`]: per-record verdicts to valid acknowledgement batches.
-//! - [`consumer`]: the engine a caller drives: poll records, hand verdicts back, drain, close.
+//! - [`consumer`]: the engine a caller drives: poll records, hand verdicts back, drain, close;
+//!   its caller's API, heartbeat, supervisor and leader tasks in rooms of their own.
 
 pub mod consumer;
 pub mod ledger;

@@ -45,6 +45,9 @@ pub enum SessionError {
     /// ShareAcknowledge cannot open a session.
     #[error("ShareAcknowledge cannot open a share session")]
     AcknowledgeCannotOpen,
+    /// A session that was never opened (or is closed already) has nothing to close.
+    #[error("a share session that is not open cannot be closed")]
+    NotOpen,
 }
 
 /// The partition set and epoch of one session.
@@ -204,6 +207,37 @@ impl ShareSession {
         }
         self.epoch = next_epoch(self.epoch);
         SessionOutcome::Continue
+    }
+
+    /// Builds the session part of the request that closes the session (epoch -1), carrying
+    /// `acks`, the last verdicts: a ShareAcknowledge when there are any, else an empty
+    /// ShareFetch. The broker then releases everything this member still holds there. A
+    /// session not opened has nothing to close. Call [`ShareSession::closed`] once it is
+    /// answered (or failed).
+    pub fn close_request(
+        &mut self,
+        acks: Vec<(
+            TopicIdPartition,
+            Vec<sharehost_kafka::protocol::share::AckBatch>,
+        )>,
+    ) -> Result<(i32, Vec<TopicAcks>), SessionError> {
+        if self.in_flight {
+            return Err(SessionError::Busy);
+        }
+        if self.is_opening() {
+            return Err(SessionError::NotOpen);
+        }
+        self.in_flight = true;
+        let by_tp = acks.into_iter().map(|(tp, batches)| {
+            (
+                tp,
+                PartitionAcks {
+                    partition: tp.partition,
+                    batches,
+                },
+            )
+        });
+        Ok((FINAL_EPOCH, group_topics(by_tp)))
     }
 
     /// Marks the session closed (after an epoch -1 request): the next request opens anew.
@@ -389,5 +423,38 @@ mod tests {
         );
         s.closed();
         assert!(s.is_opening());
+    }
+
+    #[test]
+    fn closing_carries_the_final_epoch_and_the_last_verdicts_and_only_an_open_session_closes() {
+        let mut s = ShareSession::new();
+        assert_eq!(s.close_request(vec![]), Err(SessionError::NotOpen));
+        let w = set(&[tp(1, 0), tp(2, 0)]);
+        let r = s.fetch_request(&w, vec![]).expect("open");
+        assert_eq!(
+            s.close_request(vec![]),
+            Err(SessionError::Busy),
+            "serialized: not while the opening request is out"
+        );
+        s.on_response(None, false, Some(&r.wanted));
+        let mut last = acks(tp(1, 0));
+        last.extend(acks(tp(2, 0)));
+        let (epoch, topics) = s.close_request(last).expect("close");
+        assert_eq!(epoch, FINAL_EPOCH);
+        assert_eq!(topics.len(), 2, "grouped by topic");
+        assert_eq!(topics[0].partitions[0].batches.len(), 1);
+        let (epoch, topics) = {
+            let mut again = ShareSession::new();
+            let r = again.fetch_request(&w, vec![]).expect("open");
+            again.on_response(None, false, Some(&r.wanted));
+            again
+                .close_request(vec![])
+                .expect("close with nothing to send")
+        };
+        assert_eq!((epoch, topics.len()), (FINAL_EPOCH, 0));
+        s.closed();
+        assert!(s.is_opening(), "the next request opens anew");
+        assert!(s.partitions().is_empty());
+        assert_eq!(s.close_request(vec![]), Err(SessionError::NotOpen));
     }
 }

@@ -1,0 +1,522 @@
+//! The caller's API: [`ShareConsumer`] starts the heartbeat and the supervisor, hands out
+//! what the leader tasks fetched, and records what the caller decides for each record
+//! (`acknowledge`, `settle`, `release_holds`) in the shared state, where the leader tasks pick
+//! it up. Nothing here talks to a broker; no other room of the engine uses this one.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use sharehost_kafka::{KafkaClient, KafkaError};
+
+use super::heartbeat::heartbeat_loop;
+use super::state::{Shared, lock};
+use super::supervisor::fetch_supervisor;
+use super::types::{
+    AckOutcome, ConsumerStats, Delivery, LOCK_MARGIN, Settle, Settled, ShareConsumerConfig,
+    ShareError, ShareRecord,
+};
+use crate::ledger::{AckKind, TopicIdPartition};
+use crate::membership::Membership;
+
+/// A running share consumer. `poll` from one task; `acknowledge` from any.
+pub struct ShareConsumer {
+    shared: Arc<Shared>,
+    deliveries: tokio::sync::Mutex<mpsc::Receiver<Delivery>>,
+    stop_fetching: CancellationToken,
+    leave: CancellationToken,
+    tasks: tokio::sync::Mutex<JoinSet<()>>,
+}
+
+impl ShareConsumer {
+    /// Joins the group and starts fetching.
+    pub async fn start(
+        client: Arc<KafkaClient>,
+        config: ShareConsumerConfig,
+    ) -> Result<ShareConsumer, ShareError> {
+        if config.topics.is_empty() {
+            return Err(ShareError::Invalid(
+                "subscribe to at least one topic".into(),
+            ));
+        }
+        if config.max_in_flight == 0 {
+            return Err(ShareError::Invalid(
+                "max_in_flight must be at least 1".into(),
+            ));
+        }
+        if let Some(f) = config.auto_renew_after
+            && !(0.05..=0.95).contains(&f)
+        {
+            return Err(ShareError::Invalid(format!(
+                "auto_renew_after must be within 0.05..=0.95, got {f}"
+            )));
+        }
+        client.refresh_metadata(&config.topics).await?;
+        for t in &config.topics {
+            if client.topic(t).is_none() {
+                return Err(ShareError::Kafka(KafkaError::UnknownTopic(t.clone())));
+            }
+        }
+        let membership = match &config.member_id {
+            Some(id) => Membership::with_member_id(&config.group, &config.topics, id),
+            None => Membership::new(&config.group, &config.topics),
+        };
+        let member_id = membership.member_id().to_owned();
+        let shared = Arc::new(Shared::new(client, config, member_id));
+        let (tx, rx) = mpsc::channel(16);
+        let (assign_tx, assign_rx) = watch::channel(BTreeSet::new());
+        let stop_fetching = CancellationToken::new();
+        let leave = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(heartbeat_loop(
+            shared.clone(),
+            membership,
+            assign_tx,
+            leave.clone(),
+        ));
+        tasks.spawn(fetch_supervisor(
+            shared.clone(),
+            assign_rx,
+            tx,
+            stop_fetching.clone(),
+        ));
+        Ok(ShareConsumer {
+            shared,
+            deliveries: tokio::sync::Mutex::new(rx),
+            stop_fetching,
+            leave,
+            tasks: tokio::sync::Mutex::new(tasks),
+        })
+    }
+
+    /// The member id this consumer uses.
+    pub fn member_id(&self) -> &str {
+        &self.shared.member_id
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ConsumerStats {
+        &self.shared.stats
+    }
+
+    /// Records acquired and not yet judged.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether this member is in its group now: the coordinator answered its last heartbeat
+    /// (false before the join, while the coordinator cannot be reached, and after leaving).
+    pub fn joined(&self) -> bool {
+        self.shared.joined.load(Ordering::Relaxed)
+    }
+
+    /// How many records this consumer may hold now (see [`ShareConsumerConfig::pace_within`]).
+    pub fn in_flight_limit(&self) -> usize {
+        self.shared.in_flight_limit()
+    }
+
+    /// Stops acquiring records while keeping the sessions open: verdicts and renewals still go
+    /// out, so a caller that drains can judge what it holds before [`ShareConsumer::close`]
+    /// releases the rest.
+    pub fn stop_acquiring(&self) {
+        self.shared.acquiring.store(false, Ordering::Relaxed);
+        self.shared.wake.notify_waiters();
+    }
+
+    /// The lock duration the broker reported (AcquisitionLockTimeoutMs), once known.
+    pub fn lock_timeout(&self) -> Option<Duration> {
+        lock(&self.shared.leaders)
+            .values()
+            .filter_map(|l| l.lock_timeout)
+            .min()
+    }
+
+    /// How much longer `record` can stay acquired without a verdict: `None` when the engine
+    /// renews its lock by itself (auto-renew on, and its leader speaks renew), otherwise the
+    /// time left on the lock the broker granted (zero when the lock time is unknown or the
+    /// record is no longer held). A caller holding records back (a plugin's `retry`) stays
+    /// within it, so the broker never releases a held record behind its back.
+    pub fn hold_limit(&self, record: &ShareRecord) -> Option<Duration> {
+        let leader = lock(&self.shared.route).get(&record.partition).copied();
+        let leaders = lock(&self.shared.leaders);
+        let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
+            return Some(Duration::ZERO);
+        };
+        let Some(held) = st
+            .outstanding
+            .get(&record.key())
+            .filter(|_| st.session == record.session)
+        else {
+            return Some(Duration::ZERO);
+        };
+        st.hold_limit(held, self.shared.config.auto_renew_after.is_some())
+    }
+
+    /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a delivery is either returned or stays queued.
+    pub async fn poll(&self, timeout: Duration) -> Result<Option<Delivery>, ShareError> {
+        if let Some(why) = self.shared.fatal() {
+            return Err(ShareError::Fatal(why));
+        }
+        let deadline = Instant::now() + timeout;
+        let mut rx = self.deliveries.lock().await;
+        loop {
+            let again = self.shared.again_ready.notified();
+            tokio::pin!(again);
+            again.as_mut().enable();
+            let renewed = std::mem::take(&mut *lock(&self.shared.again));
+            if !renewed.is_empty() {
+                return Ok(Some(Delivery {
+                    records: renewed,
+                    poison: Vec::new(),
+                }));
+            }
+            tokio::select! {
+                d = rx.recv() => return match d {
+                    Some(d) => Ok(Some(d)),
+                    None => Err(self
+                        .shared
+                        .fatal()
+                        .map(ShareError::Fatal)
+                        .unwrap_or(ShareError::Closed)),
+                },
+                _ = &mut again => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
+    /// Drops the records whose share session has ended since they were delivered (the broker
+    /// released them and will deliver them again), so a caller about to hand a batch to slow or
+    /// costly work does not judge records whose verdicts could no longer land. Returns how many
+    /// were dropped. One pass under the engine's locks for the whole batch.
+    pub fn retain_held(&self, records: &mut Vec<ShareRecord>) -> usize {
+        let before = records.len();
+        // Never both locks at once: every other path takes them one at a time.
+        let owners: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            records
+                .iter()
+                .map(|r| route.get(&r.partition).copied())
+                .collect()
+        };
+        let leaders = lock(&self.shared.leaders);
+        let mut owner = owners.into_iter();
+        records.retain(|r| {
+            owner
+                .next()
+                .flatten()
+                .and_then(|l| leaders.get(&l))
+                .is_some_and(|st| st.session == r.session && st.outstanding.contains_key(&r.key()))
+        });
+        before - records.len()
+    }
+
+    /// Records a verdict for a delivered record; it goes out with the next request to the
+    /// record's leader. Renew extends the lock and leaves the record with the caller, who must
+    /// still give it a final verdict. Returns `false` when the record's session has ended (the
+    /// broker released it already and will redeliver it), so the verdict is moot.
+    pub fn acknowledge(&self, record: &ShareRecord, kind: AckKind) -> Result<bool, ShareError> {
+        self.acknowledge_all(&[(record, kind)])
+            .pop()
+            .unwrap_or(Ok(false))
+    }
+
+    /// Records verdicts for many records at once, as [`ShareConsumer::acknowledge`] does for
+    /// one: the same result per record, in order. Cheaper per record (the bookkeeping locks are
+    /// taken once, and the leader tasks are woken once), so a handler that judges batches
+    /// should hand its verdicts over this way.
+    pub fn acknowledge_all(
+        &self,
+        verdicts: &[(&ShareRecord, AckKind)],
+    ) -> Vec<Result<bool, ShareError>> {
+        let leaders_of: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            verdicts
+                .iter()
+                .map(|(r, _)| route.get(&r.partition).copied())
+                .collect()
+        };
+        let (mut recorded, mut finals, mut at_limit) = (false, 0, 0u64);
+        let archive_at = self.shared.config.archive_at;
+        let results = {
+            let mut leaders = lock(&self.shared.leaders);
+            let mut ledger = lock(&self.shared.ledger);
+            verdicts
+                .iter()
+                .zip(leaders_of)
+                .map(|((record, kind), leader)| {
+                    let kind = *kind;
+                    if kind == AckKind::Gap {
+                        return Err(ShareError::Invalid(
+                            "Gap is for offsets without a record; the engine sends it itself"
+                                .into(),
+                        ));
+                    }
+                    let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                        return Ok(false);
+                    };
+                    if st.session != record.session {
+                        return Ok(false);
+                    }
+                    if kind == AckKind::Renew {
+                        if !st.outstanding.contains_key(&record.key()) {
+                            return Ok(false);
+                        }
+                        if !st.renew_supported {
+                            return Err(ShareError::Invalid(
+                                "the broker offers ShareFetch v1 only (Kafka < 4.2): renew is unavailable"
+                                    .into(),
+                            ));
+                        }
+                    } else if st.outstanding.remove(&record.key()).is_none() {
+                        return Ok(false);
+                    }
+                    ledger
+                        .record(record.partition, record.record.offset, kind)
+                        .map_err(|e| ShareError::Invalid(e.to_string()))?;
+                    recorded = true;
+                    if kind != AckKind::Renew {
+                        finals += 1;
+                    }
+                    if kind == AckKind::Release
+                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                    {
+                        at_limit += 1;
+                    }
+                    Ok(true)
+                })
+                .collect()
+        };
+        self.shared.counted_finals(finals, at_limit);
+        if recorded {
+            self.shared.wake.notify_waiters();
+        }
+        results
+    }
+
+    /// Settles records the caller judged, in one pass under the engine's locks: final
+    /// verdicts are recorded, renewals counted against `max` with the record (a record out of
+    /// renewals, or on a broker that cannot renew, is released instead) and delivered again by
+    /// [`ShareConsumer::poll`], and held-back records kept until their time, then released by
+    /// the engine. One result per decision, in order.
+    pub fn settle(&self, decisions: &[(&ShareRecord, Settle)]) -> Vec<Settled> {
+        let leaders_of: Vec<Option<i32>> = {
+            let route = lock(&self.shared.route);
+            decisions
+                .iter()
+                .map(|(r, _)| route.get(&r.partition).copied())
+                .collect()
+        };
+        let auto_renew = self.shared.config.auto_renew_after.is_some();
+        let archive_at = self.shared.config.archive_at;
+        let now = Instant::now();
+        let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
+        let mut again = Vec::new();
+        let results = {
+            let mut leaders = lock(&self.shared.leaders);
+            let mut ledger = lock(&self.shared.ledger);
+            decisions
+                .iter()
+                .zip(leaders_of)
+                .map(|((record, decision), leader)| {
+                    let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                        return Settled::Moot;
+                    };
+                    if st.session != record.session {
+                        return Settled::Moot;
+                    }
+                    let key = record.key();
+                    let Some(held) = st.outstanding.get(&key).copied() else {
+                        return Settled::Moot;
+                    };
+                    let (kind, result) = match decision {
+                        Settle::Final(AckKind::Gap) => {
+                            return Settled::Refused(
+                                "Gap is for offsets without a record; the engine sends it itself"
+                                    .into(),
+                            );
+                        }
+                        Settle::Final(kind) => (*kind, Settled::Taken),
+                        Settle::Renew { max } if held.renewals < *max && st.renew_supported => {
+                            if let Err(e) = ledger.record(
+                                record.partition,
+                                record.record.offset,
+                                AckKind::Renew,
+                            ) {
+                                return Settled::Refused(e.to_string());
+                            }
+                            if let Some(h) = st.outstanding.get_mut(&key) {
+                                h.renewals += 1;
+                                h.release_at = None;
+                            }
+                            recorded = true;
+                            again.push((*record).clone());
+                            return Settled::Renewed;
+                        }
+                        Settle::Renew { .. } => (AckKind::Release, Settled::RenewsSpent),
+                        Settle::Hold(wish) => {
+                            let mut keep = *wish;
+                            if let Some(left) = st.hold_limit(&held, auto_renew) {
+                                keep = keep.min(left.saturating_sub(LOCK_MARGIN));
+                            }
+                            if !keep.is_zero() {
+                                let at = now + keep;
+                                if let Some(h) = st.outstanding.get_mut(&key) {
+                                    h.release_at = Some(at);
+                                }
+                                st.holds.push(Reverse((
+                                    at,
+                                    record.partition,
+                                    record.record.offset,
+                                )));
+                                holds = true;
+                                return Settled::Held(keep);
+                            }
+                            // No time left on its lock: released now, like a due hold.
+                            (AckKind::Release, Settled::Held(Duration::ZERO))
+                        }
+                    };
+                    if let Err(e) = ledger.record(record.partition, record.record.offset, kind) {
+                        return Settled::Refused(e.to_string());
+                    }
+                    st.outstanding.remove(&key);
+                    recorded = true;
+                    finals += 1;
+                    if kind == AckKind::Release
+                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                    {
+                        at_limit += 1;
+                    }
+                    result
+                })
+                .collect()
+        };
+        self.shared.counted_finals(finals, at_limit);
+        if !again.is_empty() {
+            lock(&self.shared.again).extend(again);
+            self.shared.again_ready.notify_waiters();
+        }
+        if recorded || holds {
+            self.shared.wake.notify_waiters();
+        }
+        results
+    }
+
+    /// Releases every record the caller holds back now, not at its time (a caller that drains
+    /// gives them back at once: the next member honours the delay no less than a redelivery
+    /// does). Returns how many were released.
+    pub fn release_holds(&self) -> usize {
+        let (mut released, mut at_limit) = (0, 0u64);
+        let archive_at = self.shared.config.archive_at;
+        {
+            let mut leaders = lock(&self.shared.leaders);
+            let mut ledger = lock(&self.shared.ledger);
+            for st in leaders.values_mut() {
+                st.holds.clear();
+                let due: Vec<(TopicIdPartition, i64)> = st
+                    .outstanding
+                    .iter()
+                    .filter(|(_, h)| h.release_at.is_some())
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in due {
+                    let Some(held) = st.outstanding.remove(&key) else {
+                        continue;
+                    };
+                    if ledger.record(key.0, key.1, AckKind::Release).is_ok() {
+                        released += 1;
+                        if archive_at.is_some_and(|limit| held.deliveries >= limit) {
+                            at_limit += 1;
+                        }
+                    }
+                }
+            }
+        }
+        self.shared.counted_finals(released, at_limit);
+        if released > 0 {
+            self.shared.wake.notify_waiters();
+        }
+        released
+    }
+
+    /// Acknowledgement outcomes received since the last call (piggybacked, standalone and on
+    /// close). Nothing the broker says about acknowledgements is swallowed: every refusal shows
+    /// up here and in the stats.
+    pub fn take_outcomes(&self) -> Vec<AckOutcome> {
+        lock(&self.shared.outcomes).drain(..).collect()
+    }
+
+    /// Waits until every verdict recorded so far has been sent and answered, or `timeout`.
+    /// Returns whether it got there.
+    pub async fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let acked = self.shared.acked.notified();
+            tokio::pin!(acked);
+            acked.as_mut().enable();
+            let done = lock(&self.shared.ledger).is_empty()
+                && self.shared.acks_in_flight.load(Ordering::Acquire) == 0;
+            if done {
+                return true;
+            }
+            if self.shared.fatal().is_some() {
+                return false;
+            }
+            // Nothing waits for the rest of its range now: everything recorded goes out.
+            lock(&self.shared.ledger).release_ranges();
+            self.shared.wake.notify_waiters();
+            if tokio::time::timeout_at(deadline, acked).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Cuts every share connection as a network failure would (fault-injection tests): the
+    /// broker drops the sessions and releases their records; the engine re-opens them.
+    pub fn disconnect_for_testing(&self) {
+        for st in lock(&self.shared.leaders).values() {
+            if let Some(c) = &st.conn {
+                c.close("disconnected for testing");
+            }
+        }
+    }
+
+    /// Stops fetching, sends pending verdicts, closes every share session (the broker releases
+    /// everything unjudged at once) and leaves the group, all within `timeout`.
+    pub async fn close(&self, timeout: Duration) {
+        self.stop_fetching.cancel();
+        self.shared.wake.notify_waiters();
+        let mut tasks = self.tasks.lock().await;
+        let drain = async {
+            // The supervisor returns after its leader tasks closed their sessions; only then
+            // does the member leave, so no records are handed out to a member that is leaving.
+            while let Some(r) = tasks.join_next().await {
+                if let Err(e) = r {
+                    tracing::warn!("consumer task ended abnormally: {e}");
+                }
+                self.leave.cancel();
+            }
+        };
+        if tokio::time::timeout(timeout, drain).await.is_err() {
+            tracing::warn!(group = %self.shared.config.group, "close timed out; aborting the consumer tasks");
+            tasks.abort_all();
+        }
+    }
+}
+
+impl Drop for ShareConsumer {
+    fn drop(&mut self) {
+        self.stop_fetching.cancel();
+        self.leave.cancel();
+    }
+}

@@ -1,0 +1,41 @@
+//! The share consumer: thin I/O loops around the pure state machines. One task heartbeats
+//! (membership), one task per partition leader owns a dedicated connection and its share session
+//! (ShareFetch with piggybacked acknowledgements, renew requests, the closing request), and the
+//! caller polls deliveries and records verdicts from any task.
+//!
+//! Delivery is at-least-once. Every acquired offset ends in exactly one of: handed to the caller
+//! (who gives it a verdict), acknowledged as Gap (no record at that offset), rejected by the
+//! delivery cap (and reported as poison), or released by the broker when its session or lock
+//! ends (counted in [`ConsumerStats::released_by_broker`]).
+//!
+//! The rooms, each using only the rooms listed after it (no import circles):
+//!
+//! - `api`: [`ShareConsumer`], the caller's API: start, poll, acknowledge, settle, release
+//!   holds, flush, close. It starts the tasks below; none of them knows it.
+//! - `supervisor`: maps the assignment to partition leaders and keeps one leader task each.
+//! - `heartbeat`: the membership task (ShareGroupHeartbeat), which publishes the assignment.
+//! - `leader`: one leader's task: its connection, its share session, fetching, acknowledging,
+//!   renewing, releasing due holds and closing the session.
+//! - `state`: what the caller and the tasks share: the ledger, the per-leader records held
+//!   (lock time, deliveries, renewals, release time), the in-flight count, pacing, outcomes.
+//! - `plan`: pure decisions with their tests: what a fetch asks for, which acquired offsets
+//!   without a record are Gap or released, which partitions a leader serves, what moved.
+//! - `count`: the guard that brings a raised count back down however its scope ends.
+//! - `types`: the public values: configuration, records, deliveries, verdict decisions and
+//!   their results, outcomes, counters, errors.
+
+mod api;
+mod count;
+mod heartbeat;
+mod leader;
+mod plan;
+mod state;
+mod supervisor;
+mod types;
+
+pub use api::ShareConsumer;
+pub use plan::MAX_UNRECORDED_OFFSETS;
+pub use types::{
+    AckOutcome, AcquireMode, ConsumerStats, Delivery, LOCK_MARGIN, RoundTrip, RoundTrips, Settle,
+    Settled, ShareConsumerConfig, ShareError, ShareRecord,
+};

@@ -1,0 +1,508 @@
+//! What the caller's API and the engine's tasks share ([`Shared`]), and what the engine keeps
+//! per leader ([`LeaderState`]) and per record it handed out and has no final verdict for
+//! ([`Held`]: when its lock started, its delivery count, how often it was renewed, when a record
+//! held back is to be released). Every count and map here is changed under one of its locks or
+//! atomically, by the room that owns the change: the API records verdicts, the leader tasks
+//! hold and release records, the supervisor routes partitions.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kafka_protocol::ResponseError;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use sharehost_kafka::{BrokerConnection, KafkaClient};
+
+use super::plan::{Route, paced_limit};
+use super::types::{AckOutcome, ConsumerStats, ShareConsumerConfig, ShareRecord};
+use crate::ledger::{AckLedger, TopicIdPartition};
+
+/// Most outcomes kept for the caller; older ones are dropped (and counted) if nobody reads them.
+const MAX_OUTCOMES: usize = 100_000;
+
+/// Per-leader bookkeeping shared between the caller and the leader's task.
+#[derive(Default)]
+pub(super) struct LeaderState {
+    /// Current session id; verdicts for records of other sessions are moot.
+    pub(super) session: u64,
+    /// Delivered records without a final verdict, with what the engine keeps of each.
+    pub(super) outstanding: foldhash::HashMap<(TopicIdPartition, i64), Held>,
+    /// Records the caller holds back (`Settle::Hold`), earliest release first; an entry whose
+    /// record was settled otherwise meanwhile (or delivered again) is skipped when it is due.
+    pub(super) holds: BinaryHeap<Reverse<(Instant, TopicIdPartition, i64)>>,
+    /// Lock duration the broker reported.
+    pub(super) lock_timeout: Option<Duration>,
+    /// The task's connection, so a test can cut it.
+    pub(super) conn: Option<Arc<BrokerConnection>>,
+    /// Whether the broker speaks ShareFetch v2.
+    pub(super) renew_supported: bool,
+    /// When the next auto-renew scan can find a record due, and the threshold that was
+    /// computed with: the scan walks every outstanding record, so it runs only then, not on
+    /// every step of the leader's loop.
+    pub(super) next_renew_scan: Option<(Instant, Duration)>,
+}
+
+impl LeaderState {
+    /// Holds a record the broker just acquired for this member, its lock started `now`;
+    /// returns whether it was not held already. A record whose lock expired while the caller
+    /// still held it comes back in the same session under the same key: it is one record held
+    /// all the same (the first final verdict for either copy settles it, the other is moot),
+    /// so the in-flight count takes it once.
+    pub(super) fn hold(
+        &mut self,
+        key: (TopicIdPartition, i64),
+        now: Instant,
+        deliveries: i16,
+    ) -> bool {
+        self.outstanding
+            .insert(key, Held::new(now, deliveries))
+            .is_none()
+    }
+
+    /// Forgets the outstanding records of `partitions` (their leadership moved away, so their
+    /// locks went with it); returns how many there were.
+    pub(super) fn release(&mut self, partitions: &BTreeSet<TopicIdPartition>) -> usize {
+        let before = self.outstanding.len();
+        self.outstanding
+            .retain(|(tp, _), _| !partitions.contains(tp));
+        before - self.outstanding.len()
+    }
+
+    /// How much longer `held` can stay acquired without a verdict (see
+    /// [`ShareConsumer::hold_limit`]).
+    pub(super) fn hold_limit(&self, held: &Held, auto_renew: bool) -> Option<Duration> {
+        if self.renew_supported && auto_renew {
+            return None;
+        }
+        Some(
+            self.lock_timeout
+                .map_or(Duration::ZERO, |t| t.saturating_sub(held.since.elapsed())),
+        )
+    }
+
+    /// Takes the held-back records whose release is due by `now` (those still held back for
+    /// that time); returns them and when the next one is due.
+    pub(super) fn due_holds(&mut self, now: Instant) -> (Vec<(RecordKey, Held)>, Option<Instant>) {
+        let mut due = Vec::new();
+        while let Some(Reverse((at, tp, offset))) = self.holds.peek().copied() {
+            if at > now {
+                return (due, Some(at));
+            }
+            self.holds.pop();
+            let key = (tp, offset);
+            if self
+                .outstanding
+                .get(&key)
+                .is_some_and(|h| h.release_at == Some(at))
+                && let Some(held) = self.outstanding.remove(&key)
+            {
+                due.push((key, held));
+            }
+        }
+        (due, None)
+    }
+}
+
+/// A record by partition and offset.
+pub(super) type RecordKey = (TopicIdPartition, i64);
+
+/// What the engine keeps of a record it delivered and has no final verdict for: when its lock
+/// (re)started, how often the caller renewed it, and when a record the caller holds back is
+/// to be released. One place for all three, so no caller keeps maps of its own beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Held {
+    pub(super) since: Instant,
+    /// Its delivery count (a release at the group's delivery limit archives it).
+    pub(super) deliveries: i16,
+    pub(super) renewals: u32,
+    pub(super) release_at: Option<Instant>,
+}
+
+impl Held {
+    pub(super) fn new(now: Instant, deliveries: i16) -> Self {
+        Held {
+            since: now,
+            deliveries,
+            renewals: 0,
+            release_at: None,
+        }
+    }
+}
+
+/// Everything the caller's API and the tasks of one consumer share, behind one `Arc`.
+pub(super) struct Shared {
+    pub(super) client: Arc<KafkaClient>,
+    pub(super) config: ShareConsumerConfig,
+    pub(super) member_id: String,
+    pub(super) ledger: Mutex<AckLedger>,
+    pub(super) leaders: Mutex<HashMap<i32, LeaderState>>,
+    /// Which leader serves a partition (for routing verdicts to sessions).
+    pub(super) route: Mutex<Route>,
+    pub(super) in_flight: AtomicUsize,
+    /// Records asked for by fetches not answered yet: their room is taken until then, so
+    /// leaders fetching at once never ask for more than the bound together.
+    pub(super) reserved: AtomicUsize,
+    /// The most records one producer batch has spanned in any response (0: none yet), so a
+    /// fitted fetch knows what a whole batch can add.
+    pub(super) largest_batch: AtomicUsize,
+    /// Final verdicts recorded (the caller's judging rate, for pacing).
+    finals: AtomicU64,
+    /// Leaders serving assigned partitions now (each fetches within its share of the bound).
+    pub(super) active_leaders: AtomicUsize,
+    /// Whether fetches may acquire more (off while a caller drains what it holds).
+    pub(super) acquiring: AtomicBool,
+    /// Whether the coordinator answered the last heartbeat as a member of the group.
+    pub(super) joined: AtomicBool,
+    pace: Mutex<Pace>,
+    /// Requests carrying acknowledgements that have not been answered yet.
+    pub(super) acks_in_flight: AtomicUsize,
+    /// Verdicts arrived or the in-flight count dropped: leader tasks may have work.
+    pub(super) wake: Notify,
+    /// Acknowledgements answered: flush may be done.
+    pub(super) acked: Notify,
+    /// Leadership may have moved: remap partitions to leaders.
+    pub(super) remap: Notify,
+    pub(super) next_session: AtomicU64,
+    pub(super) outcomes: Mutex<VecDeque<AckOutcome>>,
+    /// Records the caller renewed, to be delivered to it again (ahead of newly fetched ones).
+    pub(super) again: Mutex<Vec<ShareRecord>>,
+    /// Something was put in `again`: a waiting `poll` returns it.
+    pub(super) again_ready: Notify,
+    pub(super) fatal: Mutex<Option<String>>,
+    pub(super) stats: ConsumerStats,
+    /// The "no v2 here" warning is said once per consumer, not once per reconnect.
+    pub(super) v1_warned: std::sync::Once,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means a task panicked mid-update of plain bookkeeping; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The caller's judging rate, measured over windows of at least [`PACE_WINDOW`].
+#[derive(Debug, Default)]
+struct Pace {
+    window: Option<(Instant, u64)>,
+    /// Final verdicts per second (an average over the last windows; 0 before the first).
+    rate: f64,
+}
+
+/// Shortest window over which the judging rate is measured.
+const PACE_WINDOW: Duration = Duration::from_secs(1);
+
+impl Pace {
+    /// Folds in the verdict count `finals` seen at `now`; returns the rate.
+    fn update(&mut self, now: Instant, finals: u64) -> f64 {
+        match self.window {
+            None => self.window = Some((now, finals)),
+            Some((start, at_start)) => {
+                let elapsed = now.duration_since(start);
+                if elapsed >= PACE_WINDOW {
+                    let rate = finals.saturating_sub(at_start) as f64 / elapsed.as_secs_f64();
+                    // Half the weight on the newest window: a slowing handler is followed
+                    // within a few seconds, a burst does not swing the bound at once.
+                    self.rate = if self.rate == 0.0 {
+                        rate
+                    } else {
+                        (self.rate + rate) / 2.0
+                    };
+                    self.window = Some((now, finals));
+                }
+            }
+        }
+        self.rate
+    }
+}
+
+impl Shared {
+    /// The state of a consumer not joined yet: nothing held, acquiring, one leader assumed.
+    pub(super) fn new(
+        client: Arc<KafkaClient>,
+        config: ShareConsumerConfig,
+        member_id: String,
+    ) -> Self {
+        Shared {
+            client,
+            member_id,
+            config,
+            ledger: Mutex::new(AckLedger::new()),
+            leaders: Mutex::new(HashMap::new()),
+            route: Mutex::new(foldhash::HashMap::default()),
+            in_flight: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
+            largest_batch: AtomicUsize::new(0),
+            finals: AtomicU64::new(0),
+            active_leaders: AtomicUsize::new(1),
+            acquiring: AtomicBool::new(true),
+            joined: AtomicBool::new(false),
+            pace: Mutex::new(Pace::default()),
+            acks_in_flight: AtomicUsize::new(0),
+            wake: Notify::new(),
+            acked: Notify::new(),
+            remap: Notify::new(),
+            next_session: AtomicU64::new(1),
+            outcomes: Mutex::new(VecDeque::new()),
+            again: Mutex::new(Vec::new()),
+            again_ready: Notify::new(),
+            fatal: Mutex::new(None),
+            stats: ConsumerStats::default(),
+            v1_warned: std::sync::Once::new(),
+        }
+    }
+
+    /// Takes `records` out of the in-flight count (never below zero): they were judged, or
+    /// the broker released them with their session or leadership.
+    pub(super) fn out_of_flight(&self, records: usize) {
+        self.in_flight.fetch_sub(
+            records.min(self.in_flight.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Counts `finals` verdicts out of the in-flight bound (and into the pacing rate), and
+    /// `at_limit` releases at the group's delivery limit.
+    pub(super) fn counted_finals(&self, finals: usize, at_limit: u64) {
+        if finals > 0 {
+            self.out_of_flight(finals);
+            self.finals.fetch_add(finals as u64, Ordering::Relaxed);
+        }
+        if at_limit > 0 {
+            self.stats
+                .released_at_limit
+                .fetch_add(at_limit, Ordering::Relaxed);
+        }
+    }
+
+    /// How many records this consumer may hold now: 0 while it does not acquire, else
+    /// `max_in_flight`, or with pacing what the caller judges within the pace horizon.
+    pub(super) fn in_flight_limit(&self) -> usize {
+        if !self.acquiring.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let cfg = &self.config;
+        let Some(within) = cfg.pace_within else {
+            return cfg.max_in_flight;
+        };
+        let lock_timeout = lock(&self.leaders)
+            .values()
+            .filter_map(|l| l.lock_timeout)
+            .min();
+        let horizon = lock_timeout.map_or(within, |t| within.min(t / 2));
+        let rate = lock(&self.pace).update(Instant::now(), self.finals.load(Ordering::Relaxed));
+        paced_limit(rate, horizon, cfg.min_in_flight.max(1), cfg.max_in_flight)
+    }
+
+    pub(super) fn set_fatal(&self, why: String) {
+        tracing::error!(group = %self.config.group, "{why}");
+        lock(&self.fatal).get_or_insert(why);
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
+    }
+
+    pub(super) fn fatal(&self) -> Option<String> {
+        lock(&self.fatal).clone()
+    }
+
+    pub(super) fn push_outcome(&self, o: AckOutcome) {
+        let n = o.offsets();
+        match &o.error {
+            None => self.stats.acks_ok.fetch_add(n, Ordering::Relaxed),
+            Some((e, msg)) => {
+                tracing::warn!(group = %self.config.group, topic = %o.topic, partition = o.partition, offsets = n, "acknowledgement refused: {e:?} {msg}");
+                self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
+            }
+        };
+        let mut q = lock(&self.outcomes);
+        if q.len() >= MAX_OUTCOMES {
+            q.pop_front();
+        }
+        q.push_back(o);
+    }
+
+    pub(super) fn topic_name(&self, tp: &TopicIdPartition) -> Arc<str> {
+        match self.client.topic_name(tp.topic_id) {
+            Some(n) => Arc::from(n.as_str()),
+            None => Arc::from(tp.topic_id.to_string().as_str()),
+        }
+    }
+
+    /// Ends a leader's session: pending verdicts and outstanding records of it are released by
+    /// the broker, so they are dropped here and counted.
+    pub(super) fn session_lost(&self, leader: i32, why: &str) {
+        self.stats.session_resets.fetch_add(1, Ordering::Relaxed);
+        let partitions: BTreeSet<TopicIdPartition> = lock(&self.route)
+            .iter()
+            .filter(|(_, l)| **l == leader)
+            .map(|(tp, _)| *tp)
+            .collect();
+        // Verdicts not sent yet cannot be any more: report each as not applied (the Java client
+        // completes them with NETWORK_EXCEPTION); the broker redelivers those records.
+        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let dropped_verdicts: usize = dropped
+            .iter()
+            .flat_map(|(_, b)| b.iter())
+            .map(|b| (b.last_offset - b.first_offset + 1) as usize)
+            .sum();
+        for (tp, batches) in dropped {
+            self.push_outcome(AckOutcome {
+                topic: self.topic_name(&tp),
+                partition: tp.partition,
+                batches,
+                error: Some((
+                    ResponseError::NetworkException,
+                    format!("share session ended before the acknowledgement was sent ({why})"),
+                )),
+            });
+        }
+        let outstanding = {
+            let mut leaders = lock(&self.leaders);
+            let st = leaders.entry(leader).or_default();
+            st.session = self.next_session.fetch_add(1, Ordering::Relaxed);
+            st.holds.clear();
+            std::mem::take(&mut st.outstanding).len()
+        };
+        // Outstanding records leave the in-flight count now; their verdicts will be refused.
+        self.out_of_flight(outstanding);
+        let released = (dropped_verdicts + outstanding) as u64;
+        self.stats
+            .released_by_broker
+            .fetch_add(released, Ordering::Relaxed);
+        tracing::warn!(
+            leader,
+            released,
+            "share session ended ({why}); the broker releases what it held"
+        );
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
+    }
+
+    /// The leadership of `partitions` moved away from `leader` while its session lives on: the
+    /// old leader can take no verdict for them any more, so the records held from there leave
+    /// the in-flight count, and verdicts not sent yet are reported as not applied. The new
+    /// leader delivers those records again.
+    pub(super) fn partitions_moved(&self, leader: i32, partitions: &BTreeSet<TopicIdPartition>) {
+        // Outstanding records first: a concurrent `acknowledge` either finished (its verdict is
+        // in the ledger, taken below) or finds its record gone and reports it moot.
+        let outstanding = lock(&self.leaders)
+            .get_mut(&leader)
+            .map_or(0, |st| st.release(partitions));
+        self.out_of_flight(outstanding);
+        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let mut dropped_verdicts = 0;
+        for (tp, batches) in dropped {
+            dropped_verdicts += batches
+                .iter()
+                .map(|b| (b.last_offset - b.first_offset + 1) as usize)
+                .sum::<usize>();
+            self.push_outcome(AckOutcome {
+                topic: self.topic_name(&tp),
+                partition: tp.partition,
+                batches,
+                error: Some((
+                    ResponseError::NotLeaderOrFollower,
+                    format!(
+                        "the partition's leadership moved away from broker {leader} before the acknowledgement was sent"
+                    ),
+                )),
+            });
+        }
+        let released = (dropped_verdicts + outstanding) as u64;
+        self.stats
+            .released_by_broker
+            .fetch_add(released, Ordering::Relaxed);
+        if released > 0 {
+            tracing::warn!(
+                leader,
+                released,
+                partitions = partitions.len(),
+                "partition leadership moved; records held from the old leader come back from the new one"
+            );
+        }
+        self.wake.notify_waiters();
+        self.acked.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(partition: i32) -> TopicIdPartition {
+        TopicIdPartition {
+            topic_id: uuid::Uuid::from_u128(7),
+            partition,
+        }
+    }
+
+    fn set(ps: &[i32]) -> BTreeSet<TopicIdPartition> {
+        ps.iter().map(|p| tp(*p)).collect()
+    }
+
+    #[test]
+    fn a_record_delivered_again_while_still_held_is_held_once() {
+        let (first, again) = (Instant::now(), Instant::now() + Duration::from_secs(30));
+        let mut st = LeaderState::default();
+        assert!(st.hold((tp(0), 5), first, 1), "a new record");
+        assert!(st.hold((tp(0), 6), first, 1));
+        // Offset 5's lock expired and the broker acquired it for this member again.
+        assert!(!st.hold((tp(0), 5), again, 2), "still the same record held");
+        assert_eq!(st.outstanding.len(), 2);
+        assert_eq!(
+            st.outstanding.get(&(tp(0), 5)),
+            Some(&Held::new(again, 2)),
+            "its lock restarted with the redelivery, its renewals and hold with it"
+        );
+    }
+
+    #[test]
+    fn a_held_back_record_is_released_once_at_its_time_and_never_after_another_verdict() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut st = LeaderState::default();
+        for o in 1..=3 {
+            st.hold((tp(0), o), t0, 1);
+        }
+        for (o, at) in [(1, ms(10)), (2, ms(20)), (3, ms(30))] {
+            if let Some(h) = st.outstanding.get_mut(&(tp(0), o)) {
+                h.release_at = Some(at);
+            }
+            st.holds.push(Reverse((at, tp(0), o)));
+        }
+        // Offset 2 got a final verdict meanwhile; offset 3 was delivered again (a new lock,
+        // no hold).
+        st.outstanding.remove(&(tp(0), 2));
+        st.hold((tp(0), 3), ms(5), 2);
+        let (due, next) = st.due_holds(ms(5));
+        assert!(due.is_empty());
+        assert_eq!(next, Some(ms(10)));
+        let (due, next) = st.due_holds(ms(40));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].0, (tp(0), 1));
+        assert_eq!(next, None);
+        assert!(
+            !st.outstanding.contains_key(&(tp(0), 1)),
+            "released: no longer held"
+        );
+        assert!(
+            st.outstanding.contains_key(&(tp(0), 3)),
+            "its new delivery stays held"
+        );
+        assert!(st.due_holds(ms(50)).0.is_empty(), "once only");
+    }
+
+    #[test]
+    fn releasing_moved_partitions_forgets_only_their_records() {
+        let now = Instant::now();
+        let mut st = LeaderState::default();
+        for (p, o) in [(0, 5), (0, 6), (1, 5)] {
+            st.outstanding.insert((tp(p), o), Held::new(now, 1));
+        }
+        assert_eq!(st.release(&set(&[0])), 2);
+        assert_eq!(st.outstanding.len(), 1);
+        assert!(st.outstanding.contains_key(&(tp(1), 5)));
+    }
+}
