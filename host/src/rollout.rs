@@ -142,7 +142,7 @@ fn describe(v: &Verdict) -> String {
 }
 
 /// When a canary is promoted: after this many of its batches, or this long, whichever first.
-#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]
 pub struct PromoteAfter {
     /// Canary batches judged.
     pub batches: Option<u64>,
@@ -151,7 +151,7 @@ pub struct PromoteAfter {
 }
 
 /// When a canary is rolled back at once (every bound optional).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct RollbackIf {
     /// Largest share of the canary's batches that may fault (default 0: any fault).
     #[serde(default)]
@@ -225,7 +225,7 @@ impl CanaryRequest {
 }
 
 /// Verdict counts of one side of a canary, over the same period.
-#[derive(Debug, Clone, Copy, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
 pub struct Tally {
     /// Batches judged.
     pub batches: u64,
@@ -251,6 +251,17 @@ impl Tally {
                 Verdict::Release => self.released += 1,
                 _ => {}
             }
+        }
+    }
+
+    /// The sum of two tallies (a fleet's canary decides on every host's).
+    pub fn plus(self, o: Tally) -> Tally {
+        Tally {
+            batches: self.batches + o.batches,
+            faulted_batches: self.faulted_batches + o.faulted_batches,
+            records: self.records + o.records,
+            rejected: self.rejected + o.rejected,
+            released: self.released + o.released,
         }
     }
 
@@ -351,70 +362,84 @@ impl CanaryPlan {
         (self.offered as f64 * p).floor() > before
     }
 
-    /// The decision after the candidate judged a batch (`faulted`: its verdicts were not
-    /// used; the active version judged the batch again).
+    /// The decision after the candidate judged a batch (its tallies already count it).
     pub fn after_candidate_batch(&mut self) -> CanaryDecision {
-        let r = &self.request.rollback_if;
-        let c = self.candidate;
-        let fault_rate = Tally::rate(c.faulted_batches, c.batches);
-        if c.faulted_batches > 0 && fault_rate > r.max_fault_rate {
-            return CanaryDecision::RollBack(format!(
-                "fault rate {:.3} ({} of {} batches) above rollback_if.max_fault_rate {}",
-                fault_rate, c.faulted_batches, c.batches, r.max_fault_rate
-            ));
-        }
-        if c.records >= MIN_CANARY_RECORDS_FOR_RATES
-            && let Some(reason) = self.rate_breach()
-        {
+        decide(
+            &self.request.promote_after,
+            &self.request.rollback_if,
+            self.candidate,
+            self.active,
+            self.started.elapsed(),
+        )
+    }
+}
+
+/// The canary rules on tallies: rolled back at once when the candidate faults more than
+/// `rollback_if` allows or (on enough records) rejects or releases more than the active version
+/// by more than its bounds; promoted after `promote_after` when within them; otherwise it goes
+/// on. Pure, so one host's canary and a fleet's (on the sum of every host's tallies) decide by
+/// the same rules.
+pub fn decide(
+    promote_after: &PromoteAfter,
+    rollback_if: &RollbackIf,
+    candidate: Tally,
+    active: Tally,
+    elapsed: Duration,
+) -> CanaryDecision {
+    let r = rollback_if;
+    let c = candidate;
+    let fault_rate = Tally::rate(c.faulted_batches, c.batches);
+    if c.faulted_batches > 0 && fault_rate > r.max_fault_rate {
+        return CanaryDecision::RollBack(format!(
+            "fault rate {:.3} ({} of {} batches) above rollback_if.max_fault_rate {}",
+            fault_rate, c.faulted_batches, c.batches, r.max_fault_rate
+        ));
+    }
+    if c.records >= MIN_CANARY_RECORDS_FOR_RATES
+        && let Some(reason) = rate_breach(r, candidate, active)
+    {
+        return CanaryDecision::RollBack(reason);
+    }
+    let after = promote_after;
+    let by_batches = after.batches.is_some_and(|n| c.batches >= n);
+    let by_time = after
+        .seconds
+        .is_some_and(|s| elapsed >= Duration::from_secs(s));
+    if by_batches || by_time {
+        // At promotion the rates are compared whatever the sample size: a canary promoted
+        // early on few records still had to stay within its bounds on them.
+        if let Some(reason) = rate_breach(r, candidate, active) {
             return CanaryDecision::RollBack(reason);
         }
-        let after = &self.request.promote_after;
-        let by_batches = after.batches.is_some_and(|n| c.batches >= n);
-        let by_time = after
-            .seconds
-            .is_some_and(|s| self.started.elapsed() >= Duration::from_secs(s));
-        if by_batches || by_time {
-            // At promotion the rates are compared whatever the sample size: a canary promoted
-            // early on few records still had to stay within its bounds on them.
-            if let Some(reason) = self.rate_breach() {
-                return CanaryDecision::RollBack(reason);
-            }
-            return CanaryDecision::Promote(format!(
-                "{} batches ({} records) within bounds: fault rate {:.3}, reject rate {:.3} vs {:.3}, release rate {:.3} vs {:.3}",
-                c.batches,
-                c.records,
-                fault_rate,
-                Tally::rate(c.rejected, c.records),
-                Tally::rate(self.active.rejected, self.active.records),
-                Tally::rate(c.released, c.records),
-                Tally::rate(self.active.released, self.active.records),
+        return CanaryDecision::Promote(format!(
+            "{} batches ({} records) within bounds: fault rate {:.3}, reject rate {:.3} vs {:.3}, release rate {:.3} vs {:.3}",
+            c.batches,
+            c.records,
+            fault_rate,
+            Tally::rate(c.rejected, c.records),
+            Tally::rate(active.rejected, active.records),
+            Tally::rate(c.released, c.records),
+            Tally::rate(active.released, active.records),
+        ));
+    }
+    CanaryDecision::Continue
+}
+
+/// Which rate of the candidate, if any, exceeds the active version's by more than its bound.
+fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
+    for (what, cn, an, bound) in [
+        ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
+        ("release", c.released, a.released, r.max_release_rate_increase),
+    ] {
+        let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
+        if cr - ar > bound {
+            return Some(format!(
+                "{what} rate {cr:.3} ({cn} of {} records) exceeds the active version's {ar:.3} by more than rollback_if.max_{what}_rate_increase {bound}",
+                c.records
             ));
         }
-        CanaryDecision::Continue
     }
-
-    fn rate_breach(&self) -> Option<String> {
-        let r = &self.request.rollback_if;
-        let (c, a) = (self.candidate, self.active);
-        for (what, cn, an, bound) in [
-            ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
-            (
-                "release",
-                c.released,
-                a.released,
-                r.max_release_rate_increase,
-            ),
-        ] {
-            let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
-            if cr - ar > bound {
-                return Some(format!(
-                    "{what} rate {cr:.3} ({cn} of {} records) exceeds the active version's {ar:.3} by more than rollback_if.max_{what}_rate_increase {bound}",
-                    c.records
-                ));
-            }
-        }
-        None
-    }
+    None
 }
 
 /// What a restarted host reads to come back on the version that was active: written on every

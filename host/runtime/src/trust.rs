@@ -134,11 +134,32 @@ impl TrustPolicy {
     pub fn verify(&self, component: &Path, bytes: &[u8]) -> Result<String, TrustRefusal> {
         let sig_path = signature_path(component);
         let text = read_signature(&sig_path)?;
+        self.verify_signed(&sig_path, bytes, &text)
+    }
+
+    /// Checks that `text` (a minisign signature, as a `.minisig` file holds it) signs `bytes`
+    /// by a trusted key; returns the signer's key id. `named` names the signature in the
+    /// refusal (a file, or where the signature came from: a record of a fleet topic).
+    pub fn verify_signed(
+        &self,
+        named: &Path,
+        bytes: &[u8],
+        text: &str,
+    ) -> Result<String, TrustRefusal> {
+        if text.len() > MAX_SIGNATURE_BYTES as usize {
+            return Err(TrustRefusal::MalformedSignature {
+                signature: named.to_owned(),
+                reason: format!(
+                    "{} bytes, more than a signature's {MAX_SIGNATURE_BYTES}-byte maximum",
+                    text.len()
+                ),
+            });
+        }
         let malformed = |reason: &str| TrustRefusal::MalformedSignature {
-            signature: sig_path.clone(),
+            signature: named.to_owned(),
             reason: reason.to_owned(),
         };
-        let signature = minisign_verify::Signature::decode(&text)
+        let signature = minisign_verify::Signature::decode(text)
             .map_err(|e| malformed(&format!("not a minisign signature ({e})")))?;
         // minisign-verify keeps the key id private; it is bytes 2..10 of the second line.
         let id = text

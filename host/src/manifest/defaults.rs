@@ -42,6 +42,16 @@ pub fn wall_deadline_ms(cpu_deadline_ms: u64) -> u64 {
     cpu_deadline_ms * u64::from(crate::runtime::DEFAULT_WALL_PER_CPU)
 }
 
+/// `[fleet]`: how often a host publishes its status, in ms.
+pub const FLEET_STATUS_INTERVAL_MS: u64 = 2_000;
+/// `[fleet]`: a host whose last status is older than this (ms) is shown stale.
+pub const FLEET_STALE_AFTER_MS: u64 = 30_000;
+/// `[fleet]`: how long the status topic keeps a host that stopped publishing (ms; one day),
+/// so dead hosts age out of `fleet status`.
+pub const FLEET_STATUS_RETENTION_MS: u64 = 86_400_000;
+/// `[fleet]`: prefix of the fleet's topic names, before the fleet's name.
+pub const FLEET_TOPIC_PREFIX: &str = "sharehost.fleet.";
+
 /// Emits per batch (the runtime's own default, so a plugin run without a manifest gets the
 /// same bound).
 pub const MAX_EMITS_PER_BATCH: u32 = crate::runtime::DEFAULT_MAX_EMITS_PER_BATCH;

@@ -7,7 +7,8 @@
 //! - one validator per table turns it into the specs the host runs on, resolving paths against
 //!   the manifest's folder and filling in [`defaults`]: `cluster` (`[cluster]`, into
 //!   [`ClusterSpec`]), `admin` (`[admin]`, [`AdminSpec`]), `runtime` (`[runtime]`,
-//!   [`RuntimeSpec`]), `trust` (`[trust]` and `[pipeline.trust]`), `pipeline` (`[[pipeline]]`,
+//!   [`RuntimeSpec`]), `trust` (`[trust]` and `[pipeline.trust]`), `fleet` (`[fleet]`,
+//!   [`FleetSpec`]), `pipeline` (`[[pipeline]]`,
 //!   [`PipelineSpec`]), and `grants` (a pipeline's outputs, secrets and outbound HTTP).
 //!
 //! Beside them: `error` ([`ManifestError`], located by line, column and field), `context`
@@ -21,6 +22,7 @@ mod cluster;
 mod context;
 pub mod defaults;
 mod error;
+mod fleet;
 mod grants;
 mod pipeline;
 mod raw;
@@ -36,6 +38,7 @@ use std::sync::Arc;
 pub use admin::AdminSpec;
 pub use cluster::{ClusterSpec, SaslSpec};
 pub use error::ManifestError;
+pub use fleet::FleetSpec;
 pub use pipeline::{FaultPolicy, InstanceModeSpec, PipelineSpec, ShadowSpec};
 pub use runtime::RuntimeSpec;
 pub use secret::SecretSource;
@@ -58,6 +61,8 @@ pub struct Manifest {
     /// The host's trusted keys (`[trust]`): every pipeline without its own `[pipeline.trust]`
     /// requires components signed by one of them.
     pub trust: Option<Arc<TrustPolicy>>,
+    /// The fleet this host is one of (`[fleet]`); `None`: a host on its own.
+    pub fleet: Option<FleetSpec>,
     /// The pipelines, in file order.
     pub pipelines: Vec<PipelineSpec>,
 }
@@ -105,6 +110,10 @@ impl Manifest {
             Some(t) => Some(trust::validate(&cx, t, "trust")?),
             None => None,
         };
+        let fleet = match &raw.fleet {
+            Some(f) => Some(fleet::validate(&cx, f, trust.as_ref())?),
+            None => None,
+        };
         let pipelines = pipeline::validate_all(
             &cx,
             &raw.pipelines,
@@ -117,6 +126,7 @@ impl Manifest {
             admin,
             runtime,
             trust,
+            fleet,
             pipelines,
         })
     }

@@ -21,8 +21,29 @@ pub(super) struct RawManifest {
     pub(super) runtime: Option<RawRuntime>,
     #[serde(default)]
     pub(super) trust: Option<Spanned<RawTrust>>,
+    #[serde(default)]
+    pub(super) fleet: Option<Spanned<RawFleet>>,
     #[serde(default, rename = "pipeline")]
     pub(super) pipelines: Vec<RawPipeline>,
+}
+
+/// `[fleet]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFleet {
+    pub(super) name: Spanned<String>,
+    #[serde(default)]
+    pub(super) host_id: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) topic_prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) replication_factor: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) status_interval_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) stale_after_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) status_retention_ms: Option<Spanned<i64>>,
 }
 
 /// `[cluster]`.

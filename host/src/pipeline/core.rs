@@ -24,6 +24,7 @@ use crate::manifest::PipelineSpec;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::{FaultRole, RecentFault};
 use crate::rollout::{
+    Tally,
     ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
     SHADOW_QUEUE, ShadowRequest, ShadowStatus,
 };
@@ -467,6 +468,44 @@ impl Pipeline {
     /// promoted or rolled back by [`CanaryPlan`]'s rules. Replaces nothing: a second canary
     /// while one runs is refused.
     pub async fn start_canary(&self, req: CanaryRequest) -> Result<String, SwapError> {
+        self.start_canary_for(req, None).await
+    }
+
+    /// Starts this host's share of fleet canary `seq`: the candidate judges `req.percent` of
+    /// the batches here and its tallies are read by the fleet, which decides on every host's
+    /// sums; this host never promotes or rolls it back on its own.
+    pub async fn start_fleet_canary(&self, req: CanaryRequest, seq: u64) -> Result<String, SwapError> {
+        self.start_canary_for(req, Some(seq)).await
+    }
+
+    /// The running canary as the fleet reads it: its fleet action's number (`None`: a canary
+    /// of this host alone), the candidate's hash and both sides' tallies.
+    pub fn canary_tallies(&self) -> Option<(Option<u64>, String, Tally, Tally)> {
+        let run = lock(&self.canary).clone()?;
+        let plan = lock(&run.plan);
+        Some((run.fleet_seq, run.version.hash.clone(), plan.candidate, plan.active))
+    }
+
+    /// The running shadow's candidate hash.
+    pub fn shadow_candidate(&self) -> Option<String> {
+        lock(&self.shadow).as_ref().map(|s| s.version.hash.clone())
+    }
+
+    /// The manifest's own component's content hash, as loaded at start.
+    pub fn manifest_hash(&self) -> &str {
+        &self.manifest_hash
+    }
+
+    /// The pipeline's spec (as the manifest gives it).
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.spec
+    }
+
+    async fn start_canary_for(
+        &self,
+        req: CanaryRequest,
+        fleet_seq: Option<u64>,
+    ) -> Result<String, SwapError> {
         let err = |message: String| SwapError {
             pipeline: self.spec.name.clone(),
             path: req.path.clone(),
@@ -490,6 +529,7 @@ impl Pipeline {
         *lock(&self.canary) = Some(Arc::new(CanaryRun {
             version: Arc::new(version),
             plan: Mutex::new(CanaryPlan::new(req)),
+            fleet_seq,
         }));
         self.remember_active();
         Ok(hash)

@@ -59,7 +59,9 @@ impl Pipeline {
                         plan.candidate.add(&judged.verdicts, false);
                         plan.after_candidate_batch()
                     };
-                    self.decide_canary(run, decision);
+                    if run.fleet_seq.is_none() {
+                        self.decide_canary(run, decision);
+                    }
                     return Some(Judgement {
                         version: run.version.clone(),
                         judged,
@@ -102,7 +104,9 @@ impl Pipeline {
                         plan.candidate.add_faulted();
                         plan.after_candidate_batch()
                     };
-                    self.decide_canary(run, decision);
+                    if run.fleet_seq.is_none() {
+                        self.decide_canary(run, decision);
+                    }
                 }
             }
         }

@@ -36,6 +36,9 @@ pub(super) struct ShadowRun {
 pub(super) struct CanaryRun {
     pub(super) version: Arc<Version>,
     pub(super) plan: Mutex<CanaryPlan>,
+    /// The fleet canary this host runs its share of (the fleet action's number): its rules are
+    /// applied to the fleet's sums, not to this host's tallies alone, so it never decides here.
+    pub(super) fleet_seq: Option<u64>,
 }
 
 /// A canary's status from its run.
