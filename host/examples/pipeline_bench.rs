@@ -151,6 +151,7 @@ async fn run(path: PathBuf) -> Result<()> {
         metrics,
         token: None,
         manifest: None,
+        fleet: None,
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

@@ -33,6 +33,8 @@ pub struct AdminState {
     /// The manifest the host runs, where the console reads each pipeline's dead-letter topic
     /// and cluster settings from (`None`: no dead-letter view).
     pub manifest: Option<PathBuf>,
+    /// The fleet this host is one of (`None`: a host on its own, `GET /fleet` answers 404).
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +87,20 @@ async fn ready(State(s): State<Arc<AdminState>>) -> Response {
 
 async fn pipelines(State(s): State<Arc<AdminState>>) -> Response {
     axum::Json(s.tenants.status()).into_response()
+}
+
+/// The fleet as this host sees it: what the fleet wants of each pipeline, every host's last
+/// status (stale ones marked). Read-only, like `/pipelines`: changes go through signed
+/// actions in the deployments topic (`sharehost fleet`), never through one host's API.
+async fn fleet(State(s): State<Arc<AdminState>>) -> Response {
+    match &s.fleet {
+        Some(f) => axum::Json(f.view()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "this host is not in a fleet (no [fleet] in its manifest)\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn swap(
@@ -266,6 +282,7 @@ pub async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/pipelines", get(pipelines))
+        .route("/fleet", get(fleet))
         .route("/pipelines/{name}/swap", post(swap))
         .route("/pipelines/{name}/versions", get(versions))
         .route("/pipelines/{name}/rollback", post(rollback))
@@ -289,6 +306,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             token: token.map(str::to_owned),
             manifest: None,
+            fleet: None,
         }
     }
 

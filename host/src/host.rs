@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 
 use sharehost::admin::{self, AdminState};
+use sharehost::fleet::Fleet;
 use sharehost::kafka::backoff::{Backoff, BackoffConfig};
 use sharehost::kafka::{ConnectionConfig, KafkaClient};
 use sharehost::manifest::{Manifest, PipelineSpec};
@@ -20,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 /// How often component files are checked for replacement.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
-fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
+pub(crate) fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
     PluginRuntime::new(RuntimeConfig {
         cache_dir: Some(default_cache_dir()),
         ..manifest.runtime_config()
@@ -30,7 +31,7 @@ fn plugin_runtime(manifest: &Manifest) -> Result<PluginRuntime> {
 
 /// Loads every pipeline; with `state_dir` (at `run`), each comes back on the version that was
 /// active before a restart when the rule of [`Pipeline::load_remembering`] allows it.
-async fn load_pipelines(
+pub(crate) async fn load_pipelines(
     manifest: &Manifest,
     runtime: &PluginRuntime,
     metrics: &Arc<Metrics>,
@@ -108,7 +109,7 @@ fn log_trust(manifest: &Manifest) {
     }
 }
 
-fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
+pub(crate) fn connection_config(manifest: &Manifest) -> Result<ConnectionConfig> {
     manifest
         .cluster
         .connection_config()
@@ -166,6 +167,7 @@ struct Tenant {
     client: Arc<KafkaClient>,
     shutdown: CancellationToken,
     strict: bool,
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Tenant {
@@ -205,6 +207,9 @@ impl Tenant {
                 },
             };
             backoff.reset();
+            if let Some(f) = &self.fleet {
+                f.reconcile(&pipeline).await;
+            }
             match pipeline
                 .run(self.client.clone(), self.shutdown.clone())
                 .await
@@ -320,6 +325,16 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     }
     let config = connection_config(&manifest)?;
     let client = Arc::new(KafkaClient::connect(&manifest.cluster.bootstrap, config).await?);
+    // A fleet's host reads the fleet's state to its end before any pipeline takes a batch;
+    // each tenant brings its pipeline to it before it runs.
+    let fleet = match &manifest.fleet {
+        Some(spec) => Some(
+            Fleet::start(spec.clone(), client.clone(), metrics.clone(), &state_dir)
+                .await
+                .with_context(|| format!("fleet {}", spec.name))?,
+        ),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(&manifest.admin.listen)
         .await
         .with_context(|| format!("admin.listen: cannot bind {}", manifest.admin.listen))?;
@@ -337,6 +352,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         metrics: metrics.clone(),
         token,
         manifest: Some(path.to_owned()),
+        fleet: fleet.clone(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(
@@ -388,6 +404,9 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         });
     }
 
+    if let Some(f) = &fleet {
+        tokio::spawn(f.clone().run(tenants.clone(), shutdown.clone()));
+    }
     let mut tasks = tokio::task::JoinSet::new();
     for spec in &manifest.pipelines {
         let tenant = Tenant {
@@ -399,6 +418,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
             client: client.clone(),
             shutdown: shutdown.clone(),
             strict,
+            fleet: fleet.clone(),
         };
         tasks.spawn(tenant.run());
     }

@@ -20,6 +20,7 @@ pub mod admin;
 pub mod console;
 pub mod ctl;
 pub mod dlq;
+pub mod fleet;
 pub mod manifest;
 pub mod metrics;
 pub mod pipeline;

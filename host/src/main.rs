@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod fleet_cli;
 mod host;
 
 use anyhow::{Context, Result};
@@ -39,6 +40,9 @@ enum Command {
     /// Control a running host over its admin API: pipelines, versions, swap, rollback,
     /// shadow, canary, promote.
     Ctl(sharehost::ctl::CtlArgs),
+    /// Operate a fleet of hosts as one, through Kafka: deploy, roll back, shadow and canary a
+    /// pipeline's component on every host with signed actions, and see every host's status.
+    Fleet(fleet_cli::FleetArgs),
 }
 
 /// `sharehost run MANIFEST`.
@@ -450,6 +454,7 @@ fn main() -> ExitCode {
             Command::Dlq(args) => sharehost::dlq::run(&args, &mut std::io::stdout().lock())
                 .await
                 .map(|_| ()),
+            Command::Fleet(args) => fleet_cli::run(args).await,
             Command::Ctl(args) => sharehost::ctl::run(&args, &mut std::io::stdout().lock()).await,
         }
     });

@@ -92,6 +92,12 @@ pub struct Metrics {
     /// Dead letters written without the record's key, value and headers (the whole record
     /// was larger than the dead-letter topic accepts).
     pub dead_letters_shrunk: Family<Labels, Counter>,
+    /// Fleet records skipped (malformed, oversized, unknown, unsigned, tampered, from a host
+    /// with a clashing id), by topic and reason.
+    pub fleet_records_skipped: Family<Labels, Counter>,
+    /// Fleet actions by result: applied to the fleet's state, refused by it (not newer, does
+    /// not apply), or not applied on this host (cannot fetch, verify or load).
+    pub fleet_actions: Family<Labels, Counter>,
     /// Whether each pipeline runs (1) or not (0: failed to load or run, joining, draining).
     pub pipeline_up: Family<Labels, Gauge>,
     /// Failed attempts to load a pipeline or to run it, by stage (load, run).
@@ -150,6 +156,8 @@ impl Metrics {
             writes_waiting: Family::default(),
             released_unwritten: Family::default(),
             dead_letters_shrunk: Family::default(),
+            fleet_records_skipped: Family::default(),
+            fleet_actions: Family::default(),
             pipeline_up: Family::default(),
             pipeline_failures: Family::default(),
             share_group_lag: Family::default(),
@@ -258,6 +266,16 @@ impl Metrics {
             "dead_letters_shrunk",
             "Dead letters written without the record's key, value and headers (too large for the topic)",
             m.dead_letters_shrunk.clone(),
+        );
+        registry.register(
+            "fleet_records_skipped",
+            "Fleet records skipped: malformed, oversized, unknown, unsigned, tampered or from a clashing host id",
+            m.fleet_records_skipped.clone(),
+        );
+        registry.register(
+            "fleet_actions",
+            "Fleet actions by result (applied, refused, not_applied on this host)",
+            m.fleet_actions.clone(),
         );
         registry.register(
             "pipeline_up",

@@ -429,7 +429,12 @@ pub fn decide(
 fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
     for (what, cn, an, bound) in [
         ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
-        ("release", c.released, a.released, r.max_release_rate_increase),
+        (
+            "release",
+            c.released,
+            a.released,
+            r.max_release_rate_increase,
+        ),
     ] {
         let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
         if cr - ar > bound {

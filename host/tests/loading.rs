@@ -509,6 +509,7 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
         metrics,
         token: None,
         manifest: None,
+        fleet: None,
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

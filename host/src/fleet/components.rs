@@ -63,7 +63,11 @@ pub async fn upload(
             headers: Vec::new(),
             timestamp: None,
         };
-        offsets.push(client.produce(topic, 0, &[record], Compression::None).await?);
+        offsets.push(
+            client
+                .produce(topic, 0, &[record], Compression::None)
+                .await?,
+        );
     }
     Ok(offsets)
 }
@@ -114,7 +118,11 @@ pub async fn download(
 
 /// Finds `c`'s chunks anywhere in the topic (the last copy of each index wins, as compaction
 /// would keep it).
-async fn scan(client: &KafkaClient, topic: &str, c: &ComponentRef) -> Result<Vec<u8>, ComponentError> {
+async fn scan(
+    client: &KafkaClient,
+    topic: &str,
+    c: &ComponentRef,
+) -> Result<Vec<u8>, ComponentError> {
     let prefix = format!("{}/", c.digest);
     let mut chunks: BTreeMap<usize, Bytes> = BTreeMap::new();
     let end = client.list_offset(topic, 0, OffsetSpec::Latest).await?;
@@ -141,7 +149,9 @@ async fn scan(client: &KafkaClient, topic: &str, c: &ComponentRef) -> Result<Vec
     if n == 0 || chunks.keys().next_back() != Some(&(n - 1)) {
         return Err(ComponentError::Bad {
             digest: c.digest.clone(),
-            reason: format!("the components topic {topic} holds {n} of its chunks, not all of them"),
+            reason: format!(
+                "the components topic {topic} holds {n} of its chunks, not all of them"
+            ),
         });
     }
     Ok(chunks.into_values().flat_map(|b| b.to_vec()).collect())
@@ -163,6 +173,24 @@ pub fn store(dir: &Path, c: &ComponentRef, bytes: &[u8]) -> Result<PathBuf, Comp
     sig.push(SIGNATURE_SUFFIX);
     crate::state::write_atomically(Path::new(&sig), c.signature.as_bytes()).map_err(fail)?;
     Ok(path)
+}
+
+/// Writes `c`'s signature beside its kept file `path` (the same bytes may come with another
+/// signature in a later deployment).
+pub fn store_signature(path: &Path, c: &ComponentRef) -> Result<(), ComponentError> {
+    let mut sig = path.to_path_buf().into_os_string();
+    sig.push(SIGNATURE_SUFFIX);
+    let sig = PathBuf::from(sig);
+    if std::fs::read_to_string(&sig).ok().as_deref() == Some(c.signature.as_str()) {
+        return Ok(());
+    }
+    crate::state::write_atomically(&sig, c.signature.as_bytes()).map_err(|error| {
+        ComponentError::Store {
+            digest: c.digest.clone(),
+            dir: path.display().to_string(),
+            error,
+        }
+    })
 }
 
 /// The path of a component kept by [`store`] when its bytes are there and whole.

@@ -51,7 +51,10 @@ pub fn load_key(path: &Path) -> Result<minisign::SecretKey, SignError> {
 /// Signs `action` with `key`: its exact JSON and a signature over those bytes.
 pub fn sign(action: &Action, key: &minisign::SecretKey) -> Result<SignedAction, SignError> {
     let text = serde_json::to_string(action).map_err(|e| SignError::Sign(e.to_string()))?;
-    let trusted = format!("sharehost fleet {} {} {}", action.fleet, action.pipeline, action.seq);
+    let trusted = format!(
+        "sharehost fleet {} {} {}",
+        action.fleet, action.pipeline, action.seq
+    );
     let sig = minisign::sign(None, key, text.as_bytes(), Some(&trusted), None)
         .map_err(|e| SignError::Sign(e.to_string()))?;
     Ok(SignedAction {

@@ -186,7 +186,11 @@ impl FleetState {
                         c.seq
                     )));
                 }
-                if next.active.as_ref().is_some_and(|x| x.digest == component.digest) {
+                if next
+                    .active
+                    .as_ref()
+                    .is_some_and(|x| x.digest == component.digest)
+                {
                     return Err(Refused::DoesNotApply(
                         "the candidate is the active version".into(),
                     ));
@@ -234,7 +238,11 @@ impl FleetState {
             promoted: dec.promote,
             reason: format!(
                 "{} on the fleet's sums by host {}: {}",
-                if dec.promote { "promoted" } else { "rolled back" },
+                if dec.promote {
+                    "promoted"
+                } else {
+                    "rolled back"
+                },
                 dec.host,
                 dec.reason
             ),
@@ -298,37 +306,71 @@ mod tests {
     }
 
     fn active(s: &FleetState) -> Option<char> {
-        s.desired("p")
-            .active
-            .and_then(|c| c.digest.chars().next())
+        s.desired("p").active.and_then(|c| c.digest.chars().next())
     }
 
     #[test]
     fn deploys_and_rollbacks_move_the_active_version_and_keep_history() {
         let mut s = FleetState::default();
-        s.apply_action(&action(1, Change::Deploy { component: comp('a') })).expect("1");
-        s.apply_action(&action(2, Change::Deploy { component: comp('b') })).expect("2");
+        s.apply_action(&action(
+            1,
+            Change::Deploy {
+                component: comp('a'),
+            },
+        ))
+        .expect("1");
+        s.apply_action(&action(
+            2,
+            Change::Deploy {
+                component: comp('b'),
+            },
+        ))
+        .expect("2");
         assert_eq!(active(&s), Some('b'));
-        s.apply_action(&action(3, Change::Rollback { to: None })).expect("3");
+        s.apply_action(&action(3, Change::Rollback { to: None }))
+            .expect("3");
         assert_eq!(active(&s), Some('a'));
-        s.apply_action(&action(4, Change::Rollback { to: Some("bbbb".into()) }))
-            .expect("4: forward again by digest");
+        s.apply_action(&action(
+            4,
+            Change::Rollback {
+                to: Some("bbbb".into()),
+            },
+        ))
+        .expect("4: forward again by digest");
         assert_eq!(active(&s), Some('b'));
         assert!(matches!(
-            s.apply_action(&action(5, Change::Rollback { to: Some("zz".into()) })),
+            s.apply_action(&action(
+                5,
+                Change::Rollback {
+                    to: Some("zz".into())
+                }
+            )),
             Err(Refused::DoesNotApply(_))
         ));
-        s.apply_action(&action(6, Change::Rollback { to: None })).expect("6");
-        s.apply_action(&action(7, Change::Rollback { to: None })).expect("7");
+        s.apply_action(&action(6, Change::Rollback { to: None }))
+            .expect("6");
+        s.apply_action(&action(7, Change::Rollback { to: None }))
+            .expect("7");
         assert_eq!(active(&s), Some('a'), "history alternates a/b");
     }
 
     #[test]
     fn an_old_or_replayed_action_changes_nothing() {
         let mut s = FleetState::default();
-        let old = action(1, Change::Deploy { component: comp('a') });
+        let old = action(
+            1,
+            Change::Deploy {
+                component: comp('a'),
+            },
+        );
         s.apply_action(&old).expect("1");
-        s.apply_action(&action(2, Change::Deploy { component: comp('b') })).expect("2");
+        s.apply_action(&action(
+            2,
+            Change::Deploy {
+                component: comp('b'),
+            },
+        ))
+        .expect("2");
         let before = s.clone();
         assert_eq!(
             s.apply_action(&old),
@@ -340,19 +382,38 @@ mod tests {
     #[test]
     fn the_first_decision_for_a_canary_wins_and_later_ones_are_stale() {
         let mut s = FleetState::default();
-        s.apply_action(&action(1, Change::Deploy { component: comp('a') })).expect("1");
+        s.apply_action(&action(
+            1,
+            Change::Deploy {
+                component: comp('a'),
+            },
+        ))
+        .expect("1");
         s.apply_action(&action(2, canary('c'))).expect("2");
-        assert!(matches!(
-            s.apply_action(&action(3, canary('d'))),
-            Err(Refused::DoesNotApply(_))
-        ), "one canary at a time");
-        s.apply_decision(&decision(2, false, "h1")).expect("first decides");
-        assert_eq!(s.apply_decision(&decision(2, true, "h2")), Err(Refused::Stale { seq: 2 }));
-        assert_eq!(active(&s), Some('a'), "rolled back: the active version stays");
+        assert!(
+            matches!(
+                s.apply_action(&action(3, canary('d'))),
+                Err(Refused::DoesNotApply(_))
+            ),
+            "one canary at a time"
+        );
+        s.apply_decision(&decision(2, false, "h1"))
+            .expect("first decides");
+        assert_eq!(
+            s.apply_decision(&decision(2, true, "h2")),
+            Err(Refused::Stale { seq: 2 })
+        );
+        assert_eq!(
+            active(&s),
+            Some('a'),
+            "rolled back: the active version stays"
+        );
         let last = s.desired("p").last_canary.expect("outcome");
         assert!(!last.promoted && last.reason.contains("h1"));
-        s.apply_action(&action(4, canary('c'))).expect("a new canary");
-        s.apply_decision(&decision(4, true, "h2")).expect("promoted");
+        s.apply_action(&action(4, canary('c')))
+            .expect("a new canary");
+        s.apply_decision(&decision(4, true, "h2"))
+            .expect("promoted");
         assert_eq!(active(&s), Some('c'));
         assert_eq!(s.desired("p").history[0].digest, comp('a').digest);
     }
@@ -360,12 +421,28 @@ mod tests {
     #[test]
     fn the_same_records_in_the_same_order_give_the_same_state() {
         let records: Vec<Result<Action, Decision>> = vec![
-            Ok(action(1, Change::Deploy { component: comp('a') })),
+            Ok(action(
+                1,
+                Change::Deploy {
+                    component: comp('a'),
+                },
+            )),
             Ok(action(2, canary('b'))),
             Err(decision(2, true, "h3")),
             Err(decision(2, false, "h1")),
-            Ok(action(2, Change::Deploy { component: comp('z') })),
-            Ok(action(3, Change::Shadow { component: comp('s'), sample: 0.5 })),
+            Ok(action(
+                2,
+                Change::Deploy {
+                    component: comp('z'),
+                },
+            )),
+            Ok(action(
+                3,
+                Change::Shadow {
+                    component: comp('s'),
+                    sample: 0.5,
+                },
+            )),
         ];
         let fold = || {
             let mut s = FleetState::default();

@@ -46,7 +46,9 @@ pub enum TopicError {
         error: KafkaError,
     },
     /// The topic exists with a config the fleet cannot work with.
-    #[error("fleet topic {topic} exists with {config} = {found}, but the fleet needs {needed}: change it (kafka-configs --alter) or name other topics with fleet.topic_prefix")]
+    #[error(
+        "fleet topic {topic} exists with {config} = {found}, but the fleet needs {needed}: change it (kafka-configs --alter) or name other topics with fleet.topic_prefix"
+    )]
     WrongConfig {
         /// The topic.
         topic: String,
@@ -122,7 +124,11 @@ pub async fn ensure(client: &KafkaClient, spec: &FleetSpec) -> Result<Topics, To
 
 /// Checks the configs of an existing topic: the cleanup policy must hold the policies the
 /// fleet needs; the rest are what the fleet would set, so only a smaller message size refuses.
-async fn check(client: &KafkaClient, name: &str, configs: &[(&str, &str)]) -> Result<(), TopicError> {
+async fn check(
+    client: &KafkaClient,
+    name: &str,
+    configs: &[(&str, &str)],
+) -> Result<(), TopicError> {
     for (key, needed) in configs {
         let found = client
             .topic_config(name, key)

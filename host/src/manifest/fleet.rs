@@ -48,7 +48,9 @@ pub(super) fn validate(
         return Err(cx.err(
             Some(f.name.span()),
             "fleet.name",
-            format!("{name:?} is not a name: letters, digits, '.', '_' and '-' only, 1 to 128 of them"),
+            format!(
+                "{name:?} is not a name: letters, digits, '.', '_' and '-' only, 1 to 128 of them"
+            ),
         ));
     }
     let Some(trust) = trust else {
@@ -64,25 +66,39 @@ pub(super) fn validate(
             return Err(cx.err(
                 Some(h.span()),
                 "fleet.host_id",
-                format!("{:?} is not a name: letters, digits, '.', '_' and '-' only", h.get_ref()),
+                format!(
+                    "{:?} is not a name: letters, digits, '.', '_' and '-' only",
+                    h.get_ref()
+                ),
             ));
         }
         h => h.as_ref().map(|h| h.get_ref().clone()),
     };
     let topic_prefix = match &f.topic_prefix {
-        Some(p) if !p.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) => {
+        Some(p)
+            if !p
+                .get_ref()
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) =>
+        {
             return Err(cx.err(
                 Some(p.span()),
                 "fleet.topic_prefix",
                 "a topic name takes letters, digits, '.', '_' and '-' only",
             ));
         }
-        p => p
-            .as_ref()
-            .map_or_else(|| defaults::FLEET_TOPIC_PREFIX.to_owned(), |p| p.get_ref().clone()),
+        p => p.as_ref().map_or_else(
+            || defaults::FLEET_TOPIC_PREFIX.to_owned(),
+            |p| p.get_ref().clone(),
+        ),
     };
     let replication_factor = match &f.replication_factor {
-        Some(_) => Some(cx.int(&f.replication_factor, "fleet.replication_factor", 1..=16, 3i16)?),
+        Some(_) => Some(cx.int(
+            &f.replication_factor,
+            "fleet.replication_factor",
+            1..=16,
+            3i16,
+        )?),
         None => None,
     };
     let status_interval_ms = cx.int(

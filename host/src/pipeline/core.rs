@@ -24,9 +24,8 @@ use crate::manifest::PipelineSpec;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::{FaultRole, RecentFault};
 use crate::rollout::{
-    Tally,
     ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
-    SHADOW_QUEUE, ShadowRequest, ShadowStatus,
+    SHADOW_QUEUE, ShadowRequest, ShadowStatus, Tally,
 };
 use crate::runtime::{PluginLimits, PluginRuntime};
 
@@ -474,7 +473,11 @@ impl Pipeline {
     /// Starts this host's share of fleet canary `seq`: the candidate judges `req.percent` of
     /// the batches here and its tallies are read by the fleet, which decides on every host's
     /// sums; this host never promotes or rolls it back on its own.
-    pub async fn start_fleet_canary(&self, req: CanaryRequest, seq: u64) -> Result<String, SwapError> {
+    pub async fn start_fleet_canary(
+        &self,
+        req: CanaryRequest,
+        seq: u64,
+    ) -> Result<String, SwapError> {
         self.start_canary_for(req, Some(seq)).await
     }
 
@@ -483,7 +486,12 @@ impl Pipeline {
     pub fn canary_tallies(&self) -> Option<(Option<u64>, String, Tally, Tally)> {
         let run = lock(&self.canary).clone()?;
         let plan = lock(&run.plan);
-        Some((run.fleet_seq, run.version.hash.clone(), plan.candidate, plan.active))
+        Some((
+            run.fleet_seq,
+            run.version.hash.clone(),
+            plan.candidate,
+            plan.active,
+        ))
     }
 
     /// The running shadow's candidate hash.
@@ -550,6 +558,33 @@ impl Pipeline {
                 path: PathBuf::new(),
                 message: "no canary is running".into(),
             })
+    }
+
+    /// Ends fleet canary `seq` as the fleet decided it (`reason` names the deciding host and
+    /// the fleet's numbers); a canary that is not that one is left alone. Returns the active
+    /// hash, or `None` when no such canary runs here.
+    pub async fn end_fleet_canary(
+        &self,
+        seq: u64,
+        promote: bool,
+        reason: String,
+    ) -> Option<String> {
+        let _one_at_a_time = self.swapping.lock().await;
+        let ours = lock(&self.canary)
+            .as_ref()
+            .is_some_and(|c| c.fleet_seq == Some(seq));
+        if !ours {
+            return None;
+        }
+        self.end_canary(promote, reason)
+    }
+
+    /// Ends the running canary, whoever started it, with `reason` (the fleet replacing this
+    /// host's own canary with one of its own). Returns the active hash, or `None` when no
+    /// canary runs.
+    pub async fn end_canary_because(&self, promote: bool, reason: String) -> Option<String> {
+        let _one_at_a_time = self.swapping.lock().await;
+        self.end_canary(promote, reason)
     }
 
     /// Ends the running canary (if any, and if it is still the one running): promoted, its

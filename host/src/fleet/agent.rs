@@ -1,0 +1,820 @@
+//! A host's part in the fleet. Before its first batch it reads the deployments topic to its
+//! end and brings each of its pipelines to what the fleet wants; then it follows the topic,
+//! publishes its status every interval, reads everyone's, and decides the fleet's canaries on
+//! the sum of every host's tallies. A decision is one record in the deployments topic's order
+//! and every host applies the first one for a canary, so no host leads and a host that dies
+//! mid-decision changes nothing.
+//!
+//! What arrives through Kafka never widens what a pipeline may reach: an action names only a
+//! component (checked against its digest, its signature verified with the pipeline's own keys
+//! before anything compiles it) and how it is rolled out; grants stay in each host's manifest.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::components;
+use super::records::{
+    Action, CanaryReport, ComponentRef, Decision, DeploymentRecord, HostStatus, PipelineReport,
+    decision_key, decode_deployment, decode_status,
+};
+use super::sign;
+use super::state::{Desired, FleetState};
+use super::topics::{self, TopicError, Topics};
+use crate::kafka::{
+    Compression, ConsumedRecord, KafkaClient, KafkaError, OffsetSpec, ProduceRecord,
+};
+use crate::manifest::FleetSpec;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::rollout::{CanaryDecision, CanaryRequest, ShadowRequest, decide};
+use crate::tenants::Tenants;
+
+/// How long one read of the deployments topic waits for a new record (the broker answers at
+/// once when there is one).
+const FOLLOW_WAIT: Duration = Duration::from_millis(500);
+
+/// Why a host cannot take part in its fleet at start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The fleet's topics cannot be made or used.
+    #[error(transparent)]
+    Topics(#[from] TopicError),
+    /// The cluster failed while the host read the fleet's state.
+    #[error("fleet {fleet}: reading {topic}: {error}")]
+    Read {
+        /// The fleet.
+        fleet: String,
+        /// The topic.
+        topic: String,
+        /// What the cluster said.
+        error: KafkaError,
+    },
+}
+
+/// What this host last did with the fleet's wishes for one pipeline.
+#[derive(Debug, Clone, Default)]
+struct Applied {
+    /// The fleet action the pipeline is at (0: none).
+    seq: u64,
+    /// Why the fleet's latest wish could not be applied here: the action's number and the
+    /// reason (the pipeline keeps its current version meanwhile).
+    refused: Option<(u64, String)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: FleetState,
+    deployments_at: i64,
+    status_at: i64,
+    /// Every host's latest status, this one's included.
+    hosts: BTreeMap<String, HostStatus>,
+    applied: HashMap<String, Applied>,
+    /// Canaries this host has written a decision for.
+    decided: HashSet<(String, u64)>,
+    /// Pipelines whose shadow the fleet started (a shadow an operator started on this host
+    /// alone is not the fleet's to stop).
+    fleet_shadows: HashSet<String>,
+    /// Kinds of bad records already logged (each is logged once, then only counted).
+    logged: HashSet<String>,
+    /// Records judged per pipeline at the last status, for the rate.
+    judged: HashMap<String, (u64, Instant)>,
+    /// Actions refused before they could be read (unsigned, tampered, foreign key): the last.
+    last_refused: Option<String>,
+}
+
+/// What one deployments record did to the fleet's state.
+pub(super) enum Folded {
+    /// A verified action, applied.
+    Applied {
+        /// The action.
+        action: Action,
+        /// The key id that signed it.
+        signer: String,
+    },
+    /// A verified action the state refused (not newer, does not apply): why.
+    Refused(String),
+    /// The first decision of a canary.
+    Decided(Decision),
+    /// A decision for a canary decided already.
+    Late,
+    /// A record that is not one, or cannot be trusted: its kind and why.
+    Skipped {
+        /// A short name for the metric.
+        kind: &'static str,
+        /// The whole reason.
+        why: String,
+    },
+}
+
+/// Folds one record of the deployments topic into `state`: an action only when signed by a
+/// key of `spec.trust` and for this fleet. The agent and `sharehost fleet` both read the topic
+/// with it, so they agree on the state.
+pub(super) fn fold_record(state: &mut FleetState, spec: &FleetSpec, r: &ConsumedRecord) -> Folded {
+    let signed = match decode_deployment(r.key.as_deref(), r.value.as_deref()) {
+        Err(e) => {
+            return Folded::Skipped {
+                kind: e.kind(),
+                why: e.to_string(),
+            };
+        }
+        Ok(DeploymentRecord::Decision(d)) => {
+            return match state.apply_decision(&d) {
+                Ok(()) => Folded::Decided(d),
+                Err(_) => Folded::Late,
+            };
+        }
+        Ok(DeploymentRecord::Action(signed)) => signed,
+    };
+    match sign::verify(&signed, &spec.trust) {
+        Err(why) => Folded::Skipped {
+            kind: "unverified",
+            why: format!("action at offset {} refused: {why}", r.offset),
+        },
+        Ok((action, _)) if action.fleet != spec.name => Folded::Skipped {
+            kind: "other_fleet",
+            why: format!(
+                "action at offset {} is for fleet {:?}, not {:?}",
+                r.offset, action.fleet, spec.name
+            ),
+        },
+        Ok((action, signer)) => match state.apply_action(&action) {
+            Ok(()) => Folded::Applied { action, signer },
+            Err(refused) => Folded::Refused(format!(
+                "action {} ({}) of pipeline {} refused: {refused}",
+                action.seq,
+                action.change.name(),
+                action.pipeline
+            )),
+        },
+    }
+}
+
+/// A host of a fleet.
+pub struct Fleet {
+    spec: FleetSpec,
+    host: String,
+    instance: String,
+    started_ms: u64,
+    topics: Topics,
+    client: Arc<KafkaClient>,
+    dir: PathBuf,
+    metrics: Arc<Metrics>,
+    inner: Mutex<Inner>,
+    reconciling: tokio::sync::Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// This host's id in the fleet: `fleet.host_id`, else the machine's host name (a pod's name
+/// in Kubernetes), else one made up from the process id.
+pub fn host_id(spec: &FleetSpec) -> String {
+    if let Some(h) = &spec.host_id {
+        return h.clone();
+    }
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("host-{}", std::process::id()))
+}
+
+/// A host's status as `GET /fleet` and `sharehost fleet status` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostView {
+    /// What it last published.
+    #[serde(flatten)]
+    pub status: HostStatus,
+    /// Milliseconds since it published it.
+    pub age_ms: u64,
+    /// Not heard from for longer than `fleet.stale_after_ms`.
+    pub stale: bool,
+}
+
+/// The fleet as one host sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetView {
+    /// The fleet's name.
+    pub fleet: String,
+    /// The host answering.
+    pub host: String,
+    /// What the fleet wants of each pipeline (versions, canary, shadow, last canary).
+    pub pipelines: BTreeMap<String, Desired>,
+    /// Every host heard from, stale ones marked.
+    pub hosts: Vec<HostView>,
+    /// The last action refused before it could be read (unsigned, tampered, by an unknown
+    /// key, for another fleet).
+    pub last_refused: Option<String>,
+}
+
+/// Builds the fleet's view from its state and every host's latest status.
+pub fn view(
+    spec: &FleetSpec,
+    host: &str,
+    state: &FleetState,
+    hosts: &BTreeMap<String, HostStatus>,
+    last_refused: Option<String>,
+) -> FleetView {
+    let now = now_ms();
+    FleetView {
+        fleet: spec.name.clone(),
+        host: host.to_owned(),
+        pipelines: state.pipelines.clone(),
+        hosts: hosts
+            .values()
+            .map(|s| {
+                let age_ms = now.saturating_sub(s.at_ms);
+                HostView {
+                    status: s.clone(),
+                    age_ms,
+                    stale: age_ms > spec.stale_after_ms,
+                }
+            })
+            .collect(),
+        last_refused,
+    }
+}
+
+impl Fleet {
+    /// Joins the fleet: makes or checks its topics and reads the deployments topic to its end,
+    /// so [`Fleet::reconcile`] brings a pipeline to the fleet's state before its first batch.
+    pub async fn start(
+        spec: FleetSpec,
+        client: Arc<KafkaClient>,
+        metrics: Arc<Metrics>,
+        state_dir: &std::path::Path,
+    ) -> Result<Arc<Fleet>, FleetError> {
+        let topics = topics::ensure(&client, &spec).await?;
+        let host = host_id(&spec);
+        let fleet = Arc::new(Fleet {
+            dir: state_dir.join("fleet").join(&spec.name),
+            host,
+            instance: uuid::Uuid::new_v4().to_string(),
+            started_ms: now_ms(),
+            topics,
+            client,
+            metrics,
+            inner: Mutex::new(Inner::default()),
+            reconciling: tokio::sync::Mutex::new(()),
+            spec,
+        });
+        let read = |topic: &str, error| FleetError::Read {
+            fleet: fleet.spec.name.clone(),
+            topic: topic.to_owned(),
+            error,
+        };
+        let (deployments, status) = (&fleet.topics.deployments, &fleet.topics.status);
+        let first = fleet
+            .client
+            .list_offset(deployments, 0, OffsetSpec::Earliest)
+            .await
+            .map_err(|e| read(deployments, e))?;
+        let end = fleet
+            .client
+            .list_offset(deployments, 0, OffsetSpec::Latest)
+            .await
+            .map_err(|e| read(deployments, e))?;
+        let status_first = fleet
+            .client
+            .list_offset(status, 0, OffsetSpec::Earliest)
+            .await
+            .map_err(|e| read(status, e))?;
+        {
+            let mut inner = lock(&fleet.inner);
+            inner.deployments_at = first;
+            inner.status_at = status_first;
+        }
+        while lock(&fleet.inner).deployments_at < end {
+            if !fleet
+                .read_deployments(Duration::ZERO)
+                .await
+                .map_err(|e| read(deployments, e))?
+            {
+                break;
+            }
+        }
+        fleet.read_statuses().await.map_err(|e| read(status, e))?;
+        let inner = lock(&fleet.inner);
+        tracing::info!(
+            fleet = %fleet.spec.name,
+            host = %fleet.host,
+            records = end - first,
+            pipelines = inner.state.pipelines.len(),
+            hosts = inner.hosts.len(),
+            "fleet state read to its end"
+        );
+        drop(inner);
+        Ok(fleet)
+    }
+
+    /// This host's id in the fleet.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The fleet's topics.
+    pub fn topics(&self) -> &Topics {
+        &self.topics
+    }
+
+    /// The fleet as this host sees it (`GET /fleet`).
+    pub fn view(&self) -> FleetView {
+        let inner = lock(&self.inner);
+        view(
+            &self.spec,
+            &self.host,
+            &inner.state,
+            &inner.hosts,
+            inner.last_refused.clone(),
+        )
+    }
+
+    /// Reads what the deployments topic has past the last record read, waiting up to `wait`
+    /// for one; `true` when there were records.
+    async fn read_deployments(&self, wait: Duration) -> Result<bool, KafkaError> {
+        let at = lock(&self.inner).deployments_at;
+        let got = self
+            .client
+            .fetch(&self.topics.deployments, 0, at, wait)
+            .await?;
+        let mut inner = lock(&self.inner);
+        let mut any = false;
+        for r in got.records {
+            if r.offset < inner.deployments_at {
+                continue;
+            }
+            inner.deployments_at = r.offset + 1;
+            self.fold(&mut inner, r);
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// Folds one deployments record into the state; a record that cannot be trusted or read
+    /// is logged (once per kind), counted and skipped.
+    fn fold(&self, inner: &mut Inner, r: ConsumedRecord) {
+        let topic = self.topics.deployments.clone();
+        match fold_record(&mut inner.state, &self.spec, &r) {
+            Folded::Skipped { kind, why } => {
+                if matches!(kind, "unverified" | "other_fleet") {
+                    inner.last_refused = Some(why.clone());
+                }
+                self.skip(inner, &topic, r.offset, kind, &why);
+            }
+            Folded::Applied { action, signer } => {
+                self.count_action("applied");
+                tracing::info!(fleet = %self.spec.name, pipeline = %action.pipeline, seq = action.seq, change = action.change.name(), signer, "fleet action");
+            }
+            Folded::Refused(text) => {
+                self.count_action("refused");
+                tracing::warn!(fleet = %self.spec.name, "{text}");
+                inner.last_refused = Some(text);
+            }
+            Folded::Decided(d) => {
+                tracing::info!(fleet = %self.spec.name, pipeline = %d.pipeline, seq = d.seq, promote = d.promote, host = %d.host, reason = %d.reason, "fleet canary decided");
+            }
+            // A later decision for a decided canary is the normal race between hosts: the
+            // first one in the topic's order stands.
+            Folded::Late => {}
+        }
+    }
+
+    fn skip(&self, inner: &mut Inner, topic: &str, offset: i64, kind: &str, why: &str) {
+        self.metrics
+            .fleet_records_skipped
+            .get_or_create(&vec![
+                ("topic", topic.to_owned()),
+                ("reason", kind.to_owned()),
+            ])
+            .inc();
+        if inner.logged.insert(format!("{topic}/{kind}")) {
+            tracing::warn!(fleet = %self.spec.name, topic, offset, "fleet record skipped (records like it are only counted from now on, in sharehost_fleet_records_skipped_total): {why}");
+        }
+    }
+
+    fn count_action(&self, result: &str) {
+        self.metrics
+            .fleet_actions
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+
+    /// Reads the status topic to its end.
+    async fn read_statuses(&self) -> Result<(), KafkaError> {
+        loop {
+            let at = lock(&self.inner).status_at;
+            let got = self
+                .client
+                .fetch(&self.topics.status, 0, at, Duration::ZERO)
+                .await?;
+            if got.records.is_empty() {
+                return Ok(());
+            }
+            let topic = self.topics.status.clone();
+            let mut inner = lock(&self.inner);
+            for r in got.records {
+                if r.offset < inner.status_at {
+                    continue;
+                }
+                inner.status_at = r.offset + 1;
+                if r.value.is_none() {
+                    // A tombstone: the host left for good.
+                    if let Some(k) = r.key.as_deref() {
+                        inner.hosts.remove(String::from_utf8_lossy(k).as_ref());
+                    }
+                    continue;
+                }
+                match decode_status(r.value.as_deref()) {
+                    Err(e) => self.skip(&mut inner, &topic, r.offset, e.kind(), &e.to_string()),
+                    Ok(s) if r.key.as_deref() != Some(s.host.as_bytes()) => {
+                        let why = format!("a status of host {:?} under another key", s.host);
+                        self.skip(&mut inner, &topic, r.offset, "wrong_key", &why);
+                    }
+                    Ok(s)
+                        if s.host == self.host
+                            && s.instance != self.instance
+                            && s.at_ms > self.started_ms =>
+                    {
+                        let why = format!(
+                            "another live process (instance {}) reports as this host's id {:?}: give each host its own fleet.host_id",
+                            s.instance, self.host
+                        );
+                        self.skip(&mut inner, &topic, r.offset, "clashing_host_id", &why);
+                    }
+                    Ok(s) if s.host == self.host && s.instance != self.instance => {
+                        // This host's status from before a restart: this process's replaces it.
+                    }
+                    Ok(s) => {
+                        inner.hosts.insert(s.host.clone(), s);
+                    }
+                }
+            }
+            if inner.status_at >= got.high_watermark {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Brings `p` to what the fleet wants of it: the active version, a canary, a shadow. A
+    /// version this host cannot fetch, verify or load is refused here (the pipeline keeps the
+    /// one it runs, and the status says why); it is tried again at the next status interval.
+    pub async fn reconcile(&self, p: &Pipeline) {
+        // One at a time: a tenant about to run its pipeline and the follow loop may both
+        // reconcile it, and they would fetch and keep the same component twice.
+        let _one_at_a_time = self.reconciling.lock().await;
+        let (desired, applied) = {
+            let inner = lock(&self.inner);
+            (
+                inner.state.desired(p.name()),
+                inner.applied.get(p.name()).cloned().unwrap_or_default(),
+            )
+        };
+        if desired.seq == 0 {
+            // The fleet has never acted on this pipeline: the host's own manifest and state
+            // file say what it runs.
+            return;
+        }
+        if applied
+            .refused
+            .as_ref()
+            .is_some_and(|(s, _)| *s == desired.seq)
+            && applied.seq == desired.seq
+        {
+            return;
+        }
+        let result = self.converge(p, &desired).await;
+        let mut inner = lock(&self.inner);
+        let entry = inner.applied.entry(p.name().to_owned()).or_default();
+        entry.seq = desired.seq;
+        match result {
+            Ok(()) => entry.refused = None,
+            Err(why) => {
+                let first = entry
+                    .refused
+                    .as_ref()
+                    .is_none_or(|(s, _)| *s != desired.seq);
+                if first {
+                    tracing::warn!(fleet = %self.spec.name, pipeline = %p.name(), seq = desired.seq, "fleet action not applied here; the pipeline keeps its current version: {why}");
+                    self.count_action("not_applied");
+                }
+                entry.refused = Some((desired.seq, why));
+            }
+        }
+    }
+
+    async fn converge(&self, p: &Pipeline, d: &Desired) -> Result<(), String> {
+        // A fleet canary the fleet no longer runs ends as the fleet decided it.
+        if let Some((Some(seq), ..)) = p.canary_tallies()
+            && d.canary.as_ref().map(|c| c.seq) != Some(seq)
+        {
+            let (promote, reason) = match &d.last_canary {
+                Some(o) if o.seq == seq => (o.promoted, o.reason.clone()),
+                _ => (false, format!("replaced by fleet action {}", d.seq)),
+            };
+            p.end_fleet_canary(seq, promote, reason).await;
+        }
+        match &d.active {
+            Some(c) if p.active_hash() != c.digest => {
+                let path = self.component(c).await?;
+                p.swap(&path).await.map_err(|e| e.to_string())?;
+            }
+            // Rolled back past the fleet's first deploy: the manifest's own component.
+            None if !d.history.is_empty() && p.active_hash() != p.manifest_hash() => {
+                let path = p.spec().component.clone();
+                p.swap(&path).await.map_err(|e| e.to_string())?;
+            }
+            _ => {}
+        }
+        if let Some(c) = &d.canary {
+            match p.canary_tallies() {
+                Some((Some(seq), ..)) if seq == c.seq => {}
+                Some((Some(_), ..)) => return Err("another fleet canary is still ending".into()),
+                Some((None, hash, ..)) => {
+                    let _ = p
+                        .end_canary_because(
+                            false,
+                            format!(
+                                "replaced by fleet canary {} (this host's own canary of {})",
+                                c.seq,
+                                crate::pipeline::short(&hash)
+                            ),
+                        )
+                        .await;
+                    self.start_canary(p, c.seq, &c.component, &c.rules).await?;
+                }
+                None => self.start_canary(p, c.seq, &c.component, &c.rules).await?,
+            }
+        }
+        let fleet_shadow = lock(&self.inner).fleet_shadows.contains(p.name());
+        match (&d.shadow, p.shadow_candidate()) {
+            (Some((c, _)), Some(running)) if running == c.digest => {}
+            (Some((c, sample)), running) => {
+                if running.is_some() {
+                    p.stop_shadow();
+                }
+                let path = self.component(c).await?;
+                p.start_shadow(ShadowRequest {
+                    path,
+                    sample: *sample,
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+                lock(&self.inner).fleet_shadows.insert(p.name().to_owned());
+            }
+            (None, Some(_)) if fleet_shadow => {
+                p.stop_shadow();
+                lock(&self.inner).fleet_shadows.remove(p.name());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn start_canary(
+        &self,
+        p: &Pipeline,
+        seq: u64,
+        c: &ComponentRef,
+        rules: &super::records::CanaryRules,
+    ) -> Result<(), String> {
+        let path = self.component(c).await?;
+        p.start_fleet_canary(
+            CanaryRequest {
+                path,
+                percent: rules.percent,
+                promote_after: rules.promote_after.clone(),
+                rollback_if: rules.rollback_if.clone(),
+            },
+            seq,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+
+    /// The local file of `c`: kept from before, or fetched from the components topic (checked
+    /// against its digest) and kept beside its signature.
+    async fn component(&self, c: &ComponentRef) -> Result<PathBuf, String> {
+        if let Some(path) = components::stored(&self.dir, c) {
+            // Its signature as this deployment carries it (the same bytes may be re-signed).
+            components::store_signature(&path, c).map_err(|e| e.to_string())?;
+            return Ok(path);
+        }
+        let bytes = components::download(&self.client, &self.topics.components, c)
+            .await
+            .map_err(|e| e.to_string())?;
+        components::store(&self.dir, c, &bytes).map_err(|e| e.to_string())
+    }
+
+    /// Reconciles every loaded pipeline.
+    pub async fn reconcile_all(&self, tenants: &Tenants) {
+        for p in tenants.pipelines() {
+            self.reconcile(&p).await;
+        }
+    }
+
+    /// This host's status now.
+    fn status(&self, tenants: &Tenants) -> HostStatus {
+        let mut inner = lock(&self.inner);
+        let now = Instant::now();
+        let pipelines = tenants
+            .pipelines()
+            .into_iter()
+            .map(|p| {
+                let s = p.status();
+                let judged: u64 = s
+                    .versions
+                    .values()
+                    .map(|v| v.accepted + v.rejected + v.released + v.renewed + v.retried)
+                    .sum();
+                let faults = s.versions.values().map(|v| v.faults).sum();
+                let rate = match inner.judged.insert(p.name().to_owned(), (judged, now)) {
+                    Some((before, at)) if now > at => {
+                        judged.saturating_sub(before) as f64 / (now - at).as_secs_f64()
+                    }
+                    _ => 0.0,
+                };
+                let applied = inner.applied.get(p.name()).cloned().unwrap_or_default();
+                PipelineReport {
+                    name: p.name().to_owned(),
+                    state: s.state.clone(),
+                    active: p.active_hash(),
+                    applied_seq: applied.seq,
+                    refused: applied.refused.map(|(_, why)| why),
+                    canary: p.canary_tallies().and_then(|(seq, candidate, c, a)| {
+                        Some(CanaryReport {
+                            seq: seq?,
+                            candidate,
+                            candidate_tally: c,
+                            active_tally: a,
+                        })
+                    }),
+                    shadow: p.shadow_candidate(),
+                    records_per_second: (rate * 10.0).round() / 10.0,
+                    faults,
+                    judged,
+                }
+            })
+            .collect();
+        let status = HostStatus {
+            host: self.host.clone(),
+            instance: self.instance.clone(),
+            at_ms: now_ms(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            pipelines,
+        };
+        inner.hosts.insert(self.host.clone(), status.clone());
+        status
+    }
+
+    /// Publishes this host's status.
+    async fn publish(&self, tenants: &Tenants) -> Result<(), KafkaError> {
+        let status = self.status(tenants);
+        let value = serde_json::to_vec(&status).unwrap_or_default();
+        let record = ProduceRecord {
+            key: Some(Bytes::from(self.host.clone())),
+            value: Some(Bytes::from(value)),
+            headers: Vec::new(),
+            timestamp: None,
+        };
+        self.client
+            .produce(&self.topics.status, 0, &[record], Compression::None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Decides every fleet canary this host takes part in, on the sum of every host's tallies
+    /// (this host's live ones, the others' last published), and records a decision when the
+    /// canary's rules call one.
+    async fn decide_canaries(&self, tenants: &Tenants) {
+        let mut decisions = Vec::new();
+        {
+            let inner = lock(&self.inner);
+            for (name, d) in &inner.state.pipelines {
+                let Some(c) = &d.canary else { continue };
+                if inner.decided.contains(&(name.clone(), c.seq)) {
+                    continue;
+                }
+                // Only a host that runs the canary decides it (it has records to count).
+                let Some(p) = tenants.find(name) else {
+                    continue;
+                };
+                let Some((Some(seq), _, mut candidate, mut active)) = p.canary_tallies() else {
+                    continue;
+                };
+                if seq != c.seq {
+                    continue;
+                }
+                for (host, s) in &inner.hosts {
+                    if *host == self.host {
+                        continue;
+                    }
+                    for r in s.pipelines.iter().filter(|r| r.name == *name) {
+                        if let Some(cr) = r.canary.as_ref().filter(|cr| cr.seq == c.seq) {
+                            candidate = candidate.plus(cr.candidate_tally);
+                            active = active.plus(cr.active_tally);
+                        }
+                    }
+                }
+                let elapsed = Duration::from_millis(now_ms().saturating_sub(c.issued_at_ms));
+                let (promote, reason) = match decide(
+                    &c.rules.promote_after,
+                    &c.rules.rollback_if,
+                    candidate,
+                    active,
+                    elapsed,
+                ) {
+                    CanaryDecision::Continue => continue,
+                    CanaryDecision::Promote(r) => (true, r),
+                    CanaryDecision::RollBack(r) => (false, r),
+                };
+                decisions.push(Decision {
+                    pipeline: name.clone(),
+                    seq: c.seq,
+                    promote,
+                    reason: format!("{reason} (fleet sum, decided by host {})", self.host),
+                    host: self.host.clone(),
+                    candidate,
+                    active,
+                });
+            }
+        }
+        for d in decisions {
+            let record = ProduceRecord {
+                key: Some(Bytes::from(decision_key(&d.pipeline, d.seq, &self.host))),
+                value: Some(Bytes::from(serde_json::to_vec(&d).unwrap_or_default())),
+                headers: Vec::new(),
+                timestamp: None,
+            };
+            match self
+                .client
+                .produce(&self.topics.deployments, 0, &[record], Compression::None)
+                .await
+            {
+                Ok(_) => {
+                    lock(&self.inner)
+                        .decided
+                        .insert((d.pipeline.clone(), d.seq));
+                }
+                Err(e) => {
+                    tracing::warn!(fleet = %self.spec.name, pipeline = %d.pipeline, "cannot record the canary's decision (tried again at the next interval): {e}")
+                }
+            }
+        }
+    }
+
+    /// Follows the fleet until `shutdown`: applies new actions and decisions as they arrive,
+    /// and every status interval reads everyone's status, decides canaries, retries what was
+    /// not applied and publishes this host's status.
+    pub async fn run(self: Arc<Self>, tenants: Arc<Tenants>, shutdown: CancellationToken) {
+        let mut tick =
+            tokio::time::interval(Duration::from_millis(self.spec.status_interval_ms.max(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                read = self.read_deployments(FOLLOW_WAIT) => match read {
+                    Ok(true) => self.reconcile_all(&tenants).await,
+                    Ok(false) => {}
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(fleet = %self.spec.name, "cannot read the deployments topic (tried again): {e}");
+                        }
+                        failing = true;
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                },
+                _ = tick.tick() => {
+                    if let Err(e) = self.read_statuses().await {
+                        tracing::debug!(fleet = %self.spec.name, "cannot read the status topic: {e}");
+                    }
+                    self.decide_canaries(&tenants).await;
+                    self.reconcile_all(&tenants).await;
+                    match self.publish(&tenants).await {
+                        Ok(()) => failing = false,
+                        Err(e) => tracing::debug!(fleet = %self.spec.name, "cannot publish this host's status: {e}"),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,571 @@
+//! A fleet of hosts operated as one, through the `sharehost` binary against the real broker:
+//! `sharehost fleet deploy` reaches every host and a host started later judges its first batch
+//! with the deployed version; a fleet canary that faults on one host's records is rolled back
+//! on every host by the fleet's sum, and a good one promoted; actions that are unsigned,
+//! tampered with, signed by an unknown key or replayed are refused on every host while the
+//! active version judges on.
+//!
+//! Witnesses outside the engine: the ledger plugin's log lines on every host (what each
+//! version decided), the broker's view of the group (lag 0) and the ids produced; each host's
+//! `GET /pipelines` for the version it runs.
+//!
+//! Part of the host package's tests (it needs the `sharehost` binary), like tests/faults.rs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
+use sharehost::fleet::sign;
+use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost::runtime::signature_path;
+use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
+use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::{
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
+    new_version, produce_ids, unique, wait_until_drained,
+};
+
+const PARTITIONS: i32 = 3;
+
+fn sharehost() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_sharehost"))
+}
+
+/// An operator's key pair, as `minisign -G -W` makes one.
+struct Operator {
+    pk: minisign::PublicKey,
+    sk: minisign::SecretKey,
+}
+
+impl Operator {
+    fn new() -> Operator {
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+        Operator {
+            pk: kp.pk,
+            sk: kp.sk,
+        }
+    }
+
+    /// Writes `component.minisig`, as `minisign -Sm component` does.
+    fn sign(&self, component: &Path) {
+        let bytes = std::fs::read(component).expect("read component");
+        let sig = minisign::sign(Some(&self.pk), &self.sk, &bytes[..], None, None).expect("sign");
+        std::fs::write(signature_path(component), sig.to_string()).expect("write signature");
+    }
+
+    /// Writes the secret key file `sharehost fleet --key` reads.
+    fn key_file(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("operator.key");
+        let boxed = self.sk.to_box(None).expect("key box").to_string();
+        std::fs::write(&path, boxed).expect("write key");
+        path
+    }
+}
+
+/// A fleet's scenario: a topic, a group, fleet topics of its own, an operator key, signed
+/// components and one manifest per host.
+struct Fleet {
+    name: &'static str,
+    client: Arc<KafkaClient>,
+    topic: String,
+    group: String,
+    prefix: String,
+    dir: PathBuf,
+    operator: Operator,
+    key: PathBuf,
+    v1: PathBuf,
+    ids: Vec<String>,
+}
+
+impl Fleet {
+    async fn new(name: &'static str) -> Fleet {
+        let client = Arc::new(client().await);
+        let topic = unique(name);
+        client
+            .create_topic(&topic, PARTITIONS, 1, &[])
+            .await
+            .expect("create topic");
+        let group = fresh_group_with(
+            &client,
+            Some(30_000),
+            &[("share.session.timeout.ms", "6000")],
+        )
+        .await;
+        let dir = std::env::temp_dir().join(unique("sharehost-fleet"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let operator = Operator::new();
+        let key = operator.key_file(&dir);
+        let v1 = dir.join("v1.wasm");
+        std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
+        operator.sign(&v1);
+        Fleet {
+            name,
+            client,
+            topic,
+            group,
+            prefix: format!("{}.", unique("fleet")),
+            dir,
+            operator,
+            key,
+            v1,
+            ids: Vec::new(),
+        }
+    }
+
+    /// Host `id`'s manifest: the same pipeline on every host, its own fleet host id.
+    fn manifest(&self, id: &str) -> PathBuf {
+        let text = format!(
+            "[trust]\nkeys = [\"{}\"]\n\n[fleet]\nname = \"{}\"\nhost_id = \"{id}\"\ntopic_prefix = \"{}\"\nstatus_interval_ms = 500\n\n{}",
+            self.operator.pk.to_base64(),
+            self.name,
+            self.prefix,
+            ledger_manifest(
+                &bootstrap(),
+                &self.topic,
+                &self.group,
+                &self.v1,
+                "",
+                FAULT_SETTINGS
+            )
+        );
+        let path = self.dir.join(format!("{id}.toml"));
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// Starts host `id` with a state directory of its own.
+    fn start(&self, id: &str) -> HostProcess {
+        let manifest = self.manifest(id);
+        let state = self.dir.join(format!("state-{id}"));
+        HostProcess::start_with_env(
+            sharehost(),
+            &manifest,
+            id,
+            &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
+        )
+    }
+
+    /// A signed copy of `component` with a new hash.
+    fn version(&self, component: &Path, tag: &str) -> PathBuf {
+        let path = self.dir.join(format!("{tag}.wasm"));
+        std::fs::write(&path, new_version(component, tag)).expect("write version");
+        self.operator.sign(&path);
+        path
+    }
+
+    /// Runs `sharehost fleet ARGS` with the first host's manifest; returns its output,
+    /// failing the test when it fails.
+    fn fleet(&self, args: &[&str]) -> String {
+        let (ok, out) = self.try_fleet(args);
+        assert!(ok, "sharehost fleet {args:?}: {out}");
+        out
+    }
+
+    fn try_fleet(&self, args: &[&str]) -> (bool, String) {
+        let manifest = self.manifest("operator");
+        let (command, rest) = args.split_first().expect("a command");
+        let mut cmd = Command::new(sharehost());
+        cmd.arg("fleet").arg(command).arg(&manifest);
+        if *command != "status" {
+            cmd.arg("--pipeline")
+                .arg("ledger")
+                .arg("--key")
+                .arg(&self.key);
+        }
+        let out = cmd.args(rest).output().expect("run sharehost fleet");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    async fn produce(&mut self, ids: std::ops::Range<u64>) {
+        let more = produce_ids(&self.client, &self.topic, PARTITIONS, ids).await;
+        self.ids.extend(more);
+    }
+
+    /// The ledger over what every host's plugin logged, once the broker has nothing left for
+    /// the group; printed, and failing on a lost record.
+    async fn ledger(&self, seen: &[Seen]) -> Ledger {
+        let group = self.group.clone();
+        blocking(move || wait_until_drained(&group)).await;
+        let mut ledger = Ledger::new(self.name, self.ids.iter().cloned());
+        for s in seen {
+            s.record(&mut ledger);
+        }
+        ledger.check();
+        ledger
+    }
+
+    /// Writes a raw record to the fleet's deployments topic (as anyone with write access to
+    /// it could).
+    async fn write_deployment(&self, key: &str, value: &[u8]) {
+        let topic = format!("{}{}.deployments", self.prefix, self.name);
+        let record = ProduceRecord {
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::copy_from_slice(value)),
+            headers: Vec::new(),
+            timestamp: None,
+        };
+        self.client
+            .produce(&topic, 0, &[record], Compression::None)
+            .await
+            .expect("write to the deployments topic");
+    }
+}
+
+/// The content hash `sharehost` names a component by.
+fn hash(path: &Path) -> String {
+    sharehost::fleet::components::digest(&std::fs::read(path).expect("read component"))
+}
+
+/// Polls every host's `GET /pipelines` until `cond` holds for the first pipeline of each
+/// (a host has no way to notify a test); fails after a bound with the statuses.
+fn poll_all(hosts: &[&HostProcess], what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let statuses: Vec<serde_json::Value> = hosts.iter().map(|h| h.status()).collect();
+        if statuses.iter().all(|s| cond(&s[0])) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {statuses:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls a host's `GET /fleet` until `cond` holds.
+fn poll_fleet(
+    host: &HostProcess,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = host.http("GET", "/fleet", "");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON fleet");
+        if cond(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the hosts' ledgers together have judged every id produced so far.
+fn wait_judged(hosts: &[&HostProcess], n: usize) {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let judged: std::collections::HashSet<String> = hosts
+            .iter()
+            .flat_map(|h| {
+                let s = h.seen();
+                s.accepted.into_iter().chain(s.rejected)
+            })
+            .collect();
+        if judged.len() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "only {} of {n} ids judged",
+            judged.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn counted(status: &serde_json::Value, version: &str) -> u64 {
+    let c = &status["versions"][version];
+    ["accepted", "rejected", "released"]
+        .iter()
+        .map(|k| c[k].as_u64().unwrap_or(0))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_reaches_every_host_and_a_host_started_later_judges_its_first_batch_with_it() {
+    let mut f = Fleet::new("deploy").await;
+    let f_ref = &f;
+    let hosts: Vec<HostProcess> = ["a", "b", "c"].iter().map(|id| f_ref.start(id)).collect();
+    f.produce(0..300).await;
+    let n = f.ids.len();
+    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    wait_judged(&refs, n);
+
+    let v1 = hash(&f.v1);
+    let v2_path = f.version(&f.v1, "deploy-v2");
+    let v2 = hash(&v2_path);
+    let started = Instant::now();
+    let out = f.fleet(&["deploy", v2_path.to_str().expect("utf-8")]);
+    assert!(out.contains("action 1 (deploy"), "{out}");
+    poll_all(&refs, "every host on v2", |p| {
+        p["active_version"] == v2.as_str()
+    });
+    let uncached = started.elapsed();
+
+    let started = Instant::now();
+    f.fleet(&["rollback"]);
+    poll_all(&refs, "every host back on v1", |p| {
+        p["active_version"] == v1.as_str()
+    });
+    let rollback = started.elapsed();
+
+    let started = Instant::now();
+    f.fleet(&["deploy", v2_path.to_str().expect("utf-8")]);
+    poll_all(&refs, "every host on v2 again", |p| {
+        p["active_version"] == v2.as_str()
+    });
+    let cached = started.elapsed();
+    report(&format!(
+        "fleet of 3 hosts: from `fleet deploy` to the last host on the new version {:.2} s (uncached), {:.2} s (cached); a rollback {:.2} s",
+        uncached.as_secs_f64(),
+        cached.as_secs_f64(),
+        rollback.as_secs_f64()
+    ));
+
+    // The fleet as every host sees it: three hosts, one desired version.
+    let view = poll_fleet(&hosts[0], "three hosts in the fleet's status", |v| {
+        v["hosts"].as_array().is_some_and(|h| h.len() == 3)
+    });
+    assert_eq!(view["pipelines"]["ledger"]["seq"], 3, "{view:#}");
+    assert_eq!(
+        view["pipelines"]["ledger"]["active"]["digest"],
+        v2.as_str(),
+        "{view:#}"
+    );
+    let status = f.fleet(&["status"]);
+    assert!(
+        status.contains("host a:") && status.contains("host c:"),
+        "{status}"
+    );
+
+    // A host that starts after the deploy judges its first batch with the deployed version.
+    let late = f.start("d");
+    poll_all(&[&late], "the late host running", |p| {
+        p["state"] == "running"
+    });
+    let mut all: Vec<&HostProcess> = hosts.iter().collect();
+    all.push(&late);
+    // Records until the late host has judged some (the broker spreads them over four
+    // members now; each round waits for every id to be judged somewhere).
+    let mut next = 300;
+    while late.seen().judged() == 0 {
+        assert!(next < 300 + 20 * 300, "the late host never got a record");
+        f.produce(next..next + 300).await;
+        next += 300;
+        wait_judged(&all, f.ids.len());
+    }
+    let late_status = late.status();
+    assert_eq!(
+        late_status[0]["active_version"],
+        v2.as_str(),
+        "{:#?}",
+        late.log_lines()
+    );
+    assert_eq!(
+        counted(&late_status[0], &v1),
+        0,
+        "the late host judged nothing with the version the fleet replaced: {late_status:#}"
+    );
+    let mut seen = Vec::new();
+    for h in hosts.into_iter().chain([late]) {
+        seen.push(blocking(move || h.stop().1).await);
+    }
+    let ledger = f.ledger(&seen).await;
+    assert_eq!(ledger.duplicates(), 0, "no record judged twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_canary_is_rolled_back_everywhere_on_one_hosts_faults_and_a_good_one_promoted() {
+    let mut f = Fleet::new("canary").await;
+    let f_ref = &f;
+    let hosts: Vec<HostProcess> = ["a", "b", "c"].iter().map(|id| f_ref.start(id)).collect();
+    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    f.produce(0..300).await;
+    wait_judged(&refs, f.ids.len());
+    let v1 = hash(&f.v1);
+
+    // A candidate that traps on any batch of partition 0: only the host that holds it faults.
+    let bad = f.dir.join("trap-p0.wasm");
+    std::fs::copy(guest("fixture_ledger_trap_p0"), &bad).expect("copy candidate");
+    f.operator.sign(&bad);
+    f.fleet(&[
+        "canary",
+        bad.to_str().expect("utf-8"),
+        "--percent",
+        "50",
+        "--promote-after-batches",
+        "100000",
+    ]);
+    poll_all(&refs, "the canary running on every host", |p| {
+        p["canary"]["state"] == "running" || p["canary"]["state"] == "rolled_back"
+    });
+    f.produce(300..1500).await;
+    let view = poll_fleet(&hosts[0], "the fleet to roll the canary back", |v| {
+        v["pipelines"]["ledger"]["last_canary"]["promoted"] == false
+    });
+    let reason = view["pipelines"]["ledger"]["last_canary"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("fault rate"), "{view:#}");
+    poll_all(&refs, "the canary rolled back on every host", |p| {
+        p["canary"]["state"] == "rolled_back" && p["active_version"] == v1.as_str()
+    });
+    let faulting: Vec<String> = hosts
+        .iter()
+        .filter(|h| {
+            h.status()[0]["canary"]["candidate_tally"]["faulted_batches"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0
+        })
+        .map(|h| h.status()[0]["name"].to_string())
+        .collect();
+    report(&format!(
+        "fleet canary rolled back on every host ({reason}); hosts that saw its faults: {}",
+        faulting.len()
+    ));
+    wait_judged(&refs, f.ids.len());
+
+    // A good candidate, promoted on the fleet's sum of batches.
+    let good = f.version(&f.v1, "canary-v2");
+    let v2 = hash(&good);
+    f.fleet(&[
+        "canary",
+        good.to_str().expect("utf-8"),
+        "--percent",
+        "50",
+        "--promote-after-batches",
+        "6",
+    ]);
+    f.produce(1500..3000).await;
+    poll_all(&refs, "the good canary promoted on every host", |p| {
+        p["active_version"] == v2.as_str()
+    });
+    let view = poll_fleet(&hosts[0], "the promotion recorded", |v| {
+        v["pipelines"]["ledger"]["last_canary"]["promoted"] == true
+    });
+    assert_eq!(
+        view["pipelines"]["ledger"]["active"]["digest"],
+        v2.as_str(),
+        "{view:#}"
+    );
+    wait_judged(&refs, f.ids.len());
+    let mut seen = Vec::new();
+    for h in hosts {
+        seen.push(blocking(move || h.stop().1).await);
+    }
+    let ledger = f.ledger(&seen).await;
+    assert_eq!(ledger.duplicates(), 0, "no record judged by both versions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsigned_tampered_foreign_and_replayed_actions_are_refused_while_the_active_version_judges()
+ {
+    let mut f = Fleet::new("refused").await;
+    let f_ref = &f;
+    let hosts: Vec<HostProcess> = ["a", "b"].iter().map(|id| f_ref.start(id)).collect();
+    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    let v2_path = f.version(&f.v1, "refused-v2");
+    let v3_path = f.version(&f.v1, "refused-v3");
+    let v3 = hash(&v3_path);
+    f.fleet(&["deploy", v2_path.to_str().expect("utf-8")]);
+    f.fleet(&["deploy", v3_path.to_str().expect("utf-8")]);
+    poll_all(&refs, "every host on v3", |p| {
+        p["active_version"] == v3.as_str()
+    });
+    let view = poll_fleet(&hosts[0], "two actions", |v| {
+        v["pipelines"]["ledger"]["seq"] == 2
+    });
+    let v2_ref = view["pipelines"]["ledger"]["history"][0].clone();
+    let v2_ref: sharehost::fleet::records::ComponentRef =
+        serde_json::from_value(v2_ref).expect("v2 in the history");
+
+    // An action that would bring v2 back, written five ways no host may apply.
+    let action = |seq| Action {
+        fleet: f.name.to_owned(),
+        pipeline: "ledger".into(),
+        seq,
+        issued_at_ms: 1,
+        change: Change::Deploy {
+            component: v2_ref.clone(),
+        },
+    };
+    let unsigned = SignedAction {
+        action: serde_json::to_string(&action(3)).expect("json"),
+        signature: String::new(),
+    };
+    let mut tampered = sign::sign(&action(3), &f.operator.sk).expect("sign");
+    tampered.action = tampered.action.replace("\"seq\":3", "\"seq\":4");
+    let stranger = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+    let foreign = sign::sign(&action(3), &stranger.sk).expect("sign");
+    // A replay: an old action, signed by the operator, under its own key and number.
+    let replayed = sign::sign(&action(1), &f.operator.sk).expect("sign");
+    for signed in [&unsigned, &tampered, &foreign, &replayed] {
+        let seq = serde_json::from_str::<Action>(&signed.action).map_or(1, |a| a.seq);
+        f.write_deployment(
+            &action_key("ledger", seq),
+            &serde_json::to_vec(signed).expect("json"),
+        )
+        .await;
+    }
+    // Bad input of every other kind: not JSON, an unknown key, an oversized value.
+    f.write_deployment("action/ledger/x", b"{not json").await;
+    f.write_deployment("who-knows", b"{}").await;
+    f.write_deployment("action/ledger/y", &vec![b' '; 300 << 10])
+        .await;
+    // A last, good action: once every host has applied it, they have read everything before.
+    let v4_path = f.version(&f.v1, "refused-v4");
+    let v4 = hash(&v4_path);
+    f.fleet(&["deploy", v4_path.to_str().expect("utf-8")]);
+    poll_all(&refs, "every host on v4", |p| {
+        p["active_version"] == v4.as_str()
+    });
+    for h in &hosts {
+        let (_, metrics) = h.http("GET", "/metrics", "");
+        for reason in ["unverified", "malformed", "unknown_key", "too_large"] {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("sharehost_fleet_records_skipped_total")
+                        && l.contains(&format!("reason=\"{reason}\""))),
+                "{reason} counted: {metrics}"
+            );
+        }
+        let refused = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("sharehost_fleet_actions_total") && l.contains("result=\"refused\"")
+            })
+            .unwrap_or_default();
+        assert!(
+            refused.ends_with(" 1"),
+            "the replayed action refused: {refused}"
+        );
+    }
+    let view = poll_fleet(&hosts[0], "the fleet's view", |_| true);
+    assert_eq!(view["pipelines"]["ledger"]["seq"], 3, "{view:#}");
+    // The active version judges on.
+    f.produce(0..300).await;
+    wait_judged(&refs, f.ids.len());
+    let mut seen = Vec::new();
+    for h in hosts {
+        let log = h.log_lines().join("\n");
+        assert!(log.contains("fleet record skipped"), "{log}");
+        seen.push(blocking(move || h.stop().1).await);
+    }
+    f.ledger(&seen).await;
+}
