@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
+use sharehost::fleet::state::Desired;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost::runtime::signature_path;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
@@ -265,14 +266,18 @@ fn poll_fleet(
 
 /// Waits until the hosts' ledgers together have judged every id produced so far.
 fn wait_judged(hosts: &[&HostProcess], n: usize) {
+    wait_judged_with(hosts, &[], n);
+}
+
+/// [`wait_judged`], counting also what hosts that are gone judged (`before`).
+fn wait_judged_with(hosts: &[&HostProcess], before: &[Seen], n: usize) {
     let until = Instant::now() + PATIENCE;
     loop {
         let judged: std::collections::HashSet<String> = hosts
             .iter()
-            .flat_map(|h| {
-                let s = h.seen();
-                s.accepted.into_iter().chain(s.rejected)
-            })
+            .map(|h| h.seen())
+            .chain(before.iter().cloned())
+            .flat_map(|s| s.accepted.into_iter().chain(s.rejected))
             .collect();
         if judged.len() >= n {
             return;
@@ -503,6 +508,11 @@ async fn unsigned_tampered_foreign_and_replayed_actions_are_refused_while_the_ac
         change: Change::Deploy {
             component: v2_ref.clone(),
         },
+        then: Desired {
+            seq,
+            active: Some(v2_ref.clone()),
+            ..Desired::default()
+        },
     };
     let unsigned = SignedAction {
         action: serde_json::to_string(&action(3)).expect("json"),
@@ -567,5 +577,55 @@ async fn unsigned_tampered_foreign_and_replayed_actions_are_refused_while_the_ac
         assert!(log.contains("fleet record skipped"), "{log}");
         seen.push(blocking(move || h.stop().1).await);
     }
+    f.ledger(&seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_mid_canary_comes_back_into_it_and_the_promotion_reaches_every_host() {
+    let mut f = Fleet::new("killed").await;
+    let f_ref = &f;
+    let mut hosts: Vec<HostProcess> = ["a", "b", "c"].iter().map(|id| f_ref.start(id)).collect();
+    let candidate = f.version(&f.v1, "killed-v2");
+    let v2 = hash(&candidate);
+    f.fleet(&[
+        "canary",
+        candidate.to_str().expect("utf-8"),
+        "--percent",
+        "50",
+        "--promote-after-batches",
+        "1000000",
+    ]);
+    {
+        let refs: Vec<&HostProcess> = hosts.iter().collect();
+        poll_all(&refs, "the canary running on every host", |p| {
+            p["canary"]["state"] == "running" && p["canary"]["candidate"] == v2.as_str()
+        });
+    }
+    f.produce(0..600).await;
+    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    wait_judged(&refs, f.ids.len());
+
+    // SIGKILL one host mid-canary and start it again (same id, same state directory).
+    let killed = hosts.remove(1);
+    let mut seen = vec![blocking(move || killed.kill()).await];
+    let back = f.start("b");
+    poll_all(&[&back], "the restarted host back in the canary", |p| {
+        p["canary"]["state"] == "running" && p["canary"]["candidate"] == v2.as_str()
+    });
+    hosts.push(back);
+    f.produce(600..1200).await;
+    let refs: Vec<&HostProcess> = hosts.iter().collect();
+    wait_judged_with(&refs, &seen, f.ids.len());
+
+    f.fleet(&["promote"]);
+    poll_all(&refs, "the promotion on every host", |p| {
+        p["active_version"] == v2.as_str() && p["canary"]["state"] == "promoted"
+    });
+    f.produce(1200..1500).await;
+    wait_judged_with(&refs, &seen, f.ids.len());
+    for h in hosts {
+        seen.push(blocking(move || h.stop().1).await);
+    }
+    // Records the killed host held are delivered again; nothing is lost.
     f.ledger(&seen).await;
 }

@@ -93,7 +93,7 @@ pub(super) enum Folded {
     /// A verified action, applied.
     Applied {
         /// The action.
-        action: Action,
+        action: Box<Action>,
         /// The key id that signed it.
         signer: String,
     },
@@ -143,8 +143,11 @@ pub(super) fn fold_record(state: &mut FleetState, spec: &FleetSpec, r: &Consumed
                 r.offset, action.fleet, spec.name
             ),
         },
-        Ok((action, signer)) => match state.apply_action(&action) {
-            Ok(()) => Folded::Applied { action, signer },
+        Ok((action, signer)) => match state.take_action(&action) {
+            Ok(()) => Folded::Applied {
+                action: Box::new(action),
+                signer,
+            },
             Err(refused) => Folded::Refused(format!(
                 "action {} ({}) of pipeline {} refused: {refused}",
                 action.seq,
@@ -702,6 +705,16 @@ impl Fleet {
     /// (this host's live ones, the others' last published), and records a decision when the
     /// canary's rules call one.
     async fn decide_canaries(&self, tenants: &Tenants) {
+        // Read to the end first: a host writes at most one decision per canary, and one
+        // already in the topic (this host's, written before a restart or a failed answer, or
+        // another's) ends the canary here before anything else is written.
+        loop {
+            match self.read_deployments(Duration::ZERO).await {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(_) => return,
+            }
+        }
         let mut decisions = Vec::new();
         {
             let inner = lock(&self.inner);
@@ -816,5 +829,160 @@ impl Fleet {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::records::{CanaryRules, Change, action_key};
+    use crate::fleet::state::Desired;
+    use crate::rollout::{PromoteAfter, RollbackIf};
+    use crate::runtime::{TrustPolicy, TrustedKey};
+
+    fn spec(trust: TrustPolicy) -> FleetSpec {
+        FleetSpec {
+            name: "f".into(),
+            host_id: Some("h".into()),
+            topic_prefix: "p.".into(),
+            replication_factor: None,
+            status_interval_ms: 1000,
+            stale_after_ms: 10_000,
+            status_retention_ms: 60_000,
+            trust: Arc::new(trust),
+        }
+    }
+
+    fn component(n: u8) -> ComponentRef {
+        ComponentRef {
+            digest: format!("{n:02x}").repeat(32),
+            size: 1,
+            name: format!("v{n}.wasm"),
+            signature: String::new(),
+            chunks: vec![i64::from(n)],
+        }
+    }
+
+    fn record(offset: i64, key: &str, value: &[u8]) -> ConsumedRecord {
+        ConsumedRecord {
+            offset,
+            timestamp: 0,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(Bytes::copy_from_slice(value)),
+            headers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_compacted_deployments_topic_folds_to_the_state_the_whole_log_folds_to() {
+        let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+        let trusted = TrustedKey::parse(&kp.pk.to_base64()).expect("trusted key");
+        let spec = spec(TrustPolicy::new([trusted]).expect("policy"));
+        // Actions made as `sharehost fleet` makes them: from the state the log folds to so far.
+        let fold_log = |log: &[(String, Vec<u8>)]| {
+            let mut state = FleetState::default();
+            for (i, (key, value)) in log.iter().enumerate() {
+                let _ = fold_record(&mut state, &spec, &record(i as i64, key, value));
+            }
+            state
+        };
+        let act = |log: &[(String, Vec<u8>)], change| {
+            let state = fold_log(log);
+            let mut a = Action {
+                fleet: "f".into(),
+                pipeline: "p".into(),
+                seq: state.desired("p").seq + 1,
+                issued_at_ms: 1,
+                change,
+                then: Desired::default(),
+            };
+            let mut next = state;
+            next.apply_action(&a).expect("applies");
+            a.then = next.desired("p");
+            (
+                action_key(&a.pipeline, a.seq),
+                serde_json::to_vec(&sign::sign(&a, &kp.sk).expect("sign")).expect("json"),
+            )
+        };
+        let decision = |host: &str, promote| {
+            let d = Decision {
+                pipeline: "p".into(),
+                seq: 3,
+                promote,
+                reason: "r".into(),
+                host: host.into(),
+                candidate: Default::default(),
+                active: Default::default(),
+            };
+            (
+                crate::fleet::records::decision_key("p", 3, host),
+                serde_json::to_vec(&d).expect("json"),
+            )
+        };
+        // The log as written: two deploys, a canary decided by two hosts (the first wins), a
+        // replay of the first action under its own key, a rollback, a malformed record.
+        let mut log: Vec<(String, Vec<u8>)> = Vec::new();
+        let first = act(
+            &log,
+            Change::Deploy {
+                component: component(1),
+            },
+        );
+        log.push(first.clone());
+        log.push(act(
+            &log,
+            Change::Deploy {
+                component: component(2),
+            },
+        ));
+        log.push(act(
+            &log,
+            Change::Canary {
+                component: component(3),
+                rules: CanaryRules {
+                    percent: 10.0,
+                    promote_after: PromoteAfter {
+                        batches: Some(5),
+                        seconds: None,
+                    },
+                    rollback_if: RollbackIf::default(),
+                },
+            },
+        ));
+        log.push(decision("h2", true));
+        log.push(decision("h1", false));
+        log.push(first);
+        log.push(("action/p/x".into(), b"{".to_vec()));
+        log.push(act(&log, Change::Rollback { to: None }));
+        let fold = |records: &[(i64, &(String, Vec<u8>))]| {
+            let mut state = FleetState::default();
+            for (offset, (key, value)) in records {
+                let _ = fold_record(&mut state, &spec, &record(*offset, key, value));
+            }
+            state
+        };
+        let all: Vec<(i64, &(String, Vec<u8>))> =
+            log.iter().enumerate().map(|(i, r)| (i as i64, r)).collect();
+        // Compaction keeps the last record of each key, at its offset.
+        let compacted: Vec<(i64, &(String, Vec<u8>))> = all
+            .iter()
+            .filter(|(i, (k, _))| !all.iter().any(|(j, (k2, _))| j > i && k2 == k))
+            .copied()
+            .collect();
+        assert!(compacted.len() < all.len());
+        let whole = fold(&all);
+        assert_eq!(fold(&compacted), whole);
+        let p = whole.desired("p");
+        assert_eq!(p.seq, 4);
+        assert_eq!(
+            p.last_canary.as_ref().map(|c| c.promoted),
+            Some(true),
+            "the first decision in the log stands"
+        );
+        assert_eq!(
+            p.active.as_ref().map(|c| c.digest.clone()),
+            Some(component(2).digest),
+            "promoted v3, then rolled back to v2"
+        );
     }
 }

@@ -225,20 +225,21 @@ impl Operator {
         change: Change,
         key: &minisign::SecretKey,
     ) -> Result<Action, OperatorError> {
-        let action = Action {
+        let mut action = Action {
             fleet: self.spec.name.clone(),
             pipeline: pipeline.to_owned(),
             seq: self.state.desired(pipeline).seq + 1,
             issued_at_ms: now_ms(),
             change,
+            then: Default::default(),
         };
-        self.state
-            .clone()
-            .apply_action(&action)
+        let mut next = self.state.clone();
+        next.apply_action(&action)
             .map_err(|e| OperatorError::Refused {
                 pipeline: pipeline.to_owned(),
                 reason: e.to_string(),
             })?;
+        action.then = next.desired(pipeline);
         let signed = sign::sign(&action, key)?;
         let record = ProduceRecord {
             key: Some(Bytes::from(action_key(pipeline, action.seq))),

@@ -125,6 +125,10 @@ pub struct Action {
     pub issued_at_ms: u64,
     /// What it changes.
     pub change: Change,
+    /// The pipeline's state once it is applied, as the operator computed it from the state
+    /// it read: a host takes this state (signed with the action), so every action is
+    /// self-contained and a compacted topic reads to the same state.
+    pub then: crate::fleet::state::Desired,
 }
 
 /// An action as the deployments topic carries it: the action's exact JSON bytes and a
@@ -341,6 +345,7 @@ mod tests {
                     rollback_if: RollbackIf::default(),
                 },
             },
+            then: Default::default(),
         };
         let text = serde_json::to_string(&a).expect("json");
         assert_eq!(json::<Action>(text.as_bytes()), Ok(a));

@@ -96,6 +96,7 @@ mod tests {
             seq: 1,
             issued_at_ms: 1,
             change: Change::Promote,
+            then: Default::default(),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::records::{Action, CanaryRules, Change, ComponentRef, Decision};
 
@@ -14,7 +14,8 @@ use super::records::{Action, CanaryRules, Change, ComponentRef, Decision};
 pub const KEPT: usize = 8;
 
 /// A canary the fleet runs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FleetCanary {
     /// The canary action's number: hosts report their tallies under it, decisions name it.
     pub seq: u64,
@@ -27,7 +28,8 @@ pub struct FleetCanary {
 }
 
 /// How the last fleet canary of a pipeline ended.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CanaryOutcome {
     /// The canary action's number.
     pub seq: u64,
@@ -40,7 +42,8 @@ pub struct CanaryOutcome {
 }
 
 /// What the fleet wants of one pipeline.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Desired {
     /// The last action applied (0: none yet).
     pub seq: u64,
@@ -226,6 +229,29 @@ impl FleetState {
         Ok(())
     }
 
+    /// Takes a verified action's resulting state: the state the operator computed with
+    /// [`FleetState::apply_action`] and signed with it. A host reads the fleet this way, so
+    /// the newest action alone says what the fleet wants (with the decisions of its canary):
+    /// nothing depends on the records before it, which compaction may have reordered (a
+    /// replayed old action kept at a later offset).
+    pub fn take_action(&mut self, a: &Action) -> Result<(), Refused> {
+        let d = self.pipelines.entry(a.pipeline.clone()).or_default();
+        if a.seq <= d.seq {
+            return Err(Refused::NotNewer {
+                seq: a.seq,
+                applied: d.seq,
+            });
+        }
+        if a.then.seq != a.seq {
+            return Err(Refused::DoesNotApply(format!(
+                "its resulting state is numbered {}, not {}",
+                a.then.seq, a.seq
+            )));
+        }
+        *d = a.then.clone();
+        Ok(())
+    }
+
     /// Applies a host's canary decision: the first for a running canary decides it.
     pub fn apply_decision(&mut self, dec: &Decision) -> Result<(), Refused> {
         let d = self.pipelines.entry(dec.pipeline.clone()).or_default();
@@ -276,6 +302,7 @@ mod tests {
             seq,
             issued_at_ms: 0,
             change,
+            then: Desired::default(),
         }
     }
 
@@ -349,9 +376,10 @@ mod tests {
         ));
         s.apply_action(&action(6, Change::Rollback { to: None }))
             .expect("6");
+        assert_eq!(active(&s), Some('a'));
         s.apply_action(&action(7, Change::Rollback { to: None }))
             .expect("7");
-        assert_eq!(active(&s), Some('a'), "history alternates a/b");
+        assert_eq!(active(&s), Some('b'), "rolling back twice alternates a/b");
     }
 
     #[test]
