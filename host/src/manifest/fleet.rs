@@ -19,7 +19,8 @@ use crate::runtime::TrustPolicy;
 pub struct FleetSpec {
     /// The fleet's name (every host of the fleet names the same one).
     pub name: String,
-    /// This host's id in the fleet; `None`: one kept in the state directory, made up once.
+    /// This host's id in the fleet; `None`: the machine's host name (a pod's name), else one
+    /// made up from the process id.
     pub host_id: Option<String>,
     /// Prefix of the fleet's topic names (`<prefix><name>.deployments` and the others).
     pub topic_prefix: String,
