@@ -112,6 +112,21 @@ enum FleetCommand {
         #[command(flatten)]
         target: Target,
     },
+    /// Make an operator's key pair: DIR/operator.key (the secret key, 0600; encrypted with
+    /// SHAREHOST_SIGNING_KEY_PASSWORD when it is set) and DIR/operator.pub, as `minisign -G`
+    /// does; prints the line a host's [trust] lists.
+    Keygen {
+        /// Where to write the two files (made if missing; existing files are not replaced).
+        dir: PathBuf,
+    },
+    /// Sign COMPONENT with a secret key: writes COMPONENT.minisig, as `minisign -Sm` does.
+    Sign {
+        /// The component (.wasm).
+        component: PathBuf,
+        /// The minisign secret key.
+        #[arg(long)]
+        key: PathBuf,
+    },
     /// Every host, its pipelines, versions, rollout state and the fleet's tallies.
     Status {
         /// A manifest of one of the fleet's hosts.
@@ -157,6 +172,8 @@ async fn upload(
 /// Runs `sharehost fleet ...`.
 pub async fn run(args: FleetArgs) -> Result<()> {
     let target = match &args.command {
+        FleetCommand::Keygen { dir } => return keygen(dir),
+        FleetCommand::Sign { component, key } => return sign_component(component, key),
         FleetCommand::Status { manifest, json } => {
             let manifest = Manifest::load(manifest)?;
             let view = open(&manifest).await?.view();
@@ -237,7 +254,9 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         }
         FleetCommand::Promote { .. } => Change::Promote,
         FleetCommand::Abort { .. } => Change::AbortCanary,
-        FleetCommand::Status { .. } => bail!("unreachable: status is answered above"),
+        FleetCommand::Status { .. } | FleetCommand::Keygen { .. } | FleetCommand::Sign { .. } => {
+            bail!("unreachable: answered above")
+        }
     };
     let what = match &change {
         Change::Deploy { component }
@@ -254,6 +273,60 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         action.seq,
         action.change.name()
     );
+    Ok(())
+}
+
+/// `sharehost fleet keygen DIR`.
+fn keygen(dir: &Path) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let password = std::env::var(sharehost::fleet::sign::KEY_PASSWORD_ENV).ok();
+    let kp = match password {
+        Some(p) => minisign::KeyPair::generate_encrypted_keypair(Some(p)),
+        None => minisign::KeyPair::generate_unencrypted_keypair(),
+    }
+    .context("cannot make a key pair")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+    let write = |name: &str, text: String, mode: u32| -> Result<PathBuf> {
+        let path = dir.join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .with_context(|| format!("{}: not replaced", path.display()))?;
+        f.write_all(text.as_bytes())
+            .with_context(|| format!("{}", path.display()))?;
+        Ok(path)
+    };
+    let secret = kp
+        .sk
+        .to_box(Some("sharehost fleet operator key"))
+        .context("cannot encode the secret key")?
+        .to_string();
+    let public = kp
+        .pk
+        .to_box()
+        .context("cannot encode the public key")?
+        .to_string();
+    let sk = write("operator.key", secret, 0o600)?;
+    let pk = write("operator.pub", public, 0o644)?;
+    println!("secret key: {} (keep it; `--key` of every fleet command)", sk.display());
+    println!("public key: {}", pk.display());
+    println!("[trust] of every host: keys = [\"{}\"]", kp.pk.to_base64());
+    Ok(())
+}
+
+/// `sharehost fleet sign COMPONENT --key KEY`.
+fn sign_component(component: &Path, key: &Path) -> Result<()> {
+    let sk = load_key(key)?;
+    let bytes = std::fs::read(component).with_context(|| format!("{}", component.display()))?;
+    let signature = minisign::sign(None, &sk, &bytes[..], None, None)
+        .with_context(|| format!("cannot sign {}", component.display()))?;
+    let path = sharehost::runtime::signature_path(component);
+    std::fs::write(&path, signature.to_string())
+        .with_context(|| format!("{}", path.display()))?;
+    println!("signed: {}", path.display());
     Ok(())
 }
 
