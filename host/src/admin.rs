@@ -89,6 +89,12 @@ async fn pipelines(State(s): State<Arc<AdminState>>) -> Response {
     axum::Json(s.tenants.status()).into_response()
 }
 
+/// How the host's manifest was last read: when the one it runs was applied, re-reads applied
+/// and refused, and why the last was refused.
+async fn manifest_status(State(s): State<Arc<AdminState>>) -> Response {
+    axum::Json(s.tenants.manifest_status()).into_response()
+}
+
 /// The fleet as this host sees it: what the fleet wants of each pipeline, every host's last
 /// status (stale ones marked). Read-only, like `/pipelines`: changes go through signed
 /// actions in the deployments topic (`sharehost fleet`), never through one host's API.
@@ -283,6 +289,7 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .route("/pipelines", get(pipelines))
         .route("/fleet", get(fleet))
+        .route("/manifest", get(manifest_status))
         .route("/pipelines/{name}/swap", post(swap))
         .route("/pipelines/{name}/versions", get(versions))
         .route("/pipelines/{name}/rollback", post(rollback))

@@ -282,6 +282,182 @@ fn admin_token(manifest: &Manifest) -> Result<Option<String>> {
     Ok(Some(token))
 }
 
+/// What the file watch compares to see the manifest replaced: its modification time, size
+/// and inode (a file replaced by rename, as Kubernetes updates a ConfigMap volume, has a new
+/// inode even when its time and size match).
+fn manifest_stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+/// The pipelines a host runs now, each a tenant task with a cancellation token of its own, so
+/// one is drained and stopped (removed from the manifest, or restarted with a changed table)
+/// while the others keep their members, sessions and in-flight records.
+struct Live {
+    running: HashMap<String, (PipelineSpec, CancellationToken, tokio::task::JoinHandle<()>)>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    tenants: Arc<Tenants>,
+    runtime: PluginRuntime,
+    metrics: Arc<Metrics>,
+    state_dir: PathBuf,
+    client: Arc<KafkaClient>,
+    shutdown: CancellationToken,
+    strict: bool,
+    fleet: Option<Arc<Fleet>>,
+}
+
+impl Live {
+    /// Starts a tenant for `spec`.
+    fn start(&mut self, spec: PipelineSpec) {
+        let t = &*self;
+        let stop = t.shutdown.child_token();
+        t.tenants.add(&spec.name);
+        let tenant = Tenant {
+            spec: spec.clone(),
+            tenants: t.tenants.clone(),
+            runtime: t.runtime.clone(),
+            metrics: t.metrics.clone(),
+            state_dir: t.state_dir.clone(),
+            client: t.client.clone(),
+            shutdown: stop.clone(),
+            strict: t.strict,
+            fleet: t.fleet.clone(),
+        };
+        let (failures, host_shutdown) = (self.failures.clone(), t.shutdown.clone());
+        let task = tokio::spawn(async move {
+            use futures::FutureExt;
+            // Only a strict host (or a panic) sees a failure here: everything stops then.
+            let failure = match std::panic::AssertUnwindSafe(tenant.run()).catch_unwind().await {
+                Ok(Ok(())) => return,
+                Ok(Err(e)) => e,
+                Err(_) => "pipeline task panicked".to_owned(),
+            };
+            tracing::error!("{failure}");
+            failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(failure);
+            host_shutdown.cancel();
+        });
+        self.running.insert(spec.name.clone(), (spec, stop, task));
+    }
+
+    /// Drains and stops the tenant `name` (its records released, its group left).
+    async fn stop(&mut self, name: &str) {
+        if let Some((_, stop, task)) = self.running.remove(name) {
+            stop.cancel();
+            if let Err(e) = task.await {
+                tracing::error!(pipeline = name, "pipeline task panicked: {e}");
+            }
+        }
+    }
+
+    /// Re-reads the manifest at `path` and applies it: added pipelines start, removed ones
+    /// drain and stop, changed ones restart alone; the rest are untouched. A manifest that does
+    /// not validate, or that changes what only a restart can change, is refused whole
+    /// (logged, counted, shown in `GET /manifest`) and the host runs on as before.
+    async fn reread(&mut self, path: &Path, current: &mut Manifest) {
+        let metrics = self.metrics.clone();
+        let tenants = self.tenants.clone();
+        let count = |result: &str| {
+            metrics
+                .manifest_rereads
+                .get_or_create(&vec![("result", result.to_owned())])
+                .inc();
+        };
+        let next = match Manifest::load(path) {
+            Ok(m) => m,
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::error!("manifest re-read refused; the host runs on the manifest it has: {why}");
+                count("refused");
+                tenants.update_manifest_status(|m| {
+                    m.refused += 1;
+                    m.last_refused = Some(why);
+                });
+                return;
+            }
+        };
+        let mut restart_only = Vec::new();
+        if next.cluster != current.cluster {
+            restart_only.push("[cluster]");
+        }
+        if next.admin != current.admin {
+            restart_only.push("[admin]");
+        }
+        if next.runtime != current.runtime {
+            restart_only.push("[runtime]");
+        }
+        if next.trust != current.trust {
+            restart_only.push("[trust]");
+        }
+        if next.fleet != current.fleet {
+            restart_only.push("[fleet]");
+        }
+        if !restart_only.is_empty() {
+            let why = format!(
+                "{}: {} changed, which only a restart applies",
+                path.display(),
+                restart_only.join(", ")
+            );
+            tracing::error!("manifest re-read refused; the host runs on the manifest it has: {why}");
+            count("refused");
+            tenants.update_manifest_status(|m| {
+                m.refused += 1;
+                m.last_refused = Some(why);
+            });
+            return;
+        }
+        if next.pipelines == current.pipelines {
+            return;
+        }
+        let names: Vec<String> = next.pipelines.iter().map(|p| p.name.clone()).collect();
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|n| !names.contains(n))
+            .cloned()
+            .collect();
+        for name in gone {
+            tracing::info!(pipeline = %name, "manifest re-read: pipeline removed; draining it");
+            self.stop(&name).await;
+            tenants.remove(&name);
+        }
+        for spec in &next.pipelines {
+            match self.running.get(&spec.name) {
+                Some((old, ..)) if old == spec => {}
+                Some(_) => {
+                    tracing::info!(pipeline = %spec.name, "manifest re-read: pipeline changed; draining it and starting it again");
+                    self.stop(&spec.name).await;
+                    self.start(spec.clone());
+                }
+                None => {
+                    tracing::info!(pipeline = %spec.name, "manifest re-read: pipeline added; starting it");
+                    self.start(spec.clone());
+                }
+            }
+        }
+        count("applied");
+        tenants.update_manifest_status(|m| {
+            m.applied += 1;
+            m.applied_at_ms = sharehost::fleet::agent::now_ms();
+            m.last_refused = None;
+        });
+        *current = next;
+    }
+
+    /// Waits for every tenant to end (after shutdown); returns the failures of a strict host.
+    async fn join(self) -> Vec<String> {
+        for (name, (_, _, task)) in self.running {
+            if let Err(e) = task.await {
+                tracing::error!(pipeline = %name, "pipeline task panicked: {e}");
+            }
+        }
+        std::mem::take(&mut *self.failures.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 /// Runs every pipeline until a signal, then drains. Each pipeline is a tenant of its own: one
 /// that fails to load or to run is reported failed and tried again with backoff while the
 /// others run. With `strict`, any pipeline that fails to load stops the start (nothing runs),
@@ -385,18 +561,32 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
             }
         });
     }
+    // The file watch: every second, each pipeline's component file and the manifest; SIGHUP
+    // forces both. A changed component is hot-swapped; a changed manifest is re-read by the
+    // loop below.
+    let (reread_tx, mut reread_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     {
         let tenants = tenants.clone();
         let shutdown = shutdown.clone();
+        let path = path.to_owned();
         tokio::spawn(async move {
             let mut stamps: HashMap<String, Seen> = HashMap::new();
+            let mut manifest_seen = manifest_stamp(&path);
             let mut tick = tokio::time::interval(WATCH_INTERVAL);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
-                    _ = tick.tick() => reload_changed(&tenants, &mut stamps, false).await,
+                    _ = tick.tick() => {
+                        reload_changed(&tenants, &mut stamps, false).await;
+                        let now = manifest_stamp(&path);
+                        if now != manifest_seen {
+                            manifest_seen = now;
+                            let _ = reread_tx.send(());
+                        }
+                    }
                     Some(()) = hup_rx.recv() => {
-                        tracing::info!("SIGHUP: reloading every pipeline's component");
+                        tracing::info!("SIGHUP: re-reading the manifest and reloading every pipeline's component");
+                        let _ = reread_tx.send(());
                         reload_changed(&tenants, &mut stamps, true).await;
                     }
                 }
@@ -407,23 +597,34 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     if let Some(f) = &fleet {
         tokio::spawn(f.clone().run(tenants.clone(), shutdown.clone()));
     }
-    let mut tasks = tokio::task::JoinSet::new();
+    tenants.update_manifest_status(|m| {
+        m.path = Some(path.display().to_string());
+        m.applied_at_ms = sharehost::fleet::agent::now_ms();
+    });
+    let mut live = Live {
+        running: HashMap::new(),
+        failures: Arc::default(),
+        tenants: tenants.clone(),
+        runtime: runtime.clone(),
+        metrics: metrics.clone(),
+        state_dir: state_dir.clone(),
+        client: client.clone(),
+        shutdown: shutdown.clone(),
+        strict,
+        fleet: fleet.clone(),
+    };
     for spec in &manifest.pipelines {
-        let tenant = Tenant {
-            spec: spec.clone(),
-            tenants: tenants.clone(),
-            runtime: runtime.clone(),
-            metrics: metrics.clone(),
-            state_dir: state_dir.clone(),
-            client: client.clone(),
-            shutdown: shutdown.clone(),
-            strict,
-            fleet: fleet.clone(),
-        };
-        tasks.spawn(tenant.run());
+        live.start(spec.clone());
+    }
+    let mut current = manifest;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(()) = reread_rx.recv() => live.reread(path, &mut current).await,
+        }
     }
     // Only a strict host (or a panic) sees a failure here: everything stops then.
-    let failures = sharehost::pipeline::join_failures(tasks, &shutdown).await;
+    let failures = live.join().await;
     let pipelines = tenants.pipelines();
     for p in &pipelines {
         let s = p.status();

@@ -98,6 +98,8 @@ pub struct Metrics {
     /// Fleet actions by result: applied to the fleet's state, refused by it (not newer, does
     /// not apply), or not applied on this host (cannot fetch, verify or load).
     pub fleet_actions: Family<Labels, Counter>,
+    /// Manifest re-reads (SIGHUP or the file replaced), by result: applied or refused.
+    pub manifest_rereads: Family<Labels, Counter>,
     /// Whether each pipeline runs (1) or not (0: failed to load or run, joining, draining).
     pub pipeline_up: Family<Labels, Gauge>,
     /// Failed attempts to load a pipeline or to run it, by stage (load, run).
@@ -158,6 +160,7 @@ impl Metrics {
             dead_letters_shrunk: Family::default(),
             fleet_records_skipped: Family::default(),
             fleet_actions: Family::default(),
+            manifest_rereads: Family::default(),
             pipeline_up: Family::default(),
             pipeline_failures: Family::default(),
             share_group_lag: Family::default(),
@@ -276,6 +279,11 @@ impl Metrics {
             "fleet_actions",
             "Fleet actions by result (applied, refused, not_applied on this host)",
             m.fleet_actions.clone(),
+        );
+        registry.register(
+            "manifest_rereads",
+            "Manifest re-reads (SIGHUP or the file replaced) by result: applied, refused (the host runs on the manifest before)",
+            m.manifest_rereads.clone(),
         );
         registry.register(
             "pipeline_up",

@@ -2,6 +2,10 @@
 //! component cannot be loaded or initialised, or whose run fails, is reported failed (here,
 //! in `GET /pipelines`, `/readyz`, a metric and the log) and tried again with backoff while
 //! the others run; one tenant's broken configuration never stops another's records.
+//!
+//! The set of tenants changes while the host runs: a manifest re-read adds and removes
+//! pipelines ([`Tenants::add`], [`Tenants::remove`]); how the last re-read went is kept here
+//! too ([`ManifestStatus`], `GET /manifest`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -48,9 +52,25 @@ pub enum TenantStatus {
     Failed(Failure),
 }
 
+/// How the host's manifest was last read, as `GET /manifest` shows it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ManifestStatus {
+    /// The manifest file.
+    pub path: Option<String>,
+    /// When the manifest the host runs was read (ms since the Unix epoch).
+    pub applied_at_ms: u64,
+    /// Re-reads applied since start.
+    pub applied: u64,
+    /// Re-reads refused since start (the host kept running on the manifest before).
+    pub refused: u64,
+    /// Why the last re-read was refused, when the last one was (cleared by one applied).
+    pub last_refused: Option<String>,
+}
+
 /// Every tenant of the host, by manifest order.
 pub struct Tenants {
-    slots: Vec<(String, Mutex<Slot>)>,
+    slots: Mutex<Vec<(String, Arc<Mutex<Slot>>)>>,
+    manifest: Mutex<ManifestStatus>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -61,10 +81,13 @@ impl Tenants {
     /// Tenants named `names`, none loaded yet.
     pub fn new(names: impl IntoIterator<Item = String>) -> Tenants {
         Tenants {
-            slots: names
-                .into_iter()
-                .map(|n| (n, Mutex::new(Slot::Loading)))
-                .collect(),
+            slots: Mutex::new(
+                names
+                    .into_iter()
+                    .map(|n| (n, Arc::new(Mutex::new(Slot::Loading))))
+                    .collect(),
+            ),
+            manifest: Mutex::new(ManifestStatus::default()),
         }
     }
 
@@ -77,14 +100,49 @@ impl Tenants {
         t
     }
 
-    fn slot(&self, name: &str) -> Option<&Mutex<Slot>> {
-        self.slots.iter().find(|(n, _)| n == name).map(|(_, s)| s)
+    fn slot(&self, name: &str) -> Option<Arc<Mutex<Slot>>> {
+        lock(&self.slots)
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// Every slot, in manifest order (a copy: a slot's own lock is never taken under the
+    /// list's).
+    fn all(&self) -> Vec<(String, Arc<Mutex<Slot>>)> {
+        lock(&self.slots).clone()
+    }
+
+    /// Adds a tenant named `name` (not loaded yet) at the end, or makes an existing one
+    /// loading again (a pipeline restarted with a changed manifest table).
+    pub fn add(&self, name: &str) {
+        let mut slots = lock(&self.slots);
+        match slots.iter().find(|(n, _)| n == name) {
+            Some((_, slot)) => *lock(slot) = Slot::Loading,
+            None => slots.push((name.to_owned(), Arc::new(Mutex::new(Slot::Loading)))),
+        }
+    }
+
+    /// Removes the tenant named `name` (a pipeline the manifest no longer has, once it has
+    /// drained).
+    pub fn remove(&self, name: &str) {
+        lock(&self.slots).retain(|(n, _)| n != name);
+    }
+
+    /// How the manifest was last read.
+    pub fn manifest_status(&self) -> ManifestStatus {
+        lock(&self.manifest).clone()
+    }
+
+    /// Changes the manifest's status with `f`.
+    pub fn update_manifest_status(&self, f: impl FnOnce(&mut ManifestStatus)) {
+        f(&mut lock(&self.manifest));
     }
 
     /// Records that `pipeline` is loaded (it keeps that place until it fails again).
     pub fn set_loaded(&self, pipeline: Arc<Pipeline>) {
         if let Some(slot) = self.slot(pipeline.name()) {
-            *lock(slot) = Slot::Loaded(pipeline);
+            *lock(&slot) = Slot::Loaded(pipeline);
         }
     }
 
@@ -95,7 +153,7 @@ impl Tenants {
         let Some(slot) = self.slot(name) else {
             return 0;
         };
-        let mut slot = lock(slot);
+        let mut slot = lock(&slot);
         let (attempts, since) = match &*slot {
             Slot::Failed(f) => (f.attempts + 1, f.since),
             _ => (1, Instant::now()),
@@ -113,7 +171,7 @@ impl Tenants {
 
     /// The loaded pipelines.
     pub fn pipelines(&self) -> Vec<Arc<Pipeline>> {
-        self.slots
+        self.all()
             .iter()
             .filter_map(|(_, s)| match &*lock(s) {
                 Slot::Loaded(p) => Some(p.clone()),
@@ -124,7 +182,9 @@ impl Tenants {
 
     /// The loaded pipeline named `name`.
     pub fn find(&self, name: &str) -> Option<Arc<Pipeline>> {
-        match &*lock(self.slot(name)?) {
+        let slot = self.slot(name)?;
+        let slot = lock(&slot);
+        match &*slot {
             Slot::Loaded(p) => Some(p.clone()),
             _ => None,
         }
@@ -132,7 +192,7 @@ impl Tenants {
 
     /// Every tenant's status, in manifest order (a tenant still loading is left out).
     pub fn status(&self) -> Vec<TenantStatus> {
-        self.slots
+        self.all()
             .iter()
             .filter_map(|(_, s)| match lock(s).clone() {
                 Slot::Loading => None,
@@ -149,7 +209,7 @@ impl Tenants {
     /// otherwise which are not and why, one line each.
     pub fn ready(&self) -> Result<(), String> {
         let mut not = Vec::new();
-        for (name, s) in &self.slots {
+        for (name, s) in &self.all() {
             match lock(s).clone() {
                 Slot::Loading => not.push(format!("{name}: loading")),
                 Slot::Failed(f) => not.push(format!("{name}: failed: {}", f.error)),
