@@ -64,7 +64,10 @@ fn poll(host: &HostProcess, path: &str, what: &str, cond: impl Fn(&serde_json::V
         if code == 200 && cond(&v) {
             return;
         }
-        assert!(Instant::now() < until, "timed out waiting for {what}: {body}");
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {body}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -132,7 +135,9 @@ async fn pipelines_are_added_changed_and_removed_live_while_the_untouched_one_ke
     // Changed: b restarts alone.
     ids.extend(produce_ids(&client, &ta, PARTITIONS, 3000..5000).await);
     replace(&path, &manifest((&ta, &ga), Some((&tb, &gb, 20)), admin));
-    poll(&host, "/manifest", "the change applied", |m| m["applied"] == 2);
+    poll(&host, "/manifest", "the change applied", |m| {
+        m["applied"] == 2
+    });
     poll(&host, "/pipelines", "pipeline b running again", |s| {
         pipeline(s, "b").is_some_and(|b| b["state"] == "running")
     });
@@ -170,7 +175,12 @@ async fn pipelines_are_added_changed_and_removed_live_while_the_untouched_one_ke
     wait_ids(&host, ids.len());
 
     // The untouched pipeline joined once and its assignment never changed.
-    assert_eq!(joins(&host, "a"), 1, "a joined once: {:#?}", host.log_lines());
+    assert_eq!(
+        joins(&host, "a"),
+        1,
+        "a joined once: {:#?}",
+        host.log_lines()
+    );
     assert_eq!(
         metric(&host, "sharehost_rebalances_total{pipeline=\"a\"}"),
         rebalances_a

@@ -311,7 +311,10 @@ fn keygen(dir: &Path) -> Result<()> {
         .to_string();
     let sk = write("operator.key", secret, 0o600)?;
     let pk = write("operator.pub", public, 0o644)?;
-    println!("secret key: {} (keep it; `--key` of every fleet command)", sk.display());
+    println!(
+        "secret key: {} (keep it; `--key` of every fleet command)",
+        sk.display()
+    );
     println!("public key: {}", pk.display());
     println!("[trust] of every host: keys = [\"{}\"]", kp.pk.to_base64());
     Ok(())
@@ -324,8 +327,7 @@ fn sign_component(component: &Path, key: &Path) -> Result<()> {
     let signature = minisign::sign(None, &sk, &bytes[..], None, None)
         .with_context(|| format!("cannot sign {}", component.display()))?;
     let path = sharehost::runtime::signature_path(component);
-    std::fs::write(&path, signature.to_string())
-        .with_context(|| format!("{}", path.display()))?;
+    std::fs::write(&path, signature.to_string()).with_context(|| format!("{}", path.display()))?;
     println!("signed: {}", path.display());
     Ok(())
 }

@@ -328,7 +328,10 @@ impl Live {
         let task = tokio::spawn(async move {
             use futures::FutureExt;
             // Only a strict host (or a panic) sees a failure here: everything stops then.
-            let failure = match std::panic::AssertUnwindSafe(tenant.run()).catch_unwind().await {
+            let failure = match std::panic::AssertUnwindSafe(tenant.run())
+                .catch_unwind()
+                .await
+            {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => e,
                 Err(_) => "pipeline task panicked".to_owned(),
@@ -370,7 +373,9 @@ impl Live {
             Ok(m) => m,
             Err(e) => {
                 let why = format!("{e:#}");
-                tracing::error!("manifest re-read refused; the host runs on the manifest it has: {why}");
+                tracing::error!(
+                    "manifest re-read refused; the host runs on the manifest it has: {why}"
+                );
                 count("refused");
                 tenants.update_manifest_status(|m| {
                     m.refused += 1;
@@ -401,7 +406,9 @@ impl Live {
                 path.display(),
                 restart_only.join(", ")
             );
-            tracing::error!("manifest re-read refused; the host runs on the manifest it has: {why}");
+            tracing::error!(
+                "manifest re-read refused; the host runs on the manifest it has: {why}"
+            );
             count("refused");
             tenants.update_manifest_status(|m| {
                 m.refused += 1;
