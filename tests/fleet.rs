@@ -118,6 +118,12 @@ impl Fleet {
 
     /// Host `id`'s manifest: the same pipeline on every host, its own fleet host id.
     fn manifest(&self, id: &str) -> PathBuf {
+        self.manifest_with(id, &self.v1, "")
+    }
+
+    /// [`Fleet::manifest`] with another component and more lines at the end of the pipeline's
+    /// table (its own `[pipeline.trust]`, say).
+    fn manifest_with(&self, id: &str, component: &Path, extra: &str) -> PathBuf {
         let text = format!(
             "[trust]\nkeys = [\"{}\"]\n\n[fleet]\nname = \"{}\"\nhost_id = \"{id}\"\ntopic_prefix = \"{}\"\nstatus_interval_ms = 500\n\n{}",
             self.operator.pk.to_base64(),
@@ -127,9 +133,9 @@ impl Fleet {
                 &bootstrap(),
                 &self.topic,
                 &self.group,
-                &self.v1,
+                component,
                 "",
-                FAULT_SETTINGS
+                &format!("{FAULT_SETTINGS}{extra}")
             )
         );
         let path = self.dir.join(format!("{id}.toml"));
@@ -139,7 +145,12 @@ impl Fleet {
 
     /// Starts host `id` with a state directory of its own.
     fn start(&self, id: &str) -> HostProcess {
-        let manifest = self.manifest(id);
+        self.start_with(id, &self.v1, "")
+    }
+
+    /// [`Fleet::start`] with another component and more lines in the pipeline's table.
+    fn start_with(&self, id: &str, component: &Path, extra: &str) -> HostProcess {
+        let manifest = self.manifest_with(id, component, extra);
         let state = self.dir.join(format!("state-{id}"));
         HostProcess::start_with_env(
             sharehost(),
@@ -628,4 +639,82 @@ async fn a_host_killed_mid_canary_comes_back_into_it_and_the_promotion_reaches_e
     }
     // Records the killed host held are delivered again; nothing is lost.
     f.ledger(&seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_cannot_verify_a_deploy_keeps_its_version_and_a_local_swap_lasts_until_the_next_action()
+ {
+    let f = Fleet::new("keeps").await;
+    // Host b's pipeline trusts another key only (its v1 signed by it): it cannot verify what
+    // the operator signs.
+    let stranger = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+    let b_v1 = f.dir.join("v1-b.wasm");
+    std::fs::copy(&f.v1, &b_v1).expect("copy v1");
+    Operator {
+        pk: stranger.pk.clone(),
+        sk: stranger.sk.clone(),
+    }
+    .sign(&b_v1);
+    let a = f.start("a");
+    let b = f.start_with(
+        "b",
+        &b_v1,
+        &format!(
+            "\n[pipeline.trust]\nkeys = [\"{}\"]\n",
+            stranger.pk.to_base64()
+        ),
+    );
+    let v1 = hash(&f.v1);
+    let v2_path = f.version(&f.v1, "keeps-v2");
+    let v2 = hash(&v2_path);
+    f.fleet(&["deploy", v2_path.to_str().expect("utf-8")]);
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == v2.as_str()
+    });
+    let view = poll_fleet(&a, "host b saying why it keeps v1", |v| {
+        v["hosts"].as_array().is_some_and(|hs| {
+            hs.iter().any(|h| {
+                h["host"] == "b"
+                    && h["pipelines"][0]["refused"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("[trust]"))
+            })
+        })
+    });
+    assert_eq!(b.status()[0]["active_version"], v1.as_str(), "{view:#}");
+    let (_, metrics) = b.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("sharehost_fleet_actions_total{result=\"not_applied\"} 1"),
+        "{metrics}"
+    );
+
+    // A swap made on host a alone lasts (three more statuses of a's, still on v1) ...
+    let (code, body) = a.http(
+        "POST",
+        "/pipelines/ledger/swap",
+        &format!(r#"{{"path": "{}"}}"#, f.v1.display()),
+    );
+    assert_eq!(code, 200, "{body}");
+    let at = |v: &serde_json::Value| {
+        v["hosts"]
+            .as_array()
+            .and_then(|hs| hs.iter().find(|h| h["host"] == "a"))
+            .and_then(|h| h["at_ms"].as_u64())
+            .unwrap_or(0)
+    };
+    let since = at(&poll_fleet(&a, "a's status", |_| true));
+    poll_fleet(&a, "three more statuses of host a", |v| {
+        at(v) >= since + 3 * 500
+    });
+    assert_eq!(a.status()[0]["active_version"], v1.as_str());
+    // ... until the fleet's next action.
+    let v3_path = f.version(&f.v1, "keeps-v3");
+    let v3 = hash(&v3_path);
+    f.fleet(&["deploy", v3_path.to_str().expect("utf-8")]);
+    poll_all(&[&a], "host a on v3", |p| {
+        p["active_version"] == v3.as_str()
+    });
+    assert_eq!(b.status()[0]["active_version"], v1.as_str());
+    blocking(move || a.stop()).await;
+    blocking(move || b.stop()).await;
 }

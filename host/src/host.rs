@@ -208,7 +208,7 @@ impl Tenant {
             };
             backoff.reset();
             if let Some(f) = &self.fleet {
-                f.reconcile(&pipeline).await;
+                f.reconcile_before_run(&pipeline).await;
             }
             match pipeline
                 .run(self.client.clone(), self.shutdown.clone())

@@ -62,10 +62,25 @@ pub enum FleetError {
 struct Applied {
     /// The fleet action the pipeline is at (0: none).
     seq: u64,
+    /// What the fleet wanted when it was last brought to it (or tried): a pipeline is brought
+    /// to the fleet's state again only when that changes (an action, a canary's decision), so
+    /// a swap an operator makes on this host alone lasts until the fleet's next change.
+    desired: Option<Desired>,
+    /// The pipeline object it was applied to (by address): a pipeline loaded again (restarted
+    /// by a manifest re-read, or after a failure) starts from its manifest and is brought to
+    /// the fleet's state again.
+    instance: usize,
     /// Why the fleet's latest wish could not be applied here: the action's number and the
     /// reason (the pipeline keeps its current version meanwhile).
     refused: Option<(u64, String)>,
+    /// When a refused wish is tried again (doubling from the status interval to a minute).
+    retry_at: Option<Instant>,
+    /// The delay before the next try after this one fails.
+    retry_delay: Duration,
 }
+
+/// The longest wait between two tries of a fleet action a host could not apply.
+const MAX_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Default)]
 struct Inner {
@@ -473,9 +488,17 @@ impl Fleet {
         }
     }
 
-    /// Brings `p` to what the fleet wants of it: the active version, a canary, a shadow. A
-    /// version this host cannot fetch, verify or load is refused here (the pipeline keeps the
-    /// one it runs, and the status says why); it is tried again at the next status interval.
+    /// [`Fleet::reconcile`] for a pipeline about to run (just loaded, or run again): whatever
+    /// was applied under its name before is forgotten, so it is brought to the fleet's state.
+    pub async fn reconcile_before_run(&self, p: &Pipeline) {
+        lock(&self.inner).applied.remove(p.name());
+        self.reconcile(p).await;
+    }
+
+    /// Brings `p` to what the fleet wants of it (the active version, a canary, a shadow) when
+    /// that changed since it was last brought to it. A version this host cannot fetch, verify
+    /// or load is refused here (the pipeline keeps the one it runs, and the status says why)
+    /// and tried again with backoff, from the status interval to a minute.
     pub async fn reconcile(&self, p: &Pipeline) {
         // One at a time: a tenant about to run its pipeline and the follow loop may both
         // reconcile it, and they would fetch and keep the same component twice.
@@ -492,29 +515,37 @@ impl Fleet {
             // file say what it runs.
             return;
         }
-        if applied
-            .refused
-            .as_ref()
-            .is_some_and(|(s, _)| *s == desired.seq)
-            && applied.seq == desired.seq
+        let instance = std::ptr::from_ref(p) as usize;
+        let same = applied.instance == instance && applied.desired.as_ref() == Some(&desired);
+        if same
+            && applied
+                .retry_at
+                .is_none_or(|at| Instant::now() < at || applied.refused.is_none())
         {
             return;
         }
         let result = self.converge(p, &desired).await;
         let mut inner = lock(&self.inner);
         let entry = inner.applied.entry(p.name().to_owned()).or_default();
+        let first_try = !(entry.instance == instance && entry.desired.as_ref() == Some(&desired));
         entry.seq = desired.seq;
+        entry.instance = instance;
+        entry.desired = Some(desired.clone());
         match result {
-            Ok(()) => entry.refused = None,
+            Ok(()) => {
+                entry.refused = None;
+                entry.retry_at = None;
+                entry.retry_delay = Duration::ZERO;
+            }
             Err(why) => {
-                let first = entry
-                    .refused
-                    .as_ref()
-                    .is_none_or(|(s, _)| *s != desired.seq);
-                if first {
-                    tracing::warn!(fleet = %self.spec.name, pipeline = %p.name(), seq = desired.seq, "fleet action not applied here; the pipeline keeps its current version: {why}");
+                if first_try {
+                    tracing::warn!(fleet = %self.spec.name, pipeline = %p.name(), seq = desired.seq, "fleet action not applied here; the pipeline keeps its current version (tried again with backoff): {why}");
                     self.count_action("not_applied");
+                    entry.retry_delay = Duration::ZERO;
                 }
+                let interval = Duration::from_millis(self.spec.status_interval_ms.max(100));
+                entry.retry_delay = (entry.retry_delay * 2).clamp(interval, MAX_RETRY);
+                entry.retry_at = Some(Instant::now() + entry.retry_delay);
                 entry.refused = Some((desired.seq, why));
             }
         }
