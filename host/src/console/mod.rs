@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use crate::admin::{AdminState, authorized};
+use crate::api::{self, PipelineRoute, Refused};
 use crate::dlq::{Action, DlqArgs, Summary};
 use crate::manifest::Manifest;
 use crate::recent_faults::{KEPT_FAULTS, RecentFault};
@@ -53,23 +54,23 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 /// The console's routes, merged into the admin router.
 pub fn routes() -> Router<Arc<AdminState>> {
     Router::new()
-        .route("/", get(|| async { Redirect::to("/console") }))
+        .route("/", get(|| async { Redirect::to(api::CONSOLE) }))
         .route(
-            "/console",
+            api::CONSOLE,
             get(|| asset("text/html; charset=utf-8", INDEX_HTML)),
         )
         .route(
-            "/console/console.js",
+            api::CONSOLE_JS,
             get(|| asset("text/javascript; charset=utf-8", CONSOLE_JS)),
         )
         .route(
-            "/console/console.css",
+            api::CONSOLE_CSS,
             get(|| asset("text/css; charset=utf-8", CONSOLE_CSS)),
         )
-        .route("/host", get(host))
-        .route("/faults", get(faults))
-        .route("/pipelines/{name}/dead-letters", get(dead_letters))
-        .route("/pipelines/{name}/dead-letters/replay", post(replay))
+        .route(api::HOST, get(host))
+        .route(api::FAULTS, get(faults))
+        .route(PipelineRoute::DeadLetters.pattern(), get(dead_letters))
+        .route(PipelineRoute::DeadLettersReplay.pattern(), post(replay))
 }
 
 async fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -156,7 +157,10 @@ async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> 
 fn answer(status: StatusCode, pipeline: &str, error: String) -> Response {
     (
         status,
-        axum::Json(serde_json::json!({ "pipeline": pipeline, "error": error })),
+        axum::Json(Refused {
+            error,
+            pipeline: pipeline.to_owned(),
+        }),
     )
         .into_response()
 }
