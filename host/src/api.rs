@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::dlq::Summary;
 pub use crate::pipeline::{
     GrantsStatus, PipelineStatus, VersionCounters, VersionInfo, VersionsStatus,
 };
@@ -59,7 +60,7 @@ pub enum PipelineRoute {
     Promote,
     /// `GET`: the pipeline's dead letters grouped by reason.
     DeadLetters,
-    /// `POST`: replay chosen dead letters once.
+    /// `POST` [`ReplayRequest`]: replay chosen dead letters once ([`Replayed`]).
     DeadLettersReplay,
 }
 
@@ -232,6 +233,33 @@ pub struct Refused {
     pub error: String,
     /// The pipeline.
     pub pipeline: String,
+}
+
+/// The body of a dead-letter replay: which dead letters, as `sharehost dlq`'s options.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// Reasons matching this regular expression (a group's `reason_regex`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Dead-letter topic offsets, `A..B` and the other forms of `--offsets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offsets: Option<String>,
+    /// One partition of the dead-letter topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+    /// Say what would be replayed; produce and remember nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The answer to a replay: what it did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Replayed {
+    /// The pipeline.
+    pub pipeline: String,
+    /// What the replay read, replayed and skipped.
+    pub summary: Summary,
 }
 
 #[cfg(test)]

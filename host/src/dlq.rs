@@ -456,7 +456,7 @@ fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
 }
 
 /// What one run did, printed last (as `{"summary": ...}` with `--json`).
-#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Summary {
     /// Dead-letter records read in the offsets asked for.
     pub read: u64,

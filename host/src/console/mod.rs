@@ -25,10 +25,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::admin::{AdminState, authorized};
-use crate::api::{self, PipelineRoute, Refused};
+use crate::api::{self, PipelineRoute, Refused, ReplayRequest, Replayed};
 use crate::dlq::{Action, DlqArgs, Summary};
 use crate::manifest::Manifest;
 use crate::recent_faults::{KEPT_FAULTS, RecentFault};
@@ -256,21 +256,6 @@ async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>
     }
 }
 
-/// `POST /pipelines/NAME/dead-letters/replay`: which dead letters, as `sharehost dlq`'s options.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplayBody {
-    /// Reasons matching this regular expression (a group's `reason_regex`).
-    reason: Option<String>,
-    /// Dead-letter topic offsets, `A..B` and the other forms of `--offsets`.
-    offsets: Option<String>,
-    /// One partition of the dead-letter topic.
-    partition: Option<i32>,
-    /// Say what would be replayed; produce and remember nothing.
-    #[serde(default)]
-    dry_run: bool,
-}
-
 /// Replays the chosen dead letters once (the replay state is the one `sharehost dlq` keeps,
 /// so neither replays what the other did). Needs the token; only a JSON body is taken, so a
 /// form on another site cannot post here without the browser asking first (and this listener
@@ -300,7 +285,7 @@ async fn replay(
             .into_response();
     }
     let text = if text.trim().is_empty() { "{}" } else { &text };
-    let body: ReplayBody = match serde_json::from_str(text) {
+    let body: ReplayRequest = match serde_json::from_str(text) {
         Ok(b) => b,
         Err(e) => {
             return (
@@ -337,7 +322,11 @@ async fn replay(
                 replayed = summary.replayed, already_replayed = summary.already_replayed,
                 "dead letters replayed through the admin API"
             );
-            axum::Json(serde_json::json!({ "pipeline": name, "summary": summary })).into_response()
+            axum::Json(Replayed {
+                pipeline: name,
+                summary,
+            })
+            .into_response()
         }
         (Err(e), _) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
     }
