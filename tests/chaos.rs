@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,7 @@ use sharehost_tests::cluster::{
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, new_version,
     topic_values, unique,
@@ -263,10 +264,6 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
-
 /// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's
 /// TopicCommand lists them.
 fn under_replicated(bootstrap: &str) -> Vec<String> {
@@ -383,7 +380,7 @@ impl Nemesis {
         self.starts[h] += 1;
         let name = format!("host-{h}.{}", self.starts[h]);
         self.hosts[h] = Some(HostProcess::start_watched(
-            sharehost(),
+            sharehost_bin!(),
             &self.manifest,
             &name,
             &self.watch,

@@ -23,14 +23,11 @@ use bytes::Bytes;
 use serde_json::Value;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::host::{HostProcess, PATIENCE};
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     blocking, bootstrap, client, fresh_group, guest, new_version, produce_ids, repo_root,
     topic_records, topic_with_dead_letters, unique,
 };
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 const TOKEN: &str = "console-test-token-5f2c";
 
@@ -475,7 +472,7 @@ dead_letter_topic = "{payments_dlq}"
         let (manifest, state) = (manifest.clone(), state.clone());
         move || {
             HostProcess::start_with_env(
-                sharehost(),
+                sharehost_bin!(),
                 &manifest,
                 "host",
                 &[

@@ -16,14 +16,11 @@ use serde_json::Value;
 use sharehost::kafka::{Compression, ConsumedRecord, Header, KafkaClient, ProduceRecord};
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::report;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, bootstrap, client, fresh_group_with, guest, ledger_manifest, produce_ids,
     topic_records, topic_with_dead_letters, unique,
 };
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// A test's own directory (manifest, replay state).
 fn scratch() -> PathBuf {
@@ -60,7 +57,7 @@ struct Run {
 /// Runs `sharehost dlq MANIFEST --pipeline ledger ARGS... --json` with its replay state in
 /// `dir/state`.
 async fn sharehost_dlq(dir: &Path, args: &[&str]) -> Run {
-    let mut cmd = Command::new(sharehost());
+    let mut cmd = Command::new(sharehost_bin!());
     cmd.arg("dlq")
         .arg(dir.join("manifest.toml"))
         .args(["--pipeline", "ledger", "--json"])
@@ -131,10 +128,11 @@ async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
     let group = fresh_group_with(&client, Some(30_000), &[]).await;
     let dir = scratch();
     let manifest = manifest(&dir, &topic, &group, &dlq);
-    let host =
-        tokio::task::spawn_blocking(move || HostProcess::start(sharehost(), &manifest, "host"))
-            .await
-            .expect("join");
+    let host = tokio::task::spawn_blocking(move || {
+        HostProcess::start(sharehost_bin!(), &manifest, "host")
+    })
+    .await
+    .expect("join");
     wait_for_records(&client, &dlq, rejected.len()).await;
     tokio::task::spawn_blocking(move || host.stop())
         .await

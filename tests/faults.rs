@@ -20,6 +20,7 @@ use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen, Watch, run_until_judged};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::proxy::Proxy;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
     new_version, produce_ids, proxied_listener, topic_records, topic_values,
@@ -38,10 +39,6 @@ fn scale() -> u64 {
         .and_then(|s| s.parse().ok())
         .filter(|s| *s >= 1)
         .unwrap_or(1)
-}
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
 }
 
 /// One scenario's topic, dead-letter topic, group and produced ids.
@@ -120,7 +117,7 @@ impl Scenario {
             plugin_config,
             settings,
         );
-        let (status, seen) = run_until_judged(sharehost(), manifest, self.ids.len()).await;
+        let (status, seen) = run_until_judged(sharehost_bin!(), manifest, self.ids.len()).await;
         self.ledger(&[seen]).await;
         status
     }
@@ -189,7 +186,8 @@ fn faults_of(status: &serde_json::Value) -> u64 {
 async fn traps_every_tenth_batch(name: &'static str, component: &Path) -> serde_json::Value {
     let s = Scenario::new(name, 3000, 30_000).await;
     let manifest = s.manifest(&bootstrap(), component, r#"trap-every = "10""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let n = s.ids.len();
     let seen = blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
@@ -236,7 +234,8 @@ async fn hot_swaps_under_load_lose_nothing() {
     std::fs::write(&v1, new_version(&original, "v1")).expect("write v1");
     std::fs::write(&v2, new_version(&original, "v2")).expect("write v2");
     let manifest = s.manifest(&bootstrap(), &v1, r#"pause-ms = "20""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     // Each swap is asked for while records of the old version are still being judged, and new
     // records arrive after it: both versions work, and the hand-over happens under load.
     for (i, next) in [&v2, &v1, &v2, &v1].into_iter().enumerate() {
@@ -295,7 +294,7 @@ async fn a_host_killed_mid_batch_and_restarted_loses_nothing() {
     );
     let m = manifest.clone();
     let first = blocking(move || {
-        let host = HostProcess::start(sharehost(), &m, "first");
+        let host = HostProcess::start(sharehost_bin!(), &m, "first");
         // Woken by the 5th `ledger begin`: that call is in its 100 ms pause when the kill lands.
         host.wait_for("five plugin calls begun", |s| s.calls >= 5);
         host.kill()
@@ -307,7 +306,7 @@ async fn a_host_killed_mid_batch_and_restarted_loses_nothing() {
     );
     let watch = Watch::default();
     let second =
-        blocking(move || HostProcess::start_watched(sharehost(), &manifest, "second", &watch))
+        blocking(move || HostProcess::start_watched(sharehost_bin!(), &manifest, "second", &watch))
             .await;
     let second = Arc::new(second);
     let (h, ids) = (second.clone(), s.ids.clone());
@@ -338,7 +337,7 @@ async fn three_hosts_in_one_group_one_killed_lose_nothing() {
     let (m, w) = (manifest.clone(), watch.clone());
     let hosts = blocking(move || {
         ["host-1", "host-2", "host-3"]
-            .map(|name| HostProcess::start_watched(sharehost(), &m, name, &w))
+            .map(|name| HostProcess::start_watched(sharehost_bin!(), &m, name, &w))
     })
     .await;
     let [h1, h2, h3] = hosts;
@@ -384,7 +383,8 @@ async fn cut_connections_between_host_and_broker_lose_nothing() {
     let (listen, target) = proxied_listener();
     let proxy = Proxy::start(&listen, &target).await;
     let manifest = s.manifest(&listen, &guest("fixture_ledger"), r#"pause-ms = "20""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let n = s.ids.len();
     let mut cut = 0;
     for part in [4, 2] {
@@ -410,7 +410,8 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     let _alone = BROKER.write().await;
     let s = Scenario::new("broker-restart", 3000, 30_000).await;
     let manifest = s.manifest(&bootstrap(), &guest("fixture_ledger"), r#"pause-ms = "20""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, n) = (host.clone(), s.ids.len());
     blocking(move || {
         h.wait_for("a quarter judged", |seen| seen.judged() >= n / 4);
@@ -447,7 +448,7 @@ async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw(
     for round in 0..3 {
         let m = manifest.clone();
         let (drained, peak) = blocking(move || {
-            let host = HostProcess::start(sharehost(), &m, "drained");
+            let host = HostProcess::start(sharehost_bin!(), &m, "drained");
             host.wait_for("the plugin's second call begun", |s| s.calls >= 2);
             let peak = host.status()[0]["in_flight_peak"].as_u64().unwrap_or(0);
             let (_, seen) = host.stop();
@@ -466,7 +467,8 @@ async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw(
         .flat_map(|s| s.distinct())
         .map(str::to_owned)
         .collect();
-    let last = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "last")).await);
+    let last =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "last")).await);
     let (h, ids) = (last.clone(), s.ids.len());
     blocking(move || {
         h.wait_for("every id judged across the four runs", |seen| {
@@ -567,7 +569,7 @@ async fn a_host_killed_and_restarted_rejoins_as_the_same_member_and_takes_its_wo
     );
     let m = manifest.clone();
     let (first, first_member) = blocking(move || {
-        let host = HostProcess::start(sharehost(), &m, "first");
+        let host = HostProcess::start(sharehost_bin!(), &m, "first");
         host.wait_for("five plugin calls begun", |s| s.calls >= 5);
         let member = member_of(&host);
         (host.kill(), member)
@@ -576,7 +578,7 @@ async fn a_host_killed_and_restarted_rejoins_as_the_same_member_and_takes_its_wo
     assert!(first.judged() < s.ids.len(), "killed mid-stream");
     let restarted = std::time::Instant::now();
     let second =
-        Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "second")).await);
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "second")).await);
     let h = second.clone();
     let to_first_record = blocking(move || {
         h.wait_for("the restarted host's first plugin call", |s| s.calls >= 1);

@@ -24,16 +24,13 @@ use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost::runtime::signature_path;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     new_version, produce_ids, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// An operator's key pair, as `minisign -G -W` makes one.
 struct Operator {
@@ -153,7 +150,7 @@ impl Fleet {
         let manifest = self.manifest_with(id, component, extra);
         let state = self.dir.join(format!("state-{id}"));
         HostProcess::start_with_env(
-            sharehost(),
+            sharehost_bin!(),
             &manifest,
             id,
             &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
@@ -179,7 +176,7 @@ impl Fleet {
     fn try_fleet(&self, args: &[&str]) -> (bool, String) {
         let manifest = self.manifest("operator");
         let (command, rest) = args.split_first().expect("a command");
-        let mut cmd = Command::new(sharehost());
+        let mut cmd = Command::new(sharehost_bin!());
         cmd.arg("fleet").arg(command).arg(&manifest);
         if *command != "status" {
             cmd.arg("--pipeline")

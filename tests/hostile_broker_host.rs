@@ -8,16 +8,11 @@
 //! Part of the host package's tests (it needs the `sharehost` binary Cargo builds for them),
 //! kept here with the other broker tests.
 
-use std::path::PathBuf;
-
 use kafka_protocol::messages::ApiKey;
 use sharehost_tests::fake_broker::{FakeBroker, TOPIC, lying_share_member};
 use sharehost_tests::host::HostProcess;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{guest, ledger_manifest, repo_root, unique};
-
-fn sharehost() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 #[test]
 fn sharehost_run_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
@@ -39,7 +34,7 @@ fn sharehost_run_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
     )
     .expect("write manifest");
 
-    let host = HostProcess::start(&sharehost(), &manifest, "host");
+    let host = HostProcess::start(sharehost_bin!(), &manifest, "host");
     // The three records of the huge range are judged: the host joined after the lie, on a new
     // connection, and did not walk 2^63 offsets.
     let seen = host.wait_for("the three records judged", |s| s.accepted.len() >= 3);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     blocking, bootstrap, client, fresh_group_with, guest, produce_ids, unique, wait_until_drained,
 };
@@ -22,10 +23,6 @@ use sharehost_tests::{
 const PARTITIONS: i32 = 3;
 /// B's ids start here, apart from A's.
 const B_IDS: u64 = 1_000_000;
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// The manifest: pipeline `a` always, pipeline `b` when given (its topic, group and batch
 /// size); `admin` the admin listener.
@@ -114,7 +111,7 @@ async fn pipelines_are_added_changed_and_removed_live_while_the_untouched_one_ke
     let admin = "127.0.0.1:0";
     replace(&path, &manifest((&ta, &ga), None, admin));
     let p = path.clone();
-    let host = blocking(move || HostProcess::start(sharehost(), &p, "host")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &p, "host")).await;
     let mut ids: Vec<String> = produce_ids(&client, &ta, PARTITIONS, 0..1000).await;
     let wait_ids = |host: &HostProcess, n: usize| {
         host.wait_for("every id judged", |s| s.distinct().len() >= n);

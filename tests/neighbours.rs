@@ -25,7 +25,7 @@ use sharehost_tests::{
 fn binary() -> PathBuf {
     std::env::var_os("SHAREHOST_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_sharehost")))
+        .unwrap_or_else(|| sharehost_tests::sharehost_bin!().to_path_buf())
 }
 
 fn env_or(name: &str, default: &str) -> String {

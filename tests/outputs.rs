@@ -25,6 +25,7 @@ use sharehost::dlq::DeadLetter;
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     produce_ids, serve_on_loopback, topic_records, topic_values, topic_with_dead_letters, unique,
@@ -33,10 +34,6 @@ use sharehost_tests::{
 
 const PARTITIONS: i32 = 3;
 const OUTPUT_PARTITIONS: i32 = 2;
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// One output record as read back: its value (the source id) and provenance headers.
 #[derive(Debug)]
@@ -184,7 +181,7 @@ impl Scenario {
     /// Runs one host on `manifest` until its plugin has judged every id, then stops it;
     /// returns the host's status taken before the stop and what the plugin reported.
     async fn run_until_judged(&self, manifest: PathBuf) -> (serde_json::Value, Seen) {
-        sharehost_tests::host::run_until_judged(sharehost(), manifest, self.ids.len()).await
+        sharehost_tests::host::run_until_judged(sharehost_bin!(), manifest, self.ids.len()).await
     }
 
     /// Checks the outputs against the ledger: every accepted id has an output whose
@@ -351,7 +348,7 @@ async fn a_host_killed_mid_stream_and_restarted_loses_no_output_of_an_accepted_r
     let manifest = s.manifest(r#"pause-ms = "100""#);
     let m = manifest.clone();
     let first = blocking(move || {
-        let host = HostProcess::start(sharehost(), &m, "first");
+        let host = HostProcess::start(sharehost_bin!(), &m, "first");
         // The 5th call is in its 100 ms pause when the kill lands: emitted, not yet produced.
         host.wait_for("five plugin calls begun", |s| s.calls >= 5);
         host.kill()
@@ -364,7 +361,7 @@ async fn a_host_killed_mid_stream_and_restarted_loses_no_output_of_an_accepted_r
     );
     let watch = Watch::default();
     let second = Arc::new(
-        blocking(move || HostProcess::start_watched(sharehost(), &manifest, "second", &watch))
+        blocking(move || HostProcess::start_watched(sharehost_bin!(), &manifest, "second", &watch))
             .await,
     );
     let (h, n, first_seen) = (second.clone(), s.ids.len(), first.clone());
@@ -432,7 +429,8 @@ async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acqui
     // output on its first delivery.
     let s = Scenario::new("outputs-missing-topic", 300, 30_000, false).await;
     let manifest = s.manifest("");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let (status, ready) = blocking(move || {
         let deadline = Instant::now() + PATIENCE;
@@ -488,7 +486,8 @@ async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no
     // spent their five deliveries within seconds, and the broker archived them.
     let s = Scenario::new("outputs-deleted", 700, 10_000, true).await;
     let manifest = s.manifest_with("", "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, first) = (host.clone(), to_accept(&s.ids));
     blocking(move || status_reaches(&h, "accepted", first)).await;
     // What was written before the topic goes; the host writes nothing more until new ids come.
@@ -540,7 +539,8 @@ async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_
         .await
         .expect("make the dead-letter topic refuse every record");
     let manifest = s.manifest("");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, accepts) = (host.clone(), to_accept(&s.ids));
     blocking(move || {
         pipeline_reaches(&h, "writes_waiting", 1);
@@ -712,7 +712,8 @@ async fn a_contract_0_1_plugin_runs_in_the_host_exactly_as_before() {
     )
     .await;
     let manifest = s.text_manifest(&guest("fixture_contract_v01"), "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let status = blocking(move || status_reaches(&h, "rejected", 2)).await;
     let h = host.clone();
@@ -743,7 +744,8 @@ async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_lett
             file.display()
         ),
     );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let status = blocking(move || {
         status_reaches(&h, "rejected", 1);
@@ -831,7 +833,8 @@ async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_d
         &guest("fixture_http_fetch"),
         &format!("allowed_outbound_hosts = [\"{listed}\"]\nwall_deadline_ms = 10000\n"),
     );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let status = blocking(move || {
         status_reaches(&h, "rejected", 3);
@@ -921,7 +924,8 @@ async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason() {
     let values = incompressible_values(100, 20 << 10);
     let s = bytes_scenario("dlq-20kb", &values).await;
     let manifest = s.text_manifest(&guest("fixture_ledger"), "batch_size = 100\n");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let status = blocking(move || pipeline_reaches(&h, "dead_lettered", 100)).await;
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
@@ -961,7 +965,8 @@ async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_wit
         .await
         .expect("limit the dead-letter topic's record size");
     let manifest = s.text_manifest(&guest("fixture_ledger"), "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let status = blocking(move || pipeline_reaches(&h, "dead_lettered", 2)).await;
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
@@ -1037,7 +1042,8 @@ async fn a_record_that_kills_the_host_on_every_delivery_is_dead_lettered_by_the_
     let last = loop {
         assert!(kills <= 3, "record 0 came back after its delivery limit");
         let m = manifest.clone();
-        let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &m, "doomed")).await);
+        let host =
+            Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &m, "doomed")).await);
         let h = host.clone();
         let doomed = blocking(move || {
             let deadline = Instant::now() + PATIENCE;

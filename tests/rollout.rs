@@ -17,16 +17,13 @@ use std::time::{Duration, Instant};
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen};
 use sharehost_tests::ledger::Ledger;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     new_version, produce_ids, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// A topic (empty: records are produced once the candidate is in place), a group, and the
 /// directory for manifests and candidates.
@@ -142,7 +139,8 @@ async fn a_shadow_reports_exactly_where_a_stricter_candidate_disagrees() {
     // Active: ids divisible by 10 rejected. Candidate: the ledger that rejects ids divisible
     // by 3 whatever its configuration says.
     let manifest = s.manifest(&guest("fixture_ledger"), r#"reject-every = "10""#);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let candidate = guest("fixture_ledger_strict");
     let answer = post(
         &host,
@@ -242,7 +240,8 @@ async fn a_shadow_reports_exactly_where_a_stricter_candidate_disagrees() {
 async fn a_canary_that_traps_every_fifth_batch_is_rolled_back_and_loses_nothing() {
     let mut s = Scenario::new("canary-trap").await;
     let manifest = s.manifest(&guest("fixture_ledger"), "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let candidate = guest("fixture_ledger_trap5");
     post(
         &host,
@@ -282,7 +281,8 @@ async fn a_canary_that_traps_every_fifth_batch_is_rolled_back_and_loses_nothing(
 async fn a_good_canary_is_promoted_and_loses_nothing() {
     let mut s = Scenario::new("canary-good").await;
     let manifest = s.manifest(&guest("fixture_ledger"), "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let candidate = s.new_version(&guest("fixture_ledger"), "canary-v2");
     let hash = post(
         &host,
@@ -319,7 +319,7 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
     let manifest = s.manifest(&v1, "");
     let v2 = s.new_version(&v1, "restart-v2");
     let m = manifest.clone();
-    let host = blocking(move || HostProcess::start(sharehost(), &m, "first")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &m, "first")).await;
     let v1_hash = host.status()[0]["active_version"]
         .as_str()
         .unwrap_or_default()
@@ -337,7 +337,7 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
 
     // Restarted with the same manifest: back on v2, v1 kept for rollback.
     let m = manifest.clone();
-    let host = blocking(move || HostProcess::start(sharehost(), &m, "second")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &m, "second")).await;
     assert_eq!(host.status()[0]["active_version"], v2_hash.as_str());
     let log = host.log_lines().join("\n");
     assert!(
@@ -372,7 +372,7 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
 
     // Restarted again: the rollback was remembered.
     let m = manifest.clone();
-    let host = blocking(move || HostProcess::start(sharehost(), &m, "third")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &m, "third")).await;
     let status = host.status();
     let active = status[0]["active_version"]
         .as_str()
@@ -399,7 +399,7 @@ async fn a_shadow_named_in_the_manifest_starts_with_the_pipeline_and_stops_on_re
     );
     let manifest = s.dir.join("shadow.toml");
     std::fs::write(&manifest, text).expect("write manifest");
-    let host = blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await;
     let status = host.status();
     assert_eq!(status[0]["shadow"]["sample"], 0.25, "{status}");
     assert_eq!(

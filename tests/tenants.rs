@@ -14,14 +14,11 @@ use std::time::{Duration, Instant};
 
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     blocking, bootstrap, client, fresh_group, fresh_group_with, guest, ledger_manifest,
     produce_ids, topic_with_dead_letters, unique, wait_until_drained,
 };
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// A manifest of two ledger pipelines: `good` on `topic`, and `bad`, whose plugin refuses its
 /// configuration (`pause-ms` is not a number) on another topic.
@@ -119,7 +116,8 @@ async fn a_pipeline_that_fails_to_load_is_reported_and_retried_while_the_others_
     let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let manifest = two_tenants(&dir, &topic, &group, &other, &other_group);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, n) = (host.clone(), ids.len());
     let seen = blocking(move || h.wait_for("every id judged", |s| s.distinct().len() >= n)).await;
     let h = host.clone();
@@ -174,7 +172,7 @@ fn strict_refuses_to_start_when_a_pipeline_fails_to_load() {
     let dir = std::env::temp_dir().join(unique("sharehost-tenants"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let manifest = two_tenants(&dir, "t", "g", "u", "h");
-    let out = Command::new(sharehost())
+    let out = Command::new(sharehost_bin!())
         .args(["run", "--strict"])
         .arg(&manifest)
         .output()
@@ -201,7 +199,8 @@ async fn a_delivery_cap_above_the_groups_delivery_limit_is_refused_naming_both()
         "fixture_ledger",
         &format!("delivery_cap = 4\ndead_letter_topic = \"{dlq}\"\n"),
     );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let p =
         blocking(move || pipeline_until(&h, "ledger", "refused", |p| p["last_error"].is_string()))
@@ -250,7 +249,8 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         "splitter",
         &format!("dead_letter_topic = \"{dlq}\"\n[pipeline.outputs]\nnormal = \"{normal}\"\n"),
     );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let (p, ready) = blocking(move || {
         let p = pipeline_until(&h, "ledger", "dead-lettered the urgent orders", |p| {
@@ -307,7 +307,7 @@ async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_c
         "fixture_ledger",
         &format!("dead_letter_topic = \"{dlq}\"\n"),
     );
-    let host = blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await;
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await;
     // Before any record: the host has only just announced its admin address.
     let (_, text) = host.http("GET", "/metrics", "");
     blocking(move || host.stop()).await;
@@ -375,7 +375,8 @@ async fn the_share_groups_lag_per_partition_is_exported_and_follows_the_backlog(
         "pause-ms = \"1000\"",
         "batch_size = 20\n",
     );
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, t) = (host.clone(), topic.clone());
     let seen_backlog = blocking(move || {
         let deadline = Instant::now() + PATIENCE;
@@ -431,7 +432,8 @@ async fn records_released_at_their_last_delivery_are_counted_as_archived() {
     let group = fresh_group_with(&client, None, &[("share.delivery.count.limit", "2")]).await;
     produce_ids(&client, &topic, 1, 0..10).await;
     let manifest = ledger_pipeline(&topic, &group, "fixture_ledger", "trap-every = \"1\"", "");
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     let series = "sharehost_released_at_delivery_limit_total{pipeline=\"ledger\"} ";
     let archived = blocking(move || {

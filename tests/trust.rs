@@ -21,6 +21,7 @@ use sharehost::runtime::{
 };
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
+use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     new_version, plugin_record, produce_ids, topic_records, topic_with_dead_letters, unique,
@@ -28,10 +29,6 @@ use sharehost_tests::{
 };
 
 const PARTITIONS: i32 = 3;
-
-fn sharehost() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_sharehost"))
-}
 
 /// A publisher's key pair, as `minisign -G -W` makes one.
 struct Publisher {
@@ -111,7 +108,7 @@ fn sharehost_cmd(subcommand: &str, manifest: &Path) -> (bool, String) {
     } else {
         &[]
     };
-    let out = Command::new(sharehost())
+    let out = Command::new(sharehost_bin!())
         .arg(subcommand)
         .args(strict)
         .arg(manifest)
@@ -355,7 +352,8 @@ async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_
     std::fs::write(&v1, new_version(&original, "v1")).expect("write v1");
     alice.sign(&v1);
     let manifest = trusting_manifest(&dir, &[alice.public()], &v1, &topic, &group);
-    let host = Arc::new(blocking(move || HostProcess::start(sharehost(), &manifest, "host")).await);
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let h = host.clone();
     blocking(move || {
         h.wait_for("records judged by the signed version", |s| {

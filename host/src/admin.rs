@@ -14,12 +14,14 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::{
+    self, CanaryBody, CandidateStarted, PipelineRoute, Refused, RollbackRequest, ShadowBody,
+    ShadowStopped, SwapRequest, VersionChanged,
+};
 use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, SwapError};
-use crate::rollout::{CanaryRequest, ShadowRequest};
 use crate::tenants::Tenants;
 
 /// What the admin handlers share.
@@ -35,11 +37,6 @@ pub struct AdminState {
     pub manifest: Option<PathBuf>,
     /// The fleet this host is one of (`None`: a host on its own, `GET /fleet` answers 404).
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
-}
-
-#[derive(Deserialize)]
-struct SwapBody {
-    path: PathBuf,
 }
 
 pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
@@ -116,8 +113,8 @@ async fn swap(
     text: String,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    let b: SwapBody = body(&text, r#"{"path": "..."}"#)?;
-    Ok(outcome(&name, "active_version", p.swap(&b.path).await))
+    let b: SwapRequest = body(&text, r#"{"path": "..."}"#)?;
+    Ok(changed(&name, p.swap(&b.path).await))
 }
 
 /// A request refused before it reached its pipeline (401, 404, 400): the answer to send.
@@ -165,16 +162,50 @@ fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T,
     })
 }
 
-/// The answer to a version change: 200 with `key` = the hash, or 422 with the reason.
-fn outcome(name: &str, key: &str, r: Result<String, SwapError>) -> Response {
+/// The answer to a version change: 200 with the hash now active, or 422 with the reason.
+fn changed(name: &str, r: Result<String, SwapError>) -> Response {
+    outcome(name, r, |active_version| {
+        axum::Json(VersionChanged {
+            active_version,
+            pipeline: name.to_owned(),
+        })
+        .into_response()
+    })
+}
+
+/// The answer to a started shadow or canary: 200 with the candidate's hash, or 422.
+fn started(name: &str, r: Result<String, SwapError>) -> Response {
+    outcome(name, r, |candidate| {
+        axum::Json(CandidateStarted {
+            candidate,
+            pipeline: name.to_owned(),
+        })
+        .into_response()
+    })
+}
+
+/// `ok` applied to the hash, or 422 with the reason.
+fn outcome(
+    name: &str,
+    r: Result<String, SwapError>,
+    ok: impl FnOnce(String) -> Response,
+) -> Response {
     match r {
-        Ok(hash) => axum::Json(serde_json::json!({ "pipeline": name, key: hash })).into_response(),
-        Err(e) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(serde_json::json!({ "pipeline": name, "error": e.to_string() })),
-        )
-            .into_response(),
+        Ok(hash) => ok(hash),
+        Err(e) => refused(name, e.to_string()),
     }
+}
+
+/// 422: the pipeline refused, saying why.
+fn refused(name: &str, error: String) -> Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        axum::Json(Refused {
+            error,
+            pipeline: name.to_owned(),
+        }),
+    )
+        .into_response()
 }
 
 async fn versions(State(s): State<Arc<AdminState>>, Path(name): Path<String>) -> Response {
@@ -188,11 +219,6 @@ async fn versions(State(s): State<Arc<AdminState>>, Path(name): Path<String>) ->
     }
 }
 
-#[derive(Deserialize)]
-struct RollbackBody {
-    hash: Option<String>,
-}
-
 async fn rollback(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
@@ -200,12 +226,8 @@ async fn rollback(
     text: String,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    let b: RollbackBody = body(&text, r#"{"hash": "..."} or nothing"#)?;
-    Ok(outcome(
-        &name,
-        "active_version",
-        p.rollback(b.hash.as_deref()).await,
-    ))
+    let b: RollbackRequest = body(&text, r#"{"hash": "..."} or nothing"#)?;
+    Ok(changed(&name, p.rollback(b.hash.as_deref()).await))
 }
 
 async fn shadow(
@@ -215,8 +237,8 @@ async fn shadow(
     text: String,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    let req: ShadowRequest = body(&text, r#"{"path": "...", "sample": 0.5}"#)?;
-    Ok(outcome(&name, "candidate", p.start_shadow(req).await))
+    let req: ShadowBody = body(&text, r#"{"path": "...", "sample": 0.5}"#)?;
+    Ok(started(&name, p.start_shadow(req.request()).await))
 }
 
 async fn shadow_stop(
@@ -226,14 +248,12 @@ async fn shadow_stop(
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     Ok(match p.stop_shadow() {
-        Some(status) => {
-            axum::Json(serde_json::json!({ "pipeline": name, "shadow": status })).into_response()
-        }
-        None => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(serde_json::json!({ "pipeline": name, "error": "no shadow is running" })),
-        )
-            .into_response(),
+        Some(shadow) => axum::Json(ShadowStopped {
+            pipeline: name,
+            shadow,
+        })
+        .into_response(),
+        None => refused(&name, "no shadow is running".to_owned()),
     })
 }
 
@@ -244,11 +264,11 @@ async fn canary(
     text: String,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    let req: CanaryRequest = body(
+    let req: CanaryBody = body(
         &text,
         r#"{"path": "...", "percent": 10, "promote_after": {"batches": 100}, "rollback_if": {...}}"#,
     )?;
-    Ok(outcome(&name, "candidate", p.start_canary(req).await))
+    Ok(started(&name, p.start_canary(req.request()).await))
 }
 
 async fn canary_stop(
@@ -257,11 +277,7 @@ async fn canary_stop(
     headers: HeaderMap,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    Ok(outcome(
-        &name,
-        "active_version",
-        p.end_canary_now(false).await,
-    ))
+    Ok(changed(&name, p.end_canary_now(false).await))
 }
 
 async fn promote(
@@ -270,11 +286,7 @@ async fn promote(
     headers: HeaderMap,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
-    Ok(outcome(
-        &name,
-        "active_version",
-        p.end_canary_now(true).await,
-    ))
+    Ok(changed(&name, p.end_canary_now(true).await))
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown`.
@@ -284,18 +296,24 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .route("/pipelines", get(pipelines))
-        .route("/fleet", get(fleet))
-        .route("/manifest", get(manifest_status))
-        .route("/pipelines/{name}/swap", post(swap))
-        .route("/pipelines/{name}/versions", get(versions))
-        .route("/pipelines/{name}/rollback", post(rollback))
-        .route("/pipelines/{name}/shadow", post(shadow).delete(shadow_stop))
-        .route("/pipelines/{name}/canary", post(canary).delete(canary_stop))
-        .route("/pipelines/{name}/promote", post(promote))
+        .route(api::METRICS, get(metrics))
+        .route(api::HEALTHZ, get(|| async { "ok\n" }))
+        .route(api::READYZ, get(ready))
+        .route(api::PIPELINES, get(pipelines))
+        .route(api::FLEET, get(fleet))
+        .route(api::MANIFEST, get(manifest_status))
+        .route(PipelineRoute::Swap.pattern(), post(swap))
+        .route(PipelineRoute::Versions.pattern(), get(versions))
+        .route(PipelineRoute::Rollback.pattern(), post(rollback))
+        .route(
+            PipelineRoute::Shadow.pattern(),
+            post(shadow).delete(shadow_stop),
+        )
+        .route(
+            PipelineRoute::Canary.pattern(),
+            post(canary).delete(canary_stop),
+        )
+        .route(PipelineRoute::Promote.pattern(), post(promote))
         .merge(crate::console::routes())
         .with_state(state);
     axum::serve(listener, app)

@@ -14,9 +14,13 @@ use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::rollout::{CanaryRequest, PromoteAfter, RollbackIf, ShadowRequest};
+use crate::api::{
+    self, CanaryBody, CanaryState, CanaryStatus, CandidateStarted, PipelineRoute, PromoteAfterBody,
+    RollbackIfBody, RollbackRequest, ShadowBody, ShadowStatus, ShadowStopped, SwapRequest, Tally,
+    TenantStatus, VersionChanged, VersionCounters, VersionsStatus,
+};
 
 /// `sharehost ctl --admin URL [--token-env VAR] [--json] COMMAND`.
 #[derive(Debug, clap::Args)]
@@ -139,19 +143,6 @@ pub struct Call {
     pub body: Option<Value>,
 }
 
-/// A pipeline name as one URL path segment (percent-encoded beyond unreserved characters).
-fn segment(name: &str) -> String {
-    let mut out = String::new();
-    for b in name.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// A component path as the host should read it: absolute when the file is here (so the host's
 /// working directory does not matter), else as given (a path on the host's machine).
 fn component_path(path: &std::path::Path) -> String {
@@ -165,52 +156,52 @@ impl CtlCommand {
     /// The request this command makes; argument mistakes the host would refuse anyway are
     /// caught here first, with the flag's name.
     pub fn call(&self) -> Result<Call> {
-        let p = |name: &str, rest: &str| format!("/pipelines/{}{rest}", segment(name));
-        let post = |path: String, body: Option<Value>| Call {
+        let get = |route: PipelineRoute, name: &str| Call {
+            method: "GET",
+            path: route.path(name),
+            body: None,
+        };
+        let delete = |route: PipelineRoute, name: &str| Call {
+            method: "DELETE",
+            path: route.path(name),
+            body: None,
+        };
+        let post = |route: PipelineRoute, name: &str, body: Option<Value>| Call {
             method: "POST",
-            path,
+            path: route.path(name),
             body,
         };
         Ok(match self {
             CtlCommand::Pipelines => Call {
                 method: "GET",
-                path: "/pipelines".to_owned(),
+                path: api::PIPELINES.to_owned(),
                 body: None,
             },
-            CtlCommand::Versions { name } => Call {
-                method: "GET",
-                path: p(name, "/versions"),
-                body: None,
-            },
+            CtlCommand::Versions { name } => get(PipelineRoute::Versions, name),
             CtlCommand::Swap { name, path } => post(
-                p(name, "/swap"),
-                Some(json!({ "path": component_path(path) })),
+                PipelineRoute::Swap,
+                name,
+                Some(json(&SwapRequest {
+                    path: component_path(path).into(),
+                })?),
             ),
             CtlCommand::Rollback { name, hash } => post(
-                p(name, "/rollback"),
-                Some(match hash {
-                    Some(h) => json!({ "hash": h }),
-                    None => json!({}),
-                }),
+                PipelineRoute::Rollback,
+                name,
+                Some(json(&RollbackRequest { hash: hash.clone() })?),
             ),
             CtlCommand::Shadow { name, path, sample } => {
-                let mut body = json!({ "path": component_path(path) });
-                // The host's own check, so ctl refuses exactly what the host would.
-                let request = ShadowRequest {
-                    path: path.clone(),
-                    sample: sample.unwrap_or(1.0),
+                let body = ShadowBody {
+                    path: component_path(path).into(),
+                    sample: *sample,
                 };
-                request.validate().map_err(|e| anyhow!("--sample: {e}"))?;
-                if let Some(s) = sample {
-                    body["sample"] = json!(s);
-                }
-                post(p(name, "/shadow"), Some(body))
+                // The host's own check, so ctl refuses exactly what the host would.
+                body.request()
+                    .validate()
+                    .map_err(|e| anyhow!("--sample: {e}"))?;
+                post(PipelineRoute::Shadow, name, Some(json(&body)?))
             }
-            CtlCommand::ShadowStop { name } => Call {
-                method: "DELETE",
-                path: p(name, "/shadow"),
-                body: None,
-            },
+            CtlCommand::ShadowStop { name } => delete(PipelineRoute::Shadow, name),
             CtlCommand::Canary {
                 name,
                 path,
@@ -221,59 +212,35 @@ impl CtlCommand {
                 max_reject_rate_increase,
                 max_release_rate_increase,
             } => {
+                let promote = PromoteAfterBody {
+                    batches: *promote_after_batches,
+                    seconds: *promote_after_seconds,
+                };
+                let bounds = RollbackIfBody {
+                    max_fault_rate: *max_fault_rate,
+                    max_reject_rate_increase: *max_reject_rate_increase,
+                    max_release_rate_increase: *max_release_rate_increase,
+                };
+                let body = CanaryBody {
+                    path: component_path(path).into(),
+                    percent: *percent,
+                    promote_after: (promote != PromoteAfterBody::default()).then_some(promote),
+                    rollback_if: (bounds != RollbackIfBody::default()).then_some(bounds),
+                };
                 // The host's own check on what it will read (its defaults filled in), so ctl
                 // refuses exactly what the host would.
-                let defaults = RollbackIf::default();
-                let request = CanaryRequest {
-                    path: path.clone(),
-                    percent: *percent,
-                    promote_after: PromoteAfter {
-                        batches: *promote_after_batches,
-                        seconds: *promote_after_seconds,
-                    },
-                    rollback_if: RollbackIf {
-                        max_fault_rate: max_fault_rate.unwrap_or(defaults.max_fault_rate),
-                        max_reject_rate_increase: max_reject_rate_increase
-                            .unwrap_or(defaults.max_reject_rate_increase),
-                        max_release_rate_increase: max_release_rate_increase
-                            .unwrap_or(defaults.max_release_rate_increase),
-                    },
-                };
-                request.validate().map_err(|e| anyhow!("{e}"))?;
-                let mut body = json!({ "path": component_path(path), "percent": percent });
-                let mut promote = serde_json::Map::new();
-                if let Some(n) = promote_after_batches {
-                    promote.insert("batches".into(), json!(n));
-                }
-                if let Some(s) = promote_after_seconds {
-                    promote.insert("seconds".into(), json!(s));
-                }
-                if !promote.is_empty() {
-                    body["promote_after"] = Value::Object(promote);
-                }
-                let mut bounds = serde_json::Map::new();
-                for (key, v) in [
-                    ("max_fault_rate", max_fault_rate),
-                    ("max_reject_rate_increase", max_reject_rate_increase),
-                    ("max_release_rate_increase", max_release_rate_increase),
-                ] {
-                    if let Some(v) = v {
-                        bounds.insert(key.into(), json!(v));
-                    }
-                }
-                if !bounds.is_empty() {
-                    body["rollback_if"] = Value::Object(bounds);
-                }
-                post(p(name, "/canary"), Some(body))
+                body.request().validate().map_err(|e| anyhow!("{e}"))?;
+                post(PipelineRoute::Canary, name, Some(json(&body)?))
             }
-            CtlCommand::CanaryStop { name } => Call {
-                method: "DELETE",
-                path: p(name, "/canary"),
-                body: None,
-            },
-            CtlCommand::Promote { name } => post(p(name, "/promote"), None),
+            CtlCommand::CanaryStop { name } => delete(PipelineRoute::Canary, name),
+            CtlCommand::Promote { name } => post(PipelineRoute::Promote, name, None),
         })
     }
+}
+
+/// A request body as the JSON sent.
+fn json<T: serde::Serialize>(body: &T) -> Result<Value> {
+    Ok(serde_json::to_value(body)?)
 }
 
 /// Where the admin listener is: host:port for the connection, the Host header, a path prefix.
@@ -309,32 +276,6 @@ fn endpoint(url: &str) -> Result<Endpoint> {
     Ok(Endpoint {
         authority,
         prefix: prefix.to_owned(),
-    })
-}
-
-/// The `[admin]` table of a manifest, read on its own: `ctl` may run where the manifest's
-/// component files and TLS files are not, so the rest is not validated here.
-fn manifest_admin(path: &Path) -> Result<crate::manifest::AdminSpec> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the manifest {}", path.display()))?;
-    let value: toml::Table =
-        toml::from_str(&text).with_context(|| format!("manifest {}", path.display()))?;
-    let admin = value.get("admin").and_then(toml::Value::as_table);
-    let field = |key: &str| -> Result<Option<String>> {
-        match admin.and_then(|a| a.get(key)) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => bail!(
-                "{}: admin.{key} must be a string, not a {}",
-                path.display(),
-                other.type_str()
-            ),
-        }
-    };
-    Ok(crate::manifest::AdminSpec {
-        listen: field("listen")?
-            .unwrap_or_else(|| crate::manifest::defaults::ADMIN_LISTEN.to_owned()),
-        token_env: field("token_env")?,
     })
 }
 
@@ -456,7 +397,7 @@ pub fn error_text(answer: &Answer) -> String {
 pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
     let call = args.command.call()?;
     let from_manifest = match &args.manifest {
-        Some(path) => Some(manifest_admin(path)?),
+        Some(path) => Some(crate::manifest::Manifest::load_admin(path)?),
         None => None,
     };
     let admin = match (&args.admin, &from_manifest) {
@@ -515,29 +456,56 @@ pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
         writeln!(out, "{}", if text.is_empty() { "ok" } else { text })?;
         return Ok(());
     };
-    match &args.command {
-        CtlCommand::Pipelines => render_pipelines(out, &value),
-        CtlCommand::Versions { name } => render_versions(out, name, &value),
-        CtlCommand::ShadowStop { .. } => {
-            writeln!(out, "pipeline: {}", counter(&value, "pipeline"))?;
-            match value.get("shadow") {
-                Some(v) => render_shadow(out, "", v),
-                None => render_object(out, &value),
+    // The answer as its api type; one that does not read as it (another host version) is
+    // shown as plain `key: value` lines.
+    let typed = |out: &mut dyn Write| -> Option<Result<()>> {
+        let v = value.clone();
+        Some(match &args.command {
+            CtlCommand::Pipelines => {
+                let list: Vec<TenantStatus> = serde_json::from_value(v).ok()?;
+                render_pipelines(out, &list)
             }
-        }
-        _ => render_object(out, &value),
+            CtlCommand::Versions { name } => {
+                render_versions(out, name, &serde_json::from_value(v).ok()?)
+            }
+            CtlCommand::ShadowStop { .. } => {
+                let stopped: ShadowStopped = serde_json::from_value(v).ok()?;
+                writeln!(out, "pipeline: {}", stopped.pipeline)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|()| render_shadow(out, "", &stopped.shadow))
+            }
+            CtlCommand::Shadow { .. } | CtlCommand::Canary { .. } => {
+                let started: CandidateStarted = serde_json::from_value(v).ok()?;
+                writeln!(
+                    out,
+                    "candidate: {}\npipeline: {}",
+                    started.candidate, started.pipeline
+                )
+                .map_err(anyhow::Error::from)
+            }
+            _ => {
+                let changed: VersionChanged = serde_json::from_value(v).ok()?;
+                writeln!(
+                    out,
+                    "active_version: {}\npipeline: {}",
+                    changed.active_version, changed.pipeline
+                )
+                .map_err(anyhow::Error::from)
+            }
+        })
+    };
+    match typed(out) {
+        Some(done) => done,
+        None => render_object(out, &value),
     }
 }
 
 /// A hash as tables show it: its first 12 characters.
-fn short(v: &Value) -> String {
-    match v.as_str() {
-        Some(s) => s.chars().take(12).collect(),
-        None if v.is_null() => "-".to_owned(),
-        None => v.to_string(),
-    }
+fn short(hash: &str) -> String {
+    hash.chars().take(12).collect()
 }
 
+/// A JSON value as a table cell: strings bare, null as `-`.
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".to_owned(),
@@ -546,16 +514,22 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn counter(v: &Value, key: &str) -> String {
-    v.get(key).map_or("-".to_owned(), text)
+/// A number as its JSON spells it (`10.0`, `0.05`), the way tables showed the host's answer.
+fn num(f: f64) -> String {
+    text(&Value::from(f))
+}
+
+/// A cell with nothing to show.
+const NONE: &str = "-";
+
+/// An optional cell: the value, or `-`.
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or(NONE.to_owned(), |v| v.to_string())
 }
 
 /// `GET /pipelines` as a table: one row per pipeline with the active version's counters, then
 /// an indented line for each of its shadow, canary, signer and last swap error when present.
-fn render_pipelines(out: &mut dyn Write, value: &Value) -> Result<()> {
-    let Some(list) = value.as_array() else {
-        return render_object(out, value);
-    };
+fn render_pipelines(out: &mut dyn Write, list: &[TenantStatus]) -> Result<()> {
     writeln!(
         out,
         "{:<16} {:<9} {:<12} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}  COMPONENT",
@@ -569,60 +543,70 @@ fn render_pipelines(out: &mut dyn Write, value: &Value) -> Result<()> {
         "DLQ",
         "INFLIGHT"
     )?;
-    for p in list {
-        let active = p.get("active_version").cloned().unwrap_or(Value::Null);
-        let counters = active
-            .as_str()
-            .and_then(|h| p.get("versions")?.get(h))
-            .cloned()
-            .unwrap_or(Value::Null);
+    for tenant in list {
+        let p = match tenant {
+            TenantStatus::Failed(f) => {
+                writeln!(
+                    out,
+                    "{:<16} {:<9} {:<12} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}  {}",
+                    f.name, f.state, NONE, NONE, NONE, NONE, NONE, NONE, NONE, NONE,
+                )?;
+                writeln!(out, "  error: {}", f.error)?;
+                continue;
+            }
+            TenantStatus::Pipeline(p) => p,
+        };
+        let counters = p.versions.get(&p.active_version);
+        let count = |f: fn(&VersionCounters) -> u64| opt(counters.map(f));
         writeln!(
             out,
             "{:<16} {:<9} {:<12} {:>9} {:>8} {:>8} {:>6} {:>6} {:>8}  {}",
-            counter(p, "name"),
-            counter(p, "state"),
-            short(&active),
-            counter(&counters, "accepted"),
-            counter(&counters, "rejected"),
-            counter(&counters, "released"),
-            counter(&counters, "faults"),
-            counter(p, "dead_lettered"),
-            counter(p, "in_flight"),
-            counter(p, "component"),
+            p.name,
+            p.state,
+            short(&p.active_version),
+            count(|c| c.accepted),
+            count(|c| c.rejected),
+            count(|c| c.released),
+            count(|c| c.faults),
+            p.dead_lettered,
+            p.in_flight,
+            p.component,
         )?;
-        for key in [
-            "error",
-            "last_error",
-            "unmapped_outputs",
-            "signer",
-            "last_swap_error",
-        ] {
-            match p.get(key) {
-                None | Some(Value::Null) => {}
-                Some(Value::Array(a)) if a.is_empty() => {}
-                Some(v) => writeln!(out, "  {key}: {}", inline(v))?,
-            }
+        if let Some(e) = &p.last_error {
+            writeln!(out, "  last_error: {e}")?;
         }
-        if let Some(v) = p.get("shadow").filter(|v| !v.is_null()) {
-            render_shadow(out, "  ", v)?;
+        if !p.unmapped_outputs.is_empty() {
+            writeln!(
+                out,
+                "  unmapped_outputs: {}",
+                serde_json::to_string(&p.unmapped_outputs)?
+            )?;
         }
-        if let Some(v) = p.get("canary").filter(|v| !v.is_null()) {
-            render_canary(out, "  ", v)?;
+        if let Some(signer) = &p.signer {
+            writeln!(out, "  signer: {signer}")?;
+        }
+        if let Some(e) = &p.last_swap_error {
+            writeln!(out, "  last_swap_error: {e}")?;
+        }
+        if let Some(shadow) = &p.shadow {
+            render_shadow(out, "  ", shadow)?;
+        }
+        if let Some(canary) = &p.canary {
+            render_canary(out, "  ", canary)?;
         }
     }
     Ok(())
 }
 
-/// `k1 n1, k2 n2` of a JSON object of counts (`accept 120, reject 3`), `none` when empty.
-fn counts(v: Option<&Value>) -> String {
-    match v.and_then(Value::as_object) {
-        Some(m) if !m.is_empty() => m
-            .iter()
-            .map(|(k, n)| format!("{k} {}", text(n)))
-            .collect::<Vec<_>>()
-            .join(", "),
-        _ => "none".to_owned(),
+/// `k1 n1, k2 n2` of counts by kind (`accept 120, reject 3`), `none` when empty.
+fn counts(m: &std::collections::BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "none".to_owned();
     }
+    m.iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Most first disagreements a table shows (`--json` has them all).
@@ -631,46 +615,34 @@ const SHOWN_DISAGREEMENTS: usize = 5;
 /// A shadow (`GET /pipelines`' `shadow`, or what `shadow-stop` answers): the candidate, what
 /// was compared, agreement and disagreement by verdict kind, and the first disagreements with
 /// their record coordinates.
-fn render_shadow(out: &mut dyn Write, indent: &str, v: &Value) -> Result<()> {
-    if v.get("candidate").is_none() {
-        writeln!(out, "{indent}shadow: {}", inline(v))?;
-        return Ok(());
-    }
+fn render_shadow(out: &mut dyn Write, indent: &str, v: &ShadowStatus) -> Result<()> {
     writeln!(
         out,
         "{indent}shadow: candidate {} ({}), sample {}",
-        short(&v["candidate"]),
-        counter(v, "path"),
-        counter(v, "sample"),
+        short(&v.candidate),
+        v.path,
+        num(v.sample),
     )?;
     writeln!(
         out,
         "{indent}  compared {} records in {} batches; candidate faults {}; dropped {} batches ({} records); {} us/record",
-        counter(v, "records"),
-        counter(v, "batches"),
-        counter(v, "faults"),
-        counter(v, "dropped_batches"),
-        counter(v, "dropped_records"),
-        counter(v, "us_per_record"),
+        v.records,
+        v.batches,
+        v.faults,
+        v.dropped_batches,
+        v.dropped_records,
+        num(v.us_per_record),
     )?;
-    writeln!(out, "{indent}  agreed: {}", counts(v.get("agreed")))?;
-    writeln!(out, "{indent}  disagreed: {}", counts(v.get("disagreed")))?;
-    let first = v
-        .get("first_disagreements")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
+    writeln!(out, "{indent}  agreed: {}", counts(&v.agreed))?;
+    writeln!(out, "{indent}  disagreed: {}", counts(&v.disagreed))?;
+    let first = &v.first_disagreements;
     if !first.is_empty() {
         writeln!(out, "{indent}  first disagreements:")?;
         for d in first.iter().take(SHOWN_DISAGREEMENTS) {
             writeln!(
                 out,
                 "{indent}    {}/{}/{}: active {}, candidate {}",
-                counter(d, "topic"),
-                counter(d, "partition"),
-                counter(d, "offset"),
-                counter(d, "active"),
-                counter(d, "candidate"),
+                d.topic, d.partition, d.offset, d.active, d.candidate,
             )?;
         }
         if first.len() > SHOWN_DISAGREEMENTS {
@@ -685,62 +657,54 @@ fn render_shadow(out: &mut dyn Write, indent: &str, v: &Value) -> Result<()> {
 }
 
 /// One side of a canary: batches (faulted), records, reject and release rates.
-fn tally(v: Option<&Value>) -> String {
-    let Some(t) = v.filter(|t| t.is_object()) else {
-        return "-".to_owned();
-    };
-    let n = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let rate = |k: &str| match n("records") {
+fn tally(t: &Tally) -> String {
+    let rate = |n: u64| match t.records {
         0 => "-".to_owned(),
-        r => format!("{:.1}%", n(k) as f64 * 100.0 / r as f64),
+        r => format!("{:.1}%", n as f64 * 100.0 / r as f64),
     };
     format!(
         "{} batches ({} faulted), {} records, rejected {} ({}), released {} ({})",
-        n("batches"),
-        n("faulted_batches"),
-        n("records"),
-        n("rejected"),
-        rate("rejected"),
-        n("released"),
-        rate("released"),
+        t.batches,
+        t.faulted_batches,
+        t.records,
+        t.rejected,
+        rate(t.rejected),
+        t.released,
+        rate(t.released),
     )
 }
 
 /// A canary (`GET /pipelines`' `canary`): candidate, share, state and why, both sides' tallies
 /// and its bounds.
-fn render_canary(out: &mut dyn Write, indent: &str, v: &Value) -> Result<()> {
-    if v.get("candidate").is_none() {
-        writeln!(out, "{indent}canary: {}", inline(v))?;
-        return Ok(());
-    }
-    let reason = match v.get("reason") {
-        Some(Value::String(r)) => format!(": {r}"),
-        _ => String::new(),
+fn render_canary(out: &mut dyn Write, indent: &str, v: &CanaryStatus) -> Result<()> {
+    let reason = match &v.reason {
+        Some(r) => format!(": {r}"),
+        None => String::new(),
+    };
+    let state = match v.state {
+        CanaryState::Running => "running",
+        CanaryState::Promoted => "promoted",
+        CanaryState::RolledBack => "rolled_back",
     };
     writeln!(
         out,
-        "{indent}canary: candidate {} ({}), {}% of batches, {} after {} s{reason}",
-        short(&v["candidate"]),
-        counter(v, "path"),
-        counter(v, "percent"),
-        counter(v, "state"),
-        counter(v, "seconds"),
+        "{indent}canary: candidate {} ({}), {}% of batches, {state} after {} s{reason}",
+        short(&v.candidate),
+        v.path,
+        num(v.percent),
+        v.seconds,
     )?;
-    writeln!(
-        out,
-        "{indent}  candidate: {}",
-        tally(v.get("candidate_tally"))
-    )?;
-    writeln!(out, "{indent}  active:    {}", tally(v.get("active_tally")))?;
-    let field = |o: &str, k: &str| v.get(o).and_then(|o| o.get(k)).map_or("-".to_owned(), text);
+    writeln!(out, "{indent}  candidate: {}", tally(&v.candidate_tally))?;
+    writeln!(out, "{indent}  active:    {}", tally(&v.active_tally))?;
+    let bounds = &v.rollback_if;
     writeln!(
         out,
         "{indent}  promote after: {} batches or {} s; roll back if fault rate > {}, reject rate +{}, release rate +{}",
-        field("promote_after", "batches"),
-        field("promote_after", "seconds"),
-        field("rollback_if", "max_fault_rate"),
-        field("rollback_if", "max_reject_rate_increase"),
-        field("rollback_if", "max_release_rate_increase"),
+        opt(v.promote_after.batches),
+        opt(v.promote_after.seconds),
+        num(bounds.max_fault_rate),
+        num(bounds.max_reject_rate_increase),
+        num(bounds.max_release_rate_increase),
     )?;
     Ok(())
 }
@@ -764,15 +728,8 @@ fn inline(v: &Value) -> String {
 }
 
 /// `GET /pipelines/NAME/versions` as a table, the active version marked with `*`.
-fn render_versions(out: &mut dyn Write, name: &str, value: &Value) -> Result<()> {
-    let Some(list) = value.get("versions").and_then(Value::as_array) else {
-        return render_object(out, value);
-    };
-    writeln!(
-        out,
-        "pipeline {name}: active {}",
-        short(value.get("active").unwrap_or(&Value::Null))
-    )?;
+fn render_versions(out: &mut dyn Write, name: &str, value: &VersionsStatus) -> Result<()> {
+    writeln!(out, "pipeline {name}: active {}", short(&value.active))?;
     writeln!(
         out,
         "  {:<12} {:<20} {:<16} {:>9} {:>8} {:>8} {:>6} {:>8}  PATH",
@@ -785,29 +742,22 @@ fn render_versions(out: &mut dyn Write, name: &str, value: &Value) -> Result<()>
         "FAULTS",
         "BATCHES"
     )?;
-    for v in list {
-        let mark = if v.get("active").and_then(Value::as_bool) == Some(true) {
-            "*"
-        } else {
-            " "
-        };
-        let counters = v.get("counters").cloned().unwrap_or(Value::Null);
-        let loaded = v
-            .get("loaded_at_ms")
-            .and_then(Value::as_i64)
-            .map_or("-".to_owned(), utc);
+    for v in &value.versions {
+        let mark = if v.active { "*" } else { " " };
+        let c = &v.counters;
+        let loaded = i64::try_from(v.loaded_at_ms).map_or("-".to_owned(), utc);
         writeln!(
             out,
             "{mark} {:<12} {:<20} {:<16} {:>9} {:>8} {:>8} {:>6} {:>8}  {}",
-            short(v.get("hash").unwrap_or(&Value::Null)),
+            short(&v.hash),
             loaded,
-            counter(v, "signer"),
-            counter(&counters, "accepted"),
-            counter(&counters, "rejected"),
-            counter(&counters, "released"),
-            counter(&counters, "faults"),
-            counter(&counters, "batches"),
-            counter(v, "path"),
+            opt(v.signer.as_deref()),
+            c.accepted,
+            c.rejected,
+            c.released,
+            c.faults,
+            c.batches,
+            v.path,
         )?;
     }
     Ok(())
@@ -859,11 +809,22 @@ mod tests {
 
     #[test]
     fn a_failed_pipeline_shows_its_error_and_a_misconfigured_one_its_outputs() {
-        let value = serde_json::json!([
-            {"name": "bad", "state": "failed", "error": "init refused the configuration", "attempts": 3},
-            {"name": "good", "state": "running", "unmapped_outputs": [], "last_error": null},
-            {"name": "split", "state": "running", "unmapped_outputs": ["urgent"]},
-        ]);
+        let failed = serde_json::json!(
+            {"name": "bad", "state": "failed", "error": "init refused the configuration", "attempts": 3, "failing_for_s": 0}
+        );
+        let running = |name: &str, unmapped: &[&str]| {
+            TenantStatus::Pipeline(Box::new(api::PipelineStatus {
+                name: name.to_owned(),
+                state: "running".to_owned(),
+                unmapped_outputs: unmapped.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            }))
+        };
+        let value = [
+            TenantStatus::Failed(serde_json::from_value(failed).expect("a failure")),
+            running("good", &[]),
+            running("split", &["urgent"]),
+        ];
         let mut out = Vec::new();
         render_pipelines(&mut out, &value).expect("render");
         let text = String::from_utf8_lossy(&out);
@@ -926,7 +887,7 @@ mod tests {
 
     #[test]
     fn names_are_one_path_segment() {
-        assert_eq!(segment("orders-v2.eu"), "orders-v2.eu");
-        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+        assert_eq!(api::segment("orders-v2.eu"), "orders-v2.eu");
+        assert_eq!(api::segment("a/b c"), "a%2Fb%20c");
     }
 }

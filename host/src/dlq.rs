@@ -39,10 +39,8 @@ use crate::kafka::{
     Compression, ConsumedRecord, Header, KafkaClient, OffsetSpec, ProduceRecord, TopicMeta,
 };
 use crate::manifest::Manifest;
+pub use crate::provenance::REPLAYED_FROM;
 use crate::provenance::{self as pv, DEAD_LETTER_HEADERS};
-
-/// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
-pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
 
 /// Most records in one replay Produce request (and so the most a crash can replay twice).
 pub const PRODUCE_BATCH_RECORDS: usize = 500;
@@ -390,17 +388,7 @@ impl ReplayState {
 
 /// The state file of one cluster's dead-letter topic (name and id) in `dir`.
 pub fn state_path(dir: &Path, cluster: &str, topic: &str, topic_id: &str) -> PathBuf {
-    let safe = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    };
+    let safe = crate::state::file_name_part;
     dir.join(format!(
         "dlq-replay-{}-{}-{}.json",
         safe(cluster),
@@ -468,7 +456,7 @@ fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
 }
 
 /// What one run did, printed last (as `{"summary": ...}` with `--json`).
-#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Summary {
     /// Dead-letter records read in the offsets asked for.
     pub read: u64,

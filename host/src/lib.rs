@@ -12,11 +12,13 @@
 //! - [`writes`]: produce that never costs a delivery (retried while the records stay held).
 //! - [`rollout`]: the pure rules of shadow and canary runs; [`state`]: what survives a restart.
 //! - [`tenants`]: a host's pipelines, each loading, running and failing on its own.
-//! - [`admin`]: the admin HTTP API (metrics, health, swap, rollout); [`ctl`]: its client.
+//! - [`api`]: the admin API's routes and bodies, written once; [`admin`]: the server (metrics,
+//!   health, swap, rollout); [`ctl`]: its client.
 //! - [`dlq`]: reading and replaying dead letters; [`provenance`]: the header names written.
 //! - [`metrics`]: the registry passed down to everything that counts.
 
 pub mod admin;
+pub mod api;
 pub mod console;
 pub mod ctl;
 pub mod dlq;

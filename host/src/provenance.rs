@@ -1,7 +1,8 @@
 //! The header names the host adds to what it writes, in one place: outputs name their source
 //! record (`sharehost.source.*`), dead letters their original record and why it was rejected
 //! (`sharehost.original.*` and the rest). Consumers de-duplicate and replay by these names, so
-//! they are spelled once, here.
+//! they are spelled once, here. Every name starts with the prefix a plugin may not emit
+//! ([`crate::runtime::RESERVED_HEADER_PREFIX`]), so none can be forged by a guest.
 
 /// An output's source topic.
 pub const SOURCE_TOPIC: &str = "sharehost.source.topic";
@@ -37,6 +38,9 @@ pub const PLUGIN_SIGNER: &str = "sharehost.plugin.signer";
 /// whole record was larger than the dead-letter topic accepts: the original size in bytes.
 pub const DROPPED_BYTES: &str = "sharehost.dropped-bytes";
 
+/// The header a replayed record carries: the dead letter it came from, `TOPIC/PARTITION/OFFSET`.
+pub const REPLAYED_FROM: &str = "sharehost.replayed-from";
+
 /// Every header a dead letter may carry; a replay removes them again.
 pub const DEAD_LETTER_HEADERS: [&str; 11] = [
     ORIGINAL_TOPIC,
@@ -51,3 +55,25 @@ pub const DEAD_LETTER_HEADERS: [&str; 11] = [
     PLUGIN_SIGNER,
     DROPPED_BYTES,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_one_a_plugin_may_not_emit() {
+        let written = [
+            SOURCE_TOPIC,
+            SOURCE_PARTITION,
+            SOURCE_OFFSET,
+            SOURCE_DELIVERY_COUNT,
+            REPLAYED_FROM,
+        ];
+        for name in written.iter().chain(&DEAD_LETTER_HEADERS) {
+            assert!(
+                name.starts_with(crate::runtime::RESERVED_HEADER_PREFIX),
+                "{name}"
+            );
+        }
+    }
+}

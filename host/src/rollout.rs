@@ -21,18 +21,14 @@ pub const SHADOW_QUEUE: usize = 8;
 /// the active version's: below that, a rate is noise (one reject in ten records is 10 %).
 pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 200;
 
-/// A shadow's request: which candidate, and what fraction of batches it sees.
-#[derive(Debug, Clone, Deserialize)]
+/// A shadow's request: which candidate, and what fraction of batches it sees (sent as
+/// [`crate::api::ShadowBody`]).
+#[derive(Debug, Clone)]
 pub struct ShadowRequest {
     /// The candidate component.
     pub path: PathBuf,
-    /// Fraction of batches copied to the candidate (0 < sample ≤ 1, default 1).
-    #[serde(default = "one")]
+    /// Fraction of batches copied to the candidate (0 < sample ≤ 1).
     pub sample: f64,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 impl ShadowRequest {
@@ -48,7 +44,7 @@ impl ShadowRequest {
 }
 
 /// One record on which the candidate and the active version disagreed.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Disagreement {
     /// Topic of the record.
     pub topic: String,
@@ -63,7 +59,9 @@ pub struct Disagreement {
 }
 
 /// What a shadow has seen so far, as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+// Read back by `sharehost ctl`: what an answer leaves out is a default.
+#[serde(default)]
 pub struct ShadowStatus {
     /// The candidate's content hash.
     pub candidate: String,
@@ -179,18 +177,16 @@ impl Default for RollbackIf {
     }
 }
 
-/// A canary's request.
-#[derive(Debug, Clone, Deserialize)]
+/// A canary's request (sent as [`crate::api::CanaryBody`], which fills the defaults).
+#[derive(Debug, Clone)]
 pub struct CanaryRequest {
     /// The candidate component.
     pub path: PathBuf,
     /// Share of batches the candidate judges for real (0 < percent ≤ 100).
     pub percent: f64,
     /// When it is promoted.
-    #[serde(default)]
     pub promote_after: PromoteAfter,
     /// When it is rolled back.
-    #[serde(default)]
     pub rollback_if: RollbackIf,
 }
 
@@ -278,7 +274,7 @@ impl Tally {
 }
 
 /// What became of a canary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CanaryState {
     /// Judging its share of batches.
@@ -290,7 +286,7 @@ pub enum CanaryState {
 }
 
 /// A canary as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CanaryStatus {
     /// The candidate's content hash.
     pub candidate: String,
@@ -483,17 +479,7 @@ impl ActiveState {
     /// Where the state of `pipeline` in `group` lives under `dir`: one file per pipeline and
     /// group, so two manifests (or tests) that reuse a pipeline name never read each other's.
     pub fn file(dir: &Path, pipeline: &str, group: &str) -> PathBuf {
-        let clean = |s: &str| -> String {
-            s.chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect()
-        };
+        let clean = crate::state::file_name_part;
         dir.join("pipelines")
             .join(format!("{}.{}.json", clean(pipeline), clean(group)))
     }

@@ -19,6 +19,21 @@ pub fn default_state_dir() -> PathBuf {
         .unwrap_or_else(|| cache.join("state"))
 }
 
+/// `name` as part of a state file's name: the characters Kafka allows in topic and group names
+/// (ASCII letters, digits, `.`, `_`, `-`) kept, anything else (a path separator) made `_`.
+/// Every state file named after a pipeline, group, cluster or topic goes through here.
+pub fn file_name_part(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Writes `bytes` to `path` so that a crash leaves either the old file or the new one, never
 /// a torn one: a temporary file in the same directory, synced, then renamed over `path`.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::pipeline::{Pipeline, PipelineStatus};
 
@@ -26,34 +26,39 @@ enum Slot {
 }
 
 /// Why a tenant is not running, as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Failure {
     /// Pipeline name.
     pub name: String,
     /// Always `failed`.
-    pub state: &'static str,
+    pub state: String,
     /// What went wrong the last time.
     pub error: String,
     /// Attempts so far (to load, or to run once loaded).
+    #[serde(default)]
     pub attempts: u32,
     /// Seconds since the first failure in a row.
+    #[serde(default)]
     pub failing_for_s: u64,
-    #[serde(skip)]
+    /// When the first failure in a row happened (this process's clock; an answer read by a
+    /// client takes the time it was read).
+    #[serde(skip, default = "Instant::now")]
     since: Instant,
 }
 
 /// A tenant's entry in `GET /pipelines`: a pipeline's full status, or why it is not running.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum TenantStatus {
+    /// A pipeline that failed to load or run (first: read back, only it has an `error`, while
+    /// a pipeline's status takes defaults for what an answer leaves out).
+    Failed(Failure),
     /// A loaded pipeline.
     Pipeline(Box<PipelineStatus>),
-    /// A pipeline that failed to load or run.
-    Failed(Failure),
 }
 
 /// How the host's manifest was last read, as `GET /manifest` shows it.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct ManifestStatus {
     /// The manifest file.
     pub path: Option<String>,
@@ -160,7 +165,7 @@ impl Tenants {
         };
         *slot = Slot::Failed(Failure {
             name: name.to_owned(),
-            state: "failed",
+            state: "failed".to_owned(),
             error,
             attempts,
             failing_for_s: 0,

@@ -9,7 +9,19 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub use crate::http::http_request;
 use crate::ledger::Ledger;
+use sharehost::api::{self, TenantStatus};
+
+/// The `sharehost` binary cargo built for this test run, as a `&'static Path`. A macro: cargo
+/// tells only the integration tests of the host package where the binary is
+/// (`CARGO_BIN_EXE_sharehost`, at their compile time), never this library.
+#[macro_export]
+macro_rules! sharehost_bin {
+    () => {
+        ::std::path::Path::new(env!("CARGO_BIN_EXE_sharehost"))
+    };
+}
 
 /// How long a test waits for something a host should do before failing (a hang guard, not a
 /// speed check: every wait ends as soon as its condition holds).
@@ -155,33 +167,6 @@ pub(crate) fn follow_log(
     })
 }
 
-/// One HTTP/1.1 request to an admin listener at `addr`; returns status code and body (status
-/// 0 when the listener is not there or the answer is not HTTP).
-pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return (0, String::new());
-    };
-    let sent = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut resp = String::new();
-    if sent.is_err() || s.read_to_string(&mut resp).is_err() {
-        return (0, String::new());
-    }
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 /// A running `sharehost run MANIFEST`.
 pub struct HostProcess {
     name: String,
@@ -320,24 +305,24 @@ impl HostProcess {
 
     /// `GET /pipelines`.
     pub fn status(&self) -> serde_json::Value {
-        let (code, body) = self.http("GET", "/pipelines", "");
+        let (code, body) = self.http("GET", api::PIPELINES, "");
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).expect("JSON status")
     }
 
+    /// `GET /pipelines` as the api's types.
+    pub fn pipelines(&self) -> Vec<TenantStatus> {
+        serde_json::from_value(self.status()).expect("the status of every pipeline")
+    }
+
     /// Records judged (accepted + rejected) by the first pipeline, summed over versions.
     pub fn judged(&self) -> u64 {
-        let s = self.status();
-        s[0]["versions"]
-            .as_object()
-            .map(|m| {
-                m.values()
-                    .map(|c| {
-                        c["accepted"].as_u64().unwrap_or(0) + c["rejected"].as_u64().unwrap_or(0)
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
+        match self.pipelines().first() {
+            Some(TenantStatus::Pipeline(p)) => {
+                p.versions.values().map(|c| c.accepted + c.rejected).sum()
+            }
+            _ => 0,
+        }
     }
 
     /// Waits until the admin counters show `at_least` judged records (for plugins other than

@@ -25,9 +25,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::admin::{AdminState, authorized};
+use crate::api::{self, PipelineRoute, Refused, ReplayRequest, Replayed};
 use crate::dlq::{Action, DlqArgs, Summary};
 use crate::manifest::Manifest;
 use crate::recent_faults::{KEPT_FAULTS, RecentFault};
@@ -53,23 +54,23 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 /// The console's routes, merged into the admin router.
 pub fn routes() -> Router<Arc<AdminState>> {
     Router::new()
-        .route("/", get(|| async { Redirect::to("/console") }))
+        .route("/", get(|| async { Redirect::to(api::CONSOLE) }))
         .route(
-            "/console",
+            api::CONSOLE,
             get(|| asset("text/html; charset=utf-8", INDEX_HTML)),
         )
         .route(
-            "/console/console.js",
+            api::CONSOLE_JS,
             get(|| asset("text/javascript; charset=utf-8", CONSOLE_JS)),
         )
         .route(
-            "/console/console.css",
+            api::CONSOLE_CSS,
             get(|| asset("text/css; charset=utf-8", CONSOLE_CSS)),
         )
-        .route("/host", get(host))
-        .route("/faults", get(faults))
-        .route("/pipelines/{name}/dead-letters", get(dead_letters))
-        .route("/pipelines/{name}/dead-letters/replay", post(replay))
+        .route(api::HOST, get(host))
+        .route(api::FAULTS, get(faults))
+        .route(PipelineRoute::DeadLetters.pattern(), get(dead_letters))
+        .route(PipelineRoute::DeadLettersReplay.pattern(), post(replay))
 }
 
 async fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -156,7 +157,10 @@ async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> 
 fn answer(status: StatusCode, pipeline: &str, error: String) -> Response {
     (
         status,
-        axum::Json(serde_json::json!({ "pipeline": pipeline, "error": error })),
+        axum::Json(Refused {
+            error,
+            pipeline: pipeline.to_owned(),
+        }),
     )
         .into_response()
 }
@@ -252,21 +256,6 @@ async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>
     }
 }
 
-/// `POST /pipelines/NAME/dead-letters/replay`: which dead letters, as `sharehost dlq`'s options.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ReplayBody {
-    /// Reasons matching this regular expression (a group's `reason_regex`).
-    reason: Option<String>,
-    /// Dead-letter topic offsets, `A..B` and the other forms of `--offsets`.
-    offsets: Option<String>,
-    /// One partition of the dead-letter topic.
-    partition: Option<i32>,
-    /// Say what would be replayed; produce and remember nothing.
-    #[serde(default)]
-    dry_run: bool,
-}
-
 /// Replays the chosen dead letters once (the replay state is the one `sharehost dlq` keeps,
 /// so neither replays what the other did). Needs the token; only a JSON body is taken, so a
 /// form on another site cannot post here without the browser asking first (and this listener
@@ -296,7 +285,7 @@ async fn replay(
             .into_response();
     }
     let text = if text.trim().is_empty() { "{}" } else { &text };
-    let body: ReplayBody = match serde_json::from_str(text) {
+    let body: ReplayRequest = match serde_json::from_str(text) {
         Ok(b) => b,
         Err(e) => {
             return (
@@ -333,7 +322,11 @@ async fn replay(
                 replayed = summary.replayed, already_replayed = summary.already_replayed,
                 "dead letters replayed through the admin API"
             );
-            axum::Json(serde_json::json!({ "pipeline": name, "summary": summary })).into_response()
+            axum::Json(Replayed {
+                pipeline: name,
+                summary,
+            })
+            .into_response()
         }
         (Err(e), _) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
     }

@@ -213,7 +213,7 @@ pub fn host_id(spec: &FleetSpec) -> String {
 }
 
 /// A host's status as `GET /fleet` and `sharehost fleet status` show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct HostView {
     /// What it last published.
     #[serde(flatten)]
@@ -225,7 +225,7 @@ pub struct HostView {
 }
 
 /// The fleet as one host sees it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct FleetView {
     /// The fleet's name.
     pub fleet: String,

@@ -96,6 +96,23 @@ impl Manifest {
         Self::parse(path, &text)
     }
 
+    /// Reads a manifest file and validates its `[admin]` table only: what `sharehost ctl`
+    /// needs, where the component and TLS files the rest names may not be (the other tables
+    /// are parsed, their files never opened).
+    pub fn load_admin(path: &Path) -> Result<AdminSpec, ManifestError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ManifestError::unreadable(path, &e))?;
+        let raw: RawManifest =
+            toml::from_str(&text).map_err(|e| ManifestError::from_toml(path, &text, &e))?;
+        admin::validate(
+            &Ctx {
+                file: path,
+                text: &text,
+            },
+            raw.admin.as_ref(),
+        )
+    }
+
     /// Validates manifest text; `path` names it in errors and anchors relative paths. The
     /// tables are checked one after another (cluster, admin, runtime, trust, then each pipeline
     /// in file order), and the first error is the one returned.

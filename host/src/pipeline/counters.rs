@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::guard::lock;
 use super::versions::short;
@@ -19,7 +19,9 @@ use crate::runtime::{Fault, HttpGrant};
 use crate::share::consumer::ShareConsumer;
 
 /// Per-version counters shown by `GET /pipelines`.
-#[derive(Debug, Default, Serialize, Clone)]
+#[derive(Debug, Default, Serialize, Deserialize, Clone)]
+// Read back by `sharehost ctl`: a counter an answer leaves out is zero.
+#[serde(default)]
 pub struct VersionCounters {
     /// Records accepted.
     pub accepted: u64,

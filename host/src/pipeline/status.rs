@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::core::Pipeline;
 use super::counters::VersionCounters;
@@ -12,7 +12,7 @@ use super::runs::canary_status;
 use crate::rollout::{CanaryState, CanaryStatus, ShadowStatus};
 
 /// One version as `GET /pipelines/NAME/versions` lists it.
-#[derive(Debug, Serialize, Clone)]
+#[derive(Debug, Serialize, Deserialize, Clone)]
 pub struct VersionInfo {
     /// Content hash (sha256).
     pub hash: String,
@@ -29,7 +29,7 @@ pub struct VersionInfo {
 }
 
 /// `GET /pipelines/NAME/versions`: the active version first, then the kept ones, newest first.
-#[derive(Debug, Serialize, Clone)]
+#[derive(Debug, Serialize, Deserialize, Clone)]
 pub struct VersionsStatus {
     /// The active version's hash.
     pub active: String,
@@ -38,7 +38,9 @@ pub struct VersionsStatus {
 }
 
 /// What `GET /pipelines` shows for one pipeline.
-#[derive(Debug, Serialize, Clone)]
+#[derive(Debug, Default, Serialize, Deserialize, Clone)]
+// Read back by `sharehost ctl`: what an answer leaves out (another host version) is a default.
+#[serde(default)]
 pub struct PipelineStatus {
     /// Pipeline name.
     pub name: String,
@@ -111,7 +113,9 @@ pub struct PipelineStatus {
 
 /// The grants of a pipeline as `GET /pipelines` shows them: names and hosts, never a secret's
 /// value.
-#[derive(Debug, Serialize, Clone)]
+#[derive(Debug, Default, Serialize, Deserialize, Clone)]
+// Read back by `sharehost ctl`: what an answer leaves out (another host version) is a default.
+#[serde(default)]
 pub struct GrantsStatus {
     /// Output name to topic.
     pub outputs: BTreeMap<String, String>,

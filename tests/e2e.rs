@@ -13,7 +13,7 @@ use sharehost_tests::{bootstrap, client, group_lag, guest, unique};
 
 /// Starts `sharehost run MANIFEST`.
 fn start(manifest: &Path) -> HostProcess {
-    HostProcess::start(Path::new(env!("CARGO_BIN_EXE_sharehost")), manifest, "host")
+    HostProcess::start(sharehost_tests::sharehost_bin!(), manifest, "host")
 }
 
 /// Runs the host until `n` records are judged, then stops it; returns its stdout and the last

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[path = "../examples/pricing_service.rs"]
+#[path = "../host/examples/pricing_service.rs"]
 #[allow(dead_code)]
 mod pricing_service;
 
@@ -46,7 +46,7 @@ fn test_plugin_with(
     config: &[&str],
     args: &[&str],
 ) -> (bool, Vec<String>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    let mut cmd = Command::new(sharehost_tests::sharehost_bin!());
     cmd.arg("test-plugin")
         .arg(component)
         .arg("--input")
@@ -122,7 +122,7 @@ fn python_runs_on_demand_and_says_why_rust_and_javascript_in_the_pool() {
         ("Python", "order_validator_py", "on-demand"),
         ("JavaScript", "order_validator_js", "pooling"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+        let out = Command::new(sharehost_tests::sharehost_bin!())
             .arg("test-plugin")
             .arg(guest(name))
             .arg("--input")

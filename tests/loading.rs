@@ -550,7 +550,7 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
 /// Runs `sharehost ARGS` and waits for it to exit with a bound: (success, stdout, stderr). A
 /// process still running at the bound is killed and the test fails.
 fn sharehost(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+    let child = Command::new(sharehost_tests::sharehost_bin!())
         .args(args)
         .env("SHAREHOST_LOG", "off")
         .stdin(Stdio::null())

@@ -146,7 +146,7 @@ async fn stub() -> (String, Log) {
 /// Runs `sharehost ctl ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its environment (and no
 /// `SHAREHOST_ADMIN`); returns success, stdout and stderr.
 async fn ctl_bare(args: &[&str]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    let mut cmd = std::process::Command::new(sharehost_tests::sharehost_bin!());
     cmd.arg("ctl").args(args).env_remove("SHAREHOST_ADMIN");
     run_ctl(cmd).await
 }
@@ -154,7 +154,7 @@ async fn ctl_bare(args: &[&str]) -> (bool, String, String) {
 /// Runs `sharehost ctl --admin URL ARGS...` with `SHAREHOST_TEST_TOKEN=t0k` in its
 /// environment; returns success, stdout and stderr.
 async fn ctl(url: &str, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    let mut cmd = std::process::Command::new(sharehost_tests::sharehost_bin!());
     cmd.args(["ctl", "--admin", url]).args(args);
     run_ctl(cmd).await
 }

@@ -6,13 +6,9 @@ use std::process::Command;
 
 use sharehost_tests::{SaslSsl, bootstrap, repo_root};
 
-fn sharehost_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_sharehost")
-}
-
 /// Runs `sharehost probe` and returns (success, stdout, stderr).
 fn probe(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = Command::new(sharehost_bin())
+    let out = Command::new(sharehost_tests::sharehost_bin!())
         .arg("probe")
         .args(args)
         .envs(env.iter().copied())
@@ -120,7 +116,7 @@ fn an_empty_admin_token_is_refused_before_anything_starts() {
         ),
     )
     .expect("manifest");
-    let out = Command::new(sharehost_bin())
+    let out = Command::new(sharehost_tests::sharehost_bin!())
         .arg("run")
         .arg(&manifest)
         .env("SHAREHOST_TEST_EMPTY_TOKEN", "")

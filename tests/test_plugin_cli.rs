@@ -15,7 +15,7 @@ fn input(tag: &str, text: &str) -> PathBuf {
 }
 
 fn run(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+    let out = Command::new(sharehost_tests::sharehost_bin!())
         .arg("test-plugin")
         .args(args)
         .env("SHAREHOST_LOG", "off")
@@ -188,7 +188,7 @@ fn runs_the_enricher_offline_with_http_granted_by_a_flag_and_shows_its_emits() {
     );
     let enricher = guest("enricher");
     let pricing = format!("pricing-url={url}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sharehost"));
+    let mut cmd = Command::new(sharehost_tests::sharehost_bin!());
     cmd.arg("test-plugin")
         .arg(&enricher)
         .arg("--input")
@@ -331,7 +331,7 @@ fn trace_logging_never_prints_wasis_own_call_tracing() {
         "trace",
         "{\"value\":\"http://127.0.0.1:9/?token=s3cr3t\"}\n",
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_sharehost"))
+    let out = Command::new(sharehost_tests::sharehost_bin!())
         .arg("test-plugin")
         .arg(guest("fixture_http_fetch"))
         .arg("--input")

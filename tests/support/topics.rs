@@ -1,0 +1,129 @@
+//! Topics for a test: created with records or beside their dead-letter topic, filled with
+//! ids, and read back to their end.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+
+use crate::unique;
+
+/// Creates a topic with `partitions` partitions and `per_partition` records in each; values
+/// name their partition and index so the test can check exactly-once delivery.
+pub async fn topic_with_records(
+    client: &KafkaClient,
+    partitions: i32,
+    per_partition: usize,
+) -> (String, HashSet<String>) {
+    let topic = unique("topic");
+    client
+        .create_topic(&topic, partitions, 1, &[])
+        .await
+        .expect("create topic");
+    let mut ids = HashSet::new();
+    for p in 0..partitions {
+        let records: Vec<ProduceRecord> = (0..per_partition)
+            .map(|i| {
+                let id = format!("{p}-{i}");
+                ids.insert(id.clone());
+                ProduceRecord {
+                    value: Some(Bytes::from(id)),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        client
+            .produce(&topic, p, &records, Compression::Lz4)
+            .await
+            .expect("produce");
+    }
+    (topic, ids)
+}
+
+/// A fresh topic named after `prefix` with `partitions` partitions, and its dead-letter topic
+/// `TOPIC-dlq` with `dlq_partitions` (both with one replica): what every scenario whose
+/// pipeline rejects records starts from. Returns (topic, dead-letter topic).
+pub async fn topic_with_dead_letters(
+    client: &KafkaClient,
+    prefix: &str,
+    partitions: i32,
+    dlq_partitions: i32,
+) -> (String, String) {
+    let topic = unique(prefix);
+    let dlq = format!("{topic}-dlq");
+    client
+        .create_topic(&topic, partitions, 1, &[])
+        .await
+        .expect("create topic");
+    client
+        .create_topic(&dlq, dlq_partitions, 1, &[])
+        .await
+        .expect("create dead-letter topic");
+    (topic, dlq)
+}
+
+/// Produces the decimal ids of `ids` as record values into `topic`, 100 per batch, batches
+/// round-robin over `partitions`; returns the ids (what the fault tests' ledgers start from).
+pub async fn produce_ids(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+    ids: std::ops::Range<u64>,
+) -> Vec<String> {
+    let all: Vec<String> = ids.map(|i| i.to_string()).collect();
+    for (n, chunk) in all.chunks(100).enumerate() {
+        let records: Vec<ProduceRecord> = chunk
+            .iter()
+            .map(|id| ProduceRecord {
+                value: Some(Bytes::from(id.clone())),
+                ..Default::default()
+            })
+            .collect();
+        let p = i32::try_from(n).unwrap_or(0) % partitions;
+        client
+            .produce(topic, p, &records, Compression::Lz4)
+            .await
+            .unwrap_or_else(|e| panic!("produce to {topic}: {e}"));
+    }
+    all
+}
+
+/// Every record value in `topic` (partitions `0..partitions`) up to its current end, as text:
+/// how the fault tests read a dead-letter topic.
+pub async fn topic_values(client: &KafkaClient, topic: &str, partitions: i32) -> Vec<String> {
+    topic_records(client, topic, partitions)
+        .await
+        .iter()
+        .map(|(_, r)| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+        .collect()
+}
+
+/// Every record in `topic` (partitions `0..partitions`) up to its current end, with its
+/// partition, read with plain Fetch (no group): how tests read output and dead-letter topics.
+pub async fn topic_records(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
+    use sharehost::kafka::OffsetSpec;
+    let mut records = Vec::new();
+    for p in 0..partitions {
+        let end = client
+            .list_offset(topic, p, OffsetSpec::Latest)
+            .await
+            .unwrap_or_else(|e| panic!("end offset of {topic}-{p}: {e}"));
+        let mut next = 0;
+        while next < end {
+            let f = client
+                .fetch(topic, p, next, Duration::from_millis(500))
+                .await
+                .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
+            for r in f.records {
+                next = next.max(r.offset + 1);
+                records.push((p, r));
+            }
+        }
+    }
+    records
+}
