@@ -484,6 +484,44 @@ impl ActiveState {
             .join(format!("{}.{}.json", clean(pipeline), clean(group)))
     }
 
+    /// [`ActiveState::file`], after moving the files an older sharehost kept for this pipeline
+    /// and group under the name it made of them (every character but letters, digits, `-` and
+    /// `_` as `_`, so a group `a.b` was `a_b`): the state file and the member id beside it, so a
+    /// pipeline of a dotted group still comes back on its version and as its member.
+    pub fn file_moving_older(dir: &Path, pipeline: &str, group: &str) -> PathBuf {
+        let file = ActiveState::file(dir, pipeline, group);
+        let older = |s: &str| -> String {
+            s.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect()
+        };
+        let old = dir
+            .join("pipelines")
+            .join(format!("{}.{}.json", older(pipeline), older(group)));
+        if old != file && !file.exists() && old.exists() {
+            for ext in ["json", "member"] {
+                let (from, to) = (old.with_extension(ext), file.with_extension(ext));
+                if from.exists()
+                    && let Err(e) = std::fs::rename(&from, &to)
+                {
+                    tracing::warn!(
+                        pipeline,
+                        "cannot move the older state file {} to {}: {e}",
+                        from.display(),
+                        to.display()
+                    );
+                }
+            }
+        }
+        file
+    }
+
     /// Reads a state file; a missing one is `None`, a damaged one an error to log.
     pub fn read(path: &Path) -> Result<Option<ActiveState>, String> {
         match std::fs::read(path) {
@@ -505,6 +543,31 @@ impl ActiveState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_files_an_older_sharehost_named_for_a_dotted_group_are_moved_to_their_new_name() {
+        let dir = std::env::temp_dir().join(format!("sharehost-older-{}", std::process::id()));
+        let pipelines = dir.join("pipelines");
+        std::fs::create_dir_all(&pipelines).expect("dir");
+        std::fs::write(pipelines.join("p.g_1.json"), "{}").expect("old state");
+        std::fs::write(pipelines.join("p.g_1.member"), "m").expect("old member");
+        let file = ActiveState::file_moving_older(&dir, "p", "g.1");
+        assert_eq!(file, pipelines.join("p.g.1.json"));
+        assert_eq!(std::fs::read_to_string(&file).ok().as_deref(), Some("{}"));
+        assert_eq!(
+            std::fs::read_to_string(file.with_extension("member"))
+                .ok()
+                .as_deref(),
+            Some("m")
+        );
+        assert!(!pipelines.join("p.g_1.json").exists());
+        // A group without a dot keeps its one name.
+        assert_eq!(
+            ActiveState::file_moving_older(&dir, "p", "g-2"),
+            pipelines.join("p.g-2.json")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn canary(percent: f64, batches: u64) -> CanaryPlan {
         CanaryPlan::new(CanaryRequest {

@@ -103,7 +103,7 @@ impl Pipeline {
         state_dir: &Path,
     ) -> Result<Arc<Pipeline>, SwapError> {
         let grants = Grants::build(&spec)?;
-        let file = ActiveState::file(state_dir, &spec.name, &spec.group);
+        let file = ActiveState::file_moving_older(state_dir, &spec.name, &spec.group);
         let manifest = compile_version(&runtime, &spec, &grants, &spec.component).await?;
         let remembered = match ActiveState::read(&file) {
             Ok(r) => r,
