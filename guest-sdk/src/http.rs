@@ -338,6 +338,9 @@ pub fn get(url: &str) -> Result<Response, HttpError> {
 /// response arrives. The host may still bound how many run at once (`http_max_concurrent`).
 /// A request that cannot be built fails alone; the others go on.
 pub fn send_all(requests: Vec<Request>) -> Vec<Result<Response, HttpError>> {
+    // An import circle on purpose: this module is the facade a plugin calls, and its two
+    // backends (the component's wasi:http, the native tests' fake) take its request and
+    // response types; one backend is compiled in, chosen by the target.
     #[cfg(target_arch = "wasm32")]
     return crate::wasm::http::send_all(requests);
     #[cfg(not(target_arch = "wasm32"))]

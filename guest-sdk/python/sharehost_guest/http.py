@@ -326,6 +326,8 @@ def send_all(requests: Sequence[Request]) -> List[Union[Response, HttpError]]:
         if not isinstance(r, Request):
             raise TypeError(f"send_all takes Request objects, got {type(r).__name__}")
     if _sender is None:
+        # An import circle on purpose (imported here, when first needed): natively the
+        # testing module's fake answers, and it takes this module's Request and Response.
         from . import testing
 
         return testing.http._send_all(requests)

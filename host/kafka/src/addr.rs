@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use super::error::KafkaError;
-
 /// A broker's network address plus, once known from metadata, its node id. Used as the
 /// "which broker" in every error.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,10 +49,16 @@ impl fmt::Display for BrokerAddr {
     }
 }
 
+/// Why a bootstrap list cannot be read: the entry and what is wrong with it (a configuration
+/// error of the user's, [`crate::KafkaError::Config`] where a client meets it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AddrError(pub String);
+
 /// Parses a comma-separated bootstrap list (`host:port,host:port`, IPv6 as `[::1]:9092`).
 ///
 /// Every entry must carry an explicit port: silently defaulting to 9092 hides typos.
-pub fn parse_bootstrap(list: &str) -> Result<Vec<BrokerAddr>, KafkaError> {
+pub fn parse_bootstrap(list: &str) -> Result<Vec<BrokerAddr>, AddrError> {
     let mut out = Vec::new();
     for raw in list.split(',') {
         let entry = raw.trim();
@@ -64,16 +68,16 @@ pub fn parse_bootstrap(list: &str) -> Result<Vec<BrokerAddr>, KafkaError> {
         out.push(parse_one(entry)?);
     }
     if out.is_empty() {
-        return Err(KafkaError::Config(format!(
+        return Err(AddrError(format!(
             "bootstrap address {list:?} is empty: expected host:port[,host:port...]"
         )));
     }
     Ok(out)
 }
 
-fn parse_one(entry: &str) -> Result<BrokerAddr, KafkaError> {
+fn parse_one(entry: &str) -> Result<BrokerAddr, AddrError> {
     let bad = |why: &str| {
-        KafkaError::Config(format!(
+        AddrError(format!(
             "invalid bootstrap address {entry:?}: {why} (expected host:port, e.g. 127.0.0.1:9092)"
         ))
     };

@@ -8,7 +8,7 @@ use kafka_protocol::ResponseError;
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::protocol::VersionRange;
 
-use super::addr::BrokerAddr;
+use super::addr::{AddrError, BrokerAddr};
 
 /// Every way talking to Kafka can fail, each variant carrying the broker and API it concerns so
 /// one log line is enough to act on.
@@ -260,6 +260,13 @@ impl fmt::Display for CodeDisplay {
             Some(e) => write!(f, "{e:?} ({})", self.0),
             None => write!(f, "NONE (0)"),
         }
+    }
+}
+
+impl From<AddrError> for KafkaError {
+    /// A bootstrap list that cannot be read is the user's configuration.
+    fn from(e: AddrError) -> KafkaError {
+        KafkaError::Config(e.0)
     }
 }
 

@@ -31,7 +31,7 @@ pub mod sasl;
 pub mod tls;
 pub mod versions;
 
-pub use addr::{BrokerAddr, parse_bootstrap};
+pub use addr::{AddrError, BrokerAddr, parse_bootstrap};
 pub use client::{KafkaClient, OffsetSpec, TopicMeta};
 pub use connection::{BrokerConnection, ConnectionConfig};
 pub use error::{ErrorClass, KafkaError, classify};

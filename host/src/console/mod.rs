@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
-use crate::admin::{AdminState, authorized};
+use crate::admin::state::{AdminState, authorized};
 use crate::api::{self, PipelineRoute, Refused, ReplayRequest, Replayed};
 use crate::dlq::{Action, DlqArgs, Summary};
 use crate::manifest::Manifest;

@@ -128,7 +128,7 @@ pub struct Action {
     /// The pipeline's state once it is applied, as the operator computed it from the state
     /// it read: a host takes this state (signed with the action), so every action is
     /// self-contained and a compacted topic reads to the same state.
-    pub then: crate::fleet::state::Desired,
+    pub then: Desired,
 }
 
 /// An action as the deployments topic carries it: the action's exact JSON bytes and a
@@ -218,6 +218,53 @@ pub struct HostStatus {
     pub version: String,
     /// Its pipelines.
     pub pipelines: Vec<PipelineReport>,
+}
+
+/// A canary the fleet runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetCanary {
+    /// The canary action's number: hosts report their tallies under it, decisions name it.
+    pub seq: u64,
+    /// The candidate.
+    pub component: ComponentRef,
+    /// Its rules.
+    pub rules: CanaryRules,
+    /// When the operator started it (ms since the Unix epoch).
+    pub issued_at_ms: u64,
+}
+
+/// How the last fleet canary of a pipeline ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryOutcome {
+    /// The canary action's number.
+    pub seq: u64,
+    /// The candidate's digest.
+    pub candidate: String,
+    /// Promoted (true) or rolled back.
+    pub promoted: bool,
+    /// Why, and by whom (a host's decision, or an operator's action).
+    pub reason: String,
+}
+
+/// What the fleet wants of one pipeline.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Desired {
+    /// The last action applied (0: none yet).
+    pub seq: u64,
+    /// The active version; `None`: each host's manifest component (no deploy yet, or rolled
+    /// back past the first deploy).
+    pub active: Option<ComponentRef>,
+    /// Versions active before, newest first (at most [`KEPT`]).
+    pub history: Vec<ComponentRef>,
+    /// The running canary.
+    pub canary: Option<FleetCanary>,
+    /// How the last canary ended.
+    pub last_canary: Option<CanaryOutcome>,
+    /// The running shadow: its candidate and sample.
+    pub shadow: Option<(ComponentRef, f64)>,
 }
 
 /// The key of an action record: one per action, so compaction never drops an action and a

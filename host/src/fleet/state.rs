@@ -6,59 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::records::{Action, CanaryRules, Change, ComponentRef, Decision};
+use super::records::{Action, Change, ComponentRef, Decision};
+pub use super::records::{CanaryOutcome, Desired, FleetCanary};
 
 /// Versions kept for rollback per pipeline, newest first.
 pub const KEPT: usize = 8;
-
-/// A canary the fleet runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetCanary {
-    /// The canary action's number: hosts report their tallies under it, decisions name it.
-    pub seq: u64,
-    /// The candidate.
-    pub component: ComponentRef,
-    /// Its rules.
-    pub rules: CanaryRules,
-    /// When the operator started it (ms since the Unix epoch).
-    pub issued_at_ms: u64,
-}
-
-/// How the last fleet canary of a pipeline ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CanaryOutcome {
-    /// The canary action's number.
-    pub seq: u64,
-    /// The candidate's digest.
-    pub candidate: String,
-    /// Promoted (true) or rolled back.
-    pub promoted: bool,
-    /// Why, and by whom (a host's decision, or an operator's action).
-    pub reason: String,
-}
-
-/// What the fleet wants of one pipeline.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Desired {
-    /// The last action applied (0: none yet).
-    pub seq: u64,
-    /// The active version; `None`: each host's manifest component (no deploy yet, or rolled
-    /// back past the first deploy).
-    pub active: Option<ComponentRef>,
-    /// Versions active before, newest first (at most [`KEPT`]).
-    pub history: Vec<ComponentRef>,
-    /// The running canary.
-    pub canary: Option<FleetCanary>,
-    /// How the last canary ended.
-    pub last_canary: Option<CanaryOutcome>,
-    /// The running shadow: its candidate and sample.
-    pub shadow: Option<(ComponentRef, f64)>,
-}
 
 impl Desired {
     fn activate(&mut self, c: Option<ComponentRef>) {
@@ -283,6 +237,7 @@ impl FleetState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::records::CanaryRules;
     use crate::rollout::{PromoteAfter, RollbackIf, Tally};
 
     fn comp(d: char) -> ComponentRef {

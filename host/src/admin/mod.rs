@@ -4,9 +4,14 @@
 //! `POST /pipelines/NAME/swap`, `.../rollback`, `.../shadow` (and `DELETE`), `.../canary`
 //! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default. The console in the browser and
 //! its read endpoints (`/console`, `GET /host`, `GET /faults`, a pipeline's dead letters) are
-//! in [`crate::console`].
+//! in [`crate::console`]; what both share (the state and the token check) in [`state`], so the
+//! console depends on that alone.
 
-use std::path::PathBuf;
+pub(crate) mod state;
+
+pub use state::AdminState;
+pub(crate) use state::authorized;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -20,42 +25,7 @@ use crate::api::{
     self, CanaryBody, CandidateStarted, PipelineRoute, Refused, RollbackRequest, ShadowBody,
     ShadowStopped, SwapRequest, VersionChanged,
 };
-use crate::metrics::Metrics;
 use crate::pipeline::{Pipeline, SwapError};
-use crate::tenants::Tenants;
-
-/// What the admin handlers share.
-pub struct AdminState {
-    /// Every pipeline of the manifest, loaded or not.
-    pub tenants: Arc<Tenants>,
-    /// The metrics registry.
-    pub metrics: Arc<Metrics>,
-    /// Bearer token for mutating endpoints, when configured.
-    pub token: Option<String>,
-    /// The manifest the host runs, where the console reads each pipeline's dead-letter topic
-    /// and cluster settings from (`None`: no dead-letter view).
-    pub manifest: Option<PathBuf>,
-    /// The fleet this host is one of (`None`: a host on its own, `GET /fleet` answers 404).
-    pub fleet: Option<Arc<crate::fleet::Fleet>>,
-}
-
-pub(crate) fn authorized(state: &AdminState, headers: &HeaderMap) -> bool {
-    let Some(token) = &state.token else {
-        return true;
-    };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|t| same_token(t, token.as_bytes()))
-}
-
-/// Compares a presented token with the configured one in time that does not depend on where
-/// they differ (`subtle`), so response timing cannot reveal the token byte by byte. The
-/// length is not hidden; a token of 32 random bytes is not guessed by its length.
-fn same_token(presented: &[u8], token: &[u8]) -> bool {
-    use subtle::ConstantTimeEq;
-    presented.len() == token.len() && bool::from(presented.ct_eq(token))
-}
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
     s.metrics.ready.set(i64::from(s.tenants.ready().is_ok()));
@@ -324,6 +294,8 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use crate::tenants::Tenants;
 
     fn state(token: Option<&str>) -> AdminState {
         AdminState {
