@@ -437,6 +437,7 @@ impl Live {
                 Some(_) => {
                     tracing::info!(pipeline = %spec.name, "manifest re-read: pipeline changed; draining it and starting it again");
                     self.stop(&spec.name).await;
+                    tenants.reset(&spec.name);
                     self.start(spec.clone());
                 }
                 None => {

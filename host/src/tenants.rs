@@ -118,13 +118,20 @@ impl Tenants {
         lock(&self.slots).clone()
     }
 
-    /// Adds a tenant named `name` (not loaded yet) at the end, or makes an existing one
-    /// loading again (a pipeline restarted with a changed manifest table).
+    /// Adds a tenant named `name` (not loaded yet) at the end; one that is there already is
+    /// left as it is (loaded at start, say).
     pub fn add(&self, name: &str) {
         let mut slots = lock(&self.slots);
-        match slots.iter().find(|(n, _)| n == name) {
-            Some((_, slot)) => *lock(slot) = Slot::Loading,
-            None => slots.push((name.to_owned(), Arc::new(Mutex::new(Slot::Loading)))),
+        if !slots.iter().any(|(n, _)| n == name) {
+            slots.push((name.to_owned(), Arc::new(Mutex::new(Slot::Loading))));
+        }
+    }
+
+    /// Makes the tenant `name` loading again, its pipeline forgotten (a pipeline restarted
+    /// with a changed manifest table: the next load reads the new table).
+    pub fn reset(&self, name: &str) {
+        if let Some(slot) = self.slot(name) {
+            *lock(&slot) = Slot::Loading;
         }
     }
 
@@ -247,6 +254,21 @@ impl Tenants {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adding_a_tenant_that_is_there_keeps_it_and_a_reset_one_loads_again() {
+        let t = Tenants::new(["a".to_owned()]);
+        t.set_failed("a", "x".into());
+        t.add("a");
+        t.add("b");
+        let listed = serde_json::to_value(t.status()).expect("json");
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+        assert_eq!(listed[0]["state"], "failed", "a kept as it was: {listed}");
+        t.reset("a");
+        assert!(t.status().is_empty(), "a loading again, b loading");
+        t.remove("b");
+        assert!(t.ready().expect_err("a loading").contains("a: loading"));
+    }
 
     #[test]
     fn a_failed_tenant_is_listed_with_its_attempts_and_keeps_the_host_unready() {
