@@ -27,7 +27,13 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    let field = |i: usize| -> Result<f64> {
+        f.get(i)
+            .with_context(|| format!("/proc/{pid}/stat has no field {}", i + 3))?
+            .parse::<f64>()
+            .with_context(|| format!("/proc/{pid}/stat field {} is not a number", i + 3))
+    };
+    let ticks = field(11)? + field(12)?;
     let hz = 100.0; // USER_HZ on Linux
     Ok(ticks / hz)
 }
