@@ -19,8 +19,8 @@ use sharehost_tests::host::{HostProcess, Seen};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
-    new_version, produce_ids, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
+    topic_and_group, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -39,17 +39,7 @@ struct Scenario {
 impl Scenario {
     async fn new(name: &'static str) -> Scenario {
         let client = Arc::new(client().await);
-        let topic = unique(name);
-        client
-            .create_topic(&topic, PARTITIONS, 1, &[])
-            .await
-            .expect("create topic");
-        let group = fresh_group_with(
-            &client,
-            Some(30_000),
-            &[("share.session.timeout.ms", "6000")],
-        )
-        .await;
+        let (topic, group) = topic_and_group(&client, name, PARTITIONS).await;
         let dir = std::env::temp_dir().join(unique("sharehost-rollout"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Scenario {

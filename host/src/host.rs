@@ -369,43 +369,7 @@ impl Live {
                 .get_or_create(&vec![("result", result.to_owned())])
                 .inc();
         };
-        let next = match Manifest::load(path) {
-            Ok(m) => m,
-            Err(e) => {
-                let why = format!("{e:#}");
-                tracing::error!(
-                    "manifest re-read refused; the host runs on the manifest it has: {why}"
-                );
-                count("refused");
-                tenants.update_manifest_status(|m| {
-                    m.refused += 1;
-                    m.last_refused = Some(why);
-                });
-                return;
-            }
-        };
-        let mut restart_only = Vec::new();
-        if next.cluster != current.cluster {
-            restart_only.push("[cluster]");
-        }
-        if next.admin != current.admin {
-            restart_only.push("[admin]");
-        }
-        if next.runtime != current.runtime {
-            restart_only.push("[runtime]");
-        }
-        if next.trust != current.trust {
-            restart_only.push("[trust]");
-        }
-        if next.fleet != current.fleet {
-            restart_only.push("[fleet]");
-        }
-        if !restart_only.is_empty() {
-            let why = format!(
-                "{}: {} changed, which only a restart applies",
-                path.display(),
-                restart_only.join(", ")
-            );
+        let refuse = |why: String| {
             tracing::error!(
                 "manifest re-read refused; the host runs on the manifest it has: {why}"
             );
@@ -414,7 +378,27 @@ impl Live {
                 m.refused += 1;
                 m.last_refused = Some(why);
             });
-            return;
+        };
+        let next = match Manifest::load(path) {
+            Ok(m) => m,
+            Err(e) => return refuse(format!("{e:#}")),
+        };
+        let restart_only: Vec<&str> = [
+            ("[cluster]", next.cluster != current.cluster),
+            ("[admin]", next.admin != current.admin),
+            ("[runtime]", next.runtime != current.runtime),
+            ("[trust]", next.trust != current.trust),
+            ("[fleet]", next.fleet != current.fleet),
+        ]
+        .into_iter()
+        .filter_map(|(table, changed)| changed.then_some(table))
+        .collect();
+        if !restart_only.is_empty() {
+            return refuse(format!(
+                "{}: {} changed, which only a restart applies",
+                path.display(),
+                restart_only.join(", ")
+            ));
         }
         if next.pipelines == current.pipelines {
             return;

@@ -9,6 +9,28 @@ use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 
 use crate::unique;
 
+/// A fresh topic named after `prefix` with `partitions` partitions (one replica), and a fresh
+/// share group for it with a 30 s lock and a 6 s session timeout, so a killed host's records
+/// come back soon: what the rollout and fleet scenarios start from. Returns (topic, group).
+pub async fn topic_and_group(
+    client: &KafkaClient,
+    prefix: &str,
+    partitions: i32,
+) -> (String, String) {
+    let topic = unique(prefix);
+    client
+        .create_topic(&topic, partitions, 1, &[])
+        .await
+        .expect("create topic");
+    let group = crate::fresh_group_with(
+        client,
+        Some(30_000),
+        &[("share.session.timeout.ms", "6000")],
+    )
+    .await;
+    (topic, group)
+}
+
 /// Creates a topic with `partitions` partitions and `per_partition` records in each; values
 /// name their partition and index so the test can check exactly-once delivery.
 pub async fn topic_with_records(
