@@ -13,7 +13,15 @@
 //! - a partition's leadership moved to another node (`dev/kafka move-leader`, only while every
 //!   broker is up);
 //! - a hot-swap of one host's plugin (`POST /pipelines/ledger/swap`) between two versions of the
-//!   ledger fixture (the same plugin with a different custom section, so a different hash).
+//!   ledger fixture (the same plugin with a different custom section, so a different hash);
+//! - fleet actions (the hosts are one fleet, docs/fleet.md): `sharehost fleet deploy` and `fleet
+//!   canary` of a fresh signed version (the canary promoted by the fleet's sum after a few
+//!   batches, unless the next action ends it first) and `fleet rollback`. An action the fleet's
+//!   state refuses at that moment (a second canary while one runs, a rollback with nothing to
+//!   roll back to) is logged as refused; any other failure of the command fails the run.
+//!
+//! Once everything is healed, one more `fleet deploy` must reach every host (the fleet
+//! converges after the faults), then the group must drain.
 //!
 //! It prints the seed and the whole schedule first, each action as it happens, and at the end the
 //! independent ledger (the ids produced against what the ledger plugin reports judging through
@@ -45,10 +53,12 @@ use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::cluster::{
     cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness,
 };
+use sharehost_tests::fleet::{fleet_command, fleet_tables};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
+use sharehost_tests::signing::Signer;
 use sharehost_tests::{
     FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, new_version,
     topic_values, unique,
@@ -92,6 +102,12 @@ enum Action {
     MoveLeader { partition: i32, to: u8 },
     /// Hot-swap host H's plugin to the other version.
     Swap(usize),
+    /// `sharehost fleet deploy` of a fresh signed version.
+    Deploy,
+    /// `sharehost fleet canary` of a fresh signed version on half the batches.
+    Canary,
+    /// `sharehost fleet rollback` to the version before.
+    Rollback,
 }
 
 impl Action {
@@ -106,6 +122,9 @@ impl Action {
             Action::CutConnections => "connection cut",
             Action::MoveLeader { .. } => "leader move",
             Action::Swap(_) => "hot-swap",
+            Action::Deploy => "fleet deploy",
+            Action::Canary => "fleet canary",
+            Action::Rollback => "fleet rollback",
         }
     }
 }
@@ -126,6 +145,9 @@ impl fmt::Display for Action {
                 )
             }
             Action::Swap(h) => write!(f, "hot-swap the plugin of host-{h}"),
+            Action::Deploy => write!(f, "fleet deploy of a new version"),
+            Action::Canary => write!(f, "fleet canary of a new version"),
+            Action::Rollback => write!(f, "fleet rollback"),
         }
     }
 }
@@ -154,6 +176,9 @@ fn schedule(seed: u64, length: Duration) -> Vec<Step> {
         Cut,
         Move,
         Swap,
+        Deploy,
+        Canary,
+        Rollback,
     }
     let mut rng = StdRng::seed_from_u64(seed);
     let mut steps = Vec::new();
@@ -187,7 +212,13 @@ fn schedule(seed: u64, length: Duration) -> Vec<Step> {
         if t >= length {
             break;
         }
-        let mut kinds = vec![Kind::Cut, Kind::Swap];
+        let mut kinds = vec![
+            Kind::Cut,
+            Kind::Swap,
+            Kind::Deploy,
+            Kind::Canary,
+            Kind::Rollback,
+        ];
         if broker_down.is_none() {
             kinds.extend([Kind::KillBroker, Kind::StopBroker, Kind::Move]);
         }
@@ -218,6 +249,9 @@ fn schedule(seed: u64, length: Duration) -> Vec<Step> {
                 to: rng.random_range(1..=BROKERS),
             },
             Kind::Swap => Action::Swap(up_hosts[rng.random_range(0..up_hosts.len())]),
+            Kind::Deploy => Action::Deploy,
+            Kind::Canary => Action::Canary,
+            Kind::Rollback => Action::Rollback,
         };
         steps.push(Step { at: t, action });
     }
@@ -361,8 +395,17 @@ fn spawn_producer(
 struct Nemesis {
     bootstrap: String,
     topic: String,
-    manifest: PathBuf,
+    /// Each host's manifest (its own `fleet.host_id`) and state directory.
+    manifests: Vec<PathBuf>,
+    states: Vec<PathBuf>,
     versions: [PathBuf; 2],
+    /// The fleet's operator: its key, its key file and the manifest `sharehost fleet` reads.
+    operator: Signer,
+    key: PathBuf,
+    operator_manifest: PathBuf,
+    /// Where fresh fleet versions are written, and how many were made.
+    dir: PathBuf,
+    fleet_versions: u32,
     proxies: Vec<Arc<Proxy>>,
     hosts: Vec<Option<HostProcess>>,
     /// Which of `versions` each host runs now.
@@ -379,13 +422,48 @@ impl Nemesis {
     fn start_host(&mut self, h: usize) {
         self.starts[h] += 1;
         let name = format!("host-{h}.{}", self.starts[h]);
-        self.hosts[h] = Some(HostProcess::start_watched(
+        let state = self.states[h].to_str().expect("utf-8 path").to_owned();
+        self.hosts[h] = Some(HostProcess::start_watched_with_env(
             sharehost_bin!(),
-            &self.manifest,
+            &self.manifests[h],
             &name,
             &self.watch,
+            &[("SHAREHOST_STATE_DIR", &state)],
         ));
         self.version[h] = 0;
+    }
+
+    /// A fresh version of the ledger plugin (a new hash), signed by the operator.
+    fn fresh_version(&mut self) -> (PathBuf, String) {
+        self.fleet_versions += 1;
+        let tag = format!("fleet-{}", self.fleet_versions);
+        let path = self.dir.join(format!("{tag}.wasm"));
+        let bytes = new_version(&self.versions[0], &tag);
+        let hash = sharehost::fleet::components::digest(&bytes);
+        std::fs::write(&path, bytes).expect("write version");
+        self.operator.sign(&path);
+        (path, hash)
+    }
+
+    /// Runs `sharehost fleet ARGS` as the operator; `refusals` are the answers of the fleet's
+    /// state this action may meet (logged, not a failure). Returns what happened.
+    fn fleet(&self, args: &[&str], refusals: &[&str]) -> String {
+        let (ok, out) = fleet_command(
+            sharehost_bin!(),
+            &self.operator_manifest,
+            "ledger",
+            &self.key,
+            args,
+        );
+        let last = out.trim().lines().last().unwrap_or_default().to_owned();
+        if ok {
+            return last;
+        }
+        assert!(
+            refusals.iter().any(|r| out.contains(r)),
+            "sharehost fleet {args:?} failed:\n{out}"
+        );
+        format!("refused by the fleet's state: {last}")
     }
 
     fn host(&self, h: usize) -> &HostProcess {
@@ -475,6 +553,57 @@ impl Nemesis {
                 self.version[h] = next;
                 format!("host-{h} runs v{} now", next + 1)
             }
+            Action::Deploy => {
+                let (path, hash) = self.fresh_version();
+                let out = self.fleet(&["deploy", path.to_str().expect("utf-8 path")], &[]);
+                format!("{} ({out})", &hash[..12])
+            }
+            Action::Canary => {
+                let (path, hash) = self.fresh_version();
+                let out = self.fleet(
+                    &[
+                        "canary",
+                        path.to_str().expect("utf-8 path"),
+                        "--percent",
+                        "50",
+                        "--promote-after-batches",
+                        "20",
+                    ],
+                    &["is running: promote or abort it first"],
+                );
+                format!("{} ({out})", &hash[..12])
+            }
+            Action::Rollback => self.fleet(&["rollback"], &["nothing to roll back to"]),
+        }
+    }
+
+    /// A last `fleet deploy` once everything is healed, and a wait until every host judges with
+    /// it: the fleet converges whatever the schedule did to it.
+    fn converge(&mut self) -> String {
+        let (path, hash) = self.fresh_version();
+        self.fleet(&["deploy", path.to_str().expect("utf-8 path")], &[]);
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let running: Vec<String> = self
+                .hosts
+                .iter()
+                .flatten()
+                .map(|h| {
+                    h.status()[0]["active_version"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .to_owned()
+                })
+                .collect();
+            if running.iter().all(|v| *v == hash) {
+                return hash;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the healed fleet did not converge on {hash}: the hosts run {running:?}"
+            );
+            // A host has no way to notify a test of its version: poll GET /pipelines.
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -560,24 +689,40 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
 
     let dir = std::env::temp_dir().join(unique("sharehost-chaos"));
     std::fs::create_dir_all(&dir).expect("temp dir");
+    let operator = Signer::new();
+    let key = dir.join("operator.key");
+    operator.write_key(&key);
     let original = guest("fixture_ledger");
     let versions = [dir.join("ledger-v1.wasm"), dir.join("ledger-v2.wasm")];
     for (i, v) in versions.iter().enumerate() {
         std::fs::write(v, new_version(&original, &format!("v{}", i + 1))).expect("write version");
+        operator.sign(v);
     }
-    let manifest = dir.join("chaos.toml");
-    std::fs::write(
-        &manifest,
-        ledger_manifest(
-            &listens.join(","),
-            &topic,
-            &group,
-            &versions[0],
-            r#"reject-every = "7", pause-ms = "10""#,
-            &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
-        ),
-    )
-    .expect("write manifest");
+    // One fleet of the three hosts (topics of this run's own), each host its own id and state
+    // directory; the operator's manifest reaches the nodes directly, not through the proxies.
+    let prefix = format!("{}.", unique("chaos-fleet"));
+    let manifest = |id: &str, bootstrap: &str| {
+        let path = dir.join(format!("{id}.toml"));
+        let text = format!(
+            "{}{}",
+            fleet_tables(&operator.public(), "chaos", id, &prefix),
+            ledger_manifest(
+                bootstrap,
+                &topic,
+                &group,
+                &versions[0],
+                r#"reject-every = "7", pause-ms = "10""#,
+                &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
+            )
+        );
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    };
+    let manifests: Vec<PathBuf> = (0..HOSTS)
+        .map(|h| manifest(&format!("host-{h}"), &listens.join(",")))
+        .collect();
+    let operator_manifest = manifest("operator", &bootstrap);
+    let states: Vec<PathBuf> = (0..HOSTS).map(|h| dir.join(format!("state-{h}"))).collect();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let producer = spawn_producer(client.clone(), topic.clone(), rate, rate * seconds, stop_rx);
@@ -585,8 +730,14 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
     let mut nemesis = Nemesis {
         bootstrap: bootstrap.clone(),
         topic: topic.clone(),
-        manifest,
+        manifests,
+        states,
         versions,
+        operator,
+        key,
+        operator_manifest,
+        dir: dir.clone(),
+        fleet_versions: 0,
         proxies: proxies.clone(),
         hosts: (0..HOSTS).map(|_| None).collect(),
         version: vec![0; HOSTS],
@@ -632,10 +783,17 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         ids.len()
     );
 
-    // Healed: every broker up and in sync, every host running. The broker must end with nothing
-    // left for the group, then the hosts drain and stop and the ledger is read.
+    // Healed: every broker up and in sync, every host running. The fleet must converge on one
+    // more deploy and the broker must end with nothing left for the group, then the hosts drain
+    // and stop and the ledger is read.
     let (g, b) = (group.clone(), bootstrap.clone());
     let nemesis = tokio::task::spawn_blocking(move || {
+        let mut nemesis = nemesis;
+        let hash = nemesis.converge();
+        println!(
+            "chaos: the healed fleet converged: every host judges with {}",
+            &hash[..12]
+        );
         let deadline = Instant::now() + PATIENCE;
         loop {
             let _ = nemesis.seen(); // fails at once if a host died by itself
@@ -789,7 +947,7 @@ fn a_schedule_keeps_one_broker_and_one_host_down_at_most_and_heals_everything() 
                 Action::Swap(h) => {
                     assert_ne!(host_down, Some(h), "seed {seed}: a swap on a dead host");
                 }
-                Action::CutConnections => {}
+                Action::CutConnections | Action::Deploy | Action::Canary | Action::Rollback => {}
             }
         }
         assert_eq!(
@@ -798,7 +956,7 @@ fn a_schedule_keeps_one_broker_and_one_host_down_at_most_and_heals_everything() 
             "seed {seed}: healed at the end"
         );
     }
-    assert_eq!(kinds.len(), 8, "every kind of action is drawn: {kinds:?}");
+    assert_eq!(kinds.len(), 11, "every kind of action is drawn: {kinds:?}");
 }
 
 /// Restarts a stopped node when dropped, so a failing test leaves the shared cluster whole.
@@ -863,5 +1021,50 @@ async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
     .expect("restart");
     if let Err(e) = produced {
         panic!("produce to {target}-0 after node {leader} (its old leader) stopped: {e}");
+    }
+}
+
+/// Found by `dev/chaos` once it ran fleet actions: a client whose cached leader was SIGKILLed
+/// (so still in the metadata until the controller fences it) dialled the dead node on every
+/// retry until its request timeout, never asking who leads now; `sharehost fleet deploy` failed
+/// with "cannot connect to broker N". Fixed in `KafkaClient::with_leader`: a leader that cannot
+/// be reached refreshes the metadata before the next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_finds_the_new_leader_when_the_cached_one_was_killed() {
+    let _cluster = CLUSTER.lock().await;
+    let bootstrap = cluster_bootstrap();
+    let client = cluster_client().await;
+    let target = unique("chaos-killed-leader");
+    client
+        .create_topic(&target, 1, 3, &[])
+        .await
+        .expect("create topic");
+    client
+        .refresh_metadata(std::slice::from_ref(&target))
+        .await
+        .expect("metadata");
+    let leader = client.leader(&target, 0).expect("a leader");
+    let record = [ProduceRecord {
+        value: Some(Bytes::from_static(b"1")),
+        ..Default::default()
+    }];
+    client
+        .produce(&target, 0, &record, Compression::None)
+        .await
+        .expect("produce while every node is up");
+    let mut restart = Restart(Some(leader));
+    tokio::task::spawn_blocking(move || cluster_harness(&["kill-broker", &leader.to_string()]))
+        .await
+        .expect("kill");
+    let produced = client.produce(&target, 0, &record, Compression::None).await;
+    let n = restart.0.take().expect("killed node");
+    tokio::task::spawn_blocking(move || {
+        cluster_harness(&["start-broker", &n.to_string()]);
+        wait_fully_replicated(&bootstrap);
+    })
+    .await
+    .expect("restart");
+    if let Err(e) = produced {
+        panic!("produce to {target}-0 after node {leader} (its leader) was killed: {e}");
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use sharehost_tests::host::{PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::pods::{self, Played, PodLog, image, podman_ok};
+use sharehost_tests::signing::Signer;
 use sharehost_tests::{blocking, bootstrap, client, fresh_group, guest, produce_ids, unique};
 
 /// The autoscaling example's query, in the one form this test evaluates.
@@ -140,15 +141,9 @@ fn scratch(tag: &str) -> PathBuf {
 fn signed_ledger(dir: &Path) -> String {
     let component = dir.join("plugins/fixture_ledger.wasm");
     std::fs::copy(guest("fixture_ledger"), &component).expect("copy the ledger plugin");
-    let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
-    let bytes = std::fs::read(&component).expect("read component");
-    let sig = minisign::sign(Some(&kp.pk), &kp.sk, &bytes[..], None, None).expect("sign");
-    std::fs::write(
-        dir.join("plugins/fixture_ledger.wasm.minisig"),
-        sig.to_string(),
-    )
-    .expect("write signature");
-    kp.pk.to_base64()
+    let publisher = Signer::new();
+    publisher.sign(&component);
+    publisher.public()
 }
 
 /// The manifest the pods run: the ledger plugin (signed, trusted through the ConfigMap's

@@ -12,7 +12,6 @@
 //! Part of the host package's tests (it needs the `sharehost` binary), like tests/faults.rs.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,47 +20,17 @@ use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
 use sharehost::fleet::state::Desired;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost::runtime::signature_path;
+use sharehost_tests::fleet::{fleet_command, fleet_tables};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
+use sharehost_tests::signing::Signer;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
     topic_and_group, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
-
-/// An operator's key pair, as `minisign -G -W` makes one.
-struct Operator {
-    pk: minisign::PublicKey,
-    sk: minisign::SecretKey,
-}
-
-impl Operator {
-    fn new() -> Operator {
-        let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
-        Operator {
-            pk: kp.pk,
-            sk: kp.sk,
-        }
-    }
-
-    /// Writes `component.minisig`, as `minisign -Sm component` does.
-    fn sign(&self, component: &Path) {
-        let bytes = std::fs::read(component).expect("read component");
-        let sig = minisign::sign(Some(&self.pk), &self.sk, &bytes[..], None, None).expect("sign");
-        std::fs::write(signature_path(component), sig.to_string()).expect("write signature");
-    }
-
-    /// Writes the secret key file `sharehost fleet --key` reads.
-    fn key_file(&self, dir: &Path) -> PathBuf {
-        let path = dir.join("operator.key");
-        let boxed = self.sk.to_box(None).expect("key box").to_string();
-        std::fs::write(&path, boxed).expect("write key");
-        path
-    }
-}
 
 /// A fleet's scenario: a topic, a group, fleet topics of its own, an operator key, signed
 /// components and one manifest per host.
@@ -72,7 +41,7 @@ struct Fleet {
     group: String,
     prefix: String,
     dir: PathBuf,
-    operator: Operator,
+    operator: Signer,
     key: PathBuf,
     v1: PathBuf,
     ids: Vec<String>,
@@ -84,8 +53,9 @@ impl Fleet {
         let (topic, group) = topic_and_group(&client, name, PARTITIONS).await;
         let dir = std::env::temp_dir().join(unique("sharehost-fleet"));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let operator = Operator::new();
-        let key = operator.key_file(&dir);
+        let operator = Signer::new();
+        let key = dir.join("operator.key");
+        operator.write_key(&key);
         let v1 = dir.join("v1.wasm");
         std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
         operator.sign(&v1);
@@ -112,10 +82,8 @@ impl Fleet {
     /// table (its own `[pipeline.trust]`, say).
     fn manifest_with(&self, id: &str, component: &Path, extra: &str) -> PathBuf {
         let text = format!(
-            "[trust]\nkeys = [\"{}\"]\n\n[fleet]\nname = \"{}\"\nhost_id = \"{id}\"\ntopic_prefix = \"{}\"\nstatus_interval_ms = 500\n\n{}",
-            self.operator.pk.to_base64(),
-            self.name,
-            self.prefix,
+            "{}{}",
+            fleet_tables(&self.operator.public(), self.name, id, &self.prefix),
             ledger_manifest(
                 &bootstrap(),
                 &self.topic,
@@ -164,23 +132,13 @@ impl Fleet {
     }
 
     fn try_fleet(&self, args: &[&str]) -> (bool, String) {
-        let manifest = self.manifest("operator");
-        let (command, rest) = args.split_first().expect("a command");
-        let mut cmd = Command::new(sharehost_bin!());
-        cmd.arg("fleet").arg(command).arg(&manifest);
-        if *command != "status" {
-            cmd.arg("--pipeline")
-                .arg("ledger")
-                .arg("--key")
-                .arg(&self.key);
-        }
-        let out = cmd.args(rest).output().expect("run sharehost fleet");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
+        fleet_command(
+            sharehost_bin!(),
+            &self.manifest("operator"),
+            "ledger",
+            &self.key,
+            args,
+        )
     }
 
     async fn produce(&mut self, ids: std::ops::Range<u64>) {
@@ -518,7 +476,7 @@ async fn unsigned_tampered_foreign_and_replayed_actions_are_refused_while_the_ac
     };
     let mut tampered = sign::sign(&action(3), &f.operator.sk).expect("sign");
     tampered.action = tampered.action.replace("\"seq\":3", "\"seq\":4");
-    let stranger = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+    let stranger = Signer::new();
     let foreign = sign::sign(&action(3), &stranger.sk).expect("sign");
     // A replay: an old action, signed by the operator, under its own key and number.
     let replayed = sign::sign(&action(1), &f.operator.sk).expect("sign");
@@ -634,22 +592,15 @@ async fn a_host_that_cannot_verify_a_deploy_keeps_its_version_and_a_local_swap_l
     let f = Fleet::new("keeps").await;
     // Host b's pipeline trusts another key only (its v1 signed by it): it cannot verify what
     // the operator signs.
-    let stranger = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
+    let stranger = Signer::new();
     let b_v1 = f.dir.join("v1-b.wasm");
     std::fs::copy(&f.v1, &b_v1).expect("copy v1");
-    Operator {
-        pk: stranger.pk.clone(),
-        sk: stranger.sk.clone(),
-    }
-    .sign(&b_v1);
+    stranger.sign(&b_v1);
     let a = f.start("a");
     let b = f.start_with(
         "b",
         &b_v1,
-        &format!(
-            "\n[pipeline.trust]\nkeys = [\"{}\"]\n",
-            stranger.pk.to_base64()
-        ),
+        &format!("\n[pipeline.trust]\nkeys = [\"{}\"]\n", stranger.public()),
     );
     let v1 = hash(&f.v1);
     let v2_path = f.version(&f.v1, "keeps-v2");

@@ -22,6 +22,7 @@ use sharehost::runtime::{
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::sharehost_bin;
+use sharehost_tests::signing::Signer;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     new_version, plugin_record, produce_ids, topic_records, topic_with_dead_letters, unique,
@@ -29,42 +30,6 @@ use sharehost_tests::{
 };
 
 const PARTITIONS: i32 = 3;
-
-/// A publisher's key pair, as `minisign -G -W` makes one.
-struct Publisher {
-    pk: minisign::PublicKey,
-    sk: minisign::SecretKey,
-}
-
-impl Publisher {
-    fn new() -> Publisher {
-        let kp = minisign::KeyPair::generate_unencrypted_keypair().expect("key pair");
-        Publisher {
-            pk: kp.pk,
-            sk: kp.sk,
-        }
-    }
-
-    /// The public key line a manifest lists (`RW...`).
-    fn public(&self) -> String {
-        self.pk.to_base64()
-    }
-
-    /// The key id minisign shows, as the host reports the signer.
-    fn id(&self) -> String {
-        TrustedKey::parse(&self.public())
-            .expect("a key")
-            .id()
-            .to_owned()
-    }
-
-    /// Writes `component.minisig`, as `minisign -Sm component` does.
-    fn sign(&self, component: &Path) {
-        let bytes = std::fs::read(component).expect("read component");
-        let sig = minisign::sign(Some(&self.pk), &self.sk, &bytes[..], None, None).expect("sign");
-        std::fs::write(signature_path(component), sig.to_string()).expect("write signature");
-    }
-}
 
 fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(unique(&format!("sharehost-trust-{tag}")));
@@ -129,7 +94,7 @@ type Arrange<'a> = Box<dyn Fn() + 'a>;
 #[test]
 fn check_and_run_refuse_an_unsigned_or_wrongly_signed_component_naming_file_and_reason() {
     let dir = scratch("cli");
-    let (alice, stranger) = (Publisher::new(), Publisher::new());
+    let (alice, stranger) = (Signer::new(), Signer::new());
     let component = dir.join("ledger.wasm");
     std::fs::write(&component, new_version(&guest("fixture_ledger"), "cli")).expect("write");
     let other = dir.join("other.wasm");
@@ -209,7 +174,7 @@ fn check_and_run_refuse_an_unsigned_or_wrongly_signed_component_naming_file_and_
 #[test]
 fn a_cached_compilation_never_stands_in_for_a_signature() {
     let dir = scratch("cache");
-    let alice = Publisher::new();
+    let alice = Signer::new();
     let component = dir.join("ledger.wasm");
     std::fs::write(&component, new_version(&guest("fixture_ledger"), "cache")).expect("write");
     alice.sign(&component);
@@ -253,7 +218,7 @@ fn a_cached_compilation_never_stands_in_for_a_signature() {
 #[tokio::test]
 async fn cached_code_of_one_component_never_runs_for_another_under_a_verified_signature() {
     let dir = scratch("cache-moved");
-    let alice = Publisher::new();
+    let alice = Signer::new();
     // Two signed components that judge differently: one panics on a record `bad`, one accepts it.
     let panics = dir.join("panics.wasm");
     let accepts = dir.join("accepts.wasm");
@@ -336,7 +301,7 @@ fn wait_status(host: &HostProcess, what: &str, cond: impl Fn(&serde_json::Value)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_swap_to_an_unsigned_or_wrongly_signed_component_is_refused_while_the_signed_one_keeps_judging()
  {
-    let (alice, stranger) = (Publisher::new(), Publisher::new());
+    let (alice, stranger) = (Signer::new(), Signer::new());
     let client = Arc::new(client().await);
     let (topic, dlq) = topic_with_dead_letters(&client, "trust-swap", PARTITIONS, 1).await;
     let group = fresh_group_with(

@@ -142,7 +142,9 @@ async fn open(manifest: &Manifest) -> Result<Operator> {
     let client = KafkaClient::connect(&manifest.cluster.bootstrap, connection_config(manifest)?)
         .await
         .with_context(|| format!("cluster {}", manifest.cluster.bootstrap))?;
-    Ok(Operator::open(manifest, Arc::new(client)).await?)
+    Operator::open(manifest, Arc::new(client))
+        .await
+        .context("reading the fleet's state from its topics")
 }
 
 /// Loads `component` as the pipeline's hosts will (world, limits, grants, init with its
@@ -265,7 +267,10 @@ pub async fn run(args: FleetArgs) -> Result<()> {
         Change::Rollback { to: Some(to) } => format!(" to {to}"),
         _ => String::new(),
     };
-    let action = op.act(pipeline, change, &key).await?;
+    let action = op
+        .act(pipeline, change, &key)
+        .await
+        .context("recording the action in the fleet's deployments topic")?;
     println!(
         "fleet {}: pipeline {}: action {} ({}{what}) recorded; every host applies it",
         action.fleet,

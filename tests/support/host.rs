@@ -204,6 +204,17 @@ impl HostProcess {
         HostProcess::start_with(bin, manifest, name, &Watch::default(), env)
     }
 
+    /// [`HostProcess::start_watched`] with more environment variables.
+    pub fn start_watched_with_env(
+        bin: &Path,
+        manifest: &Path,
+        name: &str,
+        watch: &Watch,
+        env: &[(&str, &str)],
+    ) -> HostProcess {
+        HostProcess::start_with(bin, manifest, name, watch, env)
+    }
+
     fn start_with(
         bin: &Path,
         manifest: &Path,

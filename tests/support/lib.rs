@@ -8,6 +8,7 @@ use std::path::PathBuf;
 pub mod broker;
 pub mod cluster;
 pub mod fake_broker;
+pub mod fleet;
 pub mod guests;
 pub mod host;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod ledger;
 pub mod manifests;
 pub mod pods;
 pub mod proxy;
+pub mod signing;
 pub mod topics;
 
 pub use broker::*;

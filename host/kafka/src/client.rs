@@ -426,6 +426,10 @@ impl KafkaClient {
             let conn = match self.leader_connection(topic, partition).await {
                 Ok(c) => c,
                 Err(e) if e.class() != ErrorClass::Fatal => {
+                    // The cached leader cannot be reached (killed, not yet fenced by the
+                    // controller): ask again who leads, or every retry dials the dead node
+                    // until the deadline (dev/chaos found `sharehost fleet` failing so).
+                    let _ = self.refresh_metadata(&[topic.to_owned()]).await;
                     if !backoff.wait().await {
                         return Err(e);
                     }

@@ -30,7 +30,7 @@ pub enum OperatorError {
     #[error(transparent)]
     Topics(#[from] TopicError),
     /// The cluster failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Kafka(#[from] KafkaError),
     /// The manifest has no such pipeline.
     #[error("--pipeline {pipeline}: the manifest has no such pipeline (it has: {known})")]
