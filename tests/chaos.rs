@@ -51,7 +51,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::cluster::{
-    cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness,
+    cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness, wait_fully_replicated,
 };
 use sharehost_tests::fleet::{fleet_command, fleet_tables};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
@@ -296,42 +296,6 @@ fn env_u64(name: &str) -> Option<u64> {
             .parse()
             .unwrap_or_else(|e| panic!("{name}={v:?} is not a whole number: {e}")),
     )
-}
-
-/// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's
-/// TopicCommand lists them.
-fn under_replicated(bootstrap: &str) -> Vec<String> {
-    let (ok, text) = try_cluster_harness(&[
-        "tool",
-        "org.apache.kafka.tools.TopicCommand",
-        "--bootstrap-server",
-        bootstrap,
-        "--describe",
-        "--under-replicated-partitions",
-    ]);
-    if !ok {
-        return vec![format!("TopicCommand failed: {text}")];
-    }
-    text.lines()
-        .filter(|l| l.contains("Partition:"))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Polls (TopicCommand has no way to notify) until no partition is under-replicated.
-fn wait_fully_replicated(bootstrap: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let urp = under_replicated(bootstrap);
-        if urp.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "partitions still under-replicated after a broker restart: {urp:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// Produces ids `0, 1, 2, ...` at `rate` per second (batches of [`PRODUCE_BATCH`], round-robin

@@ -20,7 +20,9 @@ use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
 use sharehost::fleet::state::Desired;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::fleet::{fleet_command, fleet_tables};
+use sharehost_tests::fleet::{
+    fleet_command, fleet_tables, hash, poll_all, poll_fleet, wait_judged, wait_judged_with,
+};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
@@ -173,77 +175,6 @@ impl Fleet {
             .produce(&topic, 0, &[record], Compression::None)
             .await
             .expect("write to the deployments topic");
-    }
-}
-
-/// The content hash `sharehost` names a component by.
-fn hash(path: &Path) -> String {
-    sharehost::fleet::components::digest(&std::fs::read(path).expect("read component"))
-}
-
-/// Polls every host's `GET /pipelines` until `cond` holds for the first pipeline of each
-/// (a host has no way to notify a test); fails after a bound with the statuses.
-fn poll_all(hosts: &[&HostProcess], what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
-    let until = Instant::now() + PATIENCE;
-    loop {
-        let statuses: Vec<serde_json::Value> = hosts.iter().map(|h| h.status()).collect();
-        if statuses.iter().all(|s| cond(&s[0])) {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "timed out waiting for {what}: {statuses:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Polls a host's `GET /fleet` until `cond` holds.
-fn poll_fleet(
-    host: &HostProcess,
-    what: &str,
-    cond: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let until = Instant::now() + PATIENCE;
-    loop {
-        let (code, body) = host.http("GET", "/fleet", "");
-        assert_eq!(code, 200, "{body}");
-        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON fleet");
-        if cond(&v) {
-            return v;
-        }
-        assert!(
-            Instant::now() < until,
-            "timed out waiting for {what}: {v:#}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until the hosts' ledgers together have judged every id produced so far.
-fn wait_judged(hosts: &[&HostProcess], n: usize) {
-    wait_judged_with(hosts, &[], n);
-}
-
-/// [`wait_judged`], counting also what hosts that are gone judged (`before`).
-fn wait_judged_with(hosts: &[&HostProcess], before: &[Seen], n: usize) {
-    let until = Instant::now() + PATIENCE;
-    loop {
-        let judged: std::collections::HashSet<String> = hosts
-            .iter()
-            .map(|h| h.seen())
-            .chain(before.iter().cloned())
-            .flat_map(|s| s.accepted.into_iter().chain(s.rejected))
-            .collect();
-        if judged.len() >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "only {} of {n} ids judged",
-            judged.len()
-        );
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -655,4 +586,85 @@ async fn a_host_that_cannot_verify_a_deploy_keeps_its_version_and_a_local_swap_l
     assert_eq!(b.status()[0]["active_version"], v1.as_str());
     blocking(move || a.stop()).await;
     blocking(move || b.stop()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_cannot_write_its_status_judges_on_and_still_applies_the_fleets_actions() {
+    let mut f = Fleet::new("unwritable").await;
+    let a = f.start("a");
+    f.produce(0..300).await;
+    wait_judged(&[&a], f.ids.len());
+
+    // The status topic refuses every record from now on: larger than it accepts.
+    let status = format!("{}{}.status", f.prefix, f.name);
+    f.client
+        .alter_topic_configs(&status, &[("max.message.bytes", Some("64"))])
+        .await
+        .expect("shrink the status topic's records");
+    let failures = |h: &HostProcess| {
+        let (_, metrics) = h.http("GET", "/metrics", "");
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("sharehost_fleet_write_failures_total{record=\"status\"} ")
+            })
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let until = Instant::now() + PATIENCE;
+    while failures(&a) < 2.0 {
+        assert!(Instant::now() < until, "no failed status writes counted");
+        // A host has no way to notify a test of a metric: poll it.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Its actions still arrive and are applied; records are judged with them.
+    let v2 = f.version(&f.v1, "unwritable-v2");
+    f.fleet(&["deploy", v2.to_str().expect("utf-8")]);
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
+    f.produce(300..900).await;
+    wait_judged(&[&a], f.ids.len());
+    assert!(
+        a.log_lines()
+            .iter()
+            .filter(|l| l.contains("cannot publish this host's status"))
+            .count()
+            == 1,
+        "the failure is logged once, not every interval"
+    );
+
+    // Writable again: the host's status reaches the fleet once more.
+    f.client
+        .alter_topic_configs(&status, &[("max.message.bytes", None)])
+        .await
+        .expect("restore the status topic");
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    // Witnessed by the operator's reading of the status topic (a host's own `GET /fleet` shows
+    // its status whether or not it got out).
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let out = f.fleet(&["status", "--json"]);
+        let view: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+        let at = view["hosts"].as_array().and_then(|hs| {
+            hs.iter()
+                .find(|h| h["host"] == "a")
+                .and_then(|h| h["at_ms"].as_u64())
+        });
+        if at.is_some_and(|at| at > since) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "host a's status never reached the topic again: {view:#}"
+        );
+        // The status topic has no way to notify a test: read it again.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let seen = blocking(move || a.stop().1).await;
+    f.ledger(&[seen]).await;
 }

@@ -98,6 +98,9 @@ pub struct Metrics {
     /// Fleet actions by result: applied to the fleet's state, refused by it (not newer, does
     /// not apply), or not applied on this host (cannot fetch, verify or load).
     pub fleet_actions: Family<Labels, Counter>,
+    /// Fleet records this host could not write (its status, a canary decision), by record:
+    /// the host judges on, and tries again at the next status interval.
+    pub fleet_write_failures: Family<Labels, Counter>,
     /// Manifest re-reads (SIGHUP or the file replaced), by result: applied or refused.
     pub manifest_rereads: Family<Labels, Counter>,
     /// Whether each pipeline runs (1) or not (0: failed to load or run, joining, draining).
@@ -160,6 +163,7 @@ impl Metrics {
             dead_letters_shrunk: Family::default(),
             fleet_records_skipped: Family::default(),
             fleet_actions: Family::default(),
+            fleet_write_failures: Family::default(),
             manifest_rereads: Family::default(),
             pipeline_up: Family::default(),
             pipeline_failures: Family::default(),
@@ -279,6 +283,11 @@ impl Metrics {
             "fleet_actions",
             "Fleet actions by result (applied, refused, not_applied on this host)",
             m.fleet_actions.clone(),
+        );
+        registry.register(
+            "fleet_write_failures",
+            "Fleet records this host could not write, by record (status, decision); tried again at the next interval",
+            m.fleet_write_failures.clone(),
         );
         registry.register(
             "manifest_rereads",

@@ -203,9 +203,14 @@ pub fn group_lag_at(bootstrap: &str, group: &str) -> Vec<i64> {
 /// record accepted, rejected or archived), polling Apache's ShareGroupCommand, which has no
 /// way to be notified.
 pub fn wait_until_drained(group: &str) {
+    wait_until_drained_at(&bootstrap(), group);
+}
+
+/// [`wait_until_drained`] on the brokers at `bootstrap` (the three-node cluster's, say).
+pub fn wait_until_drained_at(bootstrap: &str, group: &str) {
     let deadline = std::time::Instant::now() + host::PATIENCE;
     loop {
-        let lag = group_lag(group);
+        let lag = group_lag_at(bootstrap, group);
         if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
             return;
         }

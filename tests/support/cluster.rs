@@ -7,9 +7,11 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use sharehost::kafka::{ConnectionConfig, KafkaClient};
 
+use crate::host::PATIENCE;
 use crate::{is_reachable, repo_root};
 
 /// The cluster's default client addresses: `dev/kafka up --brokers 3` with the default base
@@ -98,4 +100,40 @@ pub fn cluster_harness(args: &[&str]) -> String {
     let (ok, text) = try_cluster_harness(args);
     assert!(ok, "dev/kafka {} failed:\n{text}", args.join(" "));
     text
+}
+
+/// Partitions (of every topic, internal ones included) whose ISR lacks a replica, as Apache's
+/// TopicCommand lists them.
+pub fn under_replicated(bootstrap: &str) -> Vec<String> {
+    let (ok, text) = try_cluster_harness(&[
+        "tool",
+        "org.apache.kafka.tools.TopicCommand",
+        "--bootstrap-server",
+        bootstrap,
+        "--describe",
+        "--under-replicated-partitions",
+    ]);
+    if !ok {
+        return vec![format!("TopicCommand failed: {text}")];
+    }
+    text.lines()
+        .filter(|l| l.contains("Partition:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Polls (TopicCommand has no way to notify) until no partition is under-replicated.
+pub fn wait_fully_replicated(bootstrap: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let urp = under_replicated(bootstrap);
+        if urp.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "partitions still under-replicated after a broker restart: {urp:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

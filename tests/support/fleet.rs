@@ -1,8 +1,11 @@
 //! Fleet mode for a test's hosts: the `[trust]` and `[fleet]` tables a fleet host's manifest
-//! starts with, and `sharehost fleet` run as an operator would.
+//! starts with, `sharehost fleet` run as an operator would, and waits on what the hosts report.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::host::{HostProcess, PATIENCE, Seen};
 
 /// The `[trust]` and `[fleet]` tables of host `host_id` in fleet `name`, whose topics are
 /// named with `prefix` (a test's own, so runs never share a fleet), trusting `key` (a public
@@ -35,4 +38,75 @@ pub fn fleet_command(
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// The content hash `sharehost` names a component by.
+pub fn hash(path: &Path) -> String {
+    sharehost::fleet::components::digest(&std::fs::read(path).expect("read component"))
+}
+
+/// Polls every host's `GET /pipelines` until `cond` holds for the first pipeline of each
+/// (a host has no way to notify a test); fails after a bound with the statuses.
+pub fn poll_all(hosts: &[&HostProcess], what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let statuses: Vec<serde_json::Value> = hosts.iter().map(|h| h.status()).collect();
+        if statuses.iter().all(|s| cond(&s[0])) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {statuses:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls a host's `GET /fleet` until `cond` holds.
+pub fn poll_fleet(
+    host: &HostProcess,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = host.http("GET", "/fleet", "");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON fleet");
+        if cond(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {v:#}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the hosts' ledgers together have judged every id produced so far.
+pub fn wait_judged(hosts: &[&HostProcess], n: usize) {
+    wait_judged_with(hosts, &[], n);
+}
+
+/// [`wait_judged`], counting also what hosts that are gone judged (`before`).
+pub fn wait_judged_with(hosts: &[&HostProcess], before: &[Seen], n: usize) {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let judged: std::collections::HashSet<String> = hosts
+            .iter()
+            .map(|h| h.seen())
+            .chain(before.iter().cloned())
+            .flat_map(|s| s.accepted.into_iter().chain(s.rejected))
+            .collect();
+        if judged.len() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "only {} of {n} ids judged",
+            judged.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

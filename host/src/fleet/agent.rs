@@ -425,6 +425,13 @@ impl Fleet {
         }
     }
 
+    fn count_write_failure(&self, record: &str) {
+        self.metrics
+            .fleet_write_failures
+            .get_or_create(&vec![("record", record.to_owned())])
+            .inc();
+    }
+
     fn count_action(&self, result: &str) {
         self.metrics
             .fleet_actions
@@ -717,7 +724,7 @@ impl Fleet {
     }
 
     /// Publishes this host's status.
-    async fn publish(&self, tenants: &Tenants) -> Result<(), KafkaError> {
+    async fn publish(&self, tenants: &Tenants) -> Result<(), String> {
         let status = self.status(tenants);
         let value = serde_json::to_vec(&status).unwrap_or_default();
         let record = ProduceRecord {
@@ -730,6 +737,7 @@ impl Fleet {
             .produce(&self.topics.status, 0, &[record], Compression::None)
             .await
             .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// Decides every fleet canary this host takes part in, on the sum of every host's tallies
@@ -816,6 +824,7 @@ impl Fleet {
                         .insert((d.pipeline.clone(), d.seq));
                 }
                 Err(e) => {
+                    self.count_write_failure("decision");
                     tracing::warn!(fleet = %self.spec.name, pipeline = %d.pipeline, "cannot record the canary's decision (tried again at the next interval): {e}")
                 }
             }
@@ -830,6 +839,10 @@ impl Fleet {
             tokio::time::interval(Duration::from_millis(self.spec.status_interval_ms.max(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut publishing = true;
+        // A status write gets one interval (at least a second): the loop that applies actions
+        // must not wait out a client's whole retry budget on a topic it cannot write to.
+        let publish_within = Duration::from_millis(self.spec.status_interval_ms.max(1000));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -853,9 +866,24 @@ impl Fleet {
                     }
                     self.decide_canaries(&tenants).await;
                     self.reconcile_all(&tenants).await;
-                    match self.publish(&tenants).await {
-                        Ok(()) => failing = false,
-                        Err(e) => tracing::debug!(fleet = %self.spec.name, "cannot publish this host's status: {e}"),
+                    let published = tokio::time::timeout(publish_within, self.publish(&tenants))
+                        .await
+                        .unwrap_or_else(|_| Err(format!("no answer within {} ms", publish_within.as_millis())));
+                    match published {
+                        Ok(()) => {
+                            failing = false;
+                            if !publishing {
+                                tracing::info!(fleet = %self.spec.name, "this host's status is published again");
+                            }
+                            publishing = true;
+                        }
+                        Err(e) => {
+                            self.count_write_failure("status");
+                            if publishing {
+                                tracing::warn!(fleet = %self.spec.name, "cannot publish this host's status (tried again every interval; other hosts will see it stale, and it judges on): {e}");
+                            }
+                            publishing = false;
+                        }
                     }
                 }
             }
