@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
+use sharehost_tests::fleet::{fleet_command, fleet_tables, poll_all};
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::sharehost_bin;
+use sharehost_tests::signing::Signer;
 use sharehost_tests::{
-    blocking, bootstrap, client, fresh_group, guest, new_version, produce_ids, repo_root,
-    topic_records, topic_with_dead_letters, unique,
+    blocking, bootstrap, client, fresh_group, guest, ledger_manifest, new_version, produce_ids,
+    repo_root, topic_records, topic_with_dead_letters, unique,
 };
 
 const TOKEN: &str = "console-test-token-5f2c";
@@ -769,13 +771,47 @@ fn node_modules() -> PathBuf {
     dir
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_shows_pipelines_rollouts_and_dead_letters_and_replays_only_with_the_token() {
+/// Debian's Chromium (or `CHROMIUM`), which the browser tests need.
+fn chromium() -> String {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_owned());
     assert!(
         Path::new(&chromium).exists(),
         "{chromium} is missing: install Debian's chromium (dev/test does)"
     );
+    chromium
+}
+
+/// Where the browser test's screenshots go.
+fn screenshots() -> PathBuf {
+    std::env::var_os("SHAREHOST_CONSOLE_SCREENSHOTS")
+        .map(|d| repo_root().join(d))
+        .unwrap_or_else(|| repo_root().join("target/console-screenshots"))
+}
+
+/// Runs tests/console/console.test.mjs in Chromium against the host at `admin`, checking what
+/// `expect` names; fails the test with the script's report when a check fails.
+async fn browser_test(admin: &str, expect: &Value, shots: &Path, modules: &Path, chromium: &str) {
+    let mut cmd = Command::new("node");
+    cmd.arg(repo_root().join("tests/console/console.test.mjs"))
+        .env("CONSOLE_URL", format!("http://{admin}"))
+        .env("CONSOLE_TOKEN", TOKEN)
+        .env("CONSOLE_EXPECT", expect.to_string())
+        .env("CONSOLE_SCREENSHOTS", shots)
+        .env("CONSOLE_NODE_MODULES", modules)
+        .env("CHROMIUM", chromium);
+    let out = blocking(move || cmd.output()).await.expect("run node");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{report}");
+    assert!(out.status.success(), "the browser test failed:\n{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_pipelines_rollouts_and_dead_letters_and_replays_only_with_the_token() {
+    let chromium = chromium();
     let modules = blocking(node_modules).await;
     let busy = busy_host().await;
     let host = &busy.host;
@@ -898,9 +934,7 @@ async fn the_console_shows_pipelines_rollouts_and_dead_letters_and_replays_only_
     );
 
     // The page, in Chromium.
-    let shots = std::env::var_os("SHAREHOST_CONSOLE_SCREENSHOTS")
-        .map(|d| repo_root().join(d))
-        .unwrap_or_else(|| repo_root().join("target/console-screenshots"));
+    let shots = screenshots();
     let expect = serde_json::json!({
         "pipelines": ["orders", "payments"],
         "canary_pipeline": "orders",
@@ -914,22 +948,7 @@ async fn the_console_shows_pipelines_rollouts_and_dead_letters_and_replays_only_
         "hostile_value": HOSTILE_VALUE,
         "fault_roles": ["canary", "active"],
     });
-    let mut cmd = Command::new("node");
-    cmd.arg(repo_root().join("tests/console/console.test.mjs"))
-        .env("CONSOLE_URL", format!("http://{}", host.admin()))
-        .env("CONSOLE_TOKEN", TOKEN)
-        .env("CONSOLE_EXPECT", expect.to_string())
-        .env("CONSOLE_SCREENSHOTS", &shots)
-        .env("CONSOLE_NODE_MODULES", &modules)
-        .env("CHROMIUM", &chromium);
-    let out = blocking(move || cmd.output()).await.expect("run node");
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{report}");
-    assert!(out.status.success(), "the browser test failed:\n{report}");
+    browser_test(host.admin(), &expect, &shots, &modules, &chromium).await;
     for page in [
         "console-host.png",
         "console-pipeline.png",
@@ -957,4 +976,97 @@ async fn the_console_shows_pipelines_rollouts_and_dead_letters_and_replays_only_
     traffic.abort();
     let Busy { host, .. } = busy;
     let _ = blocking(move || host.stop()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_fleet_its_canary_and_a_stale_host() {
+    let chromium = chromium();
+    let modules = blocking(node_modules).await;
+    let client = Arc::new(client().await);
+    let topic = unique("console-fleet");
+    client.create_topic(&topic, 3, 1, &[]).await.expect("topic");
+    let group = fresh_group(&client, None).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-console-fleet"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let operator = Signer::new();
+    let key = dir.join("operator.key");
+    operator.write_key(&key);
+    let v1 = dir.join("v1.wasm");
+    std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
+    operator.sign(&v1);
+    let prefix = format!("{}.", unique("console-fleet"));
+    let manifest = |id: &str| {
+        let path = dir.join(format!("{id}.toml"));
+        // A host silent for 3 s is stale, so the killed one is marked soon.
+        let text = format!(
+            "{}stale_after_ms = 3000\n\n{}",
+            fleet_tables(&operator.public(), "payments", id, &prefix),
+            ledger_manifest(&bootstrap(), &topic, &group, &v1, "", "")
+        );
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    };
+    let start = |id: &str| {
+        let state = dir.join(format!("state-{id}"));
+        HostProcess::start_with_env(
+            sharehost_bin!(),
+            &manifest(id),
+            id,
+            &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
+        )
+    };
+    let (a, b) = (start("a"), start("b"));
+    produce_ids(&client, &topic, 3, 0..300).await;
+    let candidate = dir.join("v2.wasm");
+    std::fs::write(&candidate, new_version(&v1, "console-v2")).expect("write v2");
+    operator.sign(&candidate);
+    let (ok, out) = fleet_command(
+        sharehost_bin!(),
+        &manifest("operator"),
+        "ledger",
+        &key,
+        &[
+            "canary",
+            candidate.to_str().expect("utf-8 path"),
+            "--percent",
+            "50",
+            "--promote-after-batches",
+            "1000000",
+        ],
+    );
+    assert!(ok, "{out}");
+    // Records keep arriving while the page is open (a load, paced; nothing waits on it).
+    let traffic = tokio::spawn({
+        let (client, topic) = (client.clone(), topic.clone());
+        async move {
+            for round in 0u64.. {
+                produce_ids(
+                    &client,
+                    &topic,
+                    3,
+                    1_000 + round * 30..1_000 + (round + 1) * 30,
+                )
+                .await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    });
+    poll_all(&[&a, &b], "the canary running on both hosts", |p| {
+        p["canary"]["state"] == "running"
+    });
+    // Host b dies: the fleet shows it stale once it is silent for stale_after_ms.
+    let _ = blocking(move || b.kill()).await;
+    let expect = serde_json::json!({
+        "fleet": {
+            "name": "payments",
+            "pipeline": "ledger",
+            "hosts": ["a", "b"],
+            "live": "a",
+            "stale": "b",
+        },
+    });
+    browser_test(a.admin(), &expect, &screenshots(), &modules, &chromium).await;
+    assert!(screenshots().join("console-fleet.png").is_file());
+    traffic.abort();
+    let _ = blocking(move || a.stop()).await;
 }

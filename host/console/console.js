@@ -1,5 +1,5 @@
 // The sharehost console: one page over the admin API (GET /host, /pipelines, /faults,
-// /pipelines/NAME/versions, /pipelines/NAME/dead-letters; POST .../dead-letters/replay).
+// /pipelines/NAME/versions, /pipelines/NAME/dead-letters, /fleet; POST .../dead-letters/replay).
 // No framework and no build step. Everything a plugin wrote (reasons, fault messages, record
 // previews) is shown with textContent, never parsed as markup.
 "use strict";
@@ -19,6 +19,8 @@ const state = {
   samples: new Map(),
   route: { view: "host", pipeline: null },
   deadLetters: null,
+  // GET /fleet, read while the fleet view is open.
+  fleet: null,
 };
 
 // ---- small DOM helpers -------------------------------------------------------------------
@@ -415,8 +417,107 @@ async function replay(name, group, button) {
   await loadDeadLetters(name);
 }
 
-// The registry of views: each shows its section and fills it. The fleet view (GET /fleet)
-// registers here as `fleet` and renders into <section id="view-fleet">.
+// The fleet as this host reads it (GET /fleet): what the fleet wants of each pipeline, and
+// every host heard from with what it runs. Read-only: fleet actions are signed by an
+// operator's key, which the console never holds (`sharehost fleet ...`).
+function canarySum(fleet, pipeline, seq) {
+  const zero = () => ({ batches: 0, faulted_batches: 0, records: 0, rejected: 0, released: 0 });
+  const sum = { candidate: zero(), active: zero(), hosts: 0 };
+  for (const h of fleet.hosts) {
+    for (const p of h.pipelines) {
+      if (p.name !== pipeline || !p.canary || p.canary.seq !== seq) continue;
+      sum.hosts += 1;
+      for (const side of ["candidate", "active"]) {
+        for (const k of Object.keys(sum[side])) sum[side][k] += p.canary[`${side}_tally`][k] || 0;
+      }
+    }
+  }
+  return sum;
+}
+
+function renderFleet() {
+  const f = state.fleet;
+  if (!f) return;
+  $("fleet-name").textContent = f.fleet;
+  $("fleet-answering").textContent = `as host ${f.host} reads it`;
+  const refused = $("fleet-refused");
+  refused.hidden = !f.last_refused;
+  refused.textContent = f.last_refused ? `last refused record: ${f.last_refused}` : "";
+  const version = (c) =>
+    c ? el("span", { class: "mono", title: c.digest }, short(c.digest), el("span", { class: "muted" }, ` ${c.name}`)) : el("span", { class: "muted" }, "each host's manifest component");
+  const wanted = Object.entries(f.pipelines).map(([name, d]) => {
+    let canary = el("span", { class: "muted" }, "none");
+    if (d.canary) {
+      const sum = canarySum(f, name, d.canary.seq);
+      const goal = d.canary.rules.promote_after && d.canary.rules.promote_after.batches;
+      canary = el(
+        "div",
+        { class: "rollout canary", "data-rollout": "canary", "data-state": "running" },
+        el("div", { class: "rollout-head" }, el("span", { class: "badge canary-running" }, "canary running"), ` ${short(d.canary.component.digest)} at ${d.canary.rules.percent}% on ${sum.hosts} host${sum.hosts === 1 ? "" : "s"}`),
+        goal
+          ? bar(
+              [
+                { kind: "progress", n: Math.min(sum.candidate.batches, goal), label: "batches judged" },
+                { kind: "remaining", n: Math.max(goal - sum.candidate.batches, 0), label: "to promotion" },
+              ],
+              `the fleet's sum: promotion after ${fmt(goal)} batches`,
+            )
+          : null,
+        verdictBar(sum.candidate, "candidate, every host"),
+        verdictBar(sum.active, "active, every host"),
+      );
+    }
+    const lc = d.last_canary;
+    const last = lc
+      ? el("div", { "data-last-canary": lc.promoted ? "promoted" : "rolled_back" }, el("span", { class: `badge canary-${lc.promoted ? "promoted" : "rolled_back"}` }, lc.promoted ? "promoted" : "rolled back"), ` ${short(lc.candidate)}`, el("div", { class: "reason" }, lc.reason))
+      : el("span", { class: "muted" }, "–");
+    const shadow = d.shadow ? el("span", {}, el("span", { class: "badge shadow" }, "shadow"), ` ${short(d.shadow[0].digest)}, sample ${d.shadow[1]}`) : el("span", { class: "muted" }, "none");
+    return el(
+      "tr",
+      { "data-pipeline": name },
+      el("td", {}, name),
+      el("td", { class: "num" }, fmt(d.seq)),
+      el("td", { "data-field": "active" }, version(d.active)),
+      el("td", {}, canary),
+      el("td", {}, shadow),
+      el("td", {}, last),
+      el("td", { class: "mono" }, d.history.map((h) => short(h.digest)).join(" ") || "–"),
+    );
+  });
+  fill($("fleet-pipelines").tBodies[0], wanted, "the fleet has no actions yet", 7);
+  const rows = [];
+  for (const h of f.hosts) {
+    const heard = () => el("td", { class: "nowrap", rowSpan: Math.max(h.pipelines.length, 1) }, `${fmt(Math.round(h.age_ms / 1000))} s ago `, h.stale ? el("span", { class: "badge bad" }, "stale") : null);
+    const who = () => el("td", { rowSpan: Math.max(h.pipelines.length, 1) }, h.host, el("div", { class: "muted" }, `sharehost ${h.version}`));
+    h.pipelines.forEach((p, i) => {
+      const want = f.pipelines[p.name];
+      const behind = want && want.active && want.active.digest !== p.active;
+      rows.push(
+        el(
+          "tr",
+          { "data-host": h.host, "data-pipeline": p.name, "data-stale": String(h.stale), class: h.stale ? "stale" : null },
+          i === 0 ? who() : null,
+          i === 0 ? heard() : null,
+          el("td", {}, p.name),
+          el("td", {}, stateBadge(p.state)),
+          el("td", { class: "mono", title: p.active, "data-field": "active" }, short(p.active), behind ? el("span", { class: "badge warn" }, " not the fleet's") : null),
+          el("td", { class: "num" }, fmt(p.applied_seq)),
+          el("td", { class: "num", "data-field": "rate" }, fmt(Math.round(p.records_per_second))),
+          el("td", { class: "num", "data-field": "judged" }, fmt(p.judged)),
+          el("td", { class: "num" }, fmt(p.faults)),
+          el("td", {}, p.canary ? `${fmt(p.canary.candidate_tally.batches)} candidate / ${fmt(p.canary.active_tally.batches)} active batches` : "–"),
+          el("td", { class: "error" }, p.refused || ""),
+        ),
+      );
+    });
+    if (h.pipelines.length === 0) {
+      rows.push(el("tr", { "data-host": h.host, "data-stale": String(h.stale) }, who(), heard(), el("td", { colSpan: 9, class: "muted" }, "no pipelines")));
+    }
+  }
+  fill($("fleet-hosts").tBodies[0], rows, "no host heard from yet", 11);
+}
+
+// The registry of views: each shows its section and fills it.
 const views = {
   host: { render: () => renderPipelines() },
   faults: { render: () => renderFaults() },
@@ -427,7 +528,7 @@ const views = {
       loadDeadLetters(name);
     },
   },
-  fleet: null,
+  fleet: { render: () => renderFleet() },
 };
 
 function route() {
@@ -459,17 +560,19 @@ async function poll() {
   const error = $("load-error");
   try {
     const open = state.route.pipeline;
-    const [host, pipelines, faults, mine] = await Promise.all([
+    const [host, pipelines, faults, mine, fleet] = await Promise.all([
       getJson("/host"),
       getJson("/pipelines"),
       getJson("/faults"),
       open ? getJson(`/faults?pipeline=${encodeURIComponent(open)}`) : null,
+      state.route.view === "fleet" ? getJson("/fleet") : null,
     ]);
     const now = Date.now();
     state.host = host;
     state.pipelines = pipelines;
     state.faults = faults.faults;
     state.pipelineFaults = mine && open === state.route.pipeline ? mine.faults : [];
+    if (fleet) state.fleet = fleet;
     for (const p of pipelines) sample(p, now);
     error.hidden = true;
     render();

@@ -3,7 +3,8 @@
 //
 //   CONSOLE_URL           the admin listener, http://127.0.0.1:PORT
 //   CONSOLE_TOKEN         the host's admin token
-//   CONSOLE_EXPECT        what the page must show (JSON, see tests/console.rs)
+//   CONSOLE_EXPECT        what the page must show (JSON, see tests/console.rs); with "fleet",
+//                         the fleet's page of a fleet host instead
 //   CONSOLE_SCREENSHOTS   where to write one PNG per page
 //   CONSOLE_NODE_MODULES  the folder where `npm ci` installed playwright-core
 //   CHROMIUM              the browser (default /usr/bin/chromium)
@@ -67,6 +68,43 @@ const waitFor = (selector) => page.waitForSelector(selector, { timeout: PATIENCE
 const text = async (selector) => (await page.textContent(selector)).trim();
 const number = async (selector) => Number((await text(selector)).replace(/[^0-9.-]/g, ""));
 const attr = (selector, name) => page.getAttribute(selector, name);
+
+async function done() {
+  await check("no script error and nothing refused by the content security policy", async () => {
+    assert.deepEqual(problems, []);
+  });
+  await browser.close();
+  console.log(`${checks} passed, 0 failed`);
+  process.exit(0);
+}
+
+// ---- the fleet's page (a fleet host; CONSOLE_EXPECT has "fleet") ------------------------------
+
+if (expect.fleet) {
+  const f = expect.fleet;
+  await page.goto(`${base}/console`);
+  await check("the fleet tab is shown on a fleet host", async () => {
+    await waitFor('#nav-fleet:not([hidden])');
+  });
+  await page.click('nav a[data-view="fleet"]');
+  await waitFor("#view-fleet:not([hidden])");
+  await check("the fleet's pipeline shows its canary with the fleet's summed tallies", async () => {
+    await waitFor(`#fleet-pipelines tr[data-pipeline="${f.pipeline}"] [data-rollout="canary"] [data-tally^="candidate"]`);
+    assert.equal(await text("#fleet-name"), f.name);
+  });
+  await check("every host is listed, the killed one marked stale", async () => {
+    for (const h of f.hosts) await waitFor(`#fleet-hosts tr[data-host="${h}"]`);
+    await waitFor(`#fleet-hosts tr[data-host="${f.stale}"][data-stale="true"]`);
+    await waitFor(`#fleet-hosts tr[data-host="${f.live}"][data-stale="false"]`);
+  });
+  await check("the live host's judged count grows while the page polls", async () => {
+    const sel = `#fleet-hosts tr[data-host="${f.live}"] [data-field="judged"]`;
+    const first = await number(sel);
+    await page.waitForFunction(([s, n]) => Number(document.querySelector(s)?.textContent.replace(/[^0-9]/g, "")) > n, [sel, first], { timeout: PATIENCE });
+  });
+  await page.screenshot({ path: path.join(shots, "console-fleet.png"), fullPage: true });
+  await done();
+}
 
 // ---- the host's page ------------------------------------------------------------------------
 
@@ -192,9 +230,4 @@ await check("recent faults name who met them: a canary and an active version", a
 // The first screen of it: the page lists up to 200 faults.
 await page.screenshot({ path: path.join(shots, "console-faults.png") });
 
-await check("no script error and nothing refused by the content security policy", async () => {
-  assert.deepEqual(problems, []);
-});
-
-await browser.close();
-console.log(`${checks} passed, 0 failed`);
+await done();
