@@ -17,9 +17,17 @@ pub const KEPT_DISAGREEMENTS: usize = 20;
 /// Shadow batches that may wait for the candidate; beyond them a batch is dropped (counted),
 /// so a slow candidate falls behind instead of holding records or the active path.
 pub const SHADOW_QUEUE: usize = 8;
-/// Records a canary must have judged before its reject and release rates are compared with
-/// the active version's: below that, a rate is noise (one reject in ten records is 10 %).
-pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 200;
+/// Records a canary must have judged before it is rolled back for its reject or release rate
+/// while it runs (at promotion its rates are compared whatever the sample, by the same
+/// confidence bounds, which are wide on few records).
+pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 100;
+/// The z of the Wilson bounds a canary's rates are compared by: about 99.87 % one-sided
+/// each. A rate counts as worse only when even the low end of the candidate's interval is
+/// above the high end of the active version's by more than the bound. The rule runs after
+/// every canary batch, so each check must be strict: an identical candidate, tried thousands
+/// of times, is never rolled back, while one rejecting everything still is at the minimum
+/// sample (unit tests below).
+pub const CANARY_CONFIDENCE_Z: f64 = 3.0;
 
 /// A shadow's request: which candidate, and what fraction of batches it sees (sent as
 /// [`crate::api::ShadowBody`]).
@@ -403,7 +411,8 @@ pub fn decide(
         .is_some_and(|s| elapsed >= Duration::from_secs(s));
     if by_batches || by_time {
         // At promotion the rates are compared whatever the sample size: a canary promoted
-        // early on few records still had to stay within its bounds on them.
+        // early on few records still had to stay within its bounds on them, by bounds as
+        // wide as so few records leave.
         if let Some(reason) = rate_breach(r, candidate, active) {
             return CanaryDecision::RollBack(reason);
         }
@@ -421,7 +430,24 @@ pub fn decide(
     CanaryDecision::Continue
 }
 
-/// Which rate of the candidate, if any, exceeds the active version's by more than its bound.
+/// The Wilson score interval of `k` in `n` at `z` (`(0, 1)` with no records): unlike `k/n ±`
+/// a normal margin, it stays inside [0, 1] and is honest at 0 of 20 or 20 of 20.
+pub fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let n = n as f64;
+    let p = k as f64 / n;
+    let z2 = z * z;
+    let denom = 1.0 + z2 / n;
+    let centre = (p + z2 / (2.0 * n)) / denom;
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denom;
+    ((centre - half).max(0.0), (centre + half).min(1.0))
+}
+
+/// Which rate of the candidate, if any, is worse than the active version's by more than its
+/// bound with confidence: the low end of the candidate's Wilson interval against the high end
+/// of the active version's (taken as 0 when the active version judged nothing, at 100 %).
 fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
     for (what, cn, an, bound) in [
         ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
@@ -433,10 +459,16 @@ fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
         ),
     ] {
         let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
-        if cr - ar > bound {
+        let low = wilson(cn, c.records, CANARY_CONFIDENCE_Z).0;
+        let high = if a.records == 0 {
+            0.0
+        } else {
+            wilson(an, a.records, CANARY_CONFIDENCE_Z).1
+        };
+        if low - high > bound {
             return Some(format!(
-                "{what} rate {cr:.3} ({cn} of {} records) exceeds the active version's {ar:.3} by more than rollback_if.max_{what}_rate_increase {bound}",
-                c.records
+                "{what} rate {cr:.3} ({cn} of {} records, at least {low:.3} with confidence) exceeds the active version's {ar:.3} ({an} of {}, at most {high:.3}) by more than rollback_if.max_{what}_rate_increase {bound}",
+                c.records, a.records
             ));
         }
     }
@@ -615,12 +647,123 @@ mod tests {
     fn a_canary_that_rejects_more_than_the_active_version_is_rolled_back() {
         let mut c = canary(50.0, 1000);
         c.active.add(&vec![Verdict::Accept; 300], false);
-        // 10 % rejects against 0 %: beyond the default 5 points, once enough records are in.
-        let mut v = vec![Verdict::Accept; 180];
-        v.extend(vec![Verdict::Reject(None); 20]);
+        // 20 % rejects against 0 %: beyond the default 5 points even at the low end of its
+        // interval, once enough records are in.
+        let mut v = vec![Verdict::Accept; 160];
+        v.extend(vec![Verdict::Reject(None); 40]);
         c.candidate.add(&v, false);
         assert!(
             matches!(c.after_candidate_batch(), CanaryDecision::RollBack(r) if r.contains("reject rate"))
+        );
+    }
+
+    #[test]
+    fn wilson_bounds_hold_the_rate_and_narrow_with_the_sample() {
+        let (lo, hi) = wilson(0, 20, CANARY_CONFIDENCE_Z);
+        assert!(lo.abs() < 1e-12, "{lo}");
+        assert!((hi - 9.0 / 29.0).abs() < 1e-9, "{hi}");
+        let (lo, hi) = wilson(20, 20, CANARY_CONFIDENCE_Z);
+        assert!((lo - 20.0 / 29.0).abs() < 1e-9 && hi == 1.0, "{lo} {hi}");
+        let narrow = wilson(300, 1000, CANARY_CONFIDENCE_Z);
+        let wide = wilson(6, 20, CANARY_CONFIDENCE_Z);
+        assert!(narrow.0 < 0.3 && 0.3 < narrow.1 && wide.0 < narrow.0 && narrow.1 < wide.1);
+        assert_eq!(wilson(0, 0, CANARY_CONFIDENCE_Z), (0.0, 1.0));
+    }
+
+    /// One batch of `n` verdicts from a plugin that rejects with `reject` and releases with
+    /// `release` probability.
+    fn batch(rng: &mut rand::rngs::StdRng, n: usize, reject: f64, release: f64) -> Vec<Verdict> {
+        use rand::Rng;
+        (0..n)
+            .map(|_| {
+                let x: f64 = rng.random();
+                if x < reject {
+                    Verdict::Reject(None)
+                } else if x < reject + release {
+                    Verdict::Release
+                } else {
+                    Verdict::Accept
+                }
+            })
+            .collect()
+    }
+
+    /// Runs a 50 % canary of batches of `size` until it is decided or `max_batches` batches
+    /// were offered; the candidate and active plugins reject and release at their rates.
+    fn run_canary(
+        rng: &mut rand::rngs::StdRng,
+        promote_after: u64,
+        size: usize,
+        candidate: (f64, f64),
+        active: (f64, f64),
+        max_batches: u64,
+    ) -> (CanaryDecision, Tally) {
+        let mut c = canary(50.0, promote_after);
+        for _ in 0..max_batches {
+            if c.takes_next() {
+                let v = batch(rng, size, candidate.0, candidate.1);
+                c.candidate.add(&v, false);
+                match c.after_candidate_batch() {
+                    CanaryDecision::Continue => {}
+                    decided => return (decided, c.candidate),
+                }
+            } else {
+                let v = batch(rng, size, active.0, active.1);
+                c.active.add(&v, false);
+            }
+        }
+        (CanaryDecision::Continue, c.candidate)
+    }
+
+    #[test]
+    fn an_identical_candidate_is_never_rolled_back_by_chance() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(932);
+        // The noisy case: promotion after 2 batches of 10 (20 records), a plugin that releases
+        // 30 % and rejects 10 % of its records; then long canaries, checked after every batch.
+        for (trials, promote_after, size) in [(3_000, 2, 10), (300, 100, 10), (300, 50, 100)] {
+            for t in 0..trials {
+                let (d, tally) = run_canary(
+                    &mut rng,
+                    promote_after,
+                    size,
+                    (0.1, 0.3),
+                    (0.1, 0.3),
+                    1_000_000,
+                );
+                assert!(
+                    matches!(d, CanaryDecision::Promote(_)),
+                    "trial {t} (promote after {promote_after} batches of {size}): {d:?} after {tally:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_candidate_rejecting_everything_is_rolled_back_within_its_minimum_sample() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        for size in [1, 10, 100] {
+            for _ in 0..200 {
+                // Never promoted by batches: only the rate rule can end it.
+                let (d, tally) =
+                    run_canary(&mut rng, u64::MAX, size, (1.0, 0.0), (0.1, 0.3), 100_000);
+                assert!(
+                    matches!(&d, CanaryDecision::RollBack(r) if r.contains("reject rate")),
+                    "{d:?}"
+                );
+                assert!(
+                    tally.records < MIN_CANARY_RECORDS_FOR_RATES + size as u64,
+                    "rolled back after {} records (batches of {size})",
+                    tally.records
+                );
+            }
+        }
+        // Promoted early on a small sample, it is still rolled back at promotion.
+        let (d, _) = run_canary(&mut rng, 2, 10, (1.0, 0.0), (0.1, 0.3), 1_000);
+        assert!(
+            matches!(&d, CanaryDecision::RollBack(r) if r.contains("reject rate")),
+            "{d:?}"
         );
     }
 
