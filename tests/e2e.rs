@@ -464,3 +464,157 @@ async fn a_record_released_for_a_fault_until_its_cap_is_dead_lettered_naming_the
         );
     }
 }
+
+/// Records judged by pipeline `name` (accepted or rejected, every version), from `/pipelines`.
+fn judged_by(status: &serde_json::Value, name: &str) -> u64 {
+    let p = status
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no pipeline {name} in {status}"));
+    p["versions"]
+        .as_object()
+        .map(|vs| {
+            vs.values()
+                .map(|v| v["accepted"].as_u64().unwrap_or(0) + v["rejected"].as_u64().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_start_position_decides_where_its_new_group_starts() {
+    let client = client().await;
+    let topic = unique("e2e-start");
+    client.create_topic(&topic, 1, 1, &[]).await.expect("topic");
+    // Before any group reads the topic: 100 records two hours old, 100 ten minutes old.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64;
+    for (age_ms, tag) in [(2 * 3_600_000, "old"), (600_000, "recent")] {
+        let records: Vec<ProduceRecord> = (0..100)
+            .map(|i| ProduceRecord {
+                value: Some(Bytes::from(format!("{tag}-{i}"))),
+                timestamp: Some(now - age_ms),
+                ..Default::default()
+            })
+            .collect();
+        client
+            .produce(&topic, 0, &records, Compression::None)
+            .await
+            .expect("produce");
+    }
+    // Four pipelines in groups nobody configured; the last leaves `start` out.
+    let groups: Vec<String> = (0..4).map(|_| unique("group")).collect();
+    let dir = std::env::temp_dir().join(unique("sharehost-e2e-start"));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let component = guest("fixture_ledger");
+    let pipeline = |name: &str, group: &str, start: &str| {
+        format!(
+            "[[pipeline]]\nname = \"{name}\"\ntopics = [\"{topic}\"]\ngroup = \"{group}\"\ncomponent = \"{}\"\n{start}\n\n",
+            component.display()
+        )
+    };
+    let manifest = dir.join("manifest.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[cluster]\nbootstrap = \"{}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n{}{}{}{}",
+            bootstrap(),
+            pipeline("earliest", &groups[0], "start = \"earliest\""),
+            pipeline("hour", &groups[1], "start = { by_duration = \"PT1H\" }"),
+            pipeline("latest", &groups[2], "start = \"latest\""),
+            pipeline("unset", &groups[3], ""),
+        ),
+    )
+    .expect("write manifest");
+    let host = tokio::task::spawn_blocking(move || start(&manifest))
+        .await
+        .expect("start");
+    // Every pipeline's group has its share state for the partition before the next records,
+    // so `latest` means "after now": the broker sets it up before it answers the group's first
+    // ShareFetch, and a pipeline sends its second fetch only after the first is answered.
+    // (ShareGroupCommand cannot witness it: it shows no start offset for a `latest` group until
+    // it acknowledges something.)
+    let host = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + sharehost_tests::host::PATIENCE;
+        loop {
+            let status = host.status();
+            let fetched = status.as_array().is_some_and(|ps| {
+                ps.len() == 4 && ps.iter().all(|p| p["fetches"].as_u64().unwrap_or(0) >= 2)
+            });
+            if fetched {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pipelines never fetched twice: {status:#}"
+            );
+            // A host has no way to notify a test: poll GET /pipelines.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        host
+    })
+    .await
+    .expect("groups initialised");
+    // Set (or read) before each join, so shown by now.
+    let shown: Vec<(String, serde_json::Value)> = host
+        .status()
+        .as_array()
+        .expect("pipelines")
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("?").to_owned(),
+                p["start"].clone(),
+            )
+        })
+        .collect();
+    let records: Vec<ProduceRecord> = (0..50)
+        .map(|i| ProduceRecord {
+            value: Some(Bytes::from(format!("new-{i}"))),
+            ..Default::default()
+        })
+        .collect();
+    client
+        .produce(&topic, 0, &records, Compression::None)
+        .await
+        .expect("produce");
+    let gs = groups.clone();
+    let host = tokio::task::spawn_blocking(move || {
+        for g in &gs {
+            sharehost_tests::wait_until_drained(g);
+        }
+        host
+    })
+    .await
+    .expect("drained");
+    let status = host.status();
+    let judged: Vec<(&str, u64)> = ["earliest", "hour", "latest", "unset"]
+        .into_iter()
+        .map(|p| (p, judged_by(&status, p)))
+        .collect();
+    tokio::task::spawn_blocking(move || host.stop())
+        .await
+        .expect("stop");
+    assert_eq!(
+        judged,
+        vec![
+            ("earliest", 250),
+            ("hour", 150),
+            ("latest", 50),
+            ("unset", 50)
+        ],
+        "records judged per pipeline once every group drained"
+    );
+    assert_eq!(
+        shown,
+        vec![
+            ("earliest".to_owned(), serde_json::json!("earliest")),
+            ("hour".to_owned(), serde_json::json!("by_duration:PT1H")),
+            ("latest".to_owned(), serde_json::json!("latest")),
+            ("unset".to_owned(), serde_json::json!("latest")),
+        ],
+        "/pipelines shows each group's start position"
+    );
+}

@@ -39,7 +39,7 @@ pub use admin::AdminSpec;
 pub use cluster::{ClusterSpec, SaslSpec};
 pub use error::ManifestError;
 pub use fleet::FleetSpec;
-pub use pipeline::{FaultPolicy, InstanceModeSpec, PipelineSpec, ShadowSpec};
+pub use pipeline::{FaultPolicy, InstanceModeSpec, PipelineSpec, ShadowSpec, StartPosition};
 pub use runtime::RuntimeSpec;
 pub use secret::SecretSource;
 

@@ -101,6 +101,33 @@ pub struct PipelineSpec {
     /// A candidate to shadow from the start (`shadow`, resolved against the manifest's
     /// folder) and the fraction of batches it sees (`shadow_sample`, default 1).
     pub shadow: Option<ShadowSpec>,
+    /// Where the share group starts on partitions it has not read yet (`start`); `None`
+    /// leaves the group's own setting (the broker's default: latest).
+    pub start: Option<StartPosition>,
+}
+
+/// Where a share group starts on a partition it has never read: set as the group's
+/// `share.auto.offset.reset` before the pipeline joins. It applies when the broker first
+/// initialises a partition's share state; a group that has read a partition keeps its place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartPosition {
+    /// From the oldest record the topic keeps.
+    Earliest,
+    /// From records produced after the group first reads the partition.
+    Latest,
+    /// From the first record at most this long ago (an ISO-8601 duration, `PT1H`).
+    ByDuration(String),
+}
+
+impl StartPosition {
+    /// The value of the group config `share.auto.offset.reset`.
+    pub fn config_value(&self) -> String {
+        match self {
+            StartPosition::Earliest => "earliest".into(),
+            StartPosition::Latest => "latest".into(),
+            StartPosition::ByDuration(d) => format!("by_duration:{d}"),
+        }
+    }
 }
 
 /// A shadow candidate named by the manifest.
@@ -214,6 +241,7 @@ fn validate(
     let (dead_letter_topic, broker_dead_letter_topic) = dead_letter_topics(cx, p, field)?;
     let auto_renew_after = auto_renew_after(cx, p, field)?;
     let shadow = shadow(cx, p, field, max_component_bytes)?;
+    let start = start_position(cx, p, field)?;
     let wall_ms = wall_deadline_ms(cx, p, field, cpu_ms)?;
     let outputs = grants::outputs(cx, p, field)?;
     let secrets = grants::secrets(cx, p, field)?;
@@ -264,6 +292,7 @@ fn validate(
         concurrency,
         dead_letter_topic,
         broker_dead_letter_topic,
+        start,
         max_renewals,
         auto_renew_after,
         wall_deadline: Duration::from_millis(wall_ms),
@@ -418,6 +447,89 @@ fn wall_deadline_ms(
     Ok(wall_ms)
 }
 
+/// `start`: `"earliest"`, `"latest"` or `{ by_duration = "PT1H" }`.
+fn start_position(
+    cx: &Ctx<'_>,
+    p: &RawPipeline,
+    field: &str,
+) -> Result<Option<StartPosition>, ManifestError> {
+    let Some(v) = &p.start else {
+        return Ok(None);
+    };
+    let bad = |why: String| {
+        cx.err(
+            Some(v.span()),
+            format!("{field}.start"),
+            format!("{why}; expected \"earliest\", \"latest\" or {{ by_duration = \"PT1H\" }}"),
+        )
+    };
+    match v.get_ref() {
+        toml::Value::String(s) if s == "earliest" => Ok(Some(StartPosition::Earliest)),
+        toml::Value::String(s) if s == "latest" => Ok(Some(StartPosition::Latest)),
+        toml::Value::String(s) => Err(bad(format!("{s:?} is not a start position"))),
+        toml::Value::Table(t) => {
+            let d = match (t.len(), t.get("by_duration")) {
+                (1, Some(toml::Value::String(d))) => d,
+                _ => {
+                    let keys: Vec<&str> = t.keys().map(String::as_str).collect();
+                    return Err(bad(format!("a table with {keys:?}")));
+                }
+            };
+            if !iso_duration(d) {
+                return Err(bad(format!(
+                    "by_duration {d:?} is not an ISO-8601 duration of days, hours, minutes and seconds (PnDTnHnMnS, e.g. PT1H, P2D, PT90M)"
+                )));
+            }
+            Ok(Some(StartPosition::ByDuration(d.clone())))
+        }
+        other => Err(bad(format!(
+            "a value of type {} is not a start position",
+            other.type_str()
+        ))),
+    }
+}
+
+/// Whether `s` is a duration the broker takes for `by_duration`: Java's `Duration.parse`
+/// grammar without signs or fractions, `PnDTnHnMnS` with at least one part. Checked here so a
+/// typo is the manifest's error, not a refused config at the first join; a dozen lines, where
+/// a date-time crate would also take years and months, which the broker refuses.
+fn iso_duration(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix('P') else {
+        return false;
+    };
+    let (days, time) = match rest.split_once('T') {
+        Some((d, t)) if !t.is_empty() => (d, Some(t)),
+        Some(_) => return false,
+        None => (rest, None),
+    };
+    let parts = |text: &str, units: &[char]| -> Option<usize> {
+        let (mut n, mut unit, mut digits) = (0, 0, 0);
+        for c in text.chars() {
+            if c.is_ascii_digit() {
+                digits += 1;
+                continue;
+            }
+            let at = units.iter().position(|u| *u == c)?;
+            if digits == 0 || at < unit {
+                return None;
+            }
+            (unit, digits, n) = (at + 1, 0, n + 1);
+        }
+        (digits == 0).then_some(n)
+    };
+    let Some(d) = parts(days, &['D']) else {
+        return false;
+    };
+    let t = match time {
+        Some(t) => match parts(t, &['H', 'M', 'S']) {
+            Some(n) => n,
+            None => return false,
+        },
+        None => 0,
+    };
+    d + t > 0
+}
+
 /// `dead_letter_topic` (the host's) and `broker_dead_letter_topic` (the group's, KIP-1191):
 /// each, when set, differs from the pipeline's own topics, and from each other.
 fn dead_letter_topics(
@@ -518,7 +630,7 @@ fn shadow(
 
 #[cfg(test)]
 mod tests {
-    use super::{FaultPolicy, InstanceModeSpec};
+    use super::{FaultPolicy, InstanceModeSpec, StartPosition};
     use crate::manifest::defaults;
     use crate::manifest::testing::{MINIMAL, dir, parse};
 
@@ -555,5 +667,52 @@ mod tests {
         );
         let e = parse(&MINIMAL.replace("plugin.wasm", "absent.wasm")).expect_err("absent");
         assert!(e.message.ends_with("absent.wasm does not exist"), "{e}");
+    }
+
+    #[test]
+    fn a_start_position_is_earliest_latest_or_a_duration_and_anything_else_is_named() {
+        let with = |start: &str| parse(&format!("{MINIMAL}start = {start}\n"));
+        assert_eq!(parse(MINIMAL).expect("valid").pipelines[0].start, None);
+        for (written, want) in [
+            (r#""earliest""#, StartPosition::Earliest),
+            (r#""latest""#, StartPosition::Latest),
+            (
+                r#"{ by_duration = "PT1H" }"#,
+                StartPosition::ByDuration("PT1H".into()),
+            ),
+            (
+                r#"{ by_duration = "P2DT3H30M15S" }"#,
+                StartPosition::ByDuration("P2DT3H30M15S".into()),
+            ),
+        ] {
+            let m = with(written).expect(written);
+            assert_eq!(m.pipelines[0].start.as_ref(), Some(&want), "{written}");
+        }
+        assert_eq!(
+            StartPosition::ByDuration("PT1H".into()).config_value(),
+            "by_duration:PT1H"
+        );
+        for (written, says) in [
+            (r#""oldest""#, r#""oldest" is not a start position"#),
+            ("3", "a value of type integer is not a start position"),
+            (r#"{ by_time = "PT1H" }"#, r#"a table with ["by_time"]"#),
+            (r#"{ by_duration = "1h" }"#, "is not an ISO-8601 duration"),
+            (r#"{ by_duration = "PT" }"#, "is not an ISO-8601 duration"),
+            (r#"{ by_duration = "P" }"#, "is not an ISO-8601 duration"),
+            (r#"{ by_duration = "P1Y" }"#, "is not an ISO-8601 duration"),
+            (
+                r#"{ by_duration = "PT1M1H" }"#,
+                "is not an ISO-8601 duration",
+            ),
+            (
+                r#"{ by_duration = "PT-1H" }"#,
+                "is not an ISO-8601 duration",
+            ),
+        ] {
+            let e = with(written).expect_err(written);
+            assert_eq!(e.field.as_deref(), Some("pipeline[0].start"), "{written}");
+            assert!(e.message.contains(says), "{written}: {e}");
+            assert!(e.message.contains("by_duration = \"PT1H\""), "{e}");
+        }
     }
 }

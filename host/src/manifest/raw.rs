@@ -142,6 +142,10 @@ pub(super) struct RawPipeline {
     #[serde(default)]
     pub(super) concurrency: Option<Spanned<i64>>,
     #[serde(default)]
+    // A string ("earliest", "latest") or a table ({ by_duration = "PT1H" }): read as a TOML
+    // value and interpreted by hand, so the error can name both forms.
+    pub(super) start: Option<Spanned<toml::Value>>,
+    #[serde(default)]
     pub(super) dead_letter_topic: Option<Spanned<String>>,
     pub(super) broker_dead_letter_topic: Option<Spanned<String>>,
     #[serde(default)]

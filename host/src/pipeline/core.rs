@@ -58,6 +58,8 @@ pub struct Pipeline {
     pub(super) broker_dlq: AtomicBool,
     pub(super) last_swap_error: Mutex<Option<String>>,
     pub(super) last_error: Mutex<Option<String>>,
+    /// The group's `share.auto.offset.reset` as last set or read before a join.
+    pub(super) start: Mutex<Option<String>>,
     /// Output names the plugin emitted to that the manifest does not map.
     pub(super) unmapped: Mutex<BTreeSet<String>>,
 }
@@ -225,6 +227,7 @@ impl Pipeline {
             broker_dlq: AtomicBool::new(false),
             last_swap_error: Mutex::new(None),
             last_error: Mutex::new(None),
+            start: Mutex::new(None),
             unmapped: Mutex::new(BTreeSet::new()),
         });
         let active = lock(&pipeline.active).clone();

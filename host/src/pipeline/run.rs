@@ -79,6 +79,7 @@ impl Pipeline {
         self.topics_exist(&client).await?;
         let delivery_limit = self.delivery_limit(&client).await?;
         self.broker_dead_letters(&client).await?;
+        self.start_position(&client).await?;
         let spec = &self.spec;
         let mut cfg = ShareConsumerConfig::new(
             &spec.group,
@@ -362,6 +363,36 @@ impl Pipeline {
             .map_err(|e| fail(format!("cannot set it on group {}: {e}", spec.group)))?;
         tracing::info!(pipeline = %spec.name, group = %spec.group, %topic, "the broker dead-letters what it archives at the delivery limit into the broker dead-letter topic");
         self.broker_dlq.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sets the group's `share.auto.offset.reset` to the manifest's `start` before the join
+    /// (the broker reads it when it first initialises a partition's share state), or only
+    /// reads it when the manifest leaves it out; either way it is shown in `/pipelines`. A
+    /// group that has read a partition keeps its place there: moving it is a reset of the
+    /// group's offsets (docs/operations.md).
+    async fn start_position(&self, client: &KafkaClient) -> Result<(), String> {
+        const KEY: &str = "share.auto.offset.reset";
+        let spec = &self.spec;
+        let now = client.group_config(&spec.group, KEY).await;
+        let Some(start) = &spec.start else {
+            *lock(&self.start) = now.ok().flatten();
+            return Ok(());
+        };
+        let want = start.config_value();
+        if now.as_ref().ok().and_then(|v| v.as_deref()) != Some(want.as_str()) {
+            client
+                .alter_group_configs(&spec.group, &[(KEY, &want)])
+                .await
+                .map_err(|e| {
+                    format!(
+                        "pipeline {}: start: cannot set group {}'s {KEY} to {want}: {e}",
+                        spec.name, spec.group
+                    )
+                })?;
+            tracing::info!(pipeline = %spec.name, group = %spec.group, was = ?now.ok().flatten(), start = %want, "the group starts on partitions it has not read yet at the manifest's start position");
+        }
+        *lock(&self.start) = Some(want);
         Ok(())
     }
 

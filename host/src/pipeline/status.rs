@@ -87,6 +87,11 @@ pub struct PipelineStatus {
     /// Why the last run failed (a topic it writes to missing, the group refusing it, ...),
     /// while the host runs it again; `None` once it runs.
     pub last_error: Option<String>,
+    /// Where the group starts on partitions it has not read yet: its `share.auto.offset.reset`
+    /// (`earliest`, `latest`, `by_duration:PT1H`) as the host set it from the manifest's
+    /// `start`, or read it before the last join; `None` before that, or when the broker would
+    /// not say.
+    pub start: Option<String>,
     /// Last hot-swap failure, if the last swap failed.
     pub last_swap_error: Option<String>,
     /// How long judging paused around the last hot swap: the longest gap between two judged
@@ -154,6 +159,7 @@ impl Pipeline {
             dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
             last_error: lock(&self.last_error).clone(),
+            start: lock(&self.start).clone(),
             unmapped_outputs: lock(&self.unmapped).iter().cloned().collect(),
             last_swap_error: lock(&self.last_swap_error).clone(),
             last_swap_stall_ms: lock(&c.stall).last.map(|d| d.as_secs_f64() * 1e3),
