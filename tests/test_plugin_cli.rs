@@ -353,3 +353,106 @@ fn trace_logging_never_prints_wasis_own_call_tracing() {
     assert!(wasi.is_empty(), "WASI's call tracing: {:?}", wasi.first());
     assert!(!stderr.contains("s3cr3t"), "the request's URL was logged");
 }
+
+/// Runs `sharehost test-plugin ARGS` with the log level the command picks itself.
+fn run_default_logging(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let out = Command::new(sharehost_tests::sharehost_bin!())
+        .arg("test-plugin")
+        .args(args)
+        .env_remove("SHAREHOST_LOG")
+        .output()
+        .expect("run sharehost");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_plugins_own_log_lines_are_shown_unless_quiet() {
+    let file = input("logs", "{\"value\":\"7\"}\n{\"value\":\"8\"}\n");
+    let ledger = guest("fixture_ledger");
+    let (ok, _, stderr) =
+        run_default_logging(&[ledger.as_os_str(), "--input".as_ref(), file.as_os_str()]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("ledger begin n=2"), "{stderr}");
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.contains("INFO") && !l.contains("ledger")),
+        "only the plugin's own lines at info: {stderr}"
+    );
+    let (ok, _, stderr) = run_default_logging(&[
+        ledger.as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--quiet".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("ledger begin"), "{stderr}");
+}
+
+#[test]
+fn a_manifests_pipeline_gives_its_config_and_limits_and_names_the_pipelines_it_has() {
+    let dir = std::env::temp_dir().join(format!(
+        "sharehost-test-plugin-manifest-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let component = guest("order_validator");
+    let manifest = dir.join("manifest.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[cluster]\nbootstrap = \"127.0.0.1:9\"\n\n\
+             [[pipeline]]\nname = \"loose\"\ntopics = [\"o\"]\ngroup = \"g1\"\ncomponent = \"{c}\"\nconfig = {{ max-quantity = \"100\" }}\n\n\
+             [[pipeline]]\nname = \"strict\"\ntopics = [\"o\"]\ngroup = \"g2\"\ncomponent = \"{c}\"\nconfig = {{ max-quantity = \"1\" }}\nbatch_size = 1\nmemory_limit_mib = 32\n",
+            c = component.display()
+        ),
+    )
+    .expect("write manifest");
+    let file = input(
+        "manifest",
+        &format!(
+            "{}\n{}\n",
+            r#"{"value":"{\"id\":\"o1\",\"sku\":\"A\",\"quantity\":1,\"price\":3}"}"#,
+            r#"{"value":"{\"id\":\"o2\",\"sku\":\"A\",\"quantity\":2,\"price\":3}"}"#
+        ),
+    );
+    let with = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            component.as_os_str(),
+            "--input".as_ref(),
+            file.as_os_str(),
+            "--manifest".as_ref(),
+            manifest.as_os_str(),
+        ];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        run(&args)
+    };
+    let (ok, stdout, stderr) = with(&["--pipeline", "strict"]);
+    assert!(ok, "{stderr}");
+    let lines = json_lines(&stdout);
+    assert_eq!(
+        (lines[0]["verdict"].as_str(), lines[1]["verdict"].as_str()),
+        (Some("accept"), Some("reject")),
+        "the strict pipeline's max-quantity: {stdout}"
+    );
+    assert_eq!(
+        lines[2]["summary"]["batches"], 2,
+        "its batch_size of 1: {stdout}"
+    );
+    let (ok, stdout, stderr) = with(&["--pipeline", "loose"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(json_lines(&stdout)[1]["verdict"], "accept");
+    let (ok, _, stderr) = with(&[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("has 2 pipelines: name one with --pipeline (loose, strict)"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = with(&["--pipeline", "nope"]);
+    assert!(!ok);
+    assert!(stderr.contains("--pipeline nope"), "{stderr}");
+}

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 mod fleet_cli;
 mod host;
+mod scaffold;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -43,6 +44,10 @@ enum Command {
     /// Operate a fleet of hosts as one, through Kafka: deploy, roll back, shadow and canary a
     /// pipeline's component on every host with signed actions, and see every host's status.
     Fleet(fleet_cli::FleetArgs),
+    /// Make a plugin project to start from (Rust, Python or JavaScript): the plugin, a native
+    /// test, sample records, a manifest and a README with the commands; it builds and passes
+    /// its test as made.
+    New(scaffold::NewArgs),
 }
 
 /// `sharehost run MANIFEST`.
@@ -132,6 +137,18 @@ struct TestPluginArgs {
     /// ~/.cache/sharehost/cwasm).
     #[arg(long)]
     no_cache: bool,
+    /// Run with a pipeline's settings from this manifest: its config, limits, grants, secrets
+    /// and trusted keys, under the manifest's runtime (so the compiled component is the
+    /// cache entry `sharehost run` maps). --config entries are added to its config; the
+    /// other limit and grant flags are not taken with it.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// The manifest's pipeline to take the settings of (needed when it has more than one).
+    #[arg(long, requires = "manifest")]
+    pipeline: Option<String>,
+    /// Hide the plugin's own log lines (shown at info by default, as the host logs them).
+    #[arg(long)]
+    quiet: bool,
 }
 
 /// How to reach a cluster from the command line.
@@ -219,28 +236,22 @@ async fn probe(args: ProbeArgs) -> Result<()> {
     Ok(())
 }
 
-async fn test_plugin(args: TestPluginArgs) -> Result<()> {
-    use sharehost::runtime::offline::{parse_jsonl, verdict_line};
-    use sharehost::runtime::{
-        HttpGrant, HttpSettings, Origin, OutputGrant, PluginInit, PluginLimits, PluginRuntime,
-        RuntimeConfig, Secrets, Verdict,
-    };
-    use std::collections::BTreeMap;
-    use std::io::Write;
+/// What test-plugin runs a component with: the runtime, its limits and `init`, the longest
+/// retry delay a verdict keeps, and records per batch.
+type PluginSetup = (
+    sharehost::runtime::PluginRuntime,
+    sharehost::runtime::PluginLimits,
+    sharehost::runtime::PluginInit,
+    u64,
+    usize,
+);
 
-    let config = args
-        .config
-        .iter()
-        .map(|item| {
-            item.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("--config `{item}`: expected KEY=VALUE"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
-    let text = std::fs::read_to_string(&args.input)
-        .with_context(|| format!("input {}", args.input.display()))?;
-    let records = parse_jsonl(&text).with_context(|| format!("input {}", args.input.display()))?;
+/// test-plugin's settings from its flags.
+fn flag_settings(args: &TestPluginArgs, config: Vec<(String, String)>) -> Result<PluginSetup> {
+    use sharehost::runtime::{
+        HttpGrant, HttpSettings, OutputGrant, PluginInit, PluginLimits, PluginRuntime,
+        RuntimeConfig, Secrets,
+    };
     let max_memory = args.max_memory_mib << 20;
     let runtime = PluginRuntime::new(RuntimeConfig {
         max_plugin_memory: max_memory.max(RuntimeConfig::default().max_plugin_memory),
@@ -291,6 +302,88 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
         secrets: std::sync::Arc::new(Secrets::new(secrets)),
         tenant: None,
     };
+    Ok((
+        runtime,
+        limits,
+        init,
+        args.max_retry_delay_ms,
+        args.batch_size,
+    ))
+}
+
+/// test-plugin's settings from a manifest's pipeline (`--manifest`, `--pipeline`): its
+/// config (plus `--config` entries), limits, grants, secrets and trusted keys, under the
+/// manifest's runtime, as `sharehost run` loads it.
+fn pipeline_settings(
+    path: &std::path::Path,
+    pipeline: Option<&str>,
+    config: Vec<(String, String)>,
+) -> Result<PluginSetup> {
+    let manifest = sharehost::manifest::Manifest::load(path)?;
+    let spec = match pipeline {
+        Some(name) => manifest.pipelines.iter().find(|p| p.name == name),
+        None if manifest.pipelines.len() == 1 => manifest.pipelines.first(),
+        None => anyhow::bail!(
+            "{}: has {} pipelines: name one with --pipeline ({})",
+            path.display(),
+            manifest.pipelines.len(),
+            manifest
+                .pipelines
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let Some(spec) = spec else {
+        anyhow::bail!(
+            "--pipeline {}: {} has no such pipeline (it has: {})",
+            pipeline.unwrap_or_default(),
+            path.display(),
+            manifest
+                .pipelines
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let mut spec = spec.clone();
+    spec.config.extend(config);
+    let (limits, init) = sharehost::pipeline::plugin_setup(&spec)?;
+    let runtime = host::plugin_runtime(&manifest)?;
+    Ok((
+        runtime,
+        limits,
+        init,
+        u64::try_from(spec.max_retry_delay.as_millis()).unwrap_or(u64::MAX),
+        spec.batch_size,
+    ))
+}
+
+async fn test_plugin(args: TestPluginArgs) -> Result<()> {
+    use sharehost::runtime::offline::{parse_jsonl, verdict_line};
+    use sharehost::runtime::{Origin, Verdict};
+    use std::collections::BTreeMap;
+    use std::io::Write;
+
+    let config = args
+        .config
+        .iter()
+        .map(|item| {
+            item.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("--config `{item}`: expected KEY=VALUE"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
+    let text = std::fs::read_to_string(&args.input)
+        .with_context(|| format!("input {}", args.input.display()))?;
+    let records = parse_jsonl(&text).with_context(|| format!("input {}", args.input.display()))?;
+    let (runtime, limits, init, max_retry, batch_size) = match &args.manifest {
+        Some(path) => pipeline_settings(path, args.pipeline.as_deref(), config)?,
+        None => flag_settings(&args, config)?,
+    };
     let loading = std::time::Instant::now();
     let mut plugin = runtime
         .load_with(&args.component, limits, init)
@@ -299,7 +392,6 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     let load_ms = loading.elapsed().as_secs_f64() * 1e3;
 
     let fault_policy = Verdict::Release;
-    let max_retry = args.max_retry_delay_ms;
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut batch_us = Vec::new();
@@ -307,7 +399,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     let mut discarded = 0u64;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    for batch in records.chunks(args.batch_size) {
+    for batch in records.chunks(batch_size) {
         let started = std::time::Instant::now();
         let outcome = plugin.handle(batch).await;
         batch_us.push(started.elapsed().as_secs_f64() * 1e6);
@@ -421,6 +513,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (default_level, json) = match &cli.command {
         Command::Run(a) => ("info", a.log_json),
+        // A plugin's own log lines (`print`, `console.log`, `log::info!`) are what an author
+        // runs test-plugin to see; the host's other info lines are not.
+        Command::TestPlugin(a) if !a.quiet => ("warn,sharehost_runtime::log=info", false),
         _ => ("warn", false),
     };
     let filter = log_filter(default_level);
@@ -455,6 +550,7 @@ fn main() -> ExitCode {
                 .await
                 .map(|_| ()),
             Command::Fleet(args) => fleet_cli::run(args).await,
+            Command::New(args) => scaffold::run(&args),
             Command::Ctl(args) => sharehost::ctl::run(&args, &mut std::io::stdout().lock()).await,
         }
     });

@@ -41,7 +41,7 @@ pub use self::core::Pipeline;
 pub use counters::VersionCounters;
 pub use handler::NativeHandler;
 pub use status::{GrantsStatus, PipelineStatus, VersionInfo, VersionsStatus};
-pub use versions::{SwapError, short};
+pub use versions::{SwapError, plugin_setup, short};
 
 /// Runs every pipeline until `shutdown`, as one host: the first pipeline to fail (or panic)
 /// cancels `shutdown`, so the others drain too. Returns the failures, empty when every pipeline

@@ -146,6 +146,23 @@ pub(super) fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
     }
 }
 
+/// The limits, grants and `init` a version of `spec` runs with, as the pipeline would load
+/// it: what `sharehost test-plugin --manifest` runs a component under (and so compiles into
+/// the same cache entry `run` maps). Errors name the grant that cannot be built.
+pub fn plugin_setup(spec: &PipelineSpec) -> Result<(PluginLimits, PluginInit), SwapError> {
+    let grants = Grants::build(spec)?;
+    let init = PluginInit {
+        config: spec
+            .config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        secrets: grants.secrets.clone(),
+        tenant: Some(Arc::from(spec.name.as_str())),
+    };
+    Ok((limits(spec, &grants), init))
+}
+
 /// Reads, checks and compiles `path` for the pipeline (or maps it from the cache) on a
 /// blocking thread: on a runtime worker the read, hash, signature check and compile held up
 /// the batches queued behind it (a cached swap under load stalled judging up to 17 ms, an

@@ -1,0 +1,251 @@
+//! `sharehost new rust|python|js NAME`: a plugin project an author starts from, which builds
+//! and passes its own test as generated: the plugin (reject tombstones and values over
+//! `max-bytes`), a native unit test, sample records, a manifest and a README with the commands
+//! (docs/plugin-guide.md, where each step is explained).
+//!
+//! The templates are files under `host/templates/`, filled by plain `{{name}}` replacement:
+//! four placeholders need no template engine.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+
+/// The plugin's language.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    /// A crate built for wasm32-wasip2 with the `sharehost-guest` SDK.
+    Rust,
+    /// A module built with `sharehost-build-py` (componentize-py).
+    Python,
+    /// An ES module built with `sharehost-build-js` (componentize-js).
+    Js,
+}
+
+/// `sharehost new LANG NAME`.
+#[derive(Args)]
+pub struct NewArgs {
+    /// rust, python or js.
+    lang: Lang,
+    /// The plugin's name: letters, digits, `-` and `_`, starting with a letter (the project's
+    /// folder, the pipeline's name and the component's file name).
+    name: String,
+    /// Where to make the project's folder (default: here).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// The sharehost checkout whose SDKs the project depends on (default: the one this
+    /// binary was built from).
+    #[arg(long)]
+    sdk: Option<PathBuf>,
+}
+
+/// One generated file: its path in the project and its text.
+type File = (&'static str, String);
+
+/// The project's files for `lang`, placeholders filled.
+fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
+    let module = name.replace('-', "_");
+    let ty: String = name
+        .split(['-', '_'])
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect();
+    let fill = |text: &str| {
+        text.replace("{{name}}", name)
+            .replace("{{module}}", &module)
+            .replace("{{type}}", &ty)
+            .replace("{{sdk}}", &sdk.display().to_string())
+    };
+    let (component, memory, code): (String, &str, Vec<File>) = match lang {
+        Lang::Rust => (
+            format!("target/wasm32-wasip2/release/{module}.wasm"),
+            "",
+            vec![
+                (
+                    "Cargo.toml",
+                    fill(include_str!("../templates/rust/Cargo.toml")),
+                ),
+                (
+                    "src/lib.rs",
+                    fill(include_str!("../templates/rust/src/lib.rs")),
+                ),
+                (".gitignore", "/target\n".into()),
+            ],
+        ),
+        Lang::Python => (
+            format!("{module}.wasm"),
+            // A Python component is large; 32 MiB per instance is what section 9 of the guide
+            // recommends, and what test-plugin --manifest then checks with.
+            "memory_limit_mib = 32\n",
+            vec![
+                (
+                    "plugin.py",
+                    fill(include_str!("../templates/python/plugin.py")),
+                ),
+                (
+                    "test_plugin.py",
+                    fill(include_str!("../templates/python/test_plugin.py")),
+                ),
+                (".gitignore", "/.venv\n/*.wasm\n__pycache__/\n".into()),
+            ],
+        ),
+        Lang::Js => (
+            format!("{module}.wasm"),
+            "memory_limit_mib = 32\n",
+            vec![
+                (
+                    "package.json",
+                    fill(include_str!("../templates/js/package.json")),
+                ),
+                ("plugin.js", fill(include_str!("../templates/js/plugin.js"))),
+                (
+                    "test/plugin.test.js",
+                    fill(include_str!("../templates/js/test/plugin.test.js")),
+                ),
+                (".gitignore", "/node_modules\n/*.wasm\n".into()),
+            ],
+        ),
+    };
+    let manifest = format!(
+        "# `sharehost check manifest.toml` loads it as `run` would; `sharehost run manifest.toml`\n\
+         # runs it (docs/manifest.md).\n\
+         [cluster]\nbootstrap = \"127.0.0.1:9092\"\n\n\
+         [[pipeline]]\nname = \"{name}\"\ntopics = [\"{name}-in\"]\ngroup = \"{name}\"\n\
+         component = \"{component}\"\nconfig = {{ max-bytes = \"8\" }}\n{memory}\
+         # Read what the topic holds already (a new share group starts at the latest record).\n\
+         start = \"earliest\"\n"
+    );
+    let records = "{\"value\":\"small\"}\n{\"value\":\"far too large\",\"offset\":1}\n{\"value\":null,\"offset\":2}\n";
+    let steps = match lang {
+        Lang::Rust => format!(
+            "cargo test                                        # the native test\n\
+             rustup target add wasm32-wasip2\n\
+             cargo build --release --target wasm32-wasip2      # {component}\n"
+        ),
+        Lang::Python => format!(
+            "python3 -m venv .venv && . .venv/bin/activate\n\
+             python3 -m pip wheel --no-deps \"{sdk}/guest-sdk/python\" -w /tmp/sharehost-wheels\n\
+             pip install /tmp/sharehost-wheels/sharehost_guest-*.whl pytest\n\
+             python -m pytest -q                               # the native test\n\
+             sharehost-build-py plugin.py {component}\n",
+            sdk = sdk.display()
+        ),
+        Lang::Js => format!(
+            "npm install                                       # the SDK, from {sdk}/guest-sdk/js\n\
+             npm test                                          # the native test\n\
+             npm run build                                     # {component}\n",
+            sdk = sdk.display()
+        ),
+    };
+    let readme = format!(
+        "# {name}\n\n\
+         A sharehost plugin ({lang}). It rejects tombstones and values over `max-bytes` and\n\
+         accepts the rest; change it to judge your records. docs/plugin-guide.md in sharehost\n\
+         ({sdk}) explains every step.\n\n\
+         ```sh\n{steps}\
+         sharehost test-plugin {component} --input records.jsonl --manifest manifest.toml\n\
+         sharehost check manifest.toml\n\
+         sharehost run manifest.toml\n```\n",
+        lang = match lang {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+        },
+        sdk = sdk.display(),
+    );
+    let mut out = code;
+    out.push(("manifest.toml", manifest));
+    out.push(("records.jsonl", records.into()));
+    out.push(("README.md", readme));
+    out
+}
+
+/// Whether `name` can name a crate, a module, a pipeline and a file alike.
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && name.len() <= 64
+}
+
+/// Runs `sharehost new`: writes the project into `DIR/NAME`, refusing a folder that exists.
+pub fn run(args: &NewArgs) -> Result<()> {
+    if !valid_name(&args.name) {
+        bail!(
+            "name {:?}: letters, digits, `-` and `_` only, starting with a letter, at most 64",
+            args.name
+        );
+    }
+    let sdk = match &args.sdk {
+        Some(s) => s.clone(),
+        // This binary's checkout: host/ is the crate, its parent the workspace.
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .map(Path::to_path_buf)
+            .context("the checkout this binary was built from")?,
+    };
+    if !sdk.join("guest-sdk").is_dir() {
+        bail!(
+            "--sdk {}: not a sharehost checkout (no guest-sdk folder); pass the checkout's path",
+            sdk.display()
+        );
+    }
+    let sdk = sdk
+        .canonicalize()
+        .with_context(|| format!("--sdk {}", sdk.display()))?;
+    let root = args.dir.join(&args.name);
+    if root.exists() {
+        bail!(
+            "{}: exists already; pick another name or --dir",
+            root.display()
+        );
+    }
+    for (path, text) in files(args.lang, &args.name, &sdk) {
+        let file = root.join(path);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot make {}", parent.display()))?;
+        }
+        std::fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    println!(
+        "made {} ({:?} plugin); its README.md lists the commands to test, build and run it",
+        root.display(),
+        args.lang
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_filled_into_every_file_and_no_placeholder_is_left() {
+        for lang in [Lang::Rust, Lang::Python, Lang::Js] {
+            let files = files(lang, "size-check", Path::new("/opt/sharehost"));
+            for (path, text) in &files {
+                assert!(!text.contains("{{"), "{lang:?} {path}: {text}");
+            }
+            let all: String = files.iter().map(|(_, t)| t.as_str()).collect();
+            assert!(all.contains("SizeCheck"), "{lang:?}");
+            assert!(all.contains("/opt/sharehost/guest-sdk"), "{lang:?}");
+            assert!(all.contains("size_check.wasm"), "{lang:?}");
+        }
+    }
+
+    #[test]
+    fn a_name_that_cannot_be_a_crate_module_and_file_is_refused() {
+        for ok in ["a", "size-check", "s_1"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "1a", "-a", "a b", "a/b", "a.b", &"a".repeat(65)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}
