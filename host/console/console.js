@@ -105,11 +105,18 @@ function totals(p) {
 
 function sample(p, now) {
   if (!p.versions) return;
-  const s = state.samples.get(p.name) || [];
-  s.push({ t: now, judged: totals(p).judged });
-  while (s.length > SAMPLES + 1) s.shift();
-  state.samples.set(p.name, s);
+  sampleJudged(p.name, totals(p).judged, now);
 }
+
+function sampleJudged(key, judged, now) {
+  const s = state.samples.get(key) || [];
+  s.push({ t: now, judged });
+  while (s.length > SAMPLES + 1) s.shift();
+  state.samples.set(key, s);
+}
+
+// The samples' key of a fleet host's pipeline (a pipeline name cannot hold a NUL).
+const fleetKey = (host, pipeline) => `fleet\u0000${host}\u0000${pipeline}`;
 
 // Records per second between consecutive samples (a counter that went back, after a
 // restart of the pipeline's counters, counts from zero).
@@ -502,7 +509,9 @@ function renderFleet() {
           el("td", {}, stateBadge(p.state)),
           el("td", { class: "mono", title: p.active, "data-field": "active" }, short(p.active), behind ? el("span", { class: "badge warn" }, " not the fleet's") : null),
           el("td", { class: "num" }, fmt(p.applied_seq)),
-          el("td", { class: "num", "data-field": "rate" }, fmt(Math.round(p.records_per_second))),
+          // The page's own samples of the host's published count, as on the host's view; the
+          // host's figure over its last status interval as the title.
+          el("td", { "data-field": "rate", title: `${fmt(Math.round(p.records_per_second))} records/s over the host's last status interval` }, chart(rates(fleetKey(h.host, p.name)), 120, 24, `${h.host} ${p.name}`)),
           el("td", { class: "num", "data-field": "judged" }, fmt(p.judged)),
           el("td", { class: "num" }, fmt(p.faults)),
           el("td", {}, p.canary ? `${fmt(p.canary.candidate_tally.batches)} candidate / ${fmt(p.canary.active_tally.batches)} active batches` : "–"),
@@ -572,7 +581,13 @@ async function poll() {
     state.pipelines = pipelines;
     state.faults = faults.faults;
     state.pipelineFaults = mine && open === state.route.pipeline ? mine.faults : [];
-    if (fleet) state.fleet = fleet;
+    if (fleet) {
+      state.fleet = fleet;
+      // Each host's pipelines sampled like this host's, for their records/s charts.
+      for (const h of fleet.hosts) {
+        for (const p of h.pipelines) sampleJudged(fleetKey(h.host, p.name), p.judged, now);
+      }
+    }
     for (const p of pipelines) sample(p, now);
     error.hidden = true;
     render();

@@ -97,10 +97,11 @@ if (expect.fleet) {
     await waitFor(`#fleet-hosts tr[data-host="${f.stale}"][data-stale="true"]`);
     await waitFor(`#fleet-hosts tr[data-host="${f.live}"][data-stale="false"]`);
   });
-  await check("the live host's judged count grows while the page polls", async () => {
+  await check("the live host's judged count grows while the page polls, and its records/s are charted", async () => {
     const sel = `#fleet-hosts tr[data-host="${f.live}"] [data-field="judged"]`;
     const first = await number(sel);
     await page.waitForFunction(([s, n]) => Number(document.querySelector(s)?.textContent.replace(/[^0-9]/g, "")) > n, [sel, first], { timeout: PATIENCE });
+    await page.waitForSelector(`#fleet-hosts tr[data-host="${f.live}"] [data-field="rate"] polyline`, { state: "attached", timeout: PATIENCE });
   });
   await page.screenshot({ path: path.join(shots, "console-fleet.png"), fullPage: true });
   await done();
