@@ -3,7 +3,8 @@
 //! with the deployed version; a fleet canary that faults on one host's records is rolled back
 //! on every host by the fleet's sum, and a good one promoted; actions that are unsigned,
 //! tampered with, signed by an unknown key or replayed are refused on every host while the
-//! active version judges on.
+//! active version judges on; a host reading the compacted deployments topic from its start
+//! reaches the state the others reached.
 //!
 //! Witnesses outside the engine: the ledger plugin's log lines on every host (what each
 //! version decided), the broker's view of the group (lag 0) and the ids produced; each host's
@@ -29,7 +30,7 @@ use sharehost_tests::sharehost_bin;
 use sharehost_tests::signing::Signer;
 use sharehost_tests::{
     FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
-    topic_and_group, unique, wait_until_drained,
+    topic_and_group, topic_records, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -667,4 +668,112 @@ async fn a_host_that_cannot_write_its_status_judges_on_and_still_applies_the_fle
     }
     let seen = blocking(move || a.stop().1).await;
     f.ledger(&[seen]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_reading_the_compacted_deployments_topic_from_its_start_reaches_the_same_state() {
+    let mut f = Fleet::new("compacted").await;
+    // The deployments topic, made here to be compacted eagerly: a segment rolls 100 ms after
+    // its first record and any duplicate key makes it worth cleaning.
+    let deployments = format!("{}{}.deployments", f.prefix, f.name);
+    f.client
+        .create_topic(
+            &deployments,
+            1,
+            1,
+            &[
+                ("cleanup.policy", "compact"),
+                ("segment.ms", "100"),
+                ("min.cleanable.dirty.ratio", "0.001"),
+                ("delete.retention.ms", "100"),
+            ],
+        )
+        .await
+        .expect("create the deployments topic");
+    let a = f.start("a");
+    f.produce(0..300).await;
+    wait_judged(&[&a], f.ids.len());
+
+    // A history: a deploy, a canary promoted by the fleet's decision, another deploy, a rollback.
+    let v2 = f.version(&f.v1, "compacted-v2");
+    f.fleet(&["deploy", v2.to_str().expect("utf-8")]);
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
+    let v3 = f.version(&f.v1, "compacted-v3");
+    f.fleet(&[
+        "canary",
+        v3.to_str().expect("utf-8"),
+        "--percent",
+        "50",
+        "--promote-after-batches",
+        "2",
+    ]);
+    let mut next = 300;
+    let until = Instant::now() + PATIENCE;
+    while a.status()[0]["active_version"] != hash(&v3).as_str() {
+        assert!(Instant::now() < until, "the canary of v3 was not promoted");
+        f.produce(next..next + 300).await;
+        next += 300;
+        wait_judged(&[&a], f.ids.len());
+    }
+    let v4 = f.version(&f.v1, "compacted-v4");
+    f.fleet(&["deploy", v4.to_str().expect("utf-8")]);
+    f.fleet(&["rollback"]);
+    poll_all(&[&a], "host a back on v3", |p| {
+        p["active_version"] == hash(&v3).as_str()
+    });
+
+    // The first action written again at the end, as anyone with write access could: compaction
+    // then keeps only this later copy, behind every action after it. Written again until the
+    // broker's cleaner has dropped the original (a copy in a segment that rolled is what lets
+    // the cleaner see the duplicate; the topic cannot notify, so it is read again).
+    let records = topic_records(&f.client, &deployments, 1).await;
+    let (_, first) = records
+        .iter()
+        .find(|(_, r)| r.key.as_deref() == Some(action_key("ledger", 1).as_bytes()))
+        .expect("action 1 in the topic");
+    assert_eq!(first.offset, 0, "action 1 is the topic's first record");
+    let value = first.value.clone().expect("action 1's value");
+    let until = Instant::now() + PATIENCE;
+    loop {
+        f.write_deployment(&action_key("ledger", 1), &value).await;
+        let records = topic_records(&f.client, &deployments, 1).await;
+        if records.first().is_some_and(|(_, r)| r.offset > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the broker never compacted {deployments}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // A host that reads the compacted topic from its start reaches what host a reached.
+    let b = f.start("b");
+    let fleet_of = |h: &HostProcess| {
+        let (code, body) = h.http("GET", "/fleet", "");
+        assert_eq!(code, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON fleet");
+        v["pipelines"]["ledger"].clone()
+    };
+    poll_all(&[&b], "host b on v3", |p| {
+        p["active_version"] == hash(&v3).as_str()
+    });
+    let (seen_by_a, seen_by_b) = (fleet_of(&a), fleet_of(&b));
+    assert_eq!(seen_by_a, seen_by_b, "the fleet's state on a and on b");
+    assert_eq!(seen_by_b["active"]["digest"], hash(&v3).as_str());
+    assert_eq!(seen_by_b["last_canary"]["promoted"], true, "{seen_by_b:#}");
+    report(&format!(
+        "fleet: a host reading the compacted deployments topic (its first action compacted behind the others) reached the same state: action {}, active {}",
+        seen_by_b["seq"],
+        &hash(&v3)[..12]
+    ));
+    f.produce(next..next + 300).await;
+    wait_judged(&[&a, &b], f.ids.len());
+    let mut seen = Vec::new();
+    for h in [a, b] {
+        seen.push(blocking(move || h.stop().1).await);
+    }
+    f.ledger(&seen).await;
 }
