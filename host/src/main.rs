@@ -320,6 +320,14 @@ fn pipeline_settings(
     config: Vec<(String, String)>,
 ) -> Result<PluginSetup> {
     let manifest = sharehost::manifest::Manifest::load(path)?;
+    let names = || {
+        manifest
+            .pipelines
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let spec = match pipeline {
         Some(name) => manifest.pipelines.iter().find(|p| p.name == name),
         None if manifest.pipelines.len() == 1 => manifest.pipelines.first(),
@@ -327,12 +335,7 @@ fn pipeline_settings(
             "{}: has {} pipelines: name one with --pipeline ({})",
             path.display(),
             manifest.pipelines.len(),
-            manifest
-                .pipelines
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names()
         ),
     };
     let Some(spec) = spec else {
@@ -340,12 +343,7 @@ fn pipeline_settings(
             "--pipeline {}: {} has no such pipeline (it has: {})",
             pipeline.unwrap_or_default(),
             path.display(),
-            manifest
-                .pipelines
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names()
         );
     };
     let mut spec = spec.clone();

@@ -61,20 +61,15 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             .replace("{{type}}", &ty)
             .replace("{{sdk}}", &sdk.display().to_string())
     };
-    let (component, memory, code): (String, &str, Vec<File>) = match lang {
+    // Each language's own files: (path in the project, template text).
+    let (component, memory, templates): (String, &str, &[(&str, &str)]) = match lang {
         Lang::Rust => (
             format!("target/wasm32-wasip2/release/{module}.wasm"),
             "",
-            vec![
-                (
-                    "Cargo.toml",
-                    fill(include_str!("../templates/rust/Cargo.toml")),
-                ),
-                (
-                    "src/lib.rs",
-                    fill(include_str!("../templates/rust/src/lib.rs")),
-                ),
-                (".gitignore", "/target\n".into()),
+            &[
+                ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
+                ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
+                (".gitignore", "/target\n"),
             ],
         ),
         Lang::Python => (
@@ -82,35 +77,33 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             // A Python component is large; 32 MiB per instance is what section 9 of the guide
             // recommends, and what test-plugin --manifest then checks with.
             "memory_limit_mib = 32\n",
-            vec![
-                (
-                    "plugin.py",
-                    fill(include_str!("../templates/python/plugin.py")),
-                ),
+            &[
+                ("plugin.py", include_str!("../templates/python/plugin.py")),
                 (
                     "test_plugin.py",
-                    fill(include_str!("../templates/python/test_plugin.py")),
+                    include_str!("../templates/python/test_plugin.py"),
                 ),
-                (".gitignore", "/.venv\n/*.wasm\n__pycache__/\n".into()),
+                (".gitignore", "/.venv\n/*.wasm\n__pycache__/\n"),
             ],
         ),
         Lang::Js => (
             format!("{module}.wasm"),
             "memory_limit_mib = 32\n",
-            vec![
-                (
-                    "package.json",
-                    fill(include_str!("../templates/js/package.json")),
-                ),
-                ("plugin.js", fill(include_str!("../templates/js/plugin.js"))),
+            &[
+                ("package.json", include_str!("../templates/js/package.json")),
+                ("plugin.js", include_str!("../templates/js/plugin.js")),
                 (
                     "test/plugin.test.js",
-                    fill(include_str!("../templates/js/test/plugin.test.js")),
+                    include_str!("../templates/js/test/plugin.test.js"),
                 ),
-                (".gitignore", "/node_modules\n/*.wasm\n".into()),
+                (".gitignore", "/node_modules\n/*.wasm\n"),
             ],
         ),
     };
+    let code: Vec<File> = templates
+        .iter()
+        .map(|(path, text)| (*path, fill(text)))
+        .collect();
     let manifest = format!(
         "# `sharehost check manifest.toml` loads it as `run` would; `sharehost run manifest.toml`\n\
          # runs it (docs/manifest.md).\n\

@@ -151,7 +151,12 @@ pub(super) fn limits(spec: &PipelineSpec, grants: &Grants) -> PluginLimits {
 /// the same cache entry `run` maps). Errors name the grant that cannot be built.
 pub fn plugin_setup(spec: &PipelineSpec) -> Result<(PluginLimits, PluginInit), SwapError> {
     let grants = Grants::build(spec)?;
-    let init = PluginInit {
+    Ok((limits(spec, &grants), init(spec, &grants)))
+}
+
+/// What a version of `spec` gets at `init`: its config, its secrets, the pipeline's name.
+fn init(spec: &PipelineSpec, grants: &Grants) -> PluginInit {
+    PluginInit {
         config: spec
             .config
             .iter()
@@ -159,8 +164,7 @@ pub fn plugin_setup(spec: &PipelineSpec) -> Result<(PluginLimits, PluginInit), S
             .collect(),
         secrets: grants.secrets.clone(),
         tenant: Some(Arc::from(spec.name.as_str())),
-    };
-    Ok((limits(spec, &grants), init))
+    }
 }
 
 /// Reads, checks and compiles `path` for the pipeline (or maps it from the cache) on a
@@ -207,15 +211,7 @@ pub(super) async fn instantiate_version(
     limits: PluginLimits,
     instances: usize,
 ) -> Result<Version, SwapError> {
-    let init = PluginInit {
-        config: spec
-            .config
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        secrets: grants.secrets.clone(),
-        tenant: Some(Arc::from(spec.name.as_str())),
-    };
+    let init = init(spec, grants);
     let mut plugins = Vec::with_capacity(instances);
     for _ in 0..instances {
         let plugin = runtime
