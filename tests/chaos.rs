@@ -51,17 +51,16 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::cluster::{
-    cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness, wait_fully_replicated,
+    NodeDown, cluster_bootstrap, cluster_client, cluster_harness, try_cluster_harness,
+    wait_fully_replicated,
 };
-use sharehost_tests::fleet::{fleet_command, fleet_tables};
+use sharehost_tests::fleet::{FleetKit, hash};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::Ledger;
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
-use sharehost_tests::signing::Signer;
 use sharehost_tests::{
-    FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, new_version,
-    topic_values, unique,
+    FAULT_SETTINGS, fresh_group_with, group_lag_at, guest, ledger_manifest, topic_values, unique,
 };
 use tokio::sync::{Mutex, watch};
 
@@ -359,16 +358,14 @@ fn spawn_producer(
 struct Nemesis {
     bootstrap: String,
     topic: String,
-    /// Each host's manifest (its own `fleet.host_id`) and state directory.
+    /// Each host's manifest (its own `fleet.host_id`).
     manifests: Vec<PathBuf>,
-    states: Vec<PathBuf>,
     versions: [PathBuf; 2],
-    /// The fleet's operator: its key, its key file and the manifest `sharehost fleet` reads.
-    operator: Signer,
-    key: PathBuf,
+    /// The fleet's operator (key, versions, state directories) and the manifest `sharehost
+    /// fleet` reads.
+    kit: FleetKit,
     operator_manifest: PathBuf,
-    /// Where fresh fleet versions are written, and how many were made.
-    dir: PathBuf,
+    /// How many fresh fleet versions were made.
     fleet_versions: u32,
     proxies: Vec<Arc<Proxy>>,
     hosts: Vec<Option<HostProcess>>,
@@ -386,13 +383,14 @@ impl Nemesis {
     fn start_host(&mut self, h: usize) {
         self.starts[h] += 1;
         let name = format!("host-{h}.{}", self.starts[h]);
-        let state = self.states[h].to_str().expect("utf-8 path").to_owned();
+        let state = self.kit.state(&format!("host-{h}"));
+        let state = state.to_str().expect("utf-8 path");
         self.hosts[h] = Some(HostProcess::start_watched_with_env(
             sharehost_bin!(),
             &self.manifests[h],
             &name,
             &self.watch,
-            &[("SHAREHOST_STATE_DIR", &state)],
+            &[("SHAREHOST_STATE_DIR", state)],
         ));
         self.version[h] = 0;
     }
@@ -400,25 +398,19 @@ impl Nemesis {
     /// A fresh version of the ledger plugin (a new hash), signed by the operator.
     fn fresh_version(&mut self) -> (PathBuf, String) {
         self.fleet_versions += 1;
-        let tag = format!("fleet-{}", self.fleet_versions);
-        let path = self.dir.join(format!("{tag}.wasm"));
-        let bytes = new_version(&self.versions[0], &tag);
-        let hash = sharehost::fleet::components::digest(&bytes);
-        std::fs::write(&path, bytes).expect("write version");
-        self.operator.sign(&path);
+        let path = self
+            .kit
+            .version(&self.versions[0], &format!("fleet-{}", self.fleet_versions));
+        let hash = hash(&path);
         (path, hash)
     }
 
     /// Runs `sharehost fleet ARGS` as the operator; `refusals` are the answers of the fleet's
     /// state this action may meet (logged, not a failure). Returns what happened.
     fn fleet(&self, args: &[&str], refusals: &[&str]) -> String {
-        let (ok, out) = fleet_command(
-            sharehost_bin!(),
-            &self.operator_manifest,
-            "ledger",
-            &self.key,
-            args,
-        );
+        let (ok, out) = self
+            .kit
+            .try_fleet(sharehost_bin!(), &self.operator_manifest, args);
         let last = out.trim().lines().last().unwrap_or_default().to_owned();
         if ok {
             return last;
@@ -651,42 +643,32 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         "one bootstrap address per node: {bootstrap}"
     );
 
-    let dir = std::env::temp_dir().join(unique("sharehost-chaos"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let operator = Signer::new();
-    let key = dir.join("operator.key");
-    operator.write_key(&key);
-    let original = guest("fixture_ledger");
-    let versions = [dir.join("ledger-v1.wasm"), dir.join("ledger-v2.wasm")];
-    for (i, v) in versions.iter().enumerate() {
-        std::fs::write(v, new_version(&original, &format!("v{}", i + 1))).expect("write version");
-        operator.sign(v);
-    }
     // One fleet of the three hosts (topics of this run's own), each host its own id and state
     // directory; the operator's manifest reaches the nodes directly, not through the proxies.
-    let prefix = format!("{}.", unique("chaos-fleet"));
+    let kit = FleetKit::new("chaos");
+    let original = guest("fixture_ledger");
+    let versions = [
+        kit.version(&original, "ledger-v1"),
+        kit.version(&original, "ledger-v2"),
+    ];
     let manifest = |id: &str, bootstrap: &str| {
-        let path = dir.join(format!("{id}.toml"));
-        let text = format!(
-            "{}{}",
-            fleet_tables(&operator.public(), "chaos", id, &prefix),
-            ledger_manifest(
+        kit.manifest(
+            id,
+            "",
+            &ledger_manifest(
                 bootstrap,
                 &topic,
                 &group,
                 &versions[0],
                 r#"reject-every = "7", pause-ms = "10""#,
                 &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
-            )
-        );
-        std::fs::write(&path, text).expect("write manifest");
-        path
+            ),
+        )
     };
     let manifests: Vec<PathBuf> = (0..HOSTS)
         .map(|h| manifest(&format!("host-{h}"), &listens.join(",")))
         .collect();
     let operator_manifest = manifest("operator", &bootstrap);
-    let states: Vec<PathBuf> = (0..HOSTS).map(|h| dir.join(format!("state-{h}"))).collect();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let producer = spawn_producer(client.clone(), topic.clone(), rate, rate * seconds, stop_rx);
@@ -695,12 +677,9 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         bootstrap: bootstrap.clone(),
         topic: topic.clone(),
         manifests,
-        states,
         versions,
-        operator,
-        key,
+        kit,
         operator_manifest,
-        dir: dir.clone(),
         fleet_versions: 0,
         proxies: proxies.clone(),
         hosts: (0..HOSTS).map(|_| None).collect(),
@@ -923,17 +902,6 @@ fn a_schedule_keeps_one_broker_and_one_host_down_at_most_and_heals_everything() 
     assert_eq!(kinds.len(), 11, "every kind of action is drawn: {kinds:?}");
 }
 
-/// Restarts a stopped node when dropped, so a failing test leaves the shared cluster whole.
-struct Restart(Option<i32>);
-
-impl Drop for Restart {
-    fn drop(&mut self) {
-        if let Some(n) = self.0.take() {
-            let _ = try_cluster_harness(&["start-broker", &n.to_string()]);
-        }
-    }
-}
-
 /// Found by `dev/chaos` (docs/reliability.md, "Randomized fault schedule"): while a broker is
 /// down, a metadata refresh for another topic replaces the client's broker list (the dead node
 /// is no longer listed) but keeps this topic's cached leader, the dead node. A produce then
@@ -965,24 +933,15 @@ async fn a_produce_finds_the_new_leader_after_a_refresh_dropped_the_old_one() {
         value: Some(Bytes::from_static(b"1")),
         ..Default::default()
     }];
-    let mut restart = Restart(Some(leader));
     // The two other nodes keep every partition in sync (min.insync.replicas 2).
-    tokio::task::spawn_blocking(move || cluster_harness(&["stop-broker", &leader.to_string()]))
-        .await
-        .expect("stop");
+    let down = NodeDown::take("stop-broker", leader).await;
     // What the share consumer does on a leadership error for its own topic.
     client
         .refresh_metadata(std::slice::from_ref(&other))
         .await
         .expect("metadata of the other topic");
     let produced = client.produce(&target, 0, &record, Compression::None).await;
-    let n = restart.0.take().expect("stopped node");
-    tokio::task::spawn_blocking(move || {
-        cluster_harness(&["start-broker", &n.to_string()]);
-        wait_fully_replicated(&bootstrap);
-    })
-    .await
-    .expect("restart");
+    down.restart(&bootstrap).await;
     if let Err(e) = produced {
         panic!("produce to {target}-0 after node {leader} (its old leader) stopped: {e}");
     }
@@ -1016,18 +975,9 @@ async fn a_produce_finds_the_new_leader_when_the_cached_one_was_killed() {
         .produce(&target, 0, &record, Compression::None)
         .await
         .expect("produce while every node is up");
-    let mut restart = Restart(Some(leader));
-    tokio::task::spawn_blocking(move || cluster_harness(&["kill-broker", &leader.to_string()]))
-        .await
-        .expect("kill");
+    let down = NodeDown::take("kill-broker", leader).await;
     let produced = client.produce(&target, 0, &record, Compression::None).await;
-    let n = restart.0.take().expect("killed node");
-    tokio::task::spawn_blocking(move || {
-        cluster_harness(&["start-broker", &n.to_string()]);
-        wait_fully_replicated(&bootstrap);
-    })
-    .await
-    .expect("restart");
+    down.restart(&bootstrap).await;
     if let Err(e) = produced {
         panic!("produce to {target}-0 after node {leader} (its leader) was killed: {e}");
     }

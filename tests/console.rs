@@ -22,10 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::fleet::{fleet_command, fleet_tables, poll_all};
+use sharehost_tests::fleet::{FleetKit, poll_all};
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::sharehost_bin;
-use sharehost_tests::signing::Signer;
 use sharehost_tests::{
     blocking, bootstrap, client, fresh_group, guest, ledger_manifest, new_version, produce_ids,
     repo_root, topic_records, topic_with_dead_letters, unique,
@@ -986,45 +985,22 @@ async fn the_console_shows_the_fleet_its_canary_and_a_stale_host() {
     let topic = unique("console-fleet");
     client.create_topic(&topic, 3, 1, &[]).await.expect("topic");
     let group = fresh_group(&client, None).await;
-    let dir = std::env::temp_dir().join(unique("sharehost-console-fleet"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let operator = Signer::new();
-    let key = dir.join("operator.key");
-    operator.write_key(&key);
-    let v1 = dir.join("v1.wasm");
-    std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
-    operator.sign(&v1);
-    let prefix = format!("{}.", unique("console-fleet"));
+    let kit = FleetKit::new("payments");
     let manifest = |id: &str| {
-        let path = dir.join(format!("{id}.toml"));
         // A host silent for 3 s is stale, so the killed one is marked soon.
-        let text = format!(
-            "{}stale_after_ms = 3000\n\n{}",
-            fleet_tables(&operator.public(), "payments", id, &prefix),
-            ledger_manifest(&bootstrap(), &topic, &group, &v1, "", "")
-        );
-        std::fs::write(&path, text).expect("write manifest");
-        path
-    };
-    let start = |id: &str| {
-        let state = dir.join(format!("state-{id}"));
-        HostProcess::start_with_env(
-            sharehost_bin!(),
-            &manifest(id),
+        kit.manifest(
             id,
-            &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
+            "stale_after_ms = 3000\n\n",
+            &ledger_manifest(&bootstrap(), &topic, &group, &kit.v1, "", ""),
         )
     };
+    let start = |id: &str| kit.start(sharehost_bin!(), &manifest(id), id);
     let (a, b) = (start("a"), start("b"));
     produce_ids(&client, &topic, 3, 0..300).await;
-    let candidate = dir.join("v2.wasm");
-    std::fs::write(&candidate, new_version(&v1, "console-v2")).expect("write v2");
-    operator.sign(&candidate);
-    let (ok, out) = fleet_command(
+    let candidate = kit.version(&kit.v1, "console-v2");
+    kit.fleet(
         sharehost_bin!(),
         &manifest("operator"),
-        "ledger",
-        &key,
         &[
             "canary",
             candidate.to_str().expect("utf-8 path"),
@@ -1034,7 +1010,6 @@ async fn the_console_shows_the_fleet_its_canary_and_a_stale_host() {
             "1000000",
         ],
     );
-    assert!(ok, "{out}");
     // Records keep arriving while the page is open (a load, paced; nothing waits on it).
     let traffic = tokio::spawn({
         let (client, topic) = (client.clone(), topic.clone());

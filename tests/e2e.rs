@@ -491,19 +491,25 @@ async fn a_pipelines_start_position_decides_where_its_new_group_starts() {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")
         .as_millis() as i64;
-    for (age_ms, tag) in [(2 * 3_600_000, "old"), (600_000, "recent")] {
-        let records: Vec<ProduceRecord> = (0..100)
+    // `n` records `TAG-i` created at `timestamp` (now when `None`).
+    let produce = |tag: &'static str, n: usize, timestamp: Option<i64>| {
+        let records: Vec<ProduceRecord> = (0..n)
             .map(|i| ProduceRecord {
                 value: Some(Bytes::from(format!("{tag}-{i}"))),
-                timestamp: Some(now - age_ms),
+                timestamp,
                 ..Default::default()
             })
             .collect();
-        client
-            .produce(&topic, 0, &records, Compression::None)
-            .await
-            .expect("produce");
-    }
+        let (client, topic) = (&client, &topic);
+        async move {
+            client
+                .produce(topic, 0, &records, Compression::None)
+                .await
+                .expect("produce");
+        }
+    };
+    produce("old", 100, Some(now - 2 * 3_600_000)).await;
+    produce("recent", 100, Some(now - 600_000)).await;
     // Four pipelines in groups nobody configured; the last leaves `start` out.
     let groups: Vec<String> = (0..4).map(|_| unique("group")).collect();
     let dir = std::env::temp_dir().join(unique("sharehost-e2e-start"));
@@ -570,16 +576,7 @@ async fn a_pipelines_start_position_decides_where_its_new_group_starts() {
             )
         })
         .collect();
-    let records: Vec<ProduceRecord> = (0..50)
-        .map(|i| ProduceRecord {
-            value: Some(Bytes::from(format!("new-{i}"))),
-            ..Default::default()
-        })
-        .collect();
-    client
-        .produce(&topic, 0, &records, Compression::None)
-        .await
-        .expect("produce");
+    produce("new", 50, None).await;
     let gs = groups.clone();
     let host = tokio::task::spawn_blocking(move || {
         for g in &gs {

@@ -21,16 +21,14 @@ use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
 use sharehost::fleet::state::Desired;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::fleet::{
-    fleet_command, fleet_tables, hash, poll_all, poll_fleet, wait_judged, wait_judged_with,
-};
+use sharehost_tests::fleet::{FleetKit, hash, poll_all, poll_fleet, wait_judged, wait_judged_with};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::signing::Signer;
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
-    topic_and_group, topic_records, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, produce_ids,
+    topic_and_group, topic_records, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -38,40 +36,32 @@ const PARTITIONS: i32 = 3;
 /// A fleet's scenario: a topic, a group, fleet topics of its own, an operator key, signed
 /// components and one manifest per host.
 struct Fleet {
-    name: &'static str,
+    /// The operator's key, the signed ledger plugin, the fleet's topics and files.
+    kit: FleetKit,
     client: Arc<KafkaClient>,
     topic: String,
     group: String,
-    prefix: String,
-    dir: PathBuf,
-    operator: Signer,
-    key: PathBuf,
-    v1: PathBuf,
     ids: Vec<String>,
+}
+
+/// The kit's fields (`f.operator`, `f.v1`, `f.dir`, ...) read as the scenario's own.
+impl std::ops::Deref for Fleet {
+    type Target = FleetKit;
+
+    fn deref(&self) -> &FleetKit {
+        &self.kit
+    }
 }
 
 impl Fleet {
     async fn new(name: &'static str) -> Fleet {
         let client = Arc::new(client().await);
         let (topic, group) = topic_and_group(&client, name, PARTITIONS).await;
-        let dir = std::env::temp_dir().join(unique("sharehost-fleet"));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let operator = Signer::new();
-        let key = dir.join("operator.key");
-        operator.write_key(&key);
-        let v1 = dir.join("v1.wasm");
-        std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
-        operator.sign(&v1);
         Fleet {
-            name,
+            kit: FleetKit::new(name),
             client,
             topic,
             group,
-            prefix: format!("{}.", unique("fleet")),
-            dir,
-            operator,
-            key,
-            v1,
             ids: Vec::new(),
         }
     }
@@ -84,21 +74,18 @@ impl Fleet {
     /// [`Fleet::manifest`] with another component and more lines at the end of the pipeline's
     /// table (its own `[pipeline.trust]`, say).
     fn manifest_with(&self, id: &str, component: &Path, extra: &str) -> PathBuf {
-        let text = format!(
-            "{}{}",
-            fleet_tables(&self.operator.public(), self.name, id, &self.prefix),
-            ledger_manifest(
+        self.kit.manifest(
+            id,
+            "",
+            &ledger_manifest(
                 &bootstrap(),
                 &self.topic,
                 &self.group,
                 component,
                 "",
-                &format!("{FAULT_SETTINGS}{extra}")
-            )
-        );
-        let path = self.dir.join(format!("{id}.toml"));
-        std::fs::write(&path, text).expect("write manifest");
-        path
+                &format!("{FAULT_SETTINGS}{extra}"),
+            ),
+        )
     }
 
     /// Starts host `id` with a state directory of its own.
@@ -109,39 +96,14 @@ impl Fleet {
     /// [`Fleet::start`] with another component and more lines in the pipeline's table.
     fn start_with(&self, id: &str, component: &Path, extra: &str) -> HostProcess {
         let manifest = self.manifest_with(id, component, extra);
-        let state = self.dir.join(format!("state-{id}"));
-        HostProcess::start_with_env(
-            sharehost_bin!(),
-            &manifest,
-            id,
-            &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
-        )
+        self.kit.start(sharehost_bin!(), &manifest, id)
     }
 
-    /// A signed copy of `component` with a new hash.
-    fn version(&self, component: &Path, tag: &str) -> PathBuf {
-        let path = self.dir.join(format!("{tag}.wasm"));
-        std::fs::write(&path, new_version(component, tag)).expect("write version");
-        self.operator.sign(&path);
-        path
-    }
-
-    /// Runs `sharehost fleet ARGS` with the first host's manifest; returns its output,
-    /// failing the test when it fails.
+    /// Runs `sharehost fleet ARGS` as the operator; returns its output, failing the test when
+    /// it fails.
     fn fleet(&self, args: &[&str]) -> String {
-        let (ok, out) = self.try_fleet(args);
-        assert!(ok, "sharehost fleet {args:?}: {out}");
-        out
-    }
-
-    fn try_fleet(&self, args: &[&str]) -> (bool, String) {
-        fleet_command(
-            sharehost_bin!(),
-            &self.manifest("operator"),
-            "ledger",
-            &self.key,
-            args,
-        )
+        self.kit
+            .fleet(sharehost_bin!(), &self.manifest("operator"), args)
     }
 
     async fn produce(&mut self, ids: std::ops::Range<u64>) {
@@ -154,7 +116,7 @@ impl Fleet {
     async fn ledger(&self, seen: &[Seen]) -> Ledger {
         let group = self.group.clone();
         blocking(move || wait_until_drained(&group)).await;
-        let mut ledger = Ledger::new(self.name, self.ids.iter().cloned());
+        let mut ledger = Ledger::new(&self.name, self.ids.iter().cloned());
         for s in seen {
             s.record(&mut ledger);
         }

@@ -137,3 +137,39 @@ pub fn wait_fully_replicated(bootstrap: &str) {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
+
+/// A node a test took down (`dev/kafka kill-broker` or `stop-broker`): started again when
+/// dropped, so a failing test leaves the shared cluster whole.
+pub struct NodeDown(Option<i32>);
+
+impl NodeDown {
+    /// Takes node `n` down with `dev/kafka COMMAND n` (`kill-broker`: SIGKILL, `stop-broker`:
+    /// SIGTERM and a wait for its exit).
+    pub async fn take(command: &'static str, n: i32) -> NodeDown {
+        let down = NodeDown(Some(n));
+        tokio::task::spawn_blocking(move || cluster_harness(&[command, &n.to_string()]))
+            .await
+            .expect("take the node down");
+        down
+    }
+
+    /// Starts the node again and waits until no partition is under-replicated.
+    pub async fn restart(mut self, bootstrap: &str) {
+        let n = self.0.take().expect("a node that is down");
+        let bootstrap = bootstrap.to_owned();
+        tokio::task::spawn_blocking(move || {
+            cluster_harness(&["start-broker", &n.to_string()]);
+            wait_fully_replicated(&bootstrap);
+        })
+        .await
+        .expect("restart the node");
+    }
+}
+
+impl Drop for NodeDown {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            let _ = try_cluster_harness(&["start-broker", &n.to_string()]);
+        }
+    }
+}

@@ -1,11 +1,104 @@
 //! Fleet mode for a test's hosts: the `[trust]` and `[fleet]` tables a fleet host's manifest
-//! starts with, `sharehost fleet` run as an operator would, and waits on what the hosts report.
+//! starts with, an operator's kit (key, signed versions, host manifests), `sharehost fleet` run
+//! as an operator would, and waits on what the hosts report.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::host::{HostProcess, PATIENCE, Seen};
+use crate::signing::Signer;
+use crate::{guest, new_version, unique};
+
+/// A test's fleet as its operator holds it: a fresh key pair (its secret key file for
+/// `sharehost fleet --key`), the ledger plugin signed with it (`v1`, every host's manifest
+/// component), fleet topics of the test's own (a unique prefix) and a scratch directory for
+/// manifests, versions and state.
+pub struct FleetKit {
+    /// The fleet's name.
+    pub name: String,
+    /// Where its files go.
+    pub dir: PathBuf,
+    /// The operator's key pair, which every host trusts.
+    pub operator: Signer,
+    /// The operator's secret key file.
+    pub key: PathBuf,
+    /// The ledger plugin, signed.
+    pub v1: PathBuf,
+    /// The prefix of the fleet's topics.
+    pub prefix: String,
+}
+
+impl FleetKit {
+    /// A fleet named `name` with everything fresh.
+    pub fn new(name: &str) -> FleetKit {
+        let dir = std::env::temp_dir().join(unique(&format!("sharehost-fleet-{name}")));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let operator = Signer::new();
+        let key = dir.join("operator.key");
+        operator.write_key(&key);
+        let v1 = dir.join("v1.wasm");
+        std::fs::copy(guest("fixture_ledger"), &v1).expect("copy v1");
+        operator.sign(&v1);
+        FleetKit {
+            name: name.to_owned(),
+            dir,
+            operator,
+            key,
+            v1,
+            prefix: format!("{}.", unique("fleet")),
+        }
+    }
+
+    /// A signed copy of `component` with a new hash (`tag` names it).
+    pub fn version(&self, component: &Path, tag: &str) -> PathBuf {
+        let path = self.dir.join(format!("{tag}.wasm"));
+        std::fs::write(&path, new_version(component, tag)).expect("write version");
+        self.operator.sign(&path);
+        path
+    }
+
+    /// Writes host `id`'s manifest: the fleet's tables, `fleet_extra` lines in `[fleet]`, then
+    /// `rest` (the cluster, admin and pipelines, e.g. a `ledger_manifest`).
+    pub fn manifest(&self, id: &str, fleet_extra: &str, rest: &str) -> PathBuf {
+        let path = self.dir.join(format!("{id}.toml"));
+        let text = format!(
+            "{}{fleet_extra}{rest}",
+            fleet_tables(&self.operator.public(), &self.name, id, &self.prefix)
+        );
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// Host `id`'s state directory (kept across its restarts).
+    pub fn state(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("state-{id}"))
+    }
+
+    /// Starts `bin run MANIFEST` as host `id`, with its own state directory.
+    pub fn start(&self, bin: &Path, manifest: &Path, id: &str) -> HostProcess {
+        let state = self.state(id);
+        HostProcess::start_with_env(
+            bin,
+            manifest,
+            id,
+            &[("SHAREHOST_STATE_DIR", state.to_str().expect("utf-8 path"))],
+        )
+    }
+
+    /// `bin fleet ARGS` on the pipeline `ledger` as this fleet's operator, with `manifest`;
+    /// whether it succeeded, and what it printed.
+    pub fn try_fleet(&self, bin: &Path, manifest: &Path, args: &[&str]) -> (bool, String) {
+        fleet_command(bin, manifest, "ledger", &self.key, args)
+    }
+
+    /// [`FleetKit::try_fleet`], failing the test when the command fails.
+    pub fn fleet(&self, bin: &Path, manifest: &Path, args: &[&str]) -> String {
+        let (ok, out) = self.try_fleet(bin, manifest, args);
+        assert!(ok, "sharehost fleet {args:?}: {out}");
+        out
+    }
+}
 
 /// The `[trust]` and `[fleet]` tables of host `host_id` in fleet `name`, whose topics are
 /// named with `prefix` (a test's own, so runs never share a fleet), trusting `key` (a public
