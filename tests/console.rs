@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::Value;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::fleet::{FleetKit, poll_all};
+use sharehost_tests::fleet::{FleetKit, poll_all, poll_fleet};
 use sharehost_tests::host::{HostProcess, PATIENCE};
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
@@ -1028,6 +1028,12 @@ async fn the_console_shows_the_fleet_its_canary_and_a_stale_host() {
     });
     poll_all(&[&a, &b], "the canary running on both hosts", |p| {
         p["canary"]["state"] == "running"
+    });
+    // Host b is heard by the fleet (its first status read by host a) before it dies.
+    poll_fleet(&a, "host a hearing from host b", |v| {
+        v["hosts"]
+            .as_array()
+            .is_some_and(|hs| hs.iter().any(|h| h["host"] == "b"))
     });
     // Host b dies: the fleet shows it stale once it is silent for stale_after_ms.
     let _ = blocking(move || b.kill()).await;

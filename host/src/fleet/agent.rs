@@ -723,8 +723,10 @@ impl Fleet {
         status
     }
 
-    /// Publishes this host's status.
-    async fn publish(&self, tenants: &Tenants) -> Result<(), String> {
+    /// Starts writing this host's status, beside the loop that calls it: that loop applies the
+    /// fleet's actions and must never wait on a status write, and a slow write (a busy cluster,
+    /// a leader being replaced) is left to finish rather than cut short.
+    fn publish(&self, tenants: &Tenants) -> tokio::task::JoinHandle<Result<(), String>> {
         let status = self.status(tenants);
         let value = serde_json::to_vec(&status).unwrap_or_default();
         let record = ProduceRecord {
@@ -733,11 +735,14 @@ impl Fleet {
             headers: Vec::new(),
             timestamp: None,
         };
-        self.client
-            .produce(&self.topics.status, 0, &[record], Compression::None)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        let (client, topic) = (self.client.clone(), self.topics.status.clone());
+        tokio::spawn(async move {
+            client
+                .produce(&topic, 0, &[record], Compression::None)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
     }
 
     /// Decides every fleet canary this host takes part in, on the sum of every host's tallies
@@ -840,9 +845,8 @@ impl Fleet {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         let mut publishing = true;
-        // A status write gets one interval (at least a second): the loop that applies actions
-        // must not wait out a client's whole retry budget on a topic it cannot write to.
-        let publish_within = Duration::from_millis(self.spec.status_interval_ms.max(1000));
+        // One status write at a time: while one is still out, an interval writes none.
+        let mut write: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -866,9 +870,15 @@ impl Fleet {
                     }
                     self.decide_canaries(&tenants).await;
                     self.reconcile_all(&tenants).await;
-                    let published = tokio::time::timeout(publish_within, self.publish(&tenants))
+                    if write.as_ref().is_some_and(|w| !w.is_finished()) {
+                        continue;
+                    }
+                    let Some(done) = write.replace(self.publish(&tenants)) else {
+                        continue;
+                    };
+                    let published = done
                         .await
-                        .unwrap_or_else(|_| Err(format!("no answer within {} ms", publish_within.as_millis())));
+                        .unwrap_or_else(|e| Err(format!("the status write ended: {e}")));
                     match published {
                         Ok(()) => {
                             failing = false;
@@ -887,6 +897,9 @@ impl Fleet {
                     }
                 }
             }
+        }
+        if let Some(w) = write {
+            w.abort();
         }
     }
 }
