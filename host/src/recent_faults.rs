@@ -57,10 +57,6 @@ pub struct RecentFault {
 impl RecentFault {
     /// A fault of `pipeline` now, its message cut to [`MAX_FAULT_MESSAGE`].
     pub fn now(pipeline: &str, role: FaultRole, kind: &str, message: &str) -> RecentFault {
-        let mut cut = message.len().min(MAX_FAULT_MESSAGE);
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
         RecentFault {
             at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -69,7 +65,7 @@ impl RecentFault {
             role,
             version: None,
             kind: kind.to_owned(),
-            message: message[..cut].to_owned(),
+            message: sharehost_text::cut(message, MAX_FAULT_MESSAGE).to_owned(),
             records: 0,
             first_offset: None,
             last_offset: None,

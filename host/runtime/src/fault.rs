@@ -130,7 +130,7 @@ pub(crate) const MAX_INIT_ERROR: usize = 1 << 10;
 
 /// The cause of a failed call without wasmtime's wasm backtrace context, bounded.
 fn cause(e: &wasmtime::Error) -> String {
-    truncate(e.root_cause().to_string(), MAX_FAULT_SOURCE)
+    sharehost_text::cut(&e.root_cause().to_string(), MAX_FAULT_SOURCE).to_owned()
 }
 
 /// Maps a failed call onto a fault kind, most specific evidence first: what the host refused of
@@ -149,7 +149,7 @@ pub(crate) fn classify(
         Some(l @ VerdictLiftError::Unreadable(_)) => {
             return (
                 FaultKind::UnreadableVerdicts,
-                truncate(l.to_string(), MAX_FAULT_SOURCE),
+                sharehost_text::cut(&l.to_string(), MAX_FAULT_SOURCE).to_owned(),
             );
         }
         None => {}
@@ -186,7 +186,7 @@ pub(crate) fn classify(
         let text = text.split("\nnote: run with").next().unwrap_or(text);
         return (
             FaultKind::Panic,
-            truncate(text.replace('\n', " "), MAX_FAULT_SOURCE),
+            sharehost_text::cut(&text.replace('\n', " "), MAX_FAULT_SOURCE).to_owned(),
         );
     }
     let root = cause(e);
@@ -245,21 +245,12 @@ pub(crate) fn classify(
 /// redacted when it reaches here.
 fn with_last_words(stderr: &str, cause: String) -> String {
     match stderr.lines().map(str::trim).rfind(|l| !l.is_empty()) {
-        Some(line) => format!("{} ({cause})", truncate(line.to_owned(), MAX_FAULT_SOURCE)),
+        Some(line) => format!(
+            "{} ({cause})",
+            sharehost_text::cut(line, MAX_FAULT_SOURCE)
+        ),
         None => cause,
     }
-}
-
-/// Cuts `s` to at most `max` bytes on a character boundary.
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
 }
 
 #[cfg(test)]

@@ -105,13 +105,7 @@ impl Secrets {
         if cut_before {
             self.drop_secret_start(&mut out);
         }
-        if out.len() > max {
-            let mut cut = max;
-            while !out.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            out.truncate(cut);
-        }
+        sharehost_text::truncate(&mut out, max);
         out
     }
 
@@ -130,7 +124,8 @@ impl Secrets {
                 }
             }
         }
-        text.truncate(keep);
+        // `keep` is the text's length or a character boundary found above.
+        sharehost_text::truncate(text, keep);
     }
 }
 

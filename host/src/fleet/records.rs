@@ -355,7 +355,7 @@ fn bounded(value: Option<&[u8]>) -> Result<&[u8], RecordError> {
 pub fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RecordError> {
     serde_json::from_slice(bytes).map_err(|e| {
         let mut m = e.to_string();
-        m.truncate(200);
+        sharehost_text::truncate_marked(&mut m, 200);
         RecordError::Malformed(m)
     })
 }

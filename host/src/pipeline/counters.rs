@@ -336,13 +336,7 @@ pub(super) struct LastFaults {
 impl LastFaults {
     pub(super) fn note(&mut self, record: RecordId, fault: &Fault) {
         let mut text = format!("{}: {}", fault.kind, fault.message);
-        if text.len() > MAX_LAST_FAULT_TEXT {
-            let mut cut = MAX_LAST_FAULT_TEXT;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            text.truncate(cut);
-        }
+        sharehost_text::truncate(&mut text, MAX_LAST_FAULT_TEXT);
         if self.by_record.insert(record.clone(), text).is_none() {
             self.order.push_back(record);
         }

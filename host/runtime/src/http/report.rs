@@ -120,11 +120,7 @@ impl Refusals {
         }
         let mut origin = self.secrets.redact_ignoring_case(origin);
         if origin.len() > MAX_LOGGED_ORIGIN {
-            let mut cut = MAX_LOGGED_ORIGIN;
-            while !origin.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            origin.truncate(cut);
+            sharehost_text::truncate(&mut origin, MAX_LOGGED_ORIGIN);
             origin.push_str("…[truncated]");
         }
         tracing::warn!(plugin = &*self.plugin, pipeline = self.pipeline.as_deref(), origin = %origin, "{what}");
