@@ -512,7 +512,7 @@ impl Nemesis {
             Action::Deploy => {
                 let (path, hash) = self.fresh_version();
                 let out = self.fleet(&["deploy", path.to_str().expect("utf-8 path")], &[]);
-                format!("{} ({out})", &hash[..12])
+                format!("{} ({out})", sharehost::pipeline::short(&hash))
             }
             Action::Canary => {
                 let (path, hash) = self.fresh_version();
@@ -527,7 +527,7 @@ impl Nemesis {
                     ],
                     &["is running: promote or abort it first"],
                 );
-                format!("{} ({out})", &hash[..12])
+                format!("{} ({out})", sharehost::pipeline::short(&hash))
             }
             Action::Rollback => self.fleet(&["rollback"], &["nothing to roll back to"]),
         }
@@ -735,7 +735,7 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         let hash = nemesis.converge();
         println!(
             "chaos: the healed fleet converged: every host judges with {}",
-            &hash[..12]
+            sharehost::pipeline::short(&hash)
         );
         let deadline = Instant::now() + PATIENCE;
         loop {

@@ -234,7 +234,9 @@ fn without_variables(query: &str) -> String {
         .replace("$__interval", "1m")
         .replace("$__range", "1h");
     while let Some(at) = q.find('$') {
-        let end = q[at + 1..]
+        let end = q
+            .split_at(at + 1) // `$` is one byte
+            .1
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .map_or(q.len(), |n| at + 1 + n);
         q.replace_range(at..end, ".*");

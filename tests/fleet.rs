@@ -730,7 +730,7 @@ async fn a_host_reading_the_compacted_deployments_topic_from_its_start_reaches_t
     report(&format!(
         "fleet: a host reading the compacted deployments topic (its first action compacted behind the others) reached the same state: action {}, active {}",
         seen_by_b["seq"],
-        &hash(&v3)[..12]
+        sharehost::pipeline::short(&hash(&v3))
     ));
     f.produce(next..next + 300).await;
     wait_judged(&[&a, &b], f.ids.len());

@@ -259,7 +259,10 @@ fn endpoint(url: &str) -> Result<Endpoint> {
         None => url,
     };
     let (authority, prefix) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+        Some(i) => {
+            let (authority, path) = rest.split_at(i); // `i` is where a '/' begins
+            (authority, path.trim_end_matches('/'))
+        }
         None => (rest, ""),
     };
     if authority.is_empty() {
@@ -717,7 +720,7 @@ fn inline(v: &Value) -> String {
             .map(|(k, v)| match v {
                 Value::Object(_) => format!("{k}={{{}}}", inline(v)),
                 Value::String(s) if s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit()) => {
-                    format!("{k}={}", &s[..12])
+                    format!("{k}={}", crate::pipeline::short(s))
                 }
                 other => format!("{k}={}", text(other)),
             })

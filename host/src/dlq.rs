@@ -769,7 +769,7 @@ fn show(
                 d.original(),
                 d.delivery_count.map_or("-".to_owned(), |c| c.to_string()),
                 preview(Some(d.reason.as_bytes()), 30),
-                &version[..version.len().min(12)],
+                crate::pipeline::short(version),
                 preview(d.key.as_deref(), 20),
                 preview(d.value.as_deref(), args.preview),
             )?;

@@ -114,7 +114,7 @@ fn ids_after<'a>(line: &'a str, marker: &str) -> impl Iterator<Item = &'a str> {
             let end = rest
                 .find(|c: char| !(c.is_ascii_digit() || c == ','))
                 .unwrap_or(rest.len());
-            &rest[..end]
+            rest.split_at(end).0 // `end` is where a character begins
         })
         .unwrap_or_default()
         .split(',')

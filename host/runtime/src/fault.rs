@@ -180,13 +180,13 @@ pub(crate) fn classify(
     if state.limiter().hit {
         return (FaultKind::OutOfMemory, cause(e));
     }
-    if let Some(at) = stderr.find("panicked at") {
+    if let Some((_, after)) = stderr.split_once("panicked at") {
         // Rust's panic hook prints "thread '…' panicked at FILE:LINE:COL:\nMESSAGE".
-        let text = stderr[at..].trim();
-        let text = text.split("\nnote: run with").next().unwrap_or(text);
+        let after = after.split("\nnote: run with").next().unwrap_or(after);
+        let text = format!("panicked at{}", after.trim_end()).replace('\n', " ");
         return (
             FaultKind::Panic,
-            sharehost_text::cut(&text.replace('\n', " "), MAX_FAULT_SOURCE).to_owned(),
+            sharehost_text::cut(&text, MAX_FAULT_SOURCE).to_owned(),
         );
     }
     let root = cause(e);
@@ -245,10 +245,7 @@ pub(crate) fn classify(
 /// redacted when it reaches here.
 fn with_last_words(stderr: &str, cause: String) -> String {
     match stderr.lines().map(str::trim).rfind(|l| !l.is_empty()) {
-        Some(line) => format!(
-            "{} ({cause})",
-            sharehost_text::cut(line, MAX_FAULT_SOURCE)
-        ),
+        Some(line) => format!("{} ({cause})", sharehost_text::cut(line, MAX_FAULT_SOURCE)),
         None => cause,
     }
 }

@@ -80,7 +80,12 @@ pub struct Membership {
 /// A new member id: share-group member ids are the client's to choose (22 random hex digits,
 /// within the broker's limit of 36 characters).
 pub fn fresh_member_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..22].to_owned()
+    uuid::Uuid::new_v4()
+        .simple()
+        .to_string()
+        .chars()
+        .take(22)
+        .collect()
 }
 
 impl Membership {

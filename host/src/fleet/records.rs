@@ -413,6 +413,24 @@ mod tests {
     }
 
     #[test]
+    fn an_error_text_cut_inside_a_character_is_cut_before_it() {
+        // serde's message quotes the unknown field: 200 bytes fall inside a euro sign.
+        let value = format!(r#"{{"{}": 1}}"#, "€".repeat(100));
+        for key in [action_key("p", 1), decision_key("p", 1, "h")] {
+            match decode_deployment(Some(key.as_bytes()), Some(value.as_bytes())) {
+                Err(RecordError::Malformed(m)) => {
+                    assert!(m.len() <= 200 && m.ends_with('…'), "{m}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(
+            decode_status(Some(value.as_bytes())),
+            Err(RecordError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn malformed_oversized_and_unknown_records_are_named() {
         assert_eq!(
             decode_deployment(Some(b"what/ever"), Some(b"{}")),

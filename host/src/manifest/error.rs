@@ -77,7 +77,7 @@ impl ManifestError {
 /// The 1-based line and column of a byte offset into `text` (an offset past the end counts as
 /// the end).
 pub(super) fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
+    let before = sharehost_text::cut(text, offset);
     let line = before.matches('\n').count() + 1;
     let column = before
         .rfind('\n')

@@ -14,7 +14,8 @@ use crate::runtime::{
 
 /// The first 12 hex digits of a content hash, for logs and metric labels.
 pub fn short(hash: &str) -> &str {
-    &hash[..hash.len().min(12)]
+    // A digest may come from a fleet record: any text, cut on a character boundary.
+    sharehost_text::cut(hash, 12)
 }
 
 /// Why a plugin version could not be made active.
