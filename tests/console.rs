@@ -623,7 +623,7 @@ fn scrape(admin: &str) -> String {
     let mut s = std::net::TcpStream::connect(admin).expect("connect to the admin listener");
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
     let mut text = String::new();

@@ -1,7 +1,7 @@
 //! `sharehost ctl` through the binary against a stub admin server: each command sends the
-//! request the admin API expects (method, path, JSON body, bearer token), renders the answer
-//! as a table or unchanged JSON, and turns an error answer (plain text or JSON `error`) into a
-//! non-zero exit that says what the host answered. No broker is needed.
+//! request the admin API expects (method, path, JSON body and content type, bearer token),
+//! renders the answer as a table or unchanged JSON, and turns an error answer (plain text or
+//! JSON `error`) into a non-zero exit that says what the host answered. No broker is needed.
 
 use std::sync::{Arc, Mutex};
 
@@ -16,6 +16,7 @@ struct Seen {
     method: String,
     path: String,
     auth: Option<String>,
+    content_type: Option<String>,
     body: Option<Value>,
 }
 
@@ -64,6 +65,10 @@ async fn answer(method: Method, uri: Uri, headers: HeaderMap, body: Bytes, log: 
         method: method.to_string(),
         path: path.clone(),
         auth: auth.clone(),
+        content_type: headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         body: serde_json::from_slice(&body).ok(),
     });
     if method != Method::GET && auth.as_deref() != Some("Bearer t0k") {
@@ -411,6 +416,12 @@ async fn every_command_sends_its_path_body_and_token() {
         assert_eq!(seen.path, path, "{args:?}");
         assert_eq!(seen.body, body, "{args:?}");
         assert_eq!(seen.auth.as_deref(), Some("Bearer t0k"), "{args:?}");
+        // The host takes nothing else on a POST or DELETE, body or not.
+        assert_eq!(
+            seen.content_type.as_deref(),
+            Some("application/json"),
+            "{args:?}"
+        );
         assert!(
             out.lines().any(|l| l == shows),
             "{args:?} shows {shows:?}: {out}"

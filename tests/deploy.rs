@@ -523,6 +523,11 @@ fn the_resources_agree_with_the_host_and_with_each_other() {
     assert!(env.contains(&"SHAREHOST_ADMIN_TOKEN") && env.contains(&"ORDERS_API_TOKEN"));
     let svc = pods::find(&mut docs, "Service", "sharehost-admin");
     assert_eq!(svc["spec"]["ports"][0]["port"], port);
+    // `sharehost ctl --admin http://sharehost-admin:9464` sends the Service's name as Host.
+    assert!(
+        manifest.contains("allowed_hosts = [\"sharehost-admin\"]"),
+        "the Service's name is one the listener answers to"
+    );
     // The autoscaling example reads a metric the host exports, of a pipeline the manifest has.
     let (metric, pipeline) = scaler_query();
     // The host's own registry, with one lag report in it (the family shows once the

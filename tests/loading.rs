@@ -510,6 +510,7 @@ fn the_swap_endpoint_refuses_a_fifo_without_blocking() {
         token: None,
         manifest: None,
         fleet: None,
+        allowed_hosts: Vec::new(),
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

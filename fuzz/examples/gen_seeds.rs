@@ -2,7 +2,8 @@
 //! ShareFetch/ShareAcknowledge responses (v1, v2) with record batches in every codec, record
 //! batches, the responses decoded with kafka-protocol (Metadata, FindCoordinator,
 //! ShareGroupHeartbeat, Produce, Fetch) at several versions plus a lying array length each, and
-//! the example manifests, each with the selector prefix its target expects.
+//! the example manifests, each with the selector prefix its target expects, and the admin API's
+//! request bodies as `sharehost ctl` writes them (plus the empty body and a form's).
 //!
 //! Run from the repository root after changing an input layout (any toolchain; the root target
 //! dir reuses the workspace's debug build, a fresh one would compile wasmtime again):
@@ -647,6 +648,67 @@ fn manifest_seeds(root: &Path) -> Result<Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
+/// The admin API's request bodies, written from its own types as `sharehost ctl` sends them,
+/// every optional field given; the empty body (read as `{}`); and what a `text/plain` form on
+/// another site would post.
+fn admin_body_seeds() -> Result<Vec<(&'static str, Vec<u8>)>> {
+    use sharehost::api::{
+        CanaryBody, PromoteAfterBody, ReplayRequest, RollbackIfBody, RollbackRequest, ShadowBody,
+        SwapRequest,
+    };
+    fn json<T: serde::Serialize>(body: &T) -> Result<Vec<u8>> {
+        serde_json::to_vec(body).map_err(|e| e.to_string())
+    }
+    Ok(vec![
+        (
+            "swap",
+            json(&SwapRequest {
+                path: "/srv/plugins/orders.wasm".into(),
+            })?,
+        ),
+        (
+            "rollback",
+            json(&RollbackRequest {
+                hash: Some("ab12".into()),
+            })?,
+        ),
+        (
+            "shadow",
+            json(&ShadowBody {
+                path: "candidate.wasm".into(),
+                sample: Some(0.5),
+            })?,
+        ),
+        (
+            "canary",
+            json(&CanaryBody {
+                path: "candidate.wasm".into(),
+                percent: 10.0,
+                promote_after: Some(PromoteAfterBody {
+                    batches: Some(100),
+                    seconds: Some(600),
+                }),
+                rollback_if: Some(RollbackIfBody {
+                    max_fault_rate: Some(0.01),
+                    max_reject_rate_increase: Some(0.05),
+                    max_release_rate_increase: Some(0.05),
+                }),
+            })?,
+        ),
+        (
+            "replay",
+            json(&ReplayRequest {
+                reason: Some("^ledger: .*$".into()),
+                offsets: Some("0..10".into()),
+                partition: Some(2),
+                dry_run: true,
+            })?,
+        ),
+        ("empty", Vec::new()),
+        ("form", b"path=%2Fsrv%2Fevil.wasm".to_vec()),
+    ])
+}
+
 fn write<N: AsRef<Path>>(dir: &Path, seeds: Vec<(N, Vec<u8>)>) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for (name, bytes) in seeds {
@@ -664,6 +726,7 @@ fn main() -> Result<()> {
     write(&seeds.join("share_fetch_response"), share_seeds()?)?;
     write(&seeds.join("record_batch"), batch_seeds()?)?;
     write(&seeds.join("manifest"), manifest_seeds(root)?)?;
+    write(&seeds.join("admin_body"), admin_body_seeds()?)?;
     for (target, list) in response_seeds()? {
         write(&seeds.join(target), list)?;
     }

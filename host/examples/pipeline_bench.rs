@@ -152,6 +152,7 @@ async fn run(path: PathBuf) -> Result<()> {
         token: None,
         manifest: None,
         fleet: None,
+        allowed_hosts: manifest.admin.allowed_hosts.clone(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

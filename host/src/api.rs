@@ -104,6 +104,30 @@ pub fn segment(name: &str) -> String {
     out
 }
 
+/// The one content type a state-changing request may carry. A page on another origin can send
+/// a form or a `no-cors` fetch only as `text/plain`, `application/x-www-form-urlencoded` or
+/// `multipart/form-data`; anything else makes the browser ask the listener first (a CORS
+/// preflight), which it never grants.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+/// Reads a request body of type `T` as the admin server does: JSON, with an empty body (or one
+/// of only whitespace) read as `{}`, since nothing and `{}` mean the same for optional fields.
+/// Arbitrary bytes give an error, never a panic (fuzzed: fuzz/fuzz_targets/admin_body.rs).
+pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return serde_json::from_slice(b"{}");
+    }
+    serde_json::from_slice(bytes)
+}
+
+/// A request refused before it reached a pipeline (403 for a foreign `Host` or `Origin`, 415
+/// for a body that is not JSON): why, and what the listener expects instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Denied {
+    /// What was wrong and what is expected.
+    pub error: String,
+}
+
 /// The body of a swap.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SwapRequest {

@@ -346,8 +346,10 @@ pub async fn send(
                 http::header::USER_AGENT,
                 concat!("sharehost-ctl/", env!("CARGO_PKG_VERSION")),
             );
-        if call.body.is_some() {
-            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        // Every call that changes something says JSON, body or not: the host takes no other
+        // content type there (a form on another site could send any other).
+        if call.body.is_some() || !matches!(call.method, "GET" | "HEAD") {
+            req = req.header(http::header::CONTENT_TYPE, api::JSON_CONTENT_TYPE);
         }
         if let Some(t) = token {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));

@@ -521,6 +521,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         token,
         manifest: Some(path.to_owned()),
         fleet: fleet.clone(),
+        allowed_hosts: manifest.admin.allowed_hosts.clone(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(

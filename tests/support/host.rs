@@ -280,7 +280,7 @@ impl HostProcess {
     }
 
     /// [`HostProcess::http`] with the request's headers chosen (a bearer token, another
-    /// content type).
+    /// content type, another `Host` than the listener's address).
     pub fn request(
         &self,
         method: &str,
@@ -290,13 +290,20 @@ impl HostProcess {
     ) -> (u16, String) {
         let mut s = TcpStream::connect(&self.admin)
             .unwrap_or_else(|e| panic!("{}: admin connect {}: {e}", self.name, self.admin));
+        // The listener's own address as the Host, as a client that dials it sends, unless the
+        // test chose another.
+        let own_host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            String::new()
+        } else {
+            format!("Host: {}\r\n", self.admin)
+        };
         let headers: String = headers
             .iter()
             .map(|(k, v)| format!("{k}: {v}\r\n"))
             .collect();
         write!(
             s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\n{own_host}Connection: close\r\n{headers}Content-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .expect("write admin request");

@@ -5,8 +5,10 @@
 //! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default. The console in the browser and
 //! its read endpoints (`/console`, `GET /host`, `GET /faults`, a pipeline's dead letters) are
 //! in [`crate::console`]; what both share (the state and the token check) in [`state`], so the
-//! console depends on that alone.
+//! console depends on that alone. Every request of both passes [`guard`] first: its `Host`
+//! must name the listener, and one that changes something must be JSON from no other origin.
 
+pub(crate) mod guard;
 pub(crate) mod state;
 
 pub use state::AdminState;
@@ -15,6 +17,7 @@ pub(crate) use state::authorized;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -80,7 +83,7 @@ async fn swap(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    text: String,
+    text: Bytes,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     let b: SwapRequest = body(&text, r#"{"path": "..."}"#)?;
@@ -120,11 +123,9 @@ fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipelin
     })
 }
 
-/// A JSON body, or the 400 answer naming what was expected.
-fn body<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, Refusal> {
-    // An empty body is an empty object: `{}` and nothing mean the same for optional fields.
-    let text = if text.trim().is_empty() { "{}" } else { text };
-    serde_json::from_str(text).map_err(|e| {
+/// A JSON body ([`api::parse_body`]), or the 400 answer naming what was expected.
+fn body<T: serde::de::DeserializeOwned>(bytes: &[u8], expected: &str) -> Result<T, Refusal> {
+    api::parse_body(bytes).map_err(|e| {
         refusal(
             StatusCode::BAD_REQUEST,
             format!("expected {expected}: {e}\n"),
@@ -193,7 +194,7 @@ async fn rollback(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    text: String,
+    text: Bytes,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     let b: RollbackRequest = body(&text, r#"{"hash": "..."} or nothing"#)?;
@@ -204,7 +205,7 @@ async fn shadow(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    text: String,
+    text: Bytes,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     let req: ShadowBody = body(&text, r#"{"path": "...", "sample": 0.5}"#)?;
@@ -231,7 +232,7 @@ async fn canary(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    text: String,
+    text: Bytes,
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     let req: CanaryBody = body(
@@ -285,6 +286,10 @@ pub async fn serve(
         )
         .route(PipelineRoute::Promote.pattern(), post(promote))
         .merge(crate::console::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
         .with_state(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -304,6 +309,7 @@ mod tests {
             token: token.map(str::to_owned),
             manifest: None,
             fleet: None,
+            allowed_hosts: Vec::new(),
         }
     }
 
@@ -329,5 +335,14 @@ mod tests {
             "the Bearer scheme is required"
         );
         assert!(authorized(&s, &headers(Some("Bearer s3cret"))));
+        for scheme in ["bearer", "BEARER", "bEaReR"] {
+            assert!(
+                authorized(&s, &headers(Some(&format!("{scheme} s3cret")))),
+                "the scheme is case-insensitive: {scheme}"
+            );
+        }
+        assert!(authorized(&s, &headers(Some("Bearer  s3cret"))));
+        assert!(!authorized(&s, &headers(Some("Bearers3cret"))));
+        assert!(!authorized(&s, &headers(Some("Basic s3cret"))));
     }
 }

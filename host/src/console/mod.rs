@@ -257,14 +257,13 @@ async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>
 }
 
 /// Replays the chosen dead letters once (the replay state is the one `sharehost dlq` keeps,
-/// so neither replays what the other did). Needs the token; only a JSON body is taken, so a
-/// form on another site cannot post here without the browser asking first (and this listener
-/// allows no other origin).
+/// so neither replays what the other did). Needs the token; like every action, it is only
+/// reached with a JSON content type and no foreign origin ([`crate::admin::guard`]).
 async fn replay(
     State(s): State<Arc<AdminState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    text: String,
+    text: axum::body::Bytes,
 ) -> Response {
     if !authorized(&s, &headers) {
         return (
@@ -273,19 +272,7 @@ async fn replay(
         )
             .into_response();
     }
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    if !json {
-        return (
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "expected Content-Type: application/json\n",
-        )
-            .into_response();
-    }
-    let text = if text.trim().is_empty() { "{}" } else { &text };
-    let body: ReplayRequest = match serde_json::from_str(text) {
+    let body: ReplayRequest = match api::parse_body(&text) {
         Ok(b) => b,
         Err(e) => {
             return (

@@ -93,6 +93,8 @@ pub(super) struct RawAdmin {
     pub(super) listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) token_env: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) allowed_hosts: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[runtime]`.
