@@ -133,7 +133,8 @@ fn split_authority(authority: &str) -> Option<(&str, Option<&str>)> {
             "" => None,
             p => Some(p.strip_prefix(':')?),
         };
-        (&authority[..inside.len() + 2], port)
+        // `[`, the address, `]`: ASCII brackets around it, so this is a character boundary.
+        (authority.split_at(inside.len() + 2).0, port)
     } else {
         match authority.rsplit_once(':') {
             Some((h, p)) => (h, Some(p)),
