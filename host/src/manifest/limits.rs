@@ -94,6 +94,15 @@ pub(super) fn check(cx: &Ctx<'_>, raw: &RawManifest) -> Result<(), ManifestError
                 "a fixed bound per pipeline",
             ));
         }
+        // An empty key is no entry a plugin can ask for by name (and `--config =x` is
+        // refused the same way).
+        if p.config.contains_key("") {
+            return Err(cx.err(
+                None,
+                field("config"),
+                "a key is empty (\"\" = ...): every entry needs a name",
+            ));
+        }
         if p.outputs.len() > MAX_GRANTS {
             return Err(over(
                 p.outputs.values().nth(MAX_GRANTS).map(|v| v.span()),
@@ -230,6 +239,13 @@ mod tests {
                 .contains(&format!("more than the {MAX_CONFIG_ENTRIES} allowed")),
             "{e}"
         );
+        let text = MINIMAL.replace(
+            "group = \"orders-g\"",
+            "group = \"orders-g\"\nconfig = { \"\" = \"x\" }",
+        );
+        let e = parse(&text).expect_err("empty key");
+        assert_eq!(e.field.as_deref(), Some("pipeline[0].config"), "{e}");
+        assert!(e.message.contains("a key is empty"), "{e}");
         // At the bound: accepted.
         let at = format!(
             "{MINIMAL}[pipeline.outputs]\n{}",
