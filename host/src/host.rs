@@ -359,6 +359,7 @@ impl ManifestWrites {
                 // Events were lost: what is open is unknown; the stamp decides.
                 self.open_since = None;
             } else if Some(event.wd()) != wd {
+                // The file this path named before it was replaced: not the manifest any more.
             } else if flags.contains(ReadFlags::CLOSE_WRITE) {
                 self.open_since = None;
             } else if flags.contains(ReadFlags::MODIFY) && self.open_since.is_none() {
