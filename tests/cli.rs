@@ -131,3 +131,155 @@ fn an_empty_admin_token_is_refused_before_anything_starts() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `sharehost ARGS` under a data-segment limit (`prlimit --data`, which counts the heap
+/// and every private writable mapping but not the address space wasmtime only reserves), so a
+/// bound that regresses makes the child fail at 1 GiB instead of eating the machine, and
+/// under PATIENCE as a hang guard (a FIFO opened for reading blocks without a writer).
+/// Returns (success, stderr).
+fn bounded(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> (bool, String) {
+    use std::time::Instant;
+    let mut child = Command::new("prlimit")
+        .arg("--data=1073741824")
+        .arg("--")
+        .arg(sharehost_tests::sharehost_bin!())
+        .args(args)
+        .env("SHAREHOST_LOG", "off")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run prlimit sharehost");
+    let until = Instant::now() + sharehost_tests::host::PATIENCE;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("sharehost {args:?} did not end (a blocking open or an unbounded read)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    (status.success(), stderr)
+}
+
+/// A pipeline table for `check` (a real component, so everything up to the secrets loads).
+fn pipeline_table(i: usize) -> String {
+    format!(
+        "[[pipeline]]\nname = \"p{i}\"\ntopics = [\"t{i}\"]\ngroup = \"g{i}\"\ncomponent = {:?}\n",
+        sharehost_tests::guest("accept_all")
+    )
+}
+
+#[test]
+fn check_refuses_a_manifest_or_secret_that_is_a_device_a_fifo_or_too_large_naming_file_and_bound() {
+    let dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-cli-files"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let check =
+        |manifest: &std::path::Path| bounded(&["check".as_ref(), manifest.as_os_str()], &[]);
+
+    // The manifest replaced by a symlink to /dev/zero: refused by type, not read.
+    let zero = dir.join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+    let (ok, err) = check(&zero);
+    assert!(!ok);
+    assert_one_error_line(
+        &err,
+        &[
+            &zero.display().to_string(),
+            "cannot read the manifest: it is a character device, not a regular file",
+        ],
+    );
+
+    // A FIFO with no writer: refused by type at once (it used to block the open).
+    let fifo = dir.join("fifo.toml");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let (ok, err) = check(&fifo);
+    assert!(!ok);
+    assert_one_error_line(
+        &err,
+        &[&fifo.display().to_string(), "it is a FIFO (named pipe)"],
+    );
+
+    // A file over the manifest's bound (sparse: no disk spent).
+    let big = dir.join("big.toml");
+    std::fs::File::create(&big)
+        .and_then(|f| f.set_len(5 << 20))
+        .expect("sparse file");
+    let (ok, err) = check(&big);
+    assert!(!ok);
+    assert_one_error_line(
+        &err,
+        &[
+            &big.display().to_string(),
+            "more than a manifest's 4194304-byte (4 MiB) maximum",
+        ],
+    );
+
+    // A secret file that is /dev/zero: refused by type, naming the secret and the file.
+    let secret = dir.join("secret.toml");
+    std::fs::write(
+        &secret,
+        format!(
+            "[cluster]\nbootstrap = \"127.0.0.1:1\"\n\n{}[pipeline.secrets]\nt = {{ file = \"/dev/zero\" }}\n",
+            pipeline_table(0)
+        ),
+    )
+    .expect("manifest");
+    let (ok, err) = check(&secret);
+    assert!(!ok);
+    assert!(
+        err.contains("secrets.t: cannot read /dev/zero: is a character device, not a regular file"),
+        "{err}"
+    );
+
+    // 10,002 pipelines: refused on the count, before any component is loaded.
+    let many = dir.join("many.toml");
+    let mut text = String::from("[cluster]\nbootstrap = \"127.0.0.1:1\"\n\n");
+    for i in 0..10_002 {
+        text.push_str(&pipeline_table(i));
+    }
+    std::fs::write(&many, text).expect("manifest");
+    let (ok, err) = check(&many);
+    assert!(!ok);
+    assert_one_error_line(
+        &err,
+        &[
+            &many.display().to_string(),
+            "pipeline: 10002 pipelines, more than the 256 allowed",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn new_refuses_an_sdk_path_that_would_break_cargo_toml() {
+    let dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-cli-new"));
+    // A checkout whose path holds a quote and a newline.
+    let sdk = dir.join("sdk\"\nx");
+    std::fs::create_dir_all(sdk.join("guest-sdk")).expect("sdk dir");
+    let out = Command::new(sharehost_tests::sharehost_bin!())
+        .args(["new", "rust", "quoted", "--dir"])
+        .arg(&dir)
+        .arg("--sdk")
+        .arg(&sdk)
+        .output()
+        .expect("run sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot hold as written"), "{stderr}");
+    assert!(!dir.join("quoted").exists(), "nothing written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

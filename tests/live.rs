@@ -211,3 +211,194 @@ async fn pipelines_are_added_changed_and_removed_live_while_the_untouched_one_ke
         "live manifest: b added, changed and removed, two manifests refused; a joined once, judged 8000 ids once each; {ledger}"
     ));
 }
+
+/// Waits for `GET /manifest` to satisfy `done`; fails at once, with the body, when it
+/// satisfies `wrong` instead (a regression fails fast, not after PATIENCE).
+fn manifest_until(
+    host: &HostProcess,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+    wrong: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = host.http("GET", "/manifest", "");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        assert!(code != 200 || !wrong(&v), "{what}: {body}");
+        if code == 200 && done(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out waiting for {what}: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The host's data segment (heap and private writable mappings) now, in bytes.
+fn data_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmData:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb << 10)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_that_is_a_device_or_too_large_is_refused_and_one_written_in_place_is_read_whole()
+ {
+    let client = client().await;
+    let (ta, tb) = (unique("bounds-a"), unique("bounds-b"));
+    for t in [&ta, &tb] {
+        client
+            .create_topic(t, PARTITIONS, 1, &[])
+            .await
+            .expect("create topic");
+    }
+    let ga = fresh_group_with(&client, Some(30_000), &[]).await;
+    let gb = fresh_group_with(&client, Some(30_000), &[]).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-live-bounds"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path: PathBuf = dir.join("host.toml");
+    let admin = "127.0.0.1:0";
+    replace(&path, &manifest((&ta, &ga), Some((&tb, &gb, 50)), admin));
+    let p = path.clone();
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &p, "host")).await;
+    // At most 1 GiB more heap from here: a manifest read without its bound makes the host
+    // fail fast (and the test with it) instead of taking the machine.
+    let limit = data_bytes(host.pid()) + (1 << 30);
+    let limited = std::process::Command::new("prlimit")
+        .arg(format!("--pid={}", host.pid()))
+        .arg(format!("--data={limit}"))
+        .status()
+        .expect("prlimit");
+    assert!(limited.success());
+    let both_running = |s: &serde_json::Value| {
+        s.as_array().is_some_and(|a| a.len() == 2)
+            && ["a", "b"]
+                .iter()
+                .all(|n| pipeline(s, n).is_some_and(|p| p["state"] == "running"))
+    };
+    poll(&host, "/pipelines", "a and b running", both_running);
+
+    // The manifest replaced by a symlink to /dev/zero: refused naming the file, the host runs on.
+    let link = dir.join("zero.link");
+    std::os::unix::fs::symlink("/dev/zero", &link).expect("symlink");
+    std::fs::rename(&link, &path).expect("rename");
+    manifest_until(
+        &host,
+        "the /dev/zero manifest refused",
+        |m| {
+            m["refused"] == 1
+                && m["last_refused"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("host.toml") && e.contains("is a character device"))
+        },
+        |m| m["applied"] != 0,
+    );
+    poll(&host, "/pipelines", "a and b running on", both_running);
+
+    // 10,002 pipelines: refused whole, naming the bound; a and b untouched.
+    let mut many = manifest((&ta, &ga), Some((&tb, &gb, 50)), admin);
+    for i in 0..10_000 {
+        many.push_str(&format!(
+            "[[pipeline]]\nname = \"p{i}\"\ntopics = [\"{ta}\"]\ngroup = \"g{i}\"\ncomponent = {:?}\n\n",
+            guest("fixture_ledger")
+        ));
+    }
+    replace(&path, &many);
+    manifest_until(
+        &host,
+        "the 10,002-pipeline manifest refused",
+        |m| {
+            m["last_refused"]
+                .as_str()
+                .is_some_and(|e| e.contains("10002 pipelines, more than the 256 allowed"))
+        },
+        |m| m["applied"] != 0,
+    );
+    poll(&host, "/pipelines", "a and b, and only them", both_running);
+
+    // A good manifest (b's batch changed): applied, and the last refusal is still shown.
+    replace(&path, &manifest((&ta, &ga), Some((&tb, &gb, 20)), admin));
+    let m = manifest_until(
+        &host,
+        "the good manifest applied",
+        |m| m["applied"] == 1,
+        |_| false,
+    );
+    assert!(
+        m["last_refused"]
+            .as_str()
+            .is_some_and(|e| e.contains("10002 pipelines")),
+        "the refusal is kept after a good read: {m}"
+    );
+    assert!(
+        m["last_refused_at_ms"].as_u64().is_some_and(|t| t > 0),
+        "{m}"
+    );
+
+    // Written in place, in two writes split at b's table: the first half alone is a valid
+    // manifest without b. The host must wait for the writer to close the file.
+    let text = manifest((&ta, &ga), Some((&tb, &gb, 30)), admin);
+    let cut = text.find("[[pipeline]]\nname = \"b\"").expect("b's table");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .expect("open in place");
+    use std::io::Write;
+    file.write_all(&text.as_bytes()[..cut]).expect("first half");
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let log = host.log_lines();
+        assert!(
+            !log.iter().any(|l| l.contains("pipeline removed")),
+            "a half-written manifest was read: {log:#?}"
+        );
+        if log.iter().any(|l| l.contains("is being written")) {
+            break;
+        }
+        assert!(Instant::now() < until, "the host never saw the write");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    file.write_all(&text.as_bytes()[cut..])
+        .expect("second half");
+    drop(file);
+    manifest_until(
+        &host,
+        "the whole manifest applied",
+        |m| m["applied"] == 2,
+        |_| false,
+    );
+    poll(&host, "/pipelines", "a and b running", both_running);
+    assert!(
+        !host
+            .log_lines()
+            .iter()
+            .any(|l| l.contains("pipeline removed")),
+        "no pipeline was removed"
+    );
+
+    // Widening b's grants (an outbound host) is logged at WARN, naming it.
+    let widened = manifest((&ta, &ga), Some((&tb, &gb, 30)), admin).replace(
+        "concurrency = 2\n\n[[pipeline]]\nname = \"b\"",
+        "concurrency = 2\n\n[[pipeline]]\nallowed_outbound_hosts = [\"http://127.0.0.1:9\"]\nname = \"b\"",
+    );
+    assert_ne!(widened, text);
+    replace(&path, &widened);
+    let until = Instant::now() + PATIENCE;
+    while !host.log_lines().iter().any(|l| {
+        l.contains("WARN") && l.contains("grants widen") && l.contains("http://127.0.0.1:9")
+    }) {
+        assert!(Instant::now() < until, "no WARN for the widened grant");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = blocking(move || host.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

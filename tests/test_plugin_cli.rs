@@ -456,3 +456,91 @@ fn a_manifests_pipeline_gives_its_config_and_limits_and_names_the_pipelines_it_h
     assert!(!ok);
     assert!(stderr.contains("--pipeline nope"), "{stderr}");
 }
+
+#[test]
+fn an_endless_input_line_an_empty_config_key_and_a_cache_path_that_is_a_file_are_refused_clearly() {
+    let component = guest("fixture_actor");
+    // /dev/zero as input: one endless line. Under a 1 GiB data limit, so a read of the whole
+    // line fails fast instead of taking the machine.
+    let out = Command::new("prlimit")
+        .arg("--data=1073741824")
+        .arg("--")
+        .arg(sharehost_tests::sharehost_bin!())
+        .arg("test-plugin")
+        .arg(&component)
+        .args(["--input", "/dev/zero"])
+        .env("SHAREHOST_LOG", "off")
+        .output()
+        .expect("run prlimit sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("input /dev/zero: line 1: a line is longer than the 16777216-byte maximum"),
+        "{stderr}"
+    );
+
+    let file = input("empty-key", "{\"value\":\"a\"}\n");
+    let (ok, _, stderr) = run(&[
+        component.as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--config".as_ref(),
+        "=x".as_ref(),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--config `=x`: the key is empty (expected KEY=VALUE)"),
+        "{stderr}"
+    );
+
+    // The cache directory's path names a regular file: the error says so once.
+    let cache = input("cache-is-a-file", "");
+    let out = Command::new(sharehost_tests::sharehost_bin!())
+        .arg("test-plugin")
+        .arg(&component)
+        .arg("--input")
+        .arg(&file)
+        .env("SHAREHOST_CACHE_DIR", &cache)
+        .env("SHAREHOST_LOG", "off")
+        .output()
+        .expect("run sharehost");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cache directory {}", cache.display())),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("os error 17").count(), 1, "{stderr}");
+}
+
+#[test]
+fn emits_are_listed_with_secret_values_redacted_and_marked() {
+    let file = input(
+        "secret-emit",
+        "{\"value\":\"emit:valid:tok-4f2a9c-value:1\"}\n",
+    );
+    let out = Command::new(sharehost_tests::sharehost_bin!())
+        .arg("test-plugin")
+        .arg(guest("fixture_actor"))
+        .arg("--input")
+        .arg(&file)
+        .args(["--output", "valid"])
+        .args(["--secret-env", "api-token=SHAREHOST_TEST_EMIT_TOKEN"])
+        .env("SHAREHOST_TEST_EMIT_TOKEN", "tok-4f2a9c-value")
+        .env("SHAREHOST_LOG", "off")
+        .output()
+        .expect("run sharehost");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&stdout);
+    assert_eq!(lines[0]["verdict"], "accept", "{stdout}");
+    assert_eq!(
+        lines[0]["emits"][0]["value"], "[secret api-token]",
+        "{stdout}"
+    );
+    assert!(!stdout.contains("tok-4f2a9c-value"), "{stdout}");
+}

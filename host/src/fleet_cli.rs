@@ -328,7 +328,12 @@ fn keygen(dir: &Path) -> Result<()> {
 /// `sharehost fleet sign COMPONENT --key KEY`.
 fn sign_component(component: &Path, key: &Path) -> Result<()> {
     let sk = load_key(key)?;
-    let bytes = std::fs::read(component).with_context(|| format!("{}", component.display()))?;
+    // The component reader every load goes through: a regular file of at most the default
+    // component bound, a component by its header (signing /dev/zero would never end).
+    let bytes = sharehost::runtime::read_component(
+        component,
+        sharehost::runtime::DEFAULT_MAX_COMPONENT_BYTES,
+    )?;
     let signature = minisign::sign(None, &sk, &bytes[..], None, None)
         .with_context(|| format!("cannot sign {}", component.display()))?;
     let path = sharehost::runtime::signature_path(component);

@@ -291,6 +291,95 @@ fn manifest_stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
     Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
+/// Whether the manifest is being written in place, from the kernel's file events (inotify on
+/// the file itself, symlinks followed): a write (`IN_MODIFY`, truncation included) not yet
+/// followed by its writer closing the file (`IN_CLOSE_WRITE`) means a reader would see part of
+/// the new text, which may well be a valid manifest with pipelines missing. The watch reads
+/// the manifest only when no write is open. A file replaced by rename is complete when it
+/// appears and is watched anew (its inode changes). Without inotify (an error at start) the
+/// watch falls back to the file's stamp alone.
+struct ManifestWrites {
+    inotify: Option<rustix::fd::OwnedFd>,
+    /// The watch descriptor and the inode it watches.
+    watched: Option<(i32, u64)>,
+    /// A write seen and its close not yet, and since which look (for the patience below).
+    open_since: Option<u32>,
+    looks: u32,
+}
+
+/// Looks (one per [`WATCH_INTERVAL`]) a write may stay open before the manifest is read
+/// anyway: a writer that keeps the file open for good (a process appending to it) must not
+/// stop every re-read.
+const WRITE_PATIENCE_LOOKS: u32 = 30;
+
+impl ManifestWrites {
+    fn new() -> ManifestWrites {
+        use rustix::fs::inotify::{CreateFlags, init};
+        let inotify = init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)
+            .map_err(|e| {
+                tracing::warn!(
+                    "no inotify ({e}): a manifest written in place may be read while it is written"
+                );
+            })
+            .ok();
+        ManifestWrites {
+            inotify,
+            watched: None,
+            open_since: None,
+            looks: 0,
+        }
+    }
+
+    /// Whether a write of `path` (inode `ino`) is open now: watches the file's current inode
+    /// (again, when it was replaced), then reads the events since the last look.
+    fn writing(&mut self, path: &Path, ino: Option<u64>) -> bool {
+        use rustix::fs::inotify::{ReadFlags, Reader, WatchFlags, add_watch, remove_watch};
+        self.looks = self.looks.wrapping_add(1);
+        let Some(fd) = &self.inotify else {
+            return false;
+        };
+        if let Some(ino) = ino
+            && self.watched.map(|(_, i)| i) != Some(ino)
+        {
+            if let Some((wd, _)) = self.watched.take() {
+                let _ = remove_watch(fd, wd);
+            }
+            self.open_since = None;
+            if let Ok(wd) = add_watch(fd, path, WatchFlags::MODIFY | WatchFlags::CLOSE_WRITE) {
+                self.watched = Some((wd, ino));
+            }
+        }
+        let wd = self.watched.map(|(wd, _)| wd);
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut events = Reader::new(fd, &mut buf);
+        // Until the queue is empty (EAGAIN) or unreadable.
+        while let Ok(event) = events.next() {
+            let flags = event.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                // Events were lost: what is open is unknown; the stamp decides.
+                self.open_since = None;
+            } else if Some(event.wd()) != wd {
+                // The file this path named before it was replaced: not the manifest any more.
+            } else if flags.contains(ReadFlags::CLOSE_WRITE) {
+                self.open_since = None;
+            } else if flags.contains(ReadFlags::MODIFY) && self.open_since.is_none() {
+                self.open_since = Some(self.looks);
+            }
+        }
+        match self.open_since {
+            Some(since) if self.looks.wrapping_sub(since) >= WRITE_PATIENCE_LOOKS => {
+                tracing::warn!(
+                    "manifest {}: written and still open after {WRITE_PATIENCE_LOOKS} looks; reading it anyway",
+                    path.display()
+                );
+                self.open_since = None;
+                false
+            }
+            open => open.is_some(),
+        }
+    }
+}
+
 /// The pipelines a host runs now, each a tenant task with a cancellation token of its own, so
 /// one is drained and stopped (removed from the manifest, or restarted with a changed table)
 /// while the others keep their members, sessions and in-flight records.
@@ -377,6 +466,7 @@ impl Live {
             tenants.update_manifest_status(|m| {
                 m.refused += 1;
                 m.last_refused = Some(why);
+                m.last_refused_at_ms = Some(sharehost::fleet::agent::now_ms());
             });
         };
         let next = match Manifest::load(path) {
@@ -418,23 +508,32 @@ impl Live {
         for spec in &next.pipelines {
             match self.running.get(&spec.name) {
                 Some((old, ..)) if old == spec => {}
-                Some(_) => {
+                Some((old, ..)) => {
+                    let widened = spec.grants_widened_from(Some(old));
+                    if !widened.is_empty() {
+                        tracing::warn!(pipeline = %spec.name, "manifest re-read: the pipeline's grants widen: {}", widened.join("; "));
+                    }
                     tracing::info!(pipeline = %spec.name, "manifest re-read: pipeline changed; draining it and starting it again");
                     self.stop(&spec.name).await;
                     tenants.reset(&spec.name);
                     self.start(spec.clone());
                 }
                 None => {
+                    let granted = spec.grants_widened_from(None);
+                    if !granted.is_empty() {
+                        tracing::warn!(pipeline = %spec.name, "manifest re-read: an added pipeline is granted: {}", granted.join("; "));
+                    }
                     tracing::info!(pipeline = %spec.name, "manifest re-read: pipeline added; starting it");
                     self.start(spec.clone());
                 }
             }
         }
         count("applied");
+        // The last refusal stays (with its time) beside the newer applied time: an operator
+        // sees both that a bad manifest was written and that a good one followed.
         tenants.update_manifest_status(|m| {
             m.applied += 1;
             m.applied_at_ms = sharehost::fleet::agent::now_ms();
-            m.last_refused = None;
         });
         *current = next;
     }
@@ -565,6 +664,8 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         tokio::spawn(async move {
             let mut stamps: HashMap<String, Seen> = HashMap::new();
             let mut manifest_seen = manifest_stamp(&path);
+            let mut writes = ManifestWrites::new();
+            let mut waiting = false;
             let mut tick = tokio::time::interval(WATCH_INTERVAL);
             loop {
                 tokio::select! {
@@ -572,6 +673,15 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
                     _ = tick.tick() => {
                         reload_changed(&tenants, &mut stamps, false).await;
                         let now = manifest_stamp(&path);
+                        // A manifest being written is read once its writer closes it.
+                        if writes.writing(&path, now.map(|(_, _, ino)| ino)) {
+                            if !waiting {
+                                tracing::info!("manifest {} is being written; it is re-read when its writer closes it", path.display());
+                                waiting = true;
+                            }
+                            continue;
+                        }
+                        waiting = false;
                         if now != manifest_seen {
                             manifest_seen = now;
                             let _ = reread_tx.send(());

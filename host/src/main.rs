@@ -360,7 +360,7 @@ fn pipeline_settings(
 }
 
 async fn test_plugin(args: TestPluginArgs) -> Result<()> {
-    use sharehost::runtime::offline::{parse_jsonl, verdict_line};
+    use sharehost::runtime::offline::{MAX_INPUT_LINE_BYTES, read_jsonl, verdict_line};
     use sharehost::runtime::{Origin, Verdict};
     use std::collections::BTreeMap;
     use std::io::Write;
@@ -368,20 +368,20 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     let config = args
         .config
         .iter()
-        .map(|item| {
-            item.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("--config `{item}`: expected KEY=VALUE"))
-        })
+        .map(|item| config_entry(item))
         .collect::<Result<Vec<_>>>()?;
     anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
-    let text = std::fs::read_to_string(&args.input)
+    // A line at a time, each line bounded (a FIFO such as /dev/stdin is a fine input: it is
+    // read as the stream it is, and /dev/zero is refused at its first 16 MiB).
+    let input = std::fs::File::open(&args.input)
         .with_context(|| format!("input {}", args.input.display()))?;
-    let records = parse_jsonl(&text).with_context(|| format!("input {}", args.input.display()))?;
+    let records = read_jsonl(&mut std::io::BufReader::new(input), MAX_INPUT_LINE_BYTES)
+        .with_context(|| format!("input {}", args.input.display()))?;
     let (runtime, limits, init, max_retry, batch_size) = match &args.manifest {
         Some(path) => pipeline_settings(path, args.pipeline.as_deref(), config)?,
         None => flag_settings(&args, config)?,
     };
+    let secrets = init.secrets.clone();
     let loading = std::time::Instant::now();
     let mut plugin = runtime
         .load_with(&args.component, limits, init)
@@ -422,7 +422,7 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
             writeln!(
                 out,
                 "{}",
-                verdict_line(record, &verdict, fault.as_ref(), &mine, max_retry)
+                verdict_line(record, &verdict, fault.as_ref(), &mine, max_retry, &secrets)
             )?;
         }
     }
@@ -456,6 +456,16 @@ async fn test_plugin(args: TestPluginArgs) -> Result<()> {
     });
     writeln!(out, "{summary}")?;
     Ok(())
+}
+
+/// A `--config KEY=VALUE` entry; a key is needed (`=x` would hand the plugin an entry no
+/// manifest can write).
+fn config_entry(item: &str) -> Result<(String, String)> {
+    match item.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.to_owned(), v.to_owned())),
+        Some(_) => anyhow::bail!("--config `{item}`: the key is empty (expected KEY=VALUE)"),
+        None => anyhow::bail!("--config `{item}`: expected KEY=VALUE"),
+    }
 }
 
 /// A refused `test-plugin` HTTP grant, in the words of its flags (the grant's own error

@@ -166,6 +166,30 @@ fn valid_name(name: &str) -> bool {
         && name.len() <= 64
 }
 
+/// Refuses an SDK path that the generated files could not hold as written: the path goes
+/// into a TOML string (Cargo.toml), a JSON string (package.json) and double-quoted shell
+/// (README.md), so a quote, a backslash, a `$`, a backquote or a control character (a
+/// newline) would end the string or run as code there. Such paths are refused clearly rather
+/// than escaped three ways; a path that is not UTF-8 cannot be written as it is at all.
+fn writable_path(sdk: &Path) -> Result<()> {
+    let Some(text) = sdk.to_str() else {
+        bail!(
+            "--sdk {}: the path is not UTF-8, which Cargo.toml and package.json cannot hold",
+            sdk.display()
+        );
+    };
+    if let Some(c) = text
+        .chars()
+        .find(|c| c.is_control() || matches!(*c, '"' | '\\' | '$' | '`'))
+    {
+        bail!(
+            "--sdk {:?}: the path holds {c:?}, which the generated Cargo.toml, package.json and README cannot hold as written; use a path without quotes, backslashes, `$`, backquotes or control characters (a symlink to it will do)",
+            text
+        );
+    }
+    Ok(())
+}
+
 /// Runs `sharehost new`: writes the project into `DIR/NAME`, refusing a folder that exists.
 pub fn run(args: &NewArgs) -> Result<()> {
     if !valid_name(&args.name) {
@@ -191,6 +215,7 @@ pub fn run(args: &NewArgs) -> Result<()> {
     let sdk = sdk
         .canonicalize()
         .with_context(|| format!("--sdk {}", sdk.display()))?;
+    writable_path(&sdk)?;
     let root = args.dir.join(&args.name);
     if root.exists() {
         bail!(
@@ -229,6 +254,21 @@ mod tests {
             assert!(all.contains("SizeCheck"), "{lang:?}");
             assert!(all.contains("/opt/sharehost/guest-sdk"), "{lang:?}");
             assert!(all.contains("size_check.wasm"), "{lang:?}");
+        }
+    }
+
+    #[test]
+    fn an_sdk_path_that_would_break_the_generated_files_is_refused() {
+        writable_path(Path::new("/opt/share host/sdk-1.0")).expect("plain");
+        for bad in [
+            "/tmp/a\"b",
+            "/tmp/a\nb",
+            "/tmp/a\\b",
+            "/tmp/$(x)",
+            "/tmp/`x`",
+        ] {
+            let e = writable_path(Path::new(bad)).expect_err(bad).to_string();
+            assert!(e.contains("cannot hold as written"), "{e}");
         }
     }
 

@@ -68,8 +68,12 @@ pub struct ManifestStatus {
     pub applied: u64,
     /// Re-reads refused since start (the host kept running on the manifest before).
     pub refused: u64,
-    /// Why the last re-read was refused, when the last one was (cleared by one applied).
+    /// Why the last refused re-read was refused, kept after later re-reads are applied (an
+    /// operator sees a bad manifest was written even when a good one followed).
     pub last_refused: Option<String>,
+    /// When that re-read was refused (ms since the Unix epoch): set with `last_refused`, to
+    /// compare with `applied_at_ms`.
+    pub last_refused_at_ms: Option<u64>,
 }
 
 /// Every tenant of the host, by manifest order.

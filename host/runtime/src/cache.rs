@@ -124,9 +124,9 @@ impl Cache {
         dir: &Path,
         code_settings: &str,
     ) -> Result<Self, RuntimeError> {
-        let err = |source| RuntimeError::CacheDir {
+        let err = |error| RuntimeError::CacheDir {
             path: dir.to_owned(),
-            source,
+            error,
         };
         let refuse = |reason: String| {
             err(std::io::Error::new(

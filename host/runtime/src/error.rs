@@ -22,12 +22,13 @@ pub enum RuntimeError {
     #[error("cannot configure the WebAssembly engine: {0}")]
     Engine(String),
     /// The precompiled cache directory could not be created or secured.
-    #[error("cache directory {path}: {source}")]
+    #[error("cache directory {path}: {error}")]
     CacheDir {
         /// The configured directory.
         path: PathBuf,
-        /// What the file system said.
-        source: std::io::Error,
+        /// What the file system said. Part of the message, not a `source`: a chain printed
+        /// with its causes would say it twice.
+        error: std::io::Error,
     },
     /// The epoch ticker thread could not be started.
     #[error("cannot start the epoch ticker thread: {0}")]

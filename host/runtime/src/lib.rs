@@ -40,7 +40,7 @@ mod config;
 mod engine;
 mod error;
 mod fault;
-mod fs;
+pub mod fs;
 mod http;
 mod loader;
 mod log;

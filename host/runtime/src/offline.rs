@@ -7,6 +7,12 @@
 //! Keys, values and header values are UTF-8 text, `{"base64": "..."}` for binary, or `null`.
 //! Headers are `[[key, value], ...]` (order and duplicates kept) or `{"key": value}`.
 //! `offset` defaults to the record's index in the file, `delivery_count` to 1.
+//!
+//! The input is read a line at a time, each line at most [`MAX_INPUT_LINE_BYTES`]: a file of
+//! one endless line is refused after that many bytes, never read whole.
+//!
+//! Emits are shown with the pipeline's secrets redacted (`[secret NAME]`), as everywhere else
+//! the host shows a plugin's text.
 
 use std::sync::Arc;
 
@@ -18,6 +24,7 @@ use sharehost_bounded_lift::Verdict;
 use crate::fault::Fault;
 use crate::outputs::Emit;
 use crate::record::{Header, Record};
+use crate::secrets::Secrets;
 
 /// A bad input line: names the line (1-based) and what is wrong with it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -40,19 +47,42 @@ const FIELDS: &[&str] = &[
     "headers",
 ];
 
-/// Parses JSON-lines input into records. The first bad line stops parsing with an error
+/// The longest input line read, in bytes: a record of the broker's default largest message
+/// (1 MiB), base64-encoded in its value with headers beside it, is under 2 MiB; 16 MiB leaves
+/// room for raised broker maxima while a hostile or mistaken input (a 2 GB line once took
+/// 6 GB of memory) is refused after 16 MiB.
+pub const MAX_INPUT_LINE_BYTES: usize = 16 << 20;
+
+/// Parses JSON-lines input text into records. The first bad line stops parsing with an error
 /// naming it.
 pub fn parse_jsonl(text: &str) -> Result<Vec<Record>, InputError> {
+    read_jsonl(&mut text.as_bytes(), usize::MAX)
+}
+
+/// Reads JSON-lines input into records a line at a time, each line at most `max_line` bytes
+/// ([`MAX_INPUT_LINE_BYTES`] for `test-plugin`). The first bad or overlong line stops reading
+/// with an error naming it.
+pub fn read_jsonl(
+    reader: &mut impl std::io::BufRead,
+    max_line: usize,
+) -> Result<Vec<Record>, InputError> {
     let mut records = Vec::new();
     let mut topics: Vec<Arc<str>> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
+    let mut bytes = Vec::new();
+    for i in 0.. {
         let err = |message: String| InputError {
             line: i + 1,
             message,
         };
+        if !crate::fs::read_line(reader, &mut bytes, max_line).map_err(|e| err(e.to_string()))? {
+            break;
+        }
+        let line = std::str::from_utf8(&bytes)
+            .map_err(|_| err("is not UTF-8 text".into()))?
+            .trim_end_matches('\r');
+        if line.trim().is_empty() {
+            continue;
+        }
         let value: Value =
             serde_json::from_str(line).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let obj = value
@@ -162,6 +192,7 @@ pub fn verdict_line(
     fault: Option<&Fault>,
     emits: &[&Emit],
     max_retry_delay_ms: u64,
+    secrets: &Secrets,
 ) -> String {
     let reason = match verdict {
         Verdict::Reject(r) => r.as_deref(),
@@ -185,7 +216,10 @@ pub fn verdict_line(
         if !emits.is_empty() {
             o.insert(
                 "emits".into(),
-                emits.iter().map(|e| emit_json(e)).collect::<Value>(),
+                emits
+                    .iter()
+                    .map(|e| emit_json(e, secrets))
+                    .collect::<Value>(),
             );
             if !matches!(verdict, Verdict::Accept) {
                 o.insert("emits_discarded".into(), json!(true));
@@ -200,20 +234,30 @@ pub fn verdict_line(
 }
 
 /// An emit as `test-plugin` shows it: bytes as text when they are UTF-8, else
-/// `{"base64": ...}` (the input format's convention).
-fn emit_json(e: &Emit) -> Value {
+/// `{"base64": ...}` (the input format's convention); every secret value in a key, value or
+/// header (text or bytes) shown as `[secret NAME]`, as the host's log shows it.
+fn emit_json(e: &Emit, secrets: &Secrets) -> Value {
     let bytes = |b: &Option<Bytes>| match b {
         None => Value::Null,
-        Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => json!(s),
-            Err(_) => json!({ "base64": base64::engine::general_purpose::STANDARD.encode(b) }),
-        },
+        Some(b) => {
+            let b = secrets.redact_bytes(b);
+            match std::str::from_utf8(&b) {
+                Ok(s) => json!(s),
+                Err(_) => {
+                    json!({ "base64": base64::engine::general_purpose::STANDARD.encode(&b) })
+                }
+            }
+        }
     };
     json!({
         "output": &*e.output,
         "key": bytes(&e.key),
         "value": bytes(&e.value),
-        "headers": e.headers.iter().map(|h| json!([h.key, bytes(&h.value)])).collect::<Value>(),
+        "headers": e
+            .headers
+            .iter()
+            .map(|h| json!([secrets.redact(&h.key), bytes(&h.value)]))
+            .collect::<Value>(),
     })
 }
 
@@ -267,7 +311,14 @@ mod tests {
     fn verdict_lines_carry_reason_and_fault() {
         let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
         assert_eq!(
-            verdict_line(r, &Verdict::Reject(Some("why".into())), None, &[], 60_000),
+            verdict_line(
+                r,
+                &Verdict::Reject(Some("why".into())),
+                None,
+                &[],
+                60_000,
+                &Secrets::default()
+            ),
             r#"{"offset":5,"partition":0,"reason":"why","topic":"test","verdict":"reject"}"#
         );
     }
@@ -275,10 +326,24 @@ mod tests {
     #[test]
     fn a_retry_delay_is_shown_cut_as_a_pipeline_cuts_it() {
         let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
-        let line = verdict_line(r, &Verdict::Retry(3_600_000), None, &[], 60_000);
+        let line = verdict_line(
+            r,
+            &Verdict::Retry(3_600_000),
+            None,
+            &[],
+            60_000,
+            &Secrets::default(),
+        );
         assert!(line.contains(r#""retry_after_ms":60000"#), "{line}");
         assert!(line.contains(r#""retry_after_ms_asked":3600000"#), "{line}");
-        let line = verdict_line(r, &Verdict::Retry(500), None, &[], 60_000);
+        let line = verdict_line(
+            r,
+            &Verdict::Retry(500),
+            None,
+            &[],
+            60_000,
+            &Secrets::default(),
+        );
         assert!(line.contains(r#""retry_after_ms":500"#), "{line}");
         assert!(!line.contains("asked"), "{line}");
     }
@@ -293,9 +358,64 @@ mod tests {
             value: Some(Bytes::from_static(b"x")),
             headers: Vec::new(),
         };
-        let released = verdict_line(r, &Verdict::Release, None, &[&emit], 60_000);
+        let released = verdict_line(
+            r,
+            &Verdict::Release,
+            None,
+            &[&emit],
+            60_000,
+            &Secrets::default(),
+        );
         assert!(released.contains(r#""emits_discarded":true"#), "{released}");
-        let accepted = verdict_line(r, &Verdict::Accept, None, &[&emit], 60_000);
+        let accepted = verdict_line(
+            r,
+            &Verdict::Accept,
+            None,
+            &[&emit],
+            60_000,
+            &Secrets::default(),
+        );
         assert!(!accepted.contains("discarded"), "{accepted}");
+    }
+
+    #[test]
+    fn emits_show_secret_values_redacted_and_marked() {
+        let r = &parse_jsonl("{\"offset\":5}").expect("valid")[0];
+        let secrets = Secrets::new(vec![("api-token".into(), "s3cr3t-value".into())]);
+        let emit = Emit {
+            record: 0,
+            output: "valid".into(),
+            key: Some(Bytes::from_static(b"k-s3cr3t-value")),
+            value: Some(Bytes::from_static(b"\xff binary s3cr3t-value")),
+            headers: vec![crate::outputs::EmitHeader {
+                key: "s3cr3t-value".into(),
+                value: Some(Bytes::from_static(b"s3cr3t-value")),
+            }],
+        };
+        let line = verdict_line(r, &Verdict::Accept, None, &[&emit], 60_000, &secrets);
+        assert!(!line.contains("s3cr3t"), "{line}");
+        assert!(line.contains(r#""key":"k-[secret api-token]""#), "{line}");
+        assert!(
+            line.contains(r#"["[secret api-token]","[secret api-token]"]"#),
+            "{line}"
+        );
+        let b64 =
+            base64::engine::general_purpose::STANDARD.encode(b"\xff binary [secret api-token]");
+        assert!(line.contains(&b64), "{line}");
+    }
+
+    #[test]
+    fn an_input_line_over_the_bound_is_refused_naming_it() {
+        let input = format!(
+            "{{\"value\":\"a\"}}\n{{\"value\":\"{}\"}}\n",
+            "x".repeat(100)
+        );
+        let e = read_jsonl(&mut input.as_bytes(), 50).expect_err("long line");
+        assert_eq!(e.line, 2);
+        assert_eq!(e.message, "a line is longer than the 50-byte maximum");
+        assert_eq!(
+            read_jsonl(&mut input.as_bytes(), 200).expect("fits").len(),
+            2
+        );
     }
 }

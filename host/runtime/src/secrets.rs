@@ -75,6 +75,32 @@ impl Secrets {
         out
     }
 
+    /// [`Secrets::redact`] on bytes (an emit's key, value or header, which may not be text):
+    /// every secret value's bytes replaced by `[secret NAME]`, longest value first.
+    pub fn redact_bytes<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+        let mut out = Cow::Borrowed(bytes);
+        for (name, value) in self.redactable() {
+            let needle = value.as_bytes();
+            if !out.windows(needle.len()).any(|w| w == needle) {
+                continue;
+            }
+            let mark = format!("[secret {name}]");
+            let mut redacted = Vec::with_capacity(out.len());
+            let mut at = 0;
+            while at < out.len() {
+                if out[at..].starts_with(needle) {
+                    redacted.extend_from_slice(mark.as_bytes());
+                    at += needle.len();
+                } else {
+                    redacted.push(out[at]);
+                    at += 1;
+                }
+            }
+            out = Cow::Owned(redacted);
+        }
+        out
+    }
+
     /// [`Secrets::redact`] ignoring ASCII case: for texts the host has lower-cased itself (a
     /// request's host name), where a secret used as a name no longer matches as written.
     // `lower` is `out` with ASCII letters lower-cased, byte for byte: its match positions are

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::runtime::fs::FileError;
+
 /// A manifest problem, located in its file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ManifestError {
@@ -34,14 +36,25 @@ impl fmt::Display for ManifestError {
 }
 
 impl ManifestError {
-    /// The manifest file itself could not be read.
-    pub(super) fn unreadable(file: &Path, e: &std::io::Error) -> ManifestError {
+    /// The manifest file itself could not be read, or is not a regular file of at most its
+    /// bound (the reader's error names the file; the message says what is wrong with it).
+    pub(super) fn unreadable(file: &Path, e: &FileError) -> ManifestError {
+        let message = match e {
+            FileError::Read { error, .. } => format!("cannot read the manifest: {error}"),
+            FileError::NotAFile { what, .. } => {
+                format!("cannot read the manifest: it {what}")
+            }
+            FileError::TooLarge { size, maximum, .. } => format!(
+                "cannot read the manifest: it is {size} bytes, more than a manifest's {maximum}-byte ({} MiB) maximum",
+                maximum >> 20
+            ),
+        };
         ManifestError {
             file: file.to_path_buf(),
             line: None,
             column: None,
             field: None,
-            message: format!("cannot read the manifest: {e}"),
+            message,
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::PipelineSpec;
 use super::context::{Ctx, valid_name};
 use super::defaults;
 use super::error::ManifestError;
@@ -166,6 +167,45 @@ pub(super) fn http(
     Ok(Some(settings))
 }
 
+/// See [`super::PipelineSpec::grants_widened_from`].
+pub(super) fn widened(before: Option<&PipelineSpec>, after: &PipelineSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, topic) in &after.outputs {
+        match before.and_then(|b| b.outputs.get(name)) {
+            Some(t) if t == topic => {}
+            Some(t) => out.push(format!(
+                "output {name} now writes to topic {topic} (was {t})"
+            )),
+            None => out.push(format!("output {name} (topic {topic}) added")),
+        }
+    }
+    let hosts = |p: Option<&PipelineSpec>| -> Vec<String> {
+        p.and_then(|p| p.http.as_ref())
+            .map(|h| h.allowed_outbound_hosts.clone())
+            .unwrap_or_default()
+    };
+    let had = hosts(before);
+    let added: Vec<String> = hosts(Some(after))
+        .into_iter()
+        .filter(|h| !had.contains(h))
+        .collect();
+    if !added.is_empty() {
+        out.push(format!("outbound hosts added: {}", added.join(", ")));
+    }
+    for (name, source) in &after.secrets {
+        let old = before.and_then(|b| b.secrets.iter().find(|(n, _)| n == name));
+        match old {
+            Some((_, s)) if s == source => {}
+            Some(_) => out.push(format!("secret {name} now read from another source")),
+            None => out.push(format!("secret {name} added")),
+        }
+    }
+    if before.is_some_and(|b| b.trust.is_some()) && after.trust.is_none() {
+        out.push("its components no longer need a signature ([trust] dropped)".into());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -248,5 +288,39 @@ mod tests {
             let text = e.to_string();
             assert!(text.contains(key) && text.contains(why), "{extra}: {text}");
         }
+    }
+
+    #[test]
+    fn widened_grants_are_named_and_narrowing_is_not() {
+        let before = format!(
+            "{MINIMAL}allowed_outbound_hosts = [\"http://a.example\"]\n[pipeline.outputs]\nvalid = \"orders-valid\"\n"
+        );
+        let after = format!(
+            "{MINIMAL}allowed_outbound_hosts = [\"http://a.example\", \"http://b.example\"]\n[pipeline.outputs]\nvalid = \"other\"\nextra = \"orders-extra\"\n[pipeline.secrets]\nt = {{ env = \"T\" }}\n"
+        );
+        let b = parse(&before).expect("before").pipelines.remove(0);
+        let a = parse(&after).expect("after").pipelines.remove(0);
+        assert_eq!(
+            a.grants_widened_from(Some(&b)),
+            [
+                "output extra (topic orders-extra) added",
+                "output valid now writes to topic other (was orders-valid)",
+                "outbound hosts added: http://b.example",
+                "secret t added",
+            ]
+        );
+        // Going back drops hosts, outputs and a secret (not named); pointing an output at
+        // another topic is a new grant whichever way it goes.
+        assert_eq!(
+            b.grants_widened_from(Some(&a)),
+            ["output valid now writes to topic orders-valid (was other)"],
+            "narrowing"
+        );
+        assert!(b.grants_widened_from(Some(&b)).is_empty(), "unchanged");
+        assert_eq!(
+            b.grants_widened_from(None).len(),
+            2,
+            "a new pipeline's grants"
+        );
     }
 }

@@ -11,6 +11,10 @@
 //!   [`FleetSpec`]), `pipeline` (`[[pipeline]]`,
 //!   [`PipelineSpec`]), and `grants` (a pipeline's outputs, secrets and outbound HTTP).
 //!
+//! Before them, `limits` refuses a manifest that asks more of a host than it is for (pipelines,
+//! grants, config entries), and the file itself is read bounded ([`limits::MAX_MANIFEST_BYTES`],
+//! regular files only) like every file the host reads.
+//!
 //! Beside them: `error` ([`ManifestError`], located by line, column and field), `context`
 //! (what every validator shares: the text to locate errors in, range and choice checks,
 //! relative paths), `secret` ([`SecretSource`]: where a secret lives) and [`defaults`].
@@ -24,6 +28,7 @@ pub mod defaults;
 mod error;
 mod fleet;
 mod grants;
+pub mod limits;
 mod pipeline;
 mod raw;
 mod runtime;
@@ -91,17 +96,22 @@ impl Manifest {
 
     /// Reads and validates a manifest file.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| ManifestError::unreadable(path, &e))?;
+        let text = Self::read(path)?;
         Self::parse(path, &text)
+    }
+
+    /// Reads a manifest file's text: a regular file (a FIFO, a device or a directory is refused
+    /// by type, without blocking) of at most [`limits::MAX_MANIFEST_BYTES`], UTF-8.
+    pub fn read(path: &Path) -> Result<String, ManifestError> {
+        crate::runtime::fs::read_regular_text(path, limits::MAX_MANIFEST_BYTES)
+            .map_err(|e| ManifestError::unreadable(path, &e))
     }
 
     /// Reads a manifest file and validates its `[admin]` table only: what `sharehost ctl`
     /// needs, where the component and TLS files the rest names may not be (the other tables
     /// are parsed, their files never opened).
     pub fn load_admin(path: &Path) -> Result<AdminSpec, ManifestError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| ManifestError::unreadable(path, &e))?;
+        let text = Self::read(path)?;
         let raw: RawManifest =
             toml::from_str(&text).map_err(|e| ManifestError::from_toml(path, &text, &e))?;
         admin::validate(
@@ -120,6 +130,7 @@ impl Manifest {
         let raw: RawManifest =
             toml::from_str(text).map_err(|e| ManifestError::from_toml(path, text, &e))?;
         let cx = Ctx { file: path, text };
+        limits::check(&cx, &raw)?;
         let cluster = cluster::validate(&cx, &raw.cluster)?;
         let admin = admin::validate(&cx, raw.admin.as_ref())?;
         let runtime = runtime::validate(&cx, raw.runtime.as_ref())?;

@@ -140,6 +140,15 @@ pub struct ShadowSpec {
 }
 
 impl PipelineSpec {
+    /// What this pipeline grants its plugin that `before` (the same pipeline as the host
+    /// ran it; `None` for a pipeline new to the host) did not: outputs added or pointed at
+    /// another topic, outbound hosts added, secrets added or read from elsewhere, signatures
+    /// no longer required. Each entry names the grant; empty when nothing widened. A live
+    /// re-read logs these at WARN, since a manifest edit is how a plugin gets more reach.
+    pub fn grants_widened_from(&self, before: Option<&PipelineSpec>) -> Vec<String> {
+        super::grants::widened(before, self)
+    }
+
     /// Reads the pipeline's secrets from their environment variables and files. Errors name
     /// the secret and its source, never a value.
     pub fn resolve_secrets(&self) -> Result<Secrets, String> {

@@ -9,6 +9,7 @@ use toml::Spanned;
 use super::context::Ctx;
 use super::error::ManifestError;
 use super::raw::RawTrust;
+use crate::runtime::fs::{FileError, read_regular_text};
 use crate::runtime::{TrustPolicy, TrustedKey, parse_keys_file};
 
 /// The largest keys file read: a public key line is 56 bytes, so 64 KiB is hundreds of keys.
@@ -48,27 +49,17 @@ pub(super) fn validate(
     })
 }
 
-/// Reads a `keys_file`: a regular file of at most [`MAX_KEYS_FILE_BYTES`].
+/// Reads a `keys_file`: a regular file of at most [`MAX_KEYS_FILE_BYTES`], through the
+/// bounded reader every file of the host goes through (a FIFO is refused without blocking).
 fn read_keys_file(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let meta = file.metadata().map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", path.display()));
-    }
-    let mut text = String::new();
-    file.take(MAX_KEYS_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(cannot)?;
-    if text.len() as u64 > MAX_KEYS_FILE_BYTES {
-        return Err(format!(
+    read_regular_text(path, MAX_KEYS_FILE_BYTES).map_err(|e| match e {
+        FileError::TooLarge { .. } => format!(
             "{} is larger than a keys file's {} KiB maximum",
             path.display(),
             MAX_KEYS_FILE_BYTES >> 10
-        ));
-    }
-    Ok(text)
+        ),
+        e => format!("cannot read {e}"),
+    })
 }
 
 #[cfg(test)]

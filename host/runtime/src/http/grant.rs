@@ -208,6 +208,9 @@ impl HttpGrant {
     }
 }
 
+/// The largest `http_ca_file` read, in bytes.
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+
 /// The grant's rustls client: the system roots plus the CA file, HTTP/1.1 by ALPN.
 fn tls_connector(
     ca_file: Option<&std::path::Path>,
@@ -223,8 +226,17 @@ fn tls_connector(
             path: path.to_owned(),
             problem,
         };
-        let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca_error(e.to_string()))?
+        // Through the bounded reader: a regular file of at most 4 MiB (the system's whole
+        // bundle of public roots is about 200 KiB), so a path to /dev/zero or a FIFO is
+        // refused rather than read.
+        let bytes = crate::fs::read_regular(path, MAX_CA_FILE_BYTES).map_err(|e| match e {
+            crate::fs::FileError::TooLarge { maximum, .. } => {
+                ca_error(format!("more than a CA file's {maximum}-byte maximum"))
+            }
+            crate::fs::FileError::NotAFile { what, .. } => ca_error(what.into()),
+            crate::fs::FileError::Read { error, .. } => ca_error(error.to_string()),
+        })?;
+        let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&bytes)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ca_error(e.to_string()))?;
         if certs.is_empty() {
@@ -318,9 +330,16 @@ mod tests {
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").expect("write");
         with_ca.ca_file = Some(empty.clone());
-        let err = HttpGrant::new(with_ca).expect_err("no certificate");
+        let err = HttpGrant::new(with_ca.clone()).expect_err("no certificate");
         assert!(err.to_string().contains(&*empty.to_string_lossy()), "{err}");
         assert!(err.to_string().contains("no PEM certificate"), "{err}");
+        // A device is refused by type, never read.
+        with_ca.ca_file = Some("/dev/zero".into());
+        let err = HttpGrant::new(with_ca).expect_err("a device");
+        assert_eq!(
+            err.to_string(),
+            "http_ca_file /dev/zero: is a character device, not a regular file"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
