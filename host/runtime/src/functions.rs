@@ -25,6 +25,11 @@ pub const DEFAULT_MAX_FUNCTION_OPERATORS: u64 = 500_000;
 /// `runtime.max_function_nesting`): five times the deepest real function (781, Python),
 /// where 4,000 nested loops take under two seconds to compile (16,000 took 23 s).
 pub const DEFAULT_MAX_FUNCTION_NESTING: u64 = 4_000;
+/// Loops times declared locals one function may have by default (manifest
+/// `runtime.max_function_loop_locals`): each loop header is a merge point where every local
+/// live across it becomes an SSA value of its own, and 4,000 loops over 1,000 live locals
+/// (38,000 operators) took 20 s to compile. See docs/reliability.md for the guests' figure.
+pub const DEFAULT_MAX_FUNCTION_LOOP_LOCALS: u64 = 400_000;
 
 /// The bounds one function must keep to be compiled: see the module doc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +38,8 @@ pub struct FunctionBounds {
     pub max_operators: u64,
     /// Depth of nested blocks in one function.
     pub max_nesting: u64,
+    /// Loops times declared locals in one function.
+    pub max_loop_locals: u64,
 }
 
 impl Default for FunctionBounds {
@@ -40,6 +47,7 @@ impl Default for FunctionBounds {
         Self {
             max_operators: DEFAULT_MAX_FUNCTION_OPERATORS,
             max_nesting: DEFAULT_MAX_FUNCTION_NESTING,
+            max_loop_locals: DEFAULT_MAX_FUNCTION_LOOP_LOCALS,
         }
     }
 }
@@ -84,6 +92,8 @@ pub struct CodeShape {
     pub locals: (u64, FunctionAt),
     /// The largest body, in bytes.
     pub body_bytes: (u64, FunctionAt),
+    /// The largest product of loops and declared locals in one body.
+    pub loop_locals: (u64, FunctionAt),
 }
 
 impl CodeShape {
@@ -92,15 +102,16 @@ impl CodeShape {
     /// this walk is refused by wasmtime's validation afterwards. An error is the parser's
     /// message (positions, never bytes).
     pub fn measure(bytes: &[u8]) -> Result<CodeShape, String> {
-        Self::measure_beyond(bytes, 0)
+        Self::measure_beyond(bytes, 0, 0)
     }
 
     /// [`CodeShape::measure`], reading the operators only of bodies longer than `small`
-    /// bytes: every operator takes at least a byte, so a shorter body has at most `small`
-    /// operators and nested blocks, and need not be read to be checked against bounds of
-    /// `small` or more. Most functions are short: this keeps the walk of a 19 MB Python
+    /// bytes or whose length times their locals is over `loop_locals`: every operator takes
+    /// at least a byte, so a shorter body has at most `small` operators, nested blocks and
+    /// loops, and need not be read to be checked against bounds of `small` or more (its
+    /// figures stay 0). Most functions are short: this keeps the walk of a 19 MB Python
     /// component to its few large functions.
-    fn measure_beyond(bytes: &[u8], small: u64) -> Result<CodeShape, String> {
+    fn measure_beyond(bytes: &[u8], small: u64, loop_locals: u64) -> Result<CodeShape, String> {
         let mut shape = CodeShape::default();
         // The module being read, and the index its next defined function gets.
         let mut at = FunctionAt::default();
@@ -125,13 +136,14 @@ impl CodeShape {
                     }
                 }
                 Payload::CodeSectionEntry(body) => {
-                    let one = measure_body(&body, small).map_err(|e| e.to_string())?;
+                    let one = measure_body(&body, small, loop_locals).map_err(|e| e.to_string())?;
                     shape.functions = shape.functions.saturating_add(1);
                     for (most, has) in [
                         (&mut shape.operators, one.operators),
                         (&mut shape.nesting, one.nesting),
                         (&mut shape.locals, one.locals),
                         (&mut shape.body_bytes, one.body_bytes),
+                        (&mut shape.loop_locals, one.loops.saturating_mul(one.locals)),
                     ] {
                         if has > most.0 {
                             *most = (has, at);
@@ -152,7 +164,7 @@ impl CodeShape {
         bounds: &FunctionBounds,
     ) -> Result<(), LoadError> {
         let small = bounds.max_operators.min(bounds.max_nesting);
-        Self::measure_beyond(bytes, small)
+        Self::measure_beyond(bytes, small, bounds.max_loop_locals)
             .map_err(|message| LoadError::Compile {
                 path: path.to_owned(),
                 message,
@@ -160,7 +172,7 @@ impl CodeShape {
             .check(path, bounds)
     }
 
-    /// The first bound this shape breaks (operators, then nesting), as the load error that
+    /// The first bound this shape breaks (operators, nesting, then loops times locals), as the load error that
     /// names the function, what it has, the bound and the key raising it.
     pub(crate) fn check(&self, path: &Path, bounds: &FunctionBounds) -> Result<(), LoadError> {
         let over = [
@@ -175,6 +187,12 @@ impl CodeShape {
                 bounds.max_nesting,
                 "nested blocks",
                 "runtime.max_function_nesting",
+            ),
+            (
+                self.loop_locals,
+                bounds.max_loop_locals,
+                "loops × locals",
+                "runtime.max_function_loop_locals",
             ),
         ]
         .into_iter()
@@ -196,24 +214,30 @@ impl CodeShape {
 /// What one function body has.
 struct BodyShape {
     operators: u64,
+    loops: u64,
     nesting: u64,
     locals: u64,
     body_bytes: u64,
 }
 
-/// Measures one body; its operators only when it is longer than `small` bytes (see
-/// [`CodeShape::measure_beyond`]).
-fn measure_body(body: &wasmparser::FunctionBody<'_>, small: u64) -> wasmparser::Result<BodyShape> {
+/// Measures one body; its operators only when it is longer than `small` bytes or its length
+/// times its locals is over `loop_locals` (see [`CodeShape::measure_beyond`]).
+fn measure_body(
+    body: &wasmparser::FunctionBody<'_>,
+    small: u64,
+    loop_locals: u64,
+) -> wasmparser::Result<BodyShape> {
     let mut locals = 0u64;
     for group in body.get_locals_reader()? {
         let (count, _) = group?;
         locals = locals.saturating_add(u64::from(count));
     }
     let body_bytes = body.range().len() as u64;
-    let (mut operators, mut depth, mut nesting) = (0u64, 0u64, 0u64);
-    if body_bytes <= small {
+    let (mut operators, mut depth, mut nesting, mut loops) = (0u64, 0u64, 0u64, 0u64);
+    if body_bytes <= small && body_bytes.saturating_mul(locals) <= loop_locals {
         return Ok(BodyShape {
             operators,
+            loops,
             nesting,
             locals,
             body_bytes,
@@ -221,7 +245,11 @@ fn measure_body(body: &wasmparser::FunctionBody<'_>, small: u64) -> wasmparser::
     }
     let mut reader = body.get_operators_reader()?;
     while !reader.eof() {
-        match reader.read()? {
+        let op = reader.read()?;
+        if matches!(op, Operator::Loop { .. }) {
+            loops += 1;
+        }
+        match op {
             Operator::Block { .. }
             | Operator::Loop { .. }
             | Operator::If { .. }
@@ -238,6 +266,7 @@ fn measure_body(body: &wasmparser::FunctionBody<'_>, small: u64) -> wasmparser::
     }
     Ok(BodyShape {
         operators,
+        loops,
         nesting,
         locals,
         body_bytes,
@@ -359,6 +388,28 @@ mod tests {
                 .contains("has 4001 nested blocks, more than the maximum of 4000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn loops_times_locals_is_bounded() {
+        // 12 blocks, a third of them loops, and 500 locals: 4 × 500 = 2,000.
+        let shape = CodeShape::measure(&module(12, 0, 500)).expect("parses");
+        assert_eq!(shape.loop_locals.0, 2_000);
+        let bounds = FunctionBounds {
+            max_loop_locals: 1_999,
+            ..FunctionBounds::default()
+        };
+        let e = shape.check(Path::new("l.wasm"), &bounds).expect_err("over");
+        assert!(
+            e.to_string().contains(
+                "has 2000 loops × locals, more than the maximum of 1999 (raise runtime.max_function_loop_locals"
+            ),
+            "{e}"
+        );
+        // The same through the shortened walk of a load.
+        let e = CodeShape::check_bytes(Path::new("l.wasm"), &module(12, 0, 500), &bounds)
+            .expect_err("over");
+        assert!(e.to_string().contains("has 2000 loops × locals"), "{e}");
     }
 
     #[test]

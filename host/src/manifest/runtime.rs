@@ -13,7 +13,7 @@ pub struct RuntimeSpec {
     /// a hot-swap request) can make the host read into memory.
     pub max_component_bytes: u64,
     /// What one function of a component may ask of the compiler (`max_function_operators`,
-    /// `max_function_nesting`): a bound on the CPU one load costs every host that compiles it.
+    /// `max_function_nesting`, `max_function_loop_locals`): a bound on the CPU one load costs every host that compiles it.
     pub function_bounds: FunctionBounds,
 }
 
@@ -52,6 +52,13 @@ pub(super) fn validate(
             "runtime.max_function_nesting",
             1..=MAX_FUNCTION_KEY,
             default.max_nesting,
+        )?,
+        // Loops times locals: at most 7.6 M loops times 50,000 locals.
+        max_loop_locals: cx.int(
+            &r.max_function_loop_locals,
+            "runtime.max_function_loop_locals",
+            1..=i64::MAX,
+            default.max_loop_locals,
         )?,
     };
     Ok(RuntimeSpec {
@@ -97,7 +104,7 @@ mod tests {
             FunctionBounds::default()
         );
         let text = format!(
-            "[runtime]\nmax_function_operators = 5000000\nmax_function_nesting = 20000\n{MINIMAL}"
+            "[runtime]\nmax_function_operators = 5000000\nmax_function_nesting = 20000\nmax_function_loop_locals = 7\n{MINIMAL}"
         );
         let bounds = parse(&text)
             .expect("valid")
@@ -108,11 +115,13 @@ mod tests {
             FunctionBounds {
                 max_operators: 5_000_000,
                 max_nesting: 20_000,
+                max_loop_locals: 7,
             }
         );
         for (key, bad) in [
             ("max_function_operators", 0),
             ("max_function_nesting", 8_000_001),
+            ("max_function_loop_locals", 0),
         ] {
             let e = parse(&format!("[runtime]\n{key} = {bad}\n{MINIMAL}")).expect_err("range");
             assert_eq!(e.field.as_deref(), Some(format!("runtime.{key}").as_str()));
