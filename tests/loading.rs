@@ -754,3 +754,216 @@ async fn an_exhausted_instance_pool_names_the_sizing_rule() {
         "{text}"
     );
 }
+
+// ---- what one function asks of the compiler ------------------------------------------------
+
+/// An unsigned LEB128, as WebAssembly writes counts and sizes.
+fn leb(mut n: u32, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Reads an unsigned LEB128 at the start of `bytes`: (value, bytes it took).
+fn read_leb(bytes: &[u8]) -> (u32, usize) {
+    let (mut n, mut shift) = (0u32, 0);
+    for (i, b) in bytes.iter().enumerate() {
+        n |= u32::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return (n, i + 1);
+        }
+        shift += 7;
+    }
+    panic!("a LEB128 runs past its section");
+}
+
+/// The sections of a module or component binary after its 8-byte header: (id, content).
+fn sections(binary: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at < binary.len() {
+        let id = binary[at];
+        let (size, taken) = read_leb(&binary[at + 1..]);
+        let start = at + 1 + taken;
+        out.push((id, &binary[start..start + size as usize]));
+        at = start + size as usize;
+    }
+    out
+}
+
+/// A binary of `header` and `sections`.
+fn binary(header: &[u8], sections: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut out = header.to_vec();
+    for (id, content) in sections {
+        out.push(*id);
+        leb(
+            u32::try_from(content.len()).expect("section size"),
+            &mut out,
+        );
+        out.extend_from_slice(content);
+    }
+    out
+}
+
+/// A vector section's content with `extra` (already encoded) appended to its items.
+fn append_item(content: &[u8], extra: &[u8]) -> Vec<u8> {
+    let (count, taken) = read_leb(content);
+    let mut out = Vec::new();
+    leb(count + 1, &mut out);
+    out.extend_from_slice(&content[taken..]);
+    out.extend_from_slice(extra);
+    out
+}
+
+/// A real plugin (`accept_all`) with one more function in its main core module (the
+/// component's first): `() -> ()`, a body of `operators` operators (constants dropped, then
+/// `end`; `operators` odd), unexported and never called. Everything else is untouched, so the
+/// component loads and runs like the plugin it came from, once the bound lets it compile.
+fn accept_all_with_a_function_of(operators: u32) -> Vec<u8> {
+    assert!(operators % 2 == 1, "pairs of operators and an `end`");
+    let component = std::fs::read(guest("accept_all")).expect("read accept_all");
+    let mut top: Vec<(u8, Vec<u8>)> = Vec::new();
+    let mut done = false;
+    for (id, content) in sections(&component) {
+        // Section 1 of a component is a core module; the first is the plugin's own code.
+        if id == 1 && !done {
+            done = true;
+            let mut module: Vec<(u8, Vec<u8>)> = Vec::new();
+            let mut new_type = None;
+            for (id, content) in sections(content) {
+                let content = match id {
+                    // Type section: one more type, `() -> ()`, numbered after the others.
+                    1 => {
+                        new_type = Some(read_leb(content).0);
+                        append_item(content, &[0x60, 0, 0])
+                    }
+                    // Function section: the new function's type.
+                    3 => {
+                        let mut ty = Vec::new();
+                        leb(new_type.expect("a type section first"), &mut ty);
+                        append_item(content, &ty)
+                    }
+                    // Code section: the new body (no locals), after the others.
+                    10 => {
+                        let mut body = vec![0x00];
+                        for _ in 0..operators / 2 {
+                            body.extend_from_slice(&[0x42, 0x01, 0x1a]); // i64.const 1; drop
+                        }
+                        body.push(0x0b); // end
+                        let mut extra = Vec::new();
+                        leb(u32::try_from(body.len()).expect("body size"), &mut extra);
+                        extra.extend_from_slice(&body);
+                        append_item(content, &extra)
+                    }
+                    _ => content.to_vec(),
+                };
+                module.push((id, content));
+            }
+            top.push((1, binary(&content[..8], &module)));
+        } else {
+            top.push((id, content.to_vec()));
+        }
+    }
+    binary(&component[..8], &top)
+}
+
+#[test]
+fn check_refuses_a_function_over_the_operator_bound_naming_it_and_the_key() {
+    let dir = scratch("cli-check-function");
+    let bound = sharehost::runtime::DEFAULT_MAX_FUNCTION_OPERATORS;
+    let over = u32::try_from(bound + 1).expect("bound");
+    let component = write(
+        &dir,
+        "big-function.wasm",
+        &accept_all_with_a_function_of(over),
+    );
+    let pipeline = format!(
+        "\n[[pipeline]]\nname = \"p\"\ntopics = [\"t\"]\ngroup = \"g\"\ncomponent = \"{}\"\n",
+        component.display()
+    );
+    let cluster = "[cluster]\nbootstrap = \"127.0.0.1:9092\"\n";
+    let manifest = write(&dir, "m.toml", format!("{cluster}{pipeline}").as_bytes());
+    let (ok, stdout, stderr) = sharehost(&["check".as_ref(), manifest.as_os_str()]);
+    assert!(!ok, "a function over the bound passed check: {stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: function ",
+            component.display()
+        )) && stderr.contains(&format!(
+            " of core module 0 has {over} operators, more than the maximum of {bound} (raise runtime.max_function_operators in the manifest)"
+        )),
+        "{stderr}"
+    );
+    // Raising the key is all it takes: the component is the plugin it was, and loads.
+    let raised = write(
+        &dir,
+        "raised.toml",
+        format!(
+            "{cluster}\n[runtime]\nmax_function_operators = {}\n{pipeline}",
+            bound + 2
+        )
+        .as_bytes(),
+    );
+    let (ok, stdout, stderr) = sharehost(&["check".as_ref(), raised.as_os_str()]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("ok: pipeline p"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_runtime_refuses_a_function_over_the_bound_before_compiling_it() {
+    // The function bound is checked from the code section, like the declared memory: a
+    // refused component is never compiled, so the cache holds nothing after it.
+    let dir = scratch("big-function");
+    let rt = PluginRuntime::new(RuntimeConfig {
+        max_instances: 4,
+        cache_dir: Some(dir.join("cwasm")),
+        function_bounds: sharehost::runtime::FunctionBounds {
+            max_operators: 1000,
+            ..sharehost::runtime::FunctionBounds::default()
+        },
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let path = write(&dir, "f.wasm", &accept_all_with_a_function_of(1001));
+    let Err(e) = rt.compile_blocking(&path, &PluginLimits::default()) else {
+        panic!("compiled a function over the bound");
+    };
+    assert!(matches!(e, LoadError::FunctionTooLarge { .. }), "{e}");
+    let cached = std::fs::read_dir(dir.join("cwasm"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(cached, 0, "a refused component was compiled and cached");
+    // The real guests' functions are well inside the default bounds, with a margin of at
+    // least twice (the Python interpreter's largest: 166,865 operators, 781 nested blocks;
+    // JavaScript's: 46,256 loops × locals).
+    for name in ["enricher_py", "enricher_js"] {
+        let shape =
+            sharehost::runtime::CodeShape::measure(&std::fs::read(guest(name)).expect("read"))
+                .expect("parses");
+        let bounds = sharehost::runtime::FunctionBounds::default();
+        assert!(
+            shape.operators.0 * 2 <= bounds.max_operators,
+            "{name}: {shape:?}"
+        );
+        assert!(
+            shape.nesting.0 * 5 <= bounds.max_nesting,
+            "{name}: {shape:?}"
+        );
+        assert!(
+            shape.loop_locals.0 * 5 <= bounds.max_loop_locals,
+            "{name}: {shape:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::component_file::DEFAULT_MAX_COMPONENT_BYTES;
+use crate::functions::FunctionBounds;
 use crate::http::HttpGrant;
 use crate::outputs::OutputGrant;
 use crate::trust::TrustPolicy;
@@ -33,6 +34,10 @@ pub struct RuntimeConfig {
     /// Threads that run guest code, apart from the host's own (default: one per core).
     /// Pipelines share them fairly when more guests compute than there are threads.
     pub guest_threads: usize,
+    /// What one function of a component may ask of the compiler (manifest
+    /// `runtime.max_function_*`): a function over a bound is refused before it is compiled,
+    /// since compile time grows faster than the function.
+    pub function_bounds: FunctionBounds,
 }
 
 impl Default for RuntimeConfig {
@@ -45,6 +50,7 @@ impl Default for RuntimeConfig {
             pooling: true,
             max_component_bytes: DEFAULT_MAX_COMPONENT_BYTES,
             guest_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            function_bounds: FunctionBounds::default(),
         }
     }
 }

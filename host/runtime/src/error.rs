@@ -154,6 +154,26 @@ pub enum LoadError {
         /// The plugin's memory limit.
         limit: u64,
     },
+    /// One function of the component asks more of the compiler than the runtime's bounds
+    /// allow (operators or nested blocks; see `functions.rs`): refused from its code
+    /// section, before anything is compiled, since compile time grows faster than a function.
+    #[error(
+        "{path}: {at} has {has} {what}, more than the maximum of {bound} (raise {key} in the manifest)"
+    )]
+    FunctionTooLarge {
+        /// The component path.
+        path: PathBuf,
+        /// Which function, in which core module.
+        at: crate::functions::FunctionAt,
+        /// What was counted, e.g. "operators".
+        what: &'static str,
+        /// How many it has.
+        has: u64,
+        /// The bound it is over.
+        bound: u64,
+        /// The manifest key that raises the bound, e.g. `runtime.max_function_operators`.
+        key: &'static str,
+    },
     /// Instantiation or `init` failed, or `init` returned an error for the configuration.
     #[error("{path}: init failed: {message}")]
     Init {

@@ -17,7 +17,8 @@
 //! - **Loading.** `loader.rs`: the runtime's loading methods ([`PluginRuntime::compile`], off
 //!   the async workers, and `load`): read, verify, check, compile or map from the precompiled
 //!   cache (`cache.rs`). `component_file.rs`: the one reader of component files, over the
-//!   bounded file reader (`fs.rs`, an error of its own); `trust.rs`: signed components;
+//!   bounded file reader (`fs.rs`, an error of its own); `functions.rs`: bounds on what one
+//!   function asks of the compiler; `trust.rs`: signed components;
 //!   `validate.rs`: the contract's imports and exports.
 //! - **What a guest can reach**, one room per capability in the shape of wasmtime's
 //!   capability crates (a context, a builder with documented defaults, a per-call view,
@@ -41,6 +42,7 @@ mod engine;
 mod error;
 mod fault;
 pub mod fs;
+mod functions;
 mod http;
 mod loader;
 mod log;
@@ -62,6 +64,10 @@ pub use config::{DEFAULT_WALL_PER_CPU, InstanceMode, PluginLimits, RuntimeConfig
 pub use engine::{AllocatorKind, Compiled, Origin, Placement, PluginRuntime};
 pub use error::{LoadError, RuntimeError};
 pub use fault::{BatchOutcome, Fault, FaultKind};
+pub use functions::{
+    CodeShape, DEFAULT_MAX_FUNCTION_NESTING, DEFAULT_MAX_FUNCTION_OPERATORS, FunctionAt,
+    FunctionBounds,
+};
 pub use http::{
     AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,
     parse_allowed_origin,

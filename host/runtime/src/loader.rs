@@ -5,11 +5,12 @@
 //! A load reads the file through the one component reader (`component_file.rs`: a regular
 //! file, bounded, a component header), checks its signature when the pipeline trusts keys
 //! (`trust.rs`, on the very bytes read, before anything parses them or the cache is asked),
-//! checks its imports and exports from its sections (`validate.rs`) and its declared memory,
-//! all before compiling; then maps it from the precompiled cache (`cache.rs`) or compiles it,
-//! checks the compiled types again, and caches only what passed. Compiling takes seconds of
-//! CPU, so the async entry points compile on a blocking thread: no load can stall the async
-//! workers that judging and the share engine share.
+//! checks its imports and exports from its sections (`validate.rs`), its declared memory and
+//! what each function asks of the compiler (`functions.rs`), all before compiling; then maps
+//! it from the precompiled cache (`cache.rs`) or compiles it, checks the compiled types again,
+//! and caches only what passed. Compiling takes seconds of CPU, so the async entry points
+//! compile on a blocking thread: no load can stall the async workers that judging and the
+//! share engine share.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use crate::component_file::{self, Surface};
 use crate::config::PluginLimits;
 use crate::engine::{Compiled, Origin, PluginRuntime};
 use crate::error::LoadError;
+use crate::functions::CodeShape;
 use crate::plugin::{Plugin, PluginInit};
 use crate::validate;
 
@@ -151,6 +153,10 @@ impl PluginRuntime {
                 limit: limits.max_memory as u64,
             });
         }
+        // A function whose compile time would run away is refused before Cranelift sees it,
+        // and before the cache is asked: whether a component loads never depends on what an
+        // earlier run (perhaps under raised bounds) left in the cache.
+        CodeShape::check_bytes(path, &bytes, &config.function_bounds)?;
         let hash = cache::content_hash(&bytes);
         let cached = self.cache().and_then(|c| {
             let artifact = c.get_artifact(&hash)?;

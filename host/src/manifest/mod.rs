@@ -90,6 +90,7 @@ impl Manifest {
             max_plugin_memory,
             max_instances: u32::try_from(instances.max(4)).unwrap_or(64),
             max_component_bytes: self.runtime.max_component_bytes,
+            function_bounds: self.runtime.function_bounds,
             ..RuntimeConfig::default()
         }
     }

@@ -103,6 +103,12 @@ pub(super) struct RawAdmin {
 pub(super) struct RawRuntime {
     #[serde(default)]
     pub(super) max_component_mib: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) max_function_operators: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) max_function_nesting: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) max_function_loop_locals: Option<Spanned<i64>>,
 }
 
 /// `[trust]` and `[pipeline.trust]`: minisign public keys, inline and/or in a file.

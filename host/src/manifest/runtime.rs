@@ -4,6 +4,7 @@ use super::context::Ctx;
 use super::defaults;
 use super::error::ManifestError;
 use super::raw::RawRuntime;
+use crate::runtime::FunctionBounds;
 
 /// Host-wide plugin runtime settings (`[runtime]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,30 +12,65 @@ pub struct RuntimeSpec {
     /// The largest component file the host reads: a bound on what a path (in the manifest or
     /// a hot-swap request) can make the host read into memory.
     pub max_component_bytes: u64,
+    /// What one function of a component may ask of the compiler (`max_function_operators`,
+    /// `max_function_nesting`, `max_function_loop_locals`): a bound on the CPU one load costs every host that compiles it.
+    pub function_bounds: FunctionBounds,
 }
+
+/// The largest value each `max_function_*` key accepts: what WebAssembly's own limit lets
+/// through anyway (a body of at most 7,654,321 bytes, as wasmtime validates, so at most as
+/// many operators and nested blocks).
+const MAX_FUNCTION_KEY: i64 = 8_000_000;
 
 /// Validates `[runtime]` (absent: the defaults).
 pub(super) fn validate(
     cx: &Ctx<'_>,
     raw: Option<&RawRuntime>,
 ) -> Result<RuntimeSpec, ManifestError> {
-    let max_component_mib: u64 = match raw {
-        Some(r) => cx.int(
-            &r.max_component_mib,
-            "runtime.max_component_mib",
-            1..=1024,
-            defaults::MAX_COMPONENT_MIB,
+    let Some(r) = raw else {
+        return Ok(RuntimeSpec {
+            max_component_bytes: defaults::MAX_COMPONENT_MIB << 20,
+            function_bounds: FunctionBounds::default(),
+        });
+    };
+    let max_component_mib: u64 = cx.int(
+        &r.max_component_mib,
+        "runtime.max_component_mib",
+        1..=1024,
+        defaults::MAX_COMPONENT_MIB,
+    )?;
+    let default = FunctionBounds::default();
+    let function_bounds = FunctionBounds {
+        max_operators: cx.int(
+            &r.max_function_operators,
+            "runtime.max_function_operators",
+            1..=MAX_FUNCTION_KEY,
+            default.max_operators,
         )?,
-        None => defaults::MAX_COMPONENT_MIB,
+        max_nesting: cx.int(
+            &r.max_function_nesting,
+            "runtime.max_function_nesting",
+            1..=MAX_FUNCTION_KEY,
+            default.max_nesting,
+        )?,
+        // Loops times locals: at most 7.6 M loops times 50,000 locals.
+        max_loop_locals: cx.int(
+            &r.max_function_loop_locals,
+            "runtime.max_function_loop_locals",
+            1..=i64::MAX,
+            default.max_loop_locals,
+        )?,
     };
     Ok(RuntimeSpec {
         max_component_bytes: max_component_mib << 20,
+        function_bounds,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use crate::manifest::testing::{MINIMAL, dir, parse};
+    use crate::runtime::FunctionBounds;
 
     #[test]
     fn the_component_size_limit_is_a_runtime_key() {
@@ -58,5 +94,37 @@ mod tests {
         );
         let e = parse(&format!("[runtime]\nmax_component_mib = 0\n{MINIMAL}")).expect_err("0");
         assert_eq!(e.field.as_deref(), Some("runtime.max_component_mib"));
+    }
+
+    #[test]
+    fn the_function_bounds_are_runtime_keys() {
+        let m = parse(MINIMAL).expect("valid");
+        assert_eq!(
+            m.runtime_config().function_bounds,
+            FunctionBounds::default()
+        );
+        let text = format!(
+            "[runtime]\nmax_function_operators = 5000000\nmax_function_nesting = 20000\nmax_function_loop_locals = 7\n{MINIMAL}"
+        );
+        let bounds = parse(&text)
+            .expect("valid")
+            .runtime_config()
+            .function_bounds;
+        assert_eq!(
+            bounds,
+            FunctionBounds {
+                max_operators: 5_000_000,
+                max_nesting: 20_000,
+                max_loop_locals: 7,
+            }
+        );
+        for (key, bad) in [
+            ("max_function_operators", 0),
+            ("max_function_nesting", 8_000_001),
+            ("max_function_loop_locals", 0),
+        ] {
+            let e = parse(&format!("[runtime]\n{key} = {bad}\n{MINIMAL}")).expect_err("range");
+            assert_eq!(e.field.as_deref(), Some(format!("runtime.{key}").as_str()));
+        }
     }
 }
