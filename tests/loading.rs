@@ -947,7 +947,7 @@ fn the_runtime_refuses_a_function_over_the_bound_before_compiling_it() {
     // The real guests' functions are well inside the default bounds, with a margin of at
     // least twice (the Python interpreter's largest: 166,865 operators, 781 nested blocks;
     // JavaScript's: 46,256 loops × locals).
-    for name in ["enricher_py", "enricher_js"] {
+    for name in ["enricher_py", "enricher_js", "order_validator"] {
         let shape =
             sharehost::runtime::CodeShape::measure(&std::fs::read(guest(name)).expect("read"))
                 .expect("parses");
@@ -964,6 +964,8 @@ fn the_runtime_refuses_a_function_over_the_bound_before_compiling_it() {
             shape.loop_locals.0 * 5 <= bounds.max_loop_locals,
             "{name}: {shape:?}"
         );
+        assert!(shape.stack.0 * 5 <= bounds.max_stack, "{name}: {shape:?}");
+        eprintln!("{name}: deepest operand stack {:?}", shape.stack);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

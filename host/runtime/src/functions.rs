@@ -13,7 +13,10 @@
 
 use std::path::Path;
 
-use wasmparser::{Encoding, Operator, Parser, Payload, TypeRef};
+use wasmparser::{
+    Encoding, FuncValidator, Operator, Parser, Payload, TypeRef, ValidPayload, Validator,
+    ValidatorResources, WasmFeatures,
+};
 
 use crate::error::LoadError;
 
@@ -30,6 +33,14 @@ pub const DEFAULT_MAX_FUNCTION_NESTING: u64 = 4_000;
 /// live across it becomes an SSA value of its own, and 4,000 loops over 1,000 live locals
 /// (38,000 operators) took 20 s to compile. See docs/reliability.md for the guests' figure.
 pub const DEFAULT_MAX_FUNCTION_LOOP_LOCALS: u64 = 400_000;
+/// Values one function may hold on its operand stack at once by default (manifest
+/// `runtime.max_function_stack`): every value held is live across what follows, and register
+/// allocation over many live values grows quadratically (80,000 operators holding half of them
+/// took 19 s). Far above the real guests' deepest stacks (see docs/reliability.md).
+pub const DEFAULT_MAX_FUNCTION_STACK: u64 = 2_000;
+
+/// The most results a function type may have (wasmparser's limit, which wasmtime keeps).
+const MAX_RESULTS: u64 = 1_000;
 
 /// The bounds one function must keep to be compiled: see the module doc.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +51,8 @@ pub struct FunctionBounds {
     pub max_nesting: u64,
     /// Loops times declared locals in one function.
     pub max_loop_locals: u64,
+    /// Values on one function's operand stack at once.
+    pub max_stack: u64,
 }
 
 impl Default for FunctionBounds {
@@ -48,6 +61,7 @@ impl Default for FunctionBounds {
             max_operators: DEFAULT_MAX_FUNCTION_OPERATORS,
             max_nesting: DEFAULT_MAX_FUNCTION_NESTING,
             max_loop_locals: DEFAULT_MAX_FUNCTION_LOOP_LOCALS,
+            max_stack: DEFAULT_MAX_FUNCTION_STACK,
         }
     }
 }
@@ -94,6 +108,8 @@ pub struct CodeShape {
     pub body_bytes: (u64, FunctionAt),
     /// The largest product of loops and declared locals in one body.
     pub loop_locals: (u64, FunctionAt),
+    /// The highest operand stack in one body (of the bodies whose operators were read).
+    pub stack: (u64, FunctionAt),
 }
 
 impl CodeShape {
@@ -102,7 +118,7 @@ impl CodeShape {
     /// this walk is refused by wasmtime's validation afterwards. An error is the parser's
     /// message (positions, never bytes).
     pub fn measure(bytes: &[u8]) -> Result<CodeShape, String> {
-        Self::measure_beyond(bytes, 0, 0)
+        Self::measure_beyond(bytes, 0, 0, 0)
     }
 
     /// [`CodeShape::measure`], reading the operators only of bodies longer than `small`
@@ -111,12 +127,28 @@ impl CodeShape {
     /// loops, and need not be read to be checked against bounds of `small` or more (its
     /// figures stay 0). Most functions are short: this keeps the walk of a 19 MB Python
     /// component to its few large functions.
-    fn measure_beyond(bytes: &[u8], small: u64, loop_locals: u64) -> Result<CodeShape, String> {
+    ///
+    /// The operand stack's height needs every operator's type, so the walk runs wasmparser's
+    /// validator beside it (module and component sections, and the bodies it reads), with
+    /// every feature on: it accepts all that wasmtime's validation (the same wasmparser, fewer
+    /// features) accepts, so what it refuses wasmtime would refuse too.
+    fn measure_beyond(
+        bytes: &[u8],
+        small: u64,
+        loop_locals: u64,
+        stack: u64,
+    ) -> Result<CodeShape, String> {
         let mut shape = CodeShape::default();
+        let mut validator = Validator::new_with_features(WasmFeatures::all());
+        // The most values one operator of the module being read may push: a call pushes its
+        // callee's results (up to 1,000 each), any other operator one or two.
+        let mut pushes = 2u64;
         // The module being read, and the index its next defined function gets.
         let mut at = FunctionAt::default();
         for payload in Parser::new(0).parse_all(bytes) {
-            match payload.map_err(|e| e.to_string())? {
+            let payload = payload.map_err(|e| e.to_string())?;
+            let valid = validator.payload(&payload).map_err(|e| e.to_string())?;
+            match payload {
                 Payload::Version {
                     encoding: Encoding::Module,
                     ..
@@ -126,6 +158,14 @@ impl CodeShape {
                         function: 0,
                     };
                     shape.modules = shape.modules.saturating_add(1);
+                    pushes = 2;
+                }
+                Payload::TypeSection(reader) => {
+                    for ty in reader.into_iter_err_on_gc_types() {
+                        // A GC type (refused here, not by the validator): count it at the most.
+                        let results = ty.map_or(MAX_RESULTS, |t| t.results().len() as u64);
+                        pushes = pushes.max(results);
+                    }
                 }
                 Payload::ImportSection(reader) => {
                     for import in reader.into_imports() {
@@ -136,7 +176,15 @@ impl CodeShape {
                     }
                 }
                 Payload::CodeSectionEntry(body) => {
-                    let one = measure_body(&body, small, loop_locals).map_err(|e| e.to_string())?;
+                    let func = match valid {
+                        ValidPayload::Func(func, _) => Some(func),
+                        _ => None,
+                    };
+                    let one = measure_body(&body, small, loop_locals, stack / pushes, |v| {
+                        func.map(|f| f.into_validator(Default::default()))
+                            .filter(|_| v)
+                    })
+                    .map_err(|e| e.to_string())?;
                     shape.functions = shape.functions.saturating_add(1);
                     for (most, has) in [
                         (&mut shape.operators, one.operators),
@@ -144,6 +192,7 @@ impl CodeShape {
                         (&mut shape.locals, one.locals),
                         (&mut shape.body_bytes, one.body_bytes),
                         (&mut shape.loop_locals, one.loops.saturating_mul(one.locals)),
+                        (&mut shape.stack, one.stack),
                     ] {
                         if has > most.0 {
                             *most = (has, at);
@@ -164,7 +213,7 @@ impl CodeShape {
         bounds: &FunctionBounds,
     ) -> Result<(), LoadError> {
         let small = bounds.max_operators.min(bounds.max_nesting);
-        Self::measure_beyond(bytes, small, bounds.max_loop_locals)
+        Self::measure_beyond(bytes, small, bounds.max_loop_locals, bounds.max_stack)
             .map_err(|message| LoadError::Compile {
                 path: path.to_owned(),
                 message,
@@ -194,6 +243,12 @@ impl CodeShape {
                 "loops × locals",
                 "runtime.max_function_loop_locals",
             ),
+            (
+                self.stack,
+                bounds.max_stack,
+                "values on its operand stack",
+                "runtime.max_function_stack",
+            ),
         ]
         .into_iter()
         .find(|((has, _), bound, _, _)| has > bound);
@@ -218,14 +273,21 @@ struct BodyShape {
     nesting: u64,
     locals: u64,
     body_bytes: u64,
+    stack: u64,
 }
 
 /// Measures one body; its operators only when it is longer than `small` bytes or its length
 /// times its locals is over `loop_locals` (see [`CodeShape::measure_beyond`]).
+/// `validator(true)` gives the body's validator when its operators are read; they are read
+/// too when the body is longer than `stack_bytes` (each operator is at least a byte, and
+/// pushes at most `max_stack / stack_bytes` values, so a shorter body stays under the stack
+/// bound).
 fn measure_body(
     body: &wasmparser::FunctionBody<'_>,
     small: u64,
     loop_locals: u64,
+    stack_bytes: u64,
+    validator: impl FnOnce(bool) -> Option<FuncValidator<ValidatorResources>>,
 ) -> wasmparser::Result<BodyShape> {
     let mut locals = 0u64;
     for group in body.get_locals_reader()? {
@@ -234,18 +296,32 @@ fn measure_body(
     }
     let body_bytes = body.range().len() as u64;
     let (mut operators, mut depth, mut nesting, mut loops) = (0u64, 0u64, 0u64, 0u64);
-    if body_bytes <= small && body_bytes.saturating_mul(locals) <= loop_locals {
+    let mut stack = 0u64;
+    let read = !(body_bytes <= small
+        && body_bytes.saturating_mul(locals) <= loop_locals
+        && body_bytes <= stack_bytes);
+    let mut validator = validator(read);
+    if !read {
         return Ok(BodyShape {
             operators,
             loops,
             nesting,
             locals,
             body_bytes,
+            stack,
         });
+    }
+    if let Some(v) = validator.as_mut() {
+        v.read_locals(&mut body.get_binary_reader())?;
     }
     let mut reader = body.get_operators_reader()?;
     while !reader.eof() {
+        let offset = reader.original_position();
         let op = reader.read()?;
+        if let Some(v) = validator.as_mut() {
+            v.op(offset, &op)?;
+            stack = stack.max(u64::from(v.operand_stack_height()));
+        }
         if matches!(op, Operator::Loop { .. }) {
             loops += 1;
         }
@@ -270,6 +346,7 @@ fn measure_body(
         nesting,
         locals,
         body_bytes,
+        stack,
     })
 }
 
@@ -410,6 +487,66 @@ mod tests {
         let e = CodeShape::check_bytes(Path::new("l.wasm"), &module(12, 0, 500), &bounds)
             .expect_err("over");
         assert!(e.to_string().contains("has 2000 loops × locals"), "{e}");
+    }
+
+    /// A core module whose one function pushes `held` constants, then drops them all.
+    fn held(held: u32) -> Vec<u8> {
+        let mut m = Module::new();
+        let mut types = TypeSection::new();
+        types.ty().function([], []);
+        m.section(&types);
+        let mut funcs = FunctionSection::new();
+        funcs.function(0);
+        m.section(&funcs);
+        let mut code = CodeSection::new();
+        let mut f = Function::new([]);
+        for _ in 0..held {
+            f.instruction(&Instruction::I64Const(1));
+        }
+        for _ in 0..held {
+            f.instruction(&Instruction::Drop);
+        }
+        f.instruction(&Instruction::End);
+        code.function(&f);
+        m.section(&code);
+        m.finish()
+    }
+
+    #[test]
+    fn values_held_on_the_operand_stack_are_bounded() {
+        let shape = CodeShape::measure(&held(2_001)).expect("parses");
+        assert_eq!(shape.stack.0, 2_001);
+        let e = CodeShape::check_bytes(
+            Path::new("s.wasm"),
+            &held(2_001),
+            &FunctionBounds::default(),
+        )
+        .expect_err("over the default stack bound");
+        assert!(
+            e.to_string().contains(
+                "function 0 of core module 0 has 2001 values on its operand stack, more than the maximum of 2000 (raise runtime.max_function_stack"
+            ),
+            "{e}"
+        );
+        CodeShape::check_bytes(
+            Path::new("s.wasm"),
+            &held(2_000),
+            &FunctionBounds::default(),
+        )
+        .expect("at the bound");
+        // A body shorter than the operator and nesting bounds' walk reads (3,601 bytes) is
+        // read for its stack all the same.
+        let bounds = FunctionBounds {
+            max_stack: 1_000,
+            ..FunctionBounds::default()
+        };
+        let e = CodeShape::check_bytes(Path::new("s.wasm"), &held(1_200), &bounds)
+            .expect_err("over a stack bound of 1,000");
+        assert!(
+            e.to_string()
+                .contains("has 1200 values on its operand stack"),
+            "{e}"
+        );
     }
 
     #[test]

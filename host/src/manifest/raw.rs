@@ -109,6 +109,8 @@ pub(super) struct RawRuntime {
     pub(super) max_function_nesting: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) max_function_loop_locals: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) max_function_stack: Option<Spanned<i64>>,
 }
 
 /// `[trust]` and `[pipeline.trust]`: minisign public keys, inline and/or in a file.

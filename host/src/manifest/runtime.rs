@@ -13,7 +13,7 @@ pub struct RuntimeSpec {
     /// a hot-swap request) can make the host read into memory.
     pub max_component_bytes: u64,
     /// What one function of a component may ask of the compiler (`max_function_operators`,
-    /// `max_function_nesting`, `max_function_loop_locals`): a bound on the CPU one load costs every host that compiles it.
+    /// `max_function_nesting`, `max_function_loop_locals`, `max_function_stack`): a bound on the CPU one load costs every host that compiles it.
     pub function_bounds: FunctionBounds,
 }
 
@@ -60,6 +60,13 @@ pub(super) fn validate(
             1..=i64::MAX,
             default.max_loop_locals,
         )?,
+        // A body of at most 7.6 M bytes holds at most as many values times 1,000 results.
+        max_stack: cx.int(
+            &r.max_function_stack,
+            "runtime.max_function_stack",
+            1..=i64::MAX,
+            default.max_stack,
+        )?,
     };
     Ok(RuntimeSpec {
         max_component_bytes: max_component_mib << 20,
@@ -104,7 +111,7 @@ mod tests {
             FunctionBounds::default()
         );
         let text = format!(
-            "[runtime]\nmax_function_operators = 5000000\nmax_function_nesting = 20000\nmax_function_loop_locals = 7\n{MINIMAL}"
+            "[runtime]\nmax_function_operators = 5000000\nmax_function_nesting = 20000\nmax_function_loop_locals = 7\nmax_function_stack = 9\n{MINIMAL}"
         );
         let bounds = parse(&text)
             .expect("valid")
@@ -116,6 +123,7 @@ mod tests {
                 max_operators: 5_000_000,
                 max_nesting: 20_000,
                 max_loop_locals: 7,
+                max_stack: 9,
             }
         );
         for (key, bad) in [
