@@ -299,6 +299,9 @@ pub enum RecordError {
     /// Not the JSON of its kind.
     #[error("malformed: {0}")]
     Malformed(String),
+    /// Reading it panicked (a bug, caught so that the agent reads on): the panic's text.
+    #[error("reading it panicked: {0}")]
+    Panicked(String),
 }
 
 impl RecordError {
@@ -309,6 +312,7 @@ impl RecordError {
             RecordError::NoValue => "no_value",
             RecordError::TooLarge(_) => "too_large",
             RecordError::Malformed(_) => "malformed",
+            RecordError::Panicked(_) => "panicked",
         }
     }
 }
@@ -410,6 +414,18 @@ mod tests {
             decode_deployment(Some(key.as_bytes()), Some(&bytes)),
             Err(RecordError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn an_error_text_cut_inside_a_character_is_named_not_a_panic() {
+        // serde's text quotes the field: its 200th byte falls inside a euro sign.
+        let record = format!("{{\"{}\": 1}}", "€".repeat(100));
+        for key in ["action/p/1", "decision/p/1/h"] {
+            let e = decode_deployment(Some(key.as_bytes()), Some(record.as_bytes()));
+            assert!(matches!(e, Err(RecordError::Malformed(_))), "{e:?}");
+        }
+        let e = decode_status(Some(record.as_bytes())).expect_err("not a status");
+        assert!(e.to_string().len() < 300, "{e}");
     }
 
     #[test]
