@@ -25,9 +25,9 @@ use sharehost_tests::fleet::{FleetKit, hash, poll_all, poll_fleet, wait_judged, 
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
-use sharehost_tests::signing::Signer;
+use sharehost_tests::signing::{Signer, minisign_keys, minisign_sign};
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, produce_ids,
+    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
     topic_and_group, topic_records, wait_until_drained,
 };
 
@@ -50,6 +50,12 @@ impl std::ops::Deref for Fleet {
 
     fn deref(&self) -> &FleetKit {
         &self.kit
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut FleetKit {
+        &mut self.kit
     }
 }
 
@@ -983,5 +989,38 @@ async fn forged_statuses_are_bounded_aged_and_flagged_and_a_forged_chunk_is_neve
         .join(&f.name)
         .join(format!("{digest}.wasm"));
     assert!(!kept.exists(), "{} kept", kept.display());
+    blocking(move || a.stop()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_made_by_minisign_w_deploys_through_sharehost_fleet() {
+    let mut f = Fleet::new("minisign").await;
+    // A key as Debian's minisign 0.11 writes it with -W: unencrypted, no checksum.
+    let (sk, public) = minisign_keys(&f.dir, None);
+    f.also_trusted.push(public);
+    let a = f.start("a");
+    poll_all(&[&a], "host a running", |p| p["state"] == "running");
+    let v2 = f.dir.join("minisign-v2.wasm");
+    std::fs::write(&v2, new_version(&f.v1, "minisign-v2")).expect("write v2");
+    minisign_sign(&sk, &v2, None);
+    let out = std::process::Command::new(sharehost_bin!())
+        .arg("fleet")
+        .arg("deploy")
+        .arg(f.manifest("operator"))
+        .args(["--pipeline", "ledger", "--key"])
+        .arg(&sk)
+        .arg(&v2)
+        .env("SHAREHOST_SIGNING_KEY_PASSWORD", "")
+        .output()
+        .expect("run sharehost fleet");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
     blocking(move || a.stop()).await;
 }
