@@ -229,8 +229,9 @@ async fn scan(
     Ok(chunks.into_values().flat_map(|b| b.to_vec()).collect())
 }
 
-/// Reads a chunk's key: 64 lower-case hex digits of a digest, a slash, the chunk's index.
-fn parse_chunk_key(key: &[u8]) -> Option<(&str, usize)> {
+/// Reads a chunk's key: 64 lower-case hex digits of a digest, a slash, the chunk's index;
+/// `None` for anything else (a record of the components topic that is not a chunk).
+pub fn parse_chunk_key(key: &[u8]) -> Option<(&str, usize)> {
     let key = std::str::from_utf8(key).ok()?;
     let (d, i) = key.split_once('/')?;
     let hex = d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));

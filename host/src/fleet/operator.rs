@@ -108,8 +108,13 @@ impl Operator {
         let mut state = FleetState::default();
         let mut last_refused = None;
         read_all(&client, &topics.deployments, |r| {
-            match fold_record(&mut state, &spec, &r) {
-                Folded::Skipped { why, .. } | Folded::Refused(why) => last_refused = Some(why),
+            // A record that panics its reader is skipped, as on the hosts.
+            let folded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                fold_record(&mut state, &spec, &r)
+            }));
+            match folded {
+                Ok(Folded::Skipped { why, .. } | Folded::Refused(why)) => last_refused = Some(why),
+                Err(_) => last_refused = Some(format!("reading record {} panicked", r.offset)),
                 _ => {}
             }
         })
@@ -117,7 +122,8 @@ impl Operator {
         let mut hosts = Hosts::new(spec.max_hosts, spec.stale_after_ms);
         let now = now_ms();
         read_all(&client, &topics.status, |r| {
-            if let Ok(s) = decode_status(r.value.as_deref())
+            let decoded = std::panic::catch_unwind(|| decode_status(r.value.as_deref()));
+            if let Ok(Ok(s)) = decoded
                 && r.key.as_deref() == Some(s.host.as_bytes())
             {
                 let _ = hosts.take(s, now);
