@@ -153,3 +153,29 @@ pub(super) fn validate(
         trust: trust.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{MINIMAL, parse};
+    use super::DEFAULT_MAX_HOSTS;
+
+    fn with_fleet(extra: &str) -> String {
+        let key = minisign::KeyPair::generate_unencrypted_keypair()
+            .expect("key pair")
+            .pk
+            .to_base64();
+        format!("[trust]\nkeys = [\"{key}\"]\n\n[fleet]\nname = \"f\"\n{extra}\n{MINIMAL}")
+    }
+
+    #[test]
+    fn max_hosts_has_a_default_and_a_bound_named_when_refused() {
+        let m = parse(&with_fleet("")).expect("valid");
+        assert_eq!(m.fleet.map(|f| f.max_hosts), Some(DEFAULT_MAX_HOSTS));
+        let m = parse(&with_fleet("max_hosts = 5")).expect("valid");
+        assert_eq!(m.fleet.map(|f| f.max_hosts), Some(5));
+        for bad in ["max_hosts = 0", "max_hosts = 100001"] {
+            let e = parse(&with_fleet(bad)).expect_err(bad).to_string();
+            assert!(e.contains("fleet.max_hosts") && e.contains("100000"), "{e}");
+        }
+    }
+}
