@@ -25,9 +25,9 @@ use sharehost_tests::fleet::{FleetKit, hash, poll_all, poll_fleet, wait_judged, 
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
-use sharehost_tests::signing::Signer;
+use sharehost_tests::signing::{Signer, minisign_keys, minisign_sign};
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, produce_ids,
+    FAULT_SETTINGS, blocking, bootstrap, client, guest, ledger_manifest, new_version, produce_ids,
     topic_and_group, topic_records, wait_until_drained,
 };
 
@@ -50,6 +50,12 @@ impl std::ops::Deref for Fleet {
 
     fn deref(&self) -> &FleetKit {
         &self.kit
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut FleetKit {
+        &mut self.kit
     }
 }
 
@@ -127,7 +133,13 @@ impl Fleet {
     /// Writes a raw record to the fleet's deployments topic (as anyone with write access to
     /// it could).
     async fn write_deployment(&self, key: &str, value: &[u8]) {
-        let topic = format!("{}{}.deployments", self.prefix, self.name);
+        self.write_raw("deployments", key, value).await;
+    }
+
+    /// Writes a raw record to the fleet's topic `<prefix><name>.KIND` (deployments, status or
+    /// components), as anyone with write access to it could; returns its offset.
+    async fn write_raw(&self, kind: &str, key: &str, value: &[u8]) -> i64 {
+        let topic = format!("{}{}.{kind}", self.prefix, self.name);
         let record = ProduceRecord {
             key: Some(Bytes::copy_from_slice(key.as_bytes())),
             value: Some(Bytes::copy_from_slice(value)),
@@ -137,7 +149,52 @@ impl Fleet {
         self.client
             .produce(&topic, 0, &[record], Compression::None)
             .await
-            .expect("write to the deployments topic");
+            .unwrap_or_else(|e| panic!("write to {topic}: {e}"))
+    }
+
+    /// Starts host `id` with `fleet_extra` lines in its `[fleet]` table.
+    fn start_fleet_extra(&self, id: &str, fleet_extra: &str) -> HostProcess {
+        let manifest = self.kit.manifest(
+            id,
+            fleet_extra,
+            &ledger_manifest(
+                &bootstrap(),
+                &self.topic,
+                &self.group,
+                &self.v1,
+                "",
+                FAULT_SETTINGS,
+            ),
+        );
+        self.kit.start(sharehost_bin!(), &manifest, id)
+    }
+}
+
+/// The lines of a host's `GET /metrics` that count skipped fleet records of topic kind `kind`
+/// (deployments, status, components) for `reason`, summed.
+fn skipped(host: &HostProcess, kind: &str, reason: &str) -> u64 {
+    let (_, metrics) = host.http("GET", "/metrics", "");
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("sharehost_fleet_records_skipped_total")
+                && l.contains(&format!(".{kind}\""))
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Waits until `host` has counted a skipped record of topic kind `kind` for `reason`.
+fn wait_skipped(host: &HostProcess, kind: &str, reason: &str) {
+    let until = Instant::now() + PATIENCE;
+    while skipped(host, kind, reason) == 0 {
+        let (_, metrics) = host.http("GET", "/metrics", "");
+        assert!(
+            Instant::now() < until,
+            "no {reason} record of the {kind} topic counted: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -739,4 +796,231 @@ async fn a_host_reading_the_compacted_deployments_topic_from_its_start_reaches_t
         seen.push(blocking(move || h.stop().1).await);
     }
     f.ledger(&seen).await;
+}
+
+/// A JSON object whose only field is 100 euro signs (307 bytes): serde's error text quotes the
+/// field, so its 200th byte falls inside a character. Cut there with `String::truncate`, it
+/// panicked every host's fleet agent, and a host starting while it was in a topic exited.
+fn euro_record() -> Vec<u8> {
+    format!("{{\"{}\": 1}}", "€".repeat(100)).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_cut_inside_a_character_stops_no_agent_and_no_host_starting_while_it_is_there() {
+    let f = Fleet::new("euro").await;
+    let a = f.start("a");
+    poll_fleet(&a, "host a in its own view", |v| {
+        v["hosts"].as_array().is_some_and(|h| h.len() == 1)
+    });
+    let bad = euro_record();
+    f.write_deployment(&action_key("ledger", 1), &bad).await;
+    f.write_raw("status", "ghost", &bad).await;
+
+    // Host a's agent reads on: a deploy after the bad records reaches it, and both are counted.
+    let v2 = f.version(&f.v1, "euro-v2");
+    f.fleet(&["deploy", v2.to_str().expect("utf-8")]);
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
+    wait_skipped(&a, "deployments", "malformed");
+    wait_skipped(&a, "status", "malformed");
+
+    // A host started while the records are in the topics starts, converges and stays up.
+    let b = f.start("b");
+    poll_all(&[&b], "host b on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
+    wait_skipped(&b, "deployments", "malformed");
+    wait_skipped(&b, "status", "malformed");
+    let view = poll_fleet(&b, "hosts a and b in b's view", |v| {
+        v["hosts"].as_array().is_some_and(|h| h.len() == 2)
+    });
+    assert_eq!(view["pipelines"]["ledger"]["seq"], 1, "{view:#}");
+    for h in [a, b] {
+        let (_, metrics) = h.http("GET", "/metrics", "");
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l == "sharehost_fleet_agent_restarts_total 0"),
+            "the agent never panicked: {metrics}"
+        );
+        let log = h.log_lines().join("\n");
+        assert!(log.contains("fleet record skipped"), "{log}");
+        blocking(move || h.stop()).await;
+    }
+}
+
+/// A status record of host `host` as instance `instance`, written at `at_ms`.
+fn forged_status(host: &str, instance: &str, at_ms: u64) -> Vec<u8> {
+    serde_json::to_vec(&sharehost::fleet::records::HostStatus {
+        host: host.into(),
+        instance: instance.into(),
+        at_ms,
+        version: "0.0.0".into(),
+        pipelines: Vec::new(),
+    })
+    .expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_statuses_are_bounded_aged_and_flagged_and_a_forged_chunk_is_never_kept() {
+    let f = Fleet::new("forged").await;
+    let a = f.start_fleet_extra("a", "max_hosts = 4\n");
+    poll_fleet(&a, "host a in its own view", |v| {
+        v["hosts"].as_array().is_some_and(|h| h.len() == 1)
+    });
+
+    // Statuses anyone who can write the topic could write: three old hosts, one from the
+    // year 2100, and a host whose id two writers take turns on.
+    let now = sharehost::fleet::agent::now_ms();
+    for (i, h) in ["old-1", "old-2", "old-3"].iter().enumerate() {
+        f.write_raw("status", h, &forged_status(h, h, now - 60_000 + i as u64))
+            .await;
+    }
+    f.write_raw(
+        "status",
+        "future",
+        &forged_status("future", "f", 4_102_444_800_000),
+    )
+    .await;
+    for (i, instance) in ["one", "two", "one"].iter().enumerate() {
+        f.write_raw(
+            "status",
+            "twice",
+            &forged_status("twice", instance, now + i as u64),
+        )
+        .await;
+    }
+    let view = poll_fleet(&a, "two writers of one host id flagged", |v| {
+        v["hosts"].as_array().is_some_and(|h| {
+            h.iter()
+                .any(|h| h["host"] == "twice" && h["conflict"].is_object())
+        })
+    });
+    let hosts: Vec<&str> = view["hosts"]
+        .as_array()
+        .expect("hosts")
+        .iter()
+        .filter_map(|h| h["host"].as_str())
+        .collect();
+    assert_eq!(hosts.len(), 4, "at most fleet.max_hosts kept: {view:#}");
+    assert!(
+        hosts.contains(&"a") && hosts.contains(&"future") && !hosts.contains(&"old-1"),
+        "the oldest dropped, the host's own kept: {view:#}"
+    );
+    let future = view["hosts"]
+        .as_array()
+        .and_then(|h| h.iter().find(|h| h["host"] == "future"))
+        .expect("future");
+    let read_by = sharehost::fleet::agent::now_ms();
+    assert!(
+        future["at_ms"].as_u64().is_some_and(|t| t <= read_by),
+        "a status from the future taken as written when read: {future:#}"
+    );
+    for reason in ["host_limit", "future_at_ms", "clashing_writers"] {
+        wait_skipped(&a, "status", reason);
+    }
+
+    // A chunk forged under a real version's digest, garbage beside it, and a signed deploy
+    // that names the forged chunk's offset (as compaction would leave it named): the host
+    // refuses the version with the reason and keeps v1; nothing of it is kept on disk.
+    let v2 = f.version(&f.v1, "forged-v2");
+    let real = std::fs::read(&v2).expect("v2");
+    let digest = hash(&v2);
+    let mut forged = real.clone();
+    let last = forged.len() - 1;
+    forged[last] ^= 0xff;
+    f.write_raw("components", "junk", b"not a chunk").await;
+    let offset = f
+        .write_raw(
+            "components",
+            &sharehost::fleet::records::chunk_key(&digest, 0),
+            &forged,
+        )
+        .await;
+    let component = sharehost::fleet::records::ComponentRef {
+        digest: digest.clone(),
+        size: real.len() as u64,
+        name: "forged-v2.wasm".into(),
+        signature: std::fs::read_to_string(sharehost::runtime::signature_path(&v2))
+            .expect("v2's signature"),
+        chunks: vec![offset],
+    };
+    let deploy = Action {
+        fleet: f.name.clone(),
+        pipeline: "ledger".into(),
+        seq: 1,
+        issued_at_ms: now,
+        change: Change::Deploy {
+            component: component.clone(),
+        },
+        then: Desired {
+            seq: 1,
+            active: Some(component),
+            ..Desired::default()
+        },
+    };
+    let signed = sign::sign(&deploy, &f.operator.sk).expect("sign");
+    f.write_deployment(
+        &action_key("ledger", 1),
+        &serde_json::to_vec(&signed).expect("json"),
+    )
+    .await;
+    let view = poll_fleet(&a, "the forged version refused on host a", |v| {
+        v["hosts"].as_array().is_some_and(|h| {
+            h.iter().any(|h| {
+                h["host"] == "a"
+                    && h["pipelines"][0]["refused"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("forged or damaged"))
+            })
+        })
+    });
+    assert_eq!(
+        a.status()[0]["active_version"],
+        hash(&f.v1).as_str(),
+        "{view:#}"
+    );
+    wait_skipped(&a, "components", "unknown_key");
+    wait_skipped(&a, "components", "bad_chunk");
+    let kept = f
+        .state("a")
+        .join("fleet")
+        .join(&f.name)
+        .join(format!("{digest}.wasm"));
+    assert!(!kept.exists(), "{} kept", kept.display());
+    blocking(move || a.stop()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_made_by_minisign_w_deploys_through_sharehost_fleet() {
+    let mut f = Fleet::new("minisign").await;
+    // A key as Debian's minisign 0.11 writes it with -W: unencrypted, no checksum.
+    let (sk, public) = minisign_keys(&f.dir, None);
+    f.also_trusted.push(public);
+    let a = f.start("a");
+    poll_all(&[&a], "host a running", |p| p["state"] == "running");
+    let v2 = f.dir.join("minisign-v2.wasm");
+    std::fs::write(&v2, new_version(&f.v1, "minisign-v2")).expect("write v2");
+    minisign_sign(&sk, &v2, None);
+    let out = std::process::Command::new(sharehost_bin!())
+        .arg("fleet")
+        .arg("deploy")
+        .arg(f.manifest("operator"))
+        .args(["--pipeline", "ledger", "--key"])
+        .arg(&sk)
+        .arg(&v2)
+        .env("SHAREHOST_SIGNING_KEY_PASSWORD", "")
+        .output()
+        .expect("run sharehost fleet");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    poll_all(&[&a], "host a on v2", |p| {
+        p["active_version"] == hash(&v2).as_str()
+    });
+    blocking(move || a.stop()).await;
 }

@@ -494,7 +494,7 @@ function renderFleet() {
   fill($("fleet-pipelines").tBodies[0], wanted, "the fleet has no actions yet", 7);
   const rows = [];
   for (const h of f.hosts) {
-    const heard = () => el("td", { class: "nowrap", rowSpan: Math.max(h.pipelines.length, 1) }, `${fmt(Math.round(h.age_ms / 1000))} s ago `, h.stale ? el("span", { class: "badge bad" }, "stale") : null);
+    const heard = () => el("td", { class: "nowrap", rowSpan: Math.max(h.pipelines.length, 1) }, `${fmt(Math.round(h.age_ms / 1000))} s ago `, h.stale ? el("span", { class: "badge bad" }, "stale") : null, h.conflict ? el("span", { class: "badge bad", title: h.conflict.reason }, "two writers") : null);
     const who = () => el("td", { rowSpan: Math.max(h.pipelines.length, 1) }, h.host, el("div", { class: "muted" }, `sharehost ${h.version}`));
     h.pipelines.forEach((p, i) => {
       const want = f.pipelines[p.name];

@@ -94,6 +94,7 @@ async fn main() -> Result<()> {
         status_interval_ms: interval.as_millis() as u64,
         stale_after_ms: 30_000,
         status_retention_ms: 3_600_000,
+        max_hosts: 1_000,
         trust: Arc::new(trust),
     };
     let admin =

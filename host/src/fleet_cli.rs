@@ -389,6 +389,9 @@ fn render(v: &FleetView) -> String {
             h.age_ms as f64 / 1000.0,
             h.status.version
         );
+        if let Some(c) = &h.conflict {
+            let _ = writeln!(out, "  conflict: {}", c.reason);
+        }
         for p in &h.status.pipelines {
             let _ = write!(
                 out,

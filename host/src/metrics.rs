@@ -101,6 +101,8 @@ pub struct Metrics {
     /// Fleet records this host could not write (its status, a canary decision), by record:
     /// the host judges on, and tries again at the next status interval.
     pub fleet_write_failures: Family<Labels, Counter>,
+    /// Times the fleet agent panicked and was started again (a bug: the host keeps running).
+    pub fleet_agent_restarts: Counter,
     /// Manifest re-reads (SIGHUP or the file replaced), by result: applied or refused.
     pub manifest_rereads: Family<Labels, Counter>,
     /// Whether each pipeline runs (1) or not (0: failed to load or run, joining, draining).
@@ -164,6 +166,7 @@ impl Metrics {
             fleet_records_skipped: Family::default(),
             fleet_actions: Family::default(),
             fleet_write_failures: Family::default(),
+            fleet_agent_restarts: Counter::default(),
             manifest_rereads: Family::default(),
             pipeline_up: Family::default(),
             pipeline_failures: Family::default(),
@@ -288,6 +291,11 @@ impl Metrics {
             "fleet_write_failures",
             "Fleet records this host could not write, by record (status, decision); tried again at the next interval",
             m.fleet_write_failures.clone(),
+        );
+        registry.register(
+            "fleet_agent_restarts",
+            "Times the fleet agent panicked and was started again with backoff (the host keeps running)",
+            m.fleet_agent_restarts.clone(),
         );
         registry.register(
             "manifest_rereads",

@@ -27,6 +27,8 @@ pub struct FleetKit {
     pub v1: PathBuf,
     /// The prefix of the fleet's topics.
     pub prefix: String,
+    /// More public key lines every host trusts beside the operator's.
+    pub also_trusted: Vec<String>,
 }
 
 impl FleetKit {
@@ -47,6 +49,7 @@ impl FleetKit {
             key,
             v1,
             prefix: format!("{}.", unique("fleet")),
+            also_trusted: Vec::new(),
         }
     }
 
@@ -62,9 +65,12 @@ impl FleetKit {
     /// `rest` (the cluster, admin and pipelines, e.g. a `ledger_manifest`).
     pub fn manifest(&self, id: &str, fleet_extra: &str, rest: &str) -> PathBuf {
         let path = self.dir.join(format!("{id}.toml"));
+        let keys: Vec<String> = std::iter::once(self.operator.public())
+            .chain(self.also_trusted.iter().cloned())
+            .collect();
         let text = format!(
             "{}{fleet_extra}{rest}",
-            fleet_tables(&self.operator.public(), &self.name, id, &self.prefix)
+            fleet_tables(&keys.join("\", \""), &self.name, id, &self.prefix)
         );
         std::fs::write(&path, text).expect("write manifest");
         path

@@ -1,7 +1,9 @@
 //! Keys and signatures made as `minisign -G -W` and `minisign -Sm` make them (a fresh key pair
 //! per test; no secret key outlives the test's temporary directory).
 
-use std::path::Path;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use sharehost::runtime::{TrustedKey, signature_path};
 
@@ -54,4 +56,54 @@ impl Default for Signer {
     fn default() -> Signer {
         Signer::new()
     }
+}
+
+/// Runs the real `minisign` binary (Debian's package, which dev/test installs) with `input` on
+/// its standard input. A test of keys as minisign writes them fails, never skips, without it.
+pub fn minisign(args: &[&str], input: &str) {
+    let mut child = Command::new("minisign")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the minisign binary (apt-get install minisign; dev/test installs it)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write to minisign");
+    assert!(
+        child.wait().expect("minisign").success(),
+        "minisign {args:?}"
+    );
+}
+
+/// A key pair made by `minisign -G` in `dir` (`-W`, unencrypted, when `password` is `None`):
+/// the secret key file and the public key line a manifest lists.
+pub fn minisign_keys(dir: &Path, password: Option<&str>) -> (PathBuf, String) {
+    let (sk, pk) = (dir.join("minisign.key"), dir.join("minisign.pub"));
+    let (sk_s, pk_s) = (sk.to_str().expect("utf-8"), pk.to_str().expect("utf-8"));
+    match password {
+        None => minisign(&["-G", "-W", "-p", pk_s, "-s", sk_s], ""),
+        Some(pw) => minisign(&["-G", "-p", pk_s, "-s", sk_s], &format!("{pw}\n{pw}\n")),
+    }
+    let public = std::fs::read_to_string(&pk).expect("public key");
+    let line = public.lines().nth(1).expect("a key line").to_owned();
+    (sk, line)
+}
+
+/// Signs `component` with `minisign -Sm` and the secret key `sk` (its password, if any, on
+/// standard input).
+pub fn minisign_sign(sk: &Path, component: &Path, password: Option<&str>) {
+    minisign(
+        &[
+            "-S",
+            "-s",
+            sk.to_str().expect("utf-8"),
+            "-m",
+            component.to_str().expect("utf-8"),
+        ],
+        &password.map(|p| format!("{p}\n")).unwrap_or_default(),
+    );
 }

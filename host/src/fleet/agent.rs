@@ -19,9 +19,10 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::components;
+use super::hosts::{Conflict, Hosts};
 use super::records::{
     Action, CanaryReport, ComponentRef, Decision, DeploymentRecord, HostStatus, PipelineReport,
-    decision_key, decode_deployment, decode_status,
+    RecordError, decision_key, decode_deployment, decode_status,
 };
 use super::sign;
 use super::state::{Desired, FleetState};
@@ -82,13 +83,12 @@ struct Applied {
 /// The longest wait between two tries of a fleet action a host could not apply.
 const MAX_RETRY: Duration = Duration::from_secs(60);
 
-#[derive(Default)]
 struct Inner {
     state: FleetState,
     deployments_at: i64,
     status_at: i64,
-    /// Every host's latest status, this one's included.
-    hosts: BTreeMap<String, HostStatus>,
+    /// Every host's latest status, this one's included (bounded, aged, clashes flagged).
+    hosts: Hosts,
     applied: HashMap<String, Applied>,
     /// Canaries this host has written a decision for.
     decided: HashSet<(String, u64)>,
@@ -101,6 +101,23 @@ struct Inner {
     judged: HashMap<String, (u64, Instant)>,
     /// Actions refused before they could be read (unsigned, tampered, foreign key): the last.
     last_refused: Option<String>,
+}
+
+impl Inner {
+    fn new(spec: &FleetSpec, host: &str) -> Inner {
+        Inner {
+            state: FleetState::default(),
+            deployments_at: 0,
+            status_at: 0,
+            hosts: Hosts::of_host(host, spec.max_hosts, spec.stale_after_ms),
+            applied: HashMap::new(),
+            decided: HashSet::new(),
+            fleet_shadows: HashSet::new(),
+            logged: HashSet::new(),
+            judged: HashMap::new(),
+            last_refused: None,
+        }
+    }
 }
 
 /// What one deployments record did to the fleet's state.
@@ -222,6 +239,10 @@ pub struct HostView {
     pub age_ms: u64,
     /// Not heard from for longer than `fleet.stale_after_ms`.
     pub stale: bool,
+    /// Two writers were seen taking turns under this host's id lately (a status forged under
+    /// its id, or two hosts given one `fleet.host_id`): what it shows may not be its own.
+    #[serde(default)]
+    pub conflict: Option<Conflict>,
 }
 
 /// The fleet as one host sees it.
@@ -245,7 +266,7 @@ pub fn view(
     spec: &FleetSpec,
     host: &str,
     state: &FleetState,
-    hosts: &BTreeMap<String, HostStatus>,
+    hosts: &Hosts,
     last_refused: Option<String>,
 ) -> FleetView {
     let now = now_ms();
@@ -254,13 +275,14 @@ pub fn view(
         host: host.to_owned(),
         pipelines: state.pipelines.clone(),
         hosts: hosts
-            .values()
-            .map(|s| {
-                let age_ms = now.saturating_sub(s.at_ms);
+            .iter()
+            .map(|(_, e)| {
+                let age_ms = now.saturating_sub(e.status.at_ms);
                 HostView {
-                    status: s.clone(),
+                    status: e.status.clone(),
                     age_ms,
                     stale: age_ms > spec.stale_after_ms,
+                    conflict: hosts.live_conflict(e, now),
                 }
             })
             .collect(),
@@ -279,6 +301,7 @@ impl Fleet {
     ) -> Result<Arc<Fleet>, FleetError> {
         let topics = topics::ensure(&client, &spec).await?;
         let host = host_id(&spec);
+        let inner = Mutex::new(Inner::new(&spec, &host));
         let fleet = Arc::new(Fleet {
             dir: state_dir.join("fleet").join(&spec.name),
             host,
@@ -287,7 +310,7 @@ impl Fleet {
             topics,
             client,
             metrics,
-            inner: Mutex::new(Inner::default()),
+            inner,
             reconciling: tokio::sync::Mutex::new(()),
             spec,
         });
@@ -387,7 +410,15 @@ impl Fleet {
     /// is logged (once per kind), counted and skipped.
     fn fold(&self, inner: &mut Inner, r: ConsumedRecord) {
         let topic = self.topics.deployments.clone();
-        match fold_record(&mut inner.state, &self.spec, &r) {
+        // A record that panics its reader is skipped like any bad record: the agent reads on.
+        let folded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fold_record(&mut inner.state, &self.spec, &r)
+        }))
+        .unwrap_or_else(|p| Folded::Skipped {
+            kind: "panicked",
+            why: format!("reading it panicked: {}", panic_message(p.as_ref())),
+        });
+        match folded {
             Folded::Skipped { kind, why } => {
                 if matches!(kind, "unverified" | "other_fleet") {
                     inner.last_refused = Some(why.clone());
@@ -420,7 +451,10 @@ impl Fleet {
                 ("reason", kind.to_owned()),
             ])
             .inc();
-        if inner.logged.insert(format!("{topic}/{kind}")) {
+        if kind == "panicked" {
+            // A bug, not bad input: every one is worth a line.
+            tracing::error!(fleet = %self.spec.name, topic, offset, "fleet record skipped: {why}");
+        } else if inner.logged.insert(format!("{topic}/{kind}")) {
             tracing::warn!(fleet = %self.spec.name, topic, offset, "fleet record skipped (records like it are only counted from now on, in sharehost_fleet_records_skipped_total): {why}");
         }
     }
@@ -464,7 +498,9 @@ impl Fleet {
                     }
                     continue;
                 }
-                match decode_status(r.value.as_deref()) {
+                let decoded = std::panic::catch_unwind(|| decode_status(r.value.as_deref()))
+                    .unwrap_or_else(|p| Err(RecordError::Panicked(panic_message(p.as_ref()))));
+                match decoded {
                     Err(e) => self.skip(&mut inner, &topic, r.offset, e.kind(), &e.to_string()),
                     Ok(s) if r.key.as_deref() != Some(s.host.as_bytes()) => {
                         let why = format!("a status of host {:?} under another key", s.host);
@@ -479,13 +515,16 @@ impl Fleet {
                             "another live process (instance {}) reports as this host's id {:?}: give each host its own fleet.host_id",
                             s.instance, self.host
                         );
+                        inner.hosts.flag(&self.host, why.clone(), now_ms());
                         self.skip(&mut inner, &topic, r.offset, "clashing_host_id", &why);
                     }
                     Ok(s) if s.host == self.host && s.instance != self.instance => {
                         // This host's status from before a restart: this process's replaces it.
                     }
                     Ok(s) => {
-                        inner.hosts.insert(s.host.clone(), s);
+                        for n in inner.hosts.take(s, now_ms()) {
+                            self.skip(&mut inner, &topic, r.offset, n.kind, &n.why);
+                        }
                     }
                 }
             }
@@ -656,9 +695,17 @@ impl Fleet {
             components::store_signature(&path, c).map_err(|e| e.to_string())?;
             return Ok(path);
         }
-        let bytes = components::download(&self.client, &self.topics.components, c)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut skipped = Vec::new();
+        let bytes =
+            components::download(&self.client, &self.topics.components, c, &mut skipped).await;
+        if !skipped.is_empty() {
+            let topic = self.topics.components.clone();
+            let mut inner = lock(&self.inner);
+            for k in skipped {
+                self.skip(&mut inner, &topic, k.offset, k.kind, &k.why);
+            }
+        }
+        let bytes = bytes.map_err(|e| e.to_string())?;
         components::store(&self.dir, c, &bytes).map_err(|e| e.to_string())
     }
 
@@ -719,7 +766,7 @@ impl Fleet {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             pipelines,
         };
-        inner.hosts.insert(self.host.clone(), status.clone());
+        let _ = inner.hosts.take(status.clone(), now_ms());
         status
     }
 
@@ -777,7 +824,7 @@ impl Fleet {
                 if seq != c.seq {
                     continue;
                 }
-                for (host, s) in &inner.hosts {
+                for (host, s) in inner.hosts.statuses() {
                     if *host == self.host {
                         continue;
                     }
@@ -836,10 +883,29 @@ impl Fleet {
         }
     }
 
+    /// Follows the fleet until `shutdown` (see [`Fleet::follow`]), in a task of its own that is
+    /// started again, with backoff, when it panics: what a topic holds must never stop a host's
+    /// agent for good. Each restart is logged at ERROR and counted in
+    /// `sharehost_fleet_agent_restarts_total`.
+    pub async fn run(self: Arc<Self>, tenants: Arc<Tenants>, shutdown: CancellationToken) {
+        let metrics = self.metrics.clone();
+        let fleet = self.spec.name.clone();
+        let stop = shutdown.clone();
+        supervise(
+            &shutdown,
+            |why| {
+                metrics.fleet_agent_restarts.inc();
+                tracing::error!(fleet = %fleet, "the fleet agent panicked and is started again (counted in sharehost_fleet_agent_restarts_total): {why}");
+            },
+            move || self.clone().follow(tenants.clone(), stop.clone()),
+        )
+        .await;
+    }
+
     /// Follows the fleet until `shutdown`: applies new actions and decisions as they arrive,
     /// and every status interval reads everyone's status, decides canaries, retries what was
     /// not applied and publishes this host's status.
-    pub async fn run(self: Arc<Self>, tenants: Arc<Tenants>, shutdown: CancellationToken) {
+    async fn follow(self: Arc<Self>, tenants: Arc<Tenants>, shutdown: CancellationToken) {
         let mut tick =
             tokio::time::interval(Duration::from_millis(self.spec.status_interval_ms.max(100)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -904,6 +970,66 @@ impl Fleet {
     }
 }
 
+/// The first wait before a panicked task is started again; it doubles on each panic in a row.
+const FIRST_RESTART_DELAY: Duration = Duration::from_millis(100);
+
+/// The longest wait before a panicked task is started again.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+
+/// Runs the task `start` makes until it returns or `shutdown`; when it panics, `on_panic` is
+/// told why and a new one is started after a delay that doubles from
+/// [`FIRST_RESTART_DELAY`] to [`MAX_RESTART_DELAY`] (back to the first after a task that ran
+/// longer than the longest delay). The panic is caught as the spawned task's `JoinError`, so
+/// nothing of it reaches the caller.
+pub(crate) async fn supervise<F, Fut>(
+    shutdown: &CancellationToken,
+    mut on_panic: impl FnMut(&str),
+    mut start: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut delay = FIRST_RESTART_DELAY;
+    loop {
+        let started = Instant::now();
+        let mut task = tokio::spawn(start());
+        let ended = tokio::select! {
+            ended = &mut task => ended,
+            _ = shutdown.cancelled() => {
+                // The task sees the same token and ends on its own; wait for it.
+                task.await
+            }
+        };
+        match ended {
+            Ok(()) => return,
+            Err(e) if e.is_panic() => {
+                if started.elapsed() > MAX_RESTART_DELAY {
+                    delay = FIRST_RESTART_DELAY;
+                }
+                on_panic(&panic_message(e.into_panic().as_ref()));
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(MAX_RESTART_DELAY);
+            }
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        }
+    }
+}
+
+/// The text a panic was raised with (a `&str` or a `String`), or a placeholder.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -921,6 +1047,7 @@ mod tests {
             status_interval_ms: 1000,
             stale_after_ms: 10_000,
             status_retention_ms: 60_000,
+            max_hosts: 10,
             trust: Arc::new(trust),
         }
     }
@@ -943,6 +1070,50 @@ mod tests {
             value: Some(Bytes::copy_from_slice(value)),
             headers: Vec::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_panics_is_started_again_and_each_panic_is_told() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut told = Vec::new();
+        let r = runs.clone();
+        supervise(
+            &CancellationToken::new(),
+            |why| told.push(why.to_owned()),
+            move || {
+                let r = r.clone();
+                async move {
+                    let n = r.fetch_add(1, Ordering::SeqCst);
+                    assert!(n >= 2, "run {n} panics");
+                }
+            },
+        )
+        .await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "two panics, then a run that returns"
+        );
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(told[0].contains("run 0 panics"), "{told:?}");
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_ends_the_wait_before_a_restart() {
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let mut told = 0;
+        supervise(
+            &shutdown,
+            |_| {
+                told += 1;
+                stop.cancel();
+            },
+            || async { panic!("always") },
+        )
+        .await;
+        assert_eq!(told, 1, "no restart after the shutdown");
     }
 
     #[test]

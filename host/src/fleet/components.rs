@@ -72,13 +72,35 @@ pub async fn upload(
     Ok(offsets)
 }
 
+/// A record of the components topic read while fetching a component and found not to be one
+/// of its chunks as the fleet writes them: the caller counts and logs it like the other
+/// topics' bad records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Its offset.
+    pub offset: i64,
+    /// A short name for the metric's reason label.
+    pub kind: &'static str,
+    /// The whole reason.
+    pub why: String,
+}
+
+/// How many chunks a component of `size` bytes has.
+fn chunk_count(size: u64) -> u64 {
+    size.div_ceil(CHUNK_BYTES as u64).max(1)
+}
+
 /// Reads `c`'s bytes from `topic`: from the offsets it names, and by a scan of the topic for
 /// its digest when they do not hold its chunks (the topic was compacted after a second upload
-/// of the same digest). The bytes are checked against the digest and size.
+/// of the same digest). The bytes are checked against the digest and size before they are
+/// returned, so bytes that do not hash to it are never kept or compiled; records found not to
+/// be chunks (foreign keys, no value, oversized, or chunks that do not add up to the digest)
+/// are added to `skipped`.
 pub async fn download(
     client: &KafkaClient,
     topic: &str,
     c: &ComponentRef,
+    skipped: &mut Vec<Skipped>,
 ) -> Result<Vec<u8>, ComponentError> {
     let bad = |reason: String| ComponentError::Bad {
         digest: c.digest.clone(),
@@ -93,21 +115,35 @@ pub async fn download(
             .into_iter()
             .find(|r| r.offset == offset)
             .filter(|r| r.key.as_deref() == Some(chunk_key(&c.digest, i).as_bytes()));
-        match chunk.and_then(|r| r.value) {
-            Some(v) => out.extend_from_slice(&v),
-            None => {
+        match chunk
+            .and_then(|r| r.value)
+            .filter(|v| v.len() <= CHUNK_BYTES)
+        {
+            Some(v) if out.len() as u64 + v.len() as u64 <= c.size => out.extend_from_slice(&v),
+            _ => {
                 by_offsets = false;
                 break;
             }
         }
     }
+    if by_offsets && digest(&out) != c.digest {
+        skipped.push(Skipped {
+            offset: c.chunks.first().copied().unwrap_or(-1),
+            kind: "bad_chunk",
+            why: format!(
+                "the chunks at the offsets the deployment of {} names add up to digest {}, not its own: not kept",
+                c.short(),
+                crate::pipeline::short(&digest(&out))
+            ),
+        });
+    }
     if !by_offsets || digest(&out) != c.digest {
         tracing::info!(digest = %c.short(), "the component's chunks are not at the offsets its deployment names: scanning the components topic");
-        out = scan(client, topic, c).await?;
+        out = scan(client, topic, c, skipped).await?;
     }
     if out.len() as u64 != c.size || digest(&out) != c.digest {
         return Err(bad(format!(
-            "its chunks add up to {} bytes of digest {}, not {} bytes of its digest",
+            "its chunks in the components topic add up to {} bytes of digest {}, not the {} bytes of the digest its deployment names: a chunk was forged or damaged; not kept, the pipeline keeps its version",
             out.len(),
             crate::pipeline::short(&digest(&out)),
             c.size
@@ -122,8 +158,9 @@ async fn scan(
     client: &KafkaClient,
     topic: &str,
     c: &ComponentRef,
+    skipped: &mut Vec<Skipped>,
 ) -> Result<Vec<u8>, ComponentError> {
-    let prefix = format!("{}/", c.digest);
+    let count = chunk_count(c.size);
     let mut chunks: BTreeMap<usize, Bytes> = BTreeMap::new();
     let end = client.list_offset(topic, 0, OffsetSpec::Latest).await?;
     let mut at = client.list_offset(topic, 0, OffsetSpec::Earliest).await?;
@@ -133,20 +170,55 @@ async fn scan(
             break;
         };
         for r in got.records {
-            let index = r
-                .key
-                .as_deref()
-                .and_then(|k| k.strip_prefix(prefix.as_bytes()))
-                .and_then(|i| std::str::from_utf8(i).ok())
-                .and_then(|i| i.parse::<usize>().ok());
-            if let (Some(i), Some(v)) = (index, r.value) {
-                chunks.insert(i, v);
+            let Some((d, i)) = r.key.as_deref().and_then(parse_chunk_key) else {
+                skipped.push(Skipped {
+                    offset: r.offset,
+                    kind: "unknown_key",
+                    why: format!(
+                        "not a chunk: its key {:?} is not DIGEST/INDEX",
+                        r.key.as_deref().map(|k| String::from_utf8_lossy(k)
+                            .chars()
+                            .take(80)
+                            .collect::<String>())
+                    ),
+                });
+                continue;
+            };
+            if d != c.digest {
+                continue;
+            }
+            match r.value {
+                None => skipped.push(Skipped {
+                    offset: r.offset,
+                    kind: "no_value",
+                    why: format!("chunk {i} of {} has no value", c.short()),
+                }),
+                Some(v) if v.len() > CHUNK_BYTES => skipped.push(Skipped {
+                    offset: r.offset,
+                    kind: "too_large",
+                    why: format!(
+                        "chunk {i} of {} has {} bytes, more than the {CHUNK_BYTES} a chunk may have",
+                        c.short(),
+                        v.len()
+                    ),
+                }),
+                Some(_) if i as u64 >= count => skipped.push(Skipped {
+                    offset: r.offset,
+                    kind: "unknown_key",
+                    why: format!(
+                        "chunk {i} of {}, which has {count} chunks",
+                        c.short()
+                    ),
+                }),
+                Some(v) => {
+                    chunks.insert(i, v);
+                }
             }
         }
         at = last + 1;
     }
     let n = chunks.len();
-    if n == 0 || chunks.keys().next_back() != Some(&(n - 1)) {
+    if n == 0 || n as u64 != count || chunks.keys().next_back() != Some(&(n - 1)) {
         return Err(ComponentError::Bad {
             digest: c.digest.clone(),
             reason: format!(
@@ -155,6 +227,18 @@ async fn scan(
         });
     }
     Ok(chunks.into_values().flat_map(|b| b.to_vec()).collect())
+}
+
+/// Reads a chunk's key: 64 lower-case hex digits of a digest, a slash, the chunk's index;
+/// `None` for anything else (a record of the components topic that is not a chunk).
+pub fn parse_chunk_key(key: &[u8]) -> Option<(&str, usize)> {
+    let key = std::str::from_utf8(key).ok()?;
+    let (d, i) = key.split_once('/')?;
+    let hex = d.len() == 64 && d.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let index = (!i.is_empty() && i.len() <= 9 && i.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| i.parse::<usize>().ok())
+        .flatten()?;
+    hex.then_some((d, index))
 }
 
 /// Where a host keeps the fleet's components: `dir/DIGEST.wasm` beside its signature, so a
@@ -198,4 +282,32 @@ pub fn stored(dir: &Path, c: &ComponentRef) -> Option<PathBuf> {
     let path = dir.join(format!("{}.wasm", c.digest));
     let bytes = std::fs::read(&path).ok()?;
     (digest(&bytes) == c.digest).then_some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_digest_slash_index_is_a_chunk_key() {
+        let d = "ab".repeat(32);
+        assert_eq!(
+            parse_chunk_key(chunk_key(&d, 7).as_bytes()),
+            Some((d.as_str(), 7))
+        );
+        for bad in [
+            "junk".to_owned(),
+            format!("{d}/"),
+            format!("{d}/-1"),
+            format!("{d}/99999999999999999999"),
+            format!("{}/000001", "AB".repeat(32)),
+            format!("{}/000001", "ab".repeat(31)),
+            "€/1".to_owned(),
+        ] {
+            assert_eq!(parse_chunk_key(bad.as_bytes()), None, "{bad}");
+        }
+        assert_eq!(parse_chunk_key(&[0xff, b'/', b'1']), None);
+        assert_eq!(chunk_count(0), 1);
+        assert_eq!(chunk_count(CHUNK_BYTES as u64 + 1), 2);
+    }
 }

@@ -10,12 +10,14 @@
 //! - [`state`]: the pure reducer from records to what the fleet wants of each pipeline;
 //! - [`sign`]: operator actions signed and verified with minisign keys;
 //! - [`topics`]: the three topics created with their configs, or refused naming the config;
+//! - [`hosts`]: every host's latest status, bounded, aged and watched for two writers;
 //! - [`components`]: component bytes through Kafka in chunks, checked against their digest;
 //! - [`agent`]: a host's part: converge before the first batch, follow, report, decide canaries;
 //! - [`operator`]: what `sharehost fleet` does (deploy, rollback, canary, status).
 
 pub mod agent;
 pub mod components;
+pub mod hosts;
 pub mod operator;
 pub mod records;
 pub mod sign;

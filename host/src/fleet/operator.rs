@@ -3,7 +3,6 @@
 //! the pipeline's history. An action the fleet's state would refuse (a promote with no canary,
 //! a rollback to a version never run) is refused here, before anything is written.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +11,8 @@ use bytes::Bytes;
 
 use super::agent::{FleetView, Folded, fold_record, now_ms, view};
 use super::components;
-use super::records::{Action, Change, ComponentRef, HostStatus, action_key, decode_status};
+use super::hosts::Hosts;
+use super::records::{Action, Change, ComponentRef, action_key, decode_status};
 use super::sign::{self, SignError};
 use super::state::FleetState;
 use super::topics::{self, TopicError, Topics};
@@ -67,7 +67,7 @@ pub struct Operator {
     client: Arc<KafkaClient>,
     topics: Topics,
     state: FleetState,
-    hosts: BTreeMap<String, HostStatus>,
+    hosts: Hosts,
     last_refused: Option<String>,
 }
 
@@ -108,18 +108,25 @@ impl Operator {
         let mut state = FleetState::default();
         let mut last_refused = None;
         read_all(&client, &topics.deployments, |r| {
-            match fold_record(&mut state, &spec, &r) {
-                Folded::Skipped { why, .. } | Folded::Refused(why) => last_refused = Some(why),
+            // A record that panics its reader is skipped, as on the hosts.
+            let folded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                fold_record(&mut state, &spec, &r)
+            }));
+            match folded {
+                Ok(Folded::Skipped { why, .. } | Folded::Refused(why)) => last_refused = Some(why),
+                Err(_) => last_refused = Some(format!("reading record {} panicked", r.offset)),
                 _ => {}
             }
         })
         .await?;
-        let mut hosts = BTreeMap::new();
+        let mut hosts = Hosts::new(spec.max_hosts, spec.stale_after_ms);
+        let now = now_ms();
         read_all(&client, &topics.status, |r| {
-            if let Ok(s) = decode_status(r.value.as_deref())
+            let decoded = std::panic::catch_unwind(|| decode_status(r.value.as_deref()));
+            if let Ok(Ok(s)) = decoded
                 && r.key.as_deref() == Some(s.host.as_bytes())
             {
-                hosts.insert(s.host.clone(), s);
+                let _ = hosts.take(s, now);
             } else if r.value.is_none()
                 && let Some(k) = r.key.as_deref()
             {

@@ -299,6 +299,9 @@ pub enum RecordError {
     /// Not the JSON of its kind.
     #[error("malformed: {0}")]
     Malformed(String),
+    /// Reading it panicked (a bug, caught so that the agent reads on): the panic's text.
+    #[error("reading it panicked: {0}")]
+    Panicked(String),
 }
 
 impl RecordError {
@@ -309,6 +312,7 @@ impl RecordError {
             RecordError::NoValue => "no_value",
             RecordError::TooLarge(_) => "too_large",
             RecordError::Malformed(_) => "malformed",
+            RecordError::Panicked(_) => "panicked",
         }
     }
 }

@@ -33,9 +33,17 @@ pub struct FleetSpec {
     pub stale_after_ms: u64,
     /// How long the status topic keeps a silent host, in ms.
     pub status_retention_ms: u64,
+    /// The most hosts a reader of the status topic keeps (the oldest dropped past it): anyone
+    /// who can write the topic can make hosts up, and each costs memory and a row of the view.
+    pub max_hosts: usize,
     /// The keys operator actions must be signed by (the host's `[trust]`).
     pub trust: Arc<TrustPolicy>,
 }
+
+/// `[fleet] max_hosts` when unset: far more hosts than one fleet of share-group consumers
+/// runs (a group's members are bounded by its partitions), far fewer than a flood of forged
+/// statuses writes.
+pub const DEFAULT_MAX_HOSTS: usize = 1_000;
 
 /// Validates `[fleet]` (at `span`) against the host's `[trust]`.
 pub(super) fn validate(
@@ -127,6 +135,12 @@ pub(super) fn validate(
         60_000..=31_536_000_000,
         defaults::FLEET_STATUS_RETENTION_MS,
     )?;
+    let max_hosts = cx.int(
+        &f.max_hosts,
+        "fleet.max_hosts",
+        1..=100_000,
+        DEFAULT_MAX_HOSTS,
+    )?;
     Ok(FleetSpec {
         name: name.clone(),
         host_id,
@@ -135,6 +149,33 @@ pub(super) fn validate(
         status_interval_ms,
         stale_after_ms,
         status_retention_ms,
+        max_hosts,
         trust: trust.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{MINIMAL, parse};
+    use super::DEFAULT_MAX_HOSTS;
+
+    fn with_fleet(extra: &str) -> String {
+        let key = minisign::KeyPair::generate_unencrypted_keypair()
+            .expect("key pair")
+            .pk
+            .to_base64();
+        format!("[trust]\nkeys = [\"{key}\"]\n\n[fleet]\nname = \"f\"\n{extra}\n{MINIMAL}")
+    }
+
+    #[test]
+    fn max_hosts_has_a_default_and_a_bound_named_when_refused() {
+        let m = parse(&with_fleet("")).expect("valid");
+        assert_eq!(m.fleet.map(|f| f.max_hosts), Some(DEFAULT_MAX_HOSTS));
+        let m = parse(&with_fleet("max_hosts = 5")).expect("valid");
+        assert_eq!(m.fleet.map(|f| f.max_hosts), Some(5));
+        for bad in ["max_hosts = 0", "max_hosts = 100001"] {
+            let e = parse(&with_fleet(bad)).expect_err(bad).to_string();
+            assert!(e.contains("fleet.max_hosts") && e.contains("100000"), "{e}");
+        }
+    }
 }

@@ -44,6 +44,8 @@ pub(super) struct RawFleet {
     pub(super) stale_after_ms: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) status_retention_ms: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(super) max_hosts: Option<Spanned<i64>>,
 }
 
 /// `[cluster]`.
