@@ -172,7 +172,7 @@ fn main() -> anyhow::Result<()> {
             let s = CodeShape::measure(&bytes).map_err(anyhow::Error::msg)?;
             let walk = cpu() - t;
             println!(
-                "{path} bytes={} modules={} functions={} max_operators={} ({}) max_nesting={} ({}) max_locals={} ({}) max_body_bytes={} ({}) max_loop_locals={} ({}) walk_cpu_ms={:.1}",
+                "{path} bytes={} modules={} functions={} max_operators={} ({}) max_nesting={} ({}) max_locals={} ({}) max_body_bytes={} ({}) max_loop_locals={} ({}) max_stack={} ({}) walk_cpu_ms={:.1}",
                 bytes.len(),
                 s.modules,
                 s.functions,
@@ -186,6 +186,8 @@ fn main() -> anyhow::Result<()> {
                 s.body_bytes.1,
                 s.loop_locals.0,
                 s.loop_locals.1,
+                s.stack.0,
+                s.stack.1,
                 walk.as_secs_f64() * 1000.0
             );
         }
