@@ -117,7 +117,8 @@ impl Scenario {
             plugin_config,
             settings,
         );
-        let (status, seen) = run_until_judged(sharehost_bin!(), manifest, self.ids.len()).await;
+        let (status, seen) =
+            run_until_judged(sharehost_bin!(), manifest, self.ids.len(), &self.group).await;
         self.ledger(&[seen]).await;
         status
     }

@@ -181,7 +181,13 @@ impl Scenario {
     /// Runs one host on `manifest` until its plugin has judged every id, then stops it;
     /// returns the host's status taken before the stop and what the plugin reported.
     async fn run_until_judged(&self, manifest: PathBuf) -> (serde_json::Value, Seen) {
-        sharehost_tests::host::run_until_judged(sharehost_bin!(), manifest, self.ids.len()).await
+        sharehost_tests::host::run_until_judged(
+            sharehost_bin!(),
+            manifest,
+            self.ids.len(),
+            &self.group,
+        )
+        .await
     }
 
     /// Checks the outputs against the ledger: every accepted id has an output whose

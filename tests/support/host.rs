@@ -440,18 +440,23 @@ impl Drop for HostProcess {
     }
 }
 
-/// Runs one host of `bin` on `manifest` until the ledger plugin has judged `ids` distinct ids,
-/// then stops it (SIGTERM); returns the host's `/pipelines` status taken before the stop and
-/// what the plugin reported.
+/// Runs one host of `bin` on `manifest` until the ledger plugin has judged `ids` distinct ids
+/// and the broker has nothing left for `group`, then stops it (SIGTERM); returns the host's
+/// `/pipelines` status taken before the stop and what the plugin reported. Every id judged is
+/// not enough: a verdict whose acknowledgement a fault cut off leaves its record to be
+/// delivered again, and only a host still running takes it.
 pub async fn run_until_judged(
     bin: &'static Path,
     manifest: PathBuf,
     ids: usize,
+    group: &str,
 ) -> (serde_json::Value, Seen) {
     let host = Arc::new(crate::blocking(move || HostProcess::start(bin, &manifest, "host")).await);
     let h = host.clone();
     crate::blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= ids))
         .await;
+    let group = group.to_owned();
+    crate::blocking(move || crate::broker::wait_until_drained(&group)).await;
     let status = host.status();
     let Ok(host) = Arc::try_unwrap(host) else {
         panic!("the host has no other owner once its wait is done")
