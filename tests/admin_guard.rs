@@ -99,16 +99,7 @@ fn raw(addr: &str, head: &str, body: &str) -> (u16, String) {
     .expect("write");
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("read");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    sharehost_tests::http::parse_response(&resp)
 }
 
 /// The headers Chromium sends with a cross-origin top-level form submission (`<form

@@ -309,16 +309,7 @@ impl HostProcess {
         .expect("write admin request");
         let mut resp = String::new();
         s.read_to_string(&mut resp).expect("read admin response");
-        let status = resp
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = resp
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        crate::http::parse_response(&resp)
     }
 
     /// `GET /pipelines`.

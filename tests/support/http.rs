@@ -16,6 +16,21 @@ pub async fn serve_on_loopback(app: axum::Router) -> std::net::SocketAddr {
     addr
 }
 
+/// The status code and body of a whole HTTP/1.1 answer as read off a socket (status 0 when it
+/// is not HTTP).
+pub fn parse_response(resp: &str) -> (u16, String) {
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// One HTTP/1.1 request to an admin listener at `addr`; returns status code and body (status
 /// 0 when the listener is not there or the answer is not HTTP).
 pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
@@ -31,14 +46,5 @@ pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> (u16, S
     if sent.is_err() || s.read_to_string(&mut resp).is_err() {
         return (0, String::new());
     }
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    parse_response(&resp)
 }
