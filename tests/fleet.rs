@@ -363,6 +363,11 @@ async fn a_fleet_canary_is_rolled_back_everywhere_on_one_hosts_faults_and_a_good
         "--promote-after-batches",
         "6",
     ]);
+    // Records produced before a host runs the canary are judged by v1 alone: on a busy machine
+    // they all were, and the fleet never summed six candidate batches.
+    poll_all(&refs, "the good canary running on every host", |p| {
+        p["canary"]["candidate"] == v2.as_str() && p["canary"]["state"] == "running"
+    });
     f.produce(1500..3000).await;
     poll_all(&refs, "the good canary promoted on every host", |p| {
         p["active_version"] == v2.as_str()
