@@ -42,9 +42,37 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// The largest TLS file read (a CA bundle, a certificate chain, a key), in bytes: the
+/// system's whole bundle of public roots is about 200 KiB.
+const MAX_TLS_FILE_BYTES: u64 = 4 << 20;
+
+/// Reads a TLS file bounded: examined first (a stat opens nothing, so a FIFO cannot block),
+/// refused unless a regular file of at most [`MAX_TLS_FILE_BYTES`], then read through a
+/// bound, so `/dev/zero` or a file that grows cannot fill memory. Errors name the file.
+fn read_tls_file(path: &Path, what: &str) -> Result<Vec<u8>, KafkaError> {
+    use std::io::Read;
+    let fail =
+        |why: String| KafkaError::Config(format!("cannot read {what} {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    let too_large = || fail(format!("more than the {MAX_TLS_FILE_BYTES}-byte maximum"));
+    if meta.len() > MAX_TLS_FILE_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TLS_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| fail(e.to_string()))?;
+    if bytes.len() as u64 > MAX_TLS_FILE_BYTES {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
 fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, KafkaError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| KafkaError::Config(format!("cannot read {what} {}: {e}", path.display())))?;
+    let bytes = read_tls_file(path, what)?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<_, _>>()
         .map_err(|e| {
@@ -94,7 +122,8 @@ impl Tls {
         let config = match (&settings.cert_file, &settings.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = read_certs(cert, "client certificate file")?;
-                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                let key_bytes = read_tls_file(key, "client key file")?;
+                let key_der = PrivateKeyDer::from_pem_slice(&key_bytes).map_err(|e| {
                     KafkaError::Config(format!(
                         "cannot read client key file {}: {e}",
                         key.display()
@@ -180,6 +209,17 @@ mod tests {
         .to_string();
         assert!(e.contains("holds no PEM certificate"), "{e}");
         assert!(e.contains(&junk.display().to_string()), "{e}");
+        // A device is refused by type, never read.
+        let e = Tls::new(&TlsSettings {
+            ca_file: Some("/dev/zero".into()),
+            ..Default::default()
+        })
+        .expect_err("a device")
+        .to_string();
+        assert!(
+            e.contains("cannot read CA file /dev/zero: not a regular file"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
