@@ -1,7 +1,8 @@
 //! Loading a component file: what the runtime, `sharehost test-plugin`, `sharehost check` and
 //! the hot-swap endpoint do with paths that are not a plugin (a FIFO, a device, a directory, a
 //! file too big, a core module, a secret), with a component of another contract version and
-//! with one that does not fit the instance pool.
+//! with one that does not fit the instance pool, and with a function that would take the
+//! compiler too long.
 //!
 //! Needs the guest components (`dev/build-guests`). Anything that could block forever on
 //! today's bugs (a FIFO) runs behind a bounded wait for the event (a load's result, a process

@@ -2,9 +2,9 @@
 //! section before Cranelift sees it.
 //!
 //! Cranelift compiles each function on one thread, and its time grows faster than the
-//! function: a generated function of 40,000 straight-line operators took over a minute of
-//! CPU, 60,000 nested blocks most of one (docs/reliability.md, "Compilation bounded"), and
-//! the file size cap lets through functions far larger. Every host that loads a component
+//! function: 16,000 nested loops took 23 s of CPU, 4,000 loops over 1,000 live locals 20 s,
+//! 80,000 values held on the operand stack 19 s (docs/reliability.md, "Compilation
+//! bounded"), and the file size cap lets through functions far larger. Every host that loads a component
 //! (`check`, `test-plugin`, a swap, each host of a fleet) would pay that. So a load walks
 //! every function body of every core module (a linear read, no compilation) and refuses a
 //! function over a bound, naming the function, what it has, the bound and the manifest key
