@@ -16,7 +16,8 @@
 #   die MSG                        "NAME: error: MSG" on stderr, exit 1
 #   fail CODE MSG                  "NAME: MSG" on stderr, exit CODE (2 for a usage error)
 #   note MSG                       "NAME: MSG" on stderr (DEV_NOTE_FD=1: on stdout, as dev/kafka prints)
-#   step MSG                       a "== MSG" heading on stdout
+#   step MSG                       a "== MSG" heading on stdout (and a mark in SHAREHOST_TIMINGS when set)
+#   timing_mark MSG                the mark alone: MSG starts now in this script's lane ("-": the lane ends)
 #   require_cargo                  exit 1 with where to get Rust when cargo is missing
 #   header_help                    print the script's header comment (its --help), exit 0
 # Processes, ports and waits
@@ -64,7 +65,18 @@ fail() {
   exit "$code"
 }
 note() { echo "$DEV_NAME: $*" >&"${DEV_NOTE_FD:-2}"; }
-step() { printf '\n== %s\n' "$*"; }
+step() {
+  printf '\n== %s\n' "$*"
+  timing_mark "$*"
+}
+# With SHAREHOST_TIMINGS naming a file (.ci/run sets it), every step appends "EPOCH<TAB>SCRIPT<TAB>STEP" to it:
+# dev/timings.py makes the table of where a run's time went from it. A script's steps follow each other, so each
+# lasts until the next mark of the same script; "-" ends the script's last one.
+timing_mark() {
+  if [[ -n ${SHAREHOST_TIMINGS:-} ]]; then
+    printf '%s\t%s\t%s\n' "$(date +%s.%N)" "$DEV_NAME" "$1" >>"$SHAREHOST_TIMINGS"
+  fi
+}
 require_cargo() {
   command -v cargo >/dev/null || { echo "error: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 }
