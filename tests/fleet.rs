@@ -485,8 +485,7 @@ async fn unsigned_tampered_foreign_and_replayed_actions_are_refused_while_the_ac
     wait_judged(&refs, f.ids.len());
     let mut seen = Vec::new();
     for h in hosts {
-        let log = h.log_lines().join("\n");
-        assert!(log.contains("fleet record skipped"), "{log}");
+        h.wait_for_log("fleet record skipped");
         seen.push(blocking(move || h.stop().1).await);
     }
     f.ledger(&seen).await;
@@ -653,7 +652,7 @@ async fn a_host_that_cannot_write_its_status_judges_on_and_still_applies_the_fle
     wait_judged(&[&a], f.ids.len());
     // Logged once per run of failures (a warning when it starts, a line when it ends), not every
     // interval: the run going on now is the one warning not yet ended.
-    let lines = a.log_lines();
+    let lines = a.wait_for_log("cannot publish this host's status");
     let count = |text: &str| lines.iter().filter(|l| l.contains(text)).count();
     assert_eq!(
         count("cannot publish this host's status") - count("status is published again"),
@@ -849,8 +848,7 @@ async fn a_record_cut_inside_a_character_stops_no_agent_and_no_host_starting_whi
                 .any(|l| l == "sharehost_fleet_agent_restarts_total 0"),
             "the agent never panicked: {metrics}"
         );
-        let log = h.log_lines().join("\n");
-        assert!(log.contains("fleet record skipped"), "{log}");
+        h.wait_for_log("fleet record skipped");
         blocking(move || h.stop()).await;
     }
 }

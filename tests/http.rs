@@ -521,20 +521,27 @@ async fn a_streamed_100_mb_response_is_cut_at_the_size_cap_and_never_read_whole(
 #[tokio::test]
 async fn the_rust_sdk_names_a_body_over_the_cap_too_large_and_a_stalled_body_a_timeout() {
     let server = Server::start().await;
-    let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
-    settings.request_timeout = Duration::from_millis(500);
-    let grant = HttpGrant::new(settings).expect("grant");
     let deadline = Duration::from_secs(60);
-    let mut plugin = plugin_with("fixture_sdk_http", grant, deadline, deadline).await;
+    // Each with its own timeout: the stalled body's is short, so that it fires; the big body's
+    // is long, so that only the size cap can end it (on a busy machine, 500 ms did first).
+    let plugin_timing_out_after = |timeout: Duration| {
+        let mut settings = settings(&[format!("http://127.0.0.1:{}", server.port())]);
+        settings.request_timeout = timeout;
+        let grant = HttpGrant::new(settings).expect("grant");
+        plugin_with("fixture_sdk_http", grant, deadline, deadline)
+    };
     // Both failures came to the author as `Connect`: the host's body errors carry no
     // error code through wasi:http's stream.
-    let verdicts = fetch(&mut plugin, &[server.url("/huge"), server.url("/drip")]).await;
+    let mut plugin = plugin_timing_out_after(Duration::from_secs(30)).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/huge")]).await;
     assert!(
         reason(&verdicts[0]).starts_with("TooLarge: "),
         "{verdicts:?}"
     );
+    let mut plugin = plugin_timing_out_after(Duration::from_millis(500)).await;
+    let verdicts = fetch(&mut plugin, &[server.url("/drip")]).await;
     assert!(
-        reason(&verdicts[1]).starts_with("Timeout: "),
+        reason(&verdicts[0]).starts_with("Timeout: "),
         "{verdicts:?}"
     );
 }

@@ -768,8 +768,7 @@ async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_lett
         serde_json::json!(["api-token"])
     );
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let log = host.log_lines();
-    blocking(move || host.stop()).await;
+    let (_, _, log) = blocking(move || host.stop_with_log()).await;
     assert!(
         log.iter()
             .any(|l| l.contains("the secret is [secret api-token]")),

@@ -221,8 +221,7 @@ async fn a_shadow_reports_exactly_where_a_stricter_candidate_disagrees() {
         expect(&|i| i % 10 != 0 && i % 3 == 0)
     );
     assert!(metrics.contains(&line), "{line} in {metrics}");
-    let log = host.log_lines().join("\n");
-    assert!(log.contains("shadow started"), "{log}");
+    host.wait_for_log("shadow started");
     blocking(move || host.stop()).await;
 }
 
@@ -260,8 +259,7 @@ async fn a_canary_that_traps_every_fifth_batch_is_rolled_back_and_loses_nothing(
     assert!((5..=9).contains(&batches), "{status}");
     assert_eq!(canary["candidate_tally"]["faulted_batches"], 1, "{status}");
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let log = host.log_lines().join("\n");
-    assert!(log.contains("canary rolled back"), "{log}");
+    host.wait_for_log("canary rolled back");
     let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(&seen).await;
     assert_eq!(ledger.duplicates(), 0, "no record judged by both versions");
@@ -293,11 +291,11 @@ async fn a_good_canary_is_promoted_and_loses_nothing() {
     assert_eq!(status[0]["canary"]["state"], "promoted", "{status}");
     assert_eq!(status[0]["active_version"], hash.as_str(), "{status}");
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    let log = host.log_lines().join("\n");
-    assert!(log.contains("canary promoted"), "{log}");
+    host.wait_for_log("canary promoted");
+    let (_, seen, log) = blocking(move || host.stop_with_log()).await;
+    let log = log.join("\n");
     // The promoted version has all its instances: no batch went without one.
     assert!(!log.contains("no free instance"), "{log}");
-    let (_, seen) = blocking(move || host.stop()).await;
     let ledger = s.ledger(&seen).await;
     assert_eq!(ledger.duplicates(), 0);
 }
@@ -329,11 +327,8 @@ async fn a_restarted_host_comes_back_on_the_active_version_and_rolls_back_to_the
     let m = manifest.clone();
     let host = blocking(move || HostProcess::start(sharehost_bin!(), &m, "second")).await;
     assert_eq!(host.status()[0]["active_version"], v2_hash.as_str());
-    let log = host.log_lines().join("\n");
-    assert!(
-        log.contains("coming back on the version active before the restart"),
-        "the log says which rule applied: {log}"
-    );
+    // The log says which rule applied.
+    host.wait_for_log("coming back on the version active before the restart");
     let (code, versions) = host.http("GET", "/pipelines/ledger/versions", "");
     assert_eq!(code, 200, "{versions}");
     let versions: serde_json::Value = serde_json::from_str(&versions).expect("JSON");

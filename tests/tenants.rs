@@ -259,9 +259,8 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         (p, h.http("GET", "/readyz", ""))
     })
     .await;
-    let log = host.log_lines();
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    blocking(move || host.stop()).await;
+    let (_, _, log) = blocking(move || host.stop_with_log()).await;
     let g = group.clone();
     blocking(move || wait_until_drained(&g)).await;
     let letters = sharehost_tests::topic_records(&client, &dlq, 1).await;

@@ -408,9 +408,37 @@ impl HostProcess {
         (out, seen)
     }
 
-    /// The host's log lines so far (ledger reports excepted).
+    /// The host's log lines so far (ledger reports excepted). A thread of its own reads them, so
+    /// a line the host wrote before an answer the test saw may not be here yet: to find one,
+    /// [`HostProcess::wait_for_log`]; to count them, [`HostProcess::stop_with_log`].
     pub fn log_lines(&self) -> Vec<String> {
         lock(&self.log).clone()
+    }
+
+    /// Waits until a log line contains `text` (at most [`PATIENCE`], then fails the test with
+    /// the log), and returns the lines read so far.
+    pub fn wait_for_log(&self, text: &str) -> Vec<String> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let lines = self.log_lines();
+            if lines.iter().any(|l| l.contains(text)) {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no log line with {text:?} after {PATIENCE:?}: {lines:#?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// [`HostProcess::stop`], and every line the host logged, read to the end.
+    pub fn stop_with_log(self) -> (String, Seen, Vec<String>) {
+        let log = self.log.clone();
+        let (out, seen) = self.stop();
+        let lines = lock(&log).clone();
+        (out, seen, lines)
     }
 
     /// SIGKILL: a crash, no draining; returns what the plugin had reported up to then.
