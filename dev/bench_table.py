@@ -178,7 +178,7 @@ def render_body(rows):
                     f"| {'-' if vs_classic else ratio(r.steady, classic.steady)} | {wn} | {r.cpu} | {r.rss_mib:.0f} "
                     f"| {r.broker} | {acked} | {r.load} |")
 
-    out += ["", "Goals (issue 14), from the rows above (failed rows left out):", ""]
+    out += ["", "Goals, from the rows above (failed rows left out):", ""]
     # 1. Time to first record, every sharehost row.
     worst, where = -1.0, ""
     for r in rows:

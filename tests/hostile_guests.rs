@@ -1,7 +1,7 @@
-//! The sandbox against guests that attack the boundary itself rather than their records
-//! (issue 10, items 1, 2 and 4): verdicts freed by the guest before the host read them, one
-//! host call that would outlast the deadline, and strings and lists that would make the host
-//! copy far more than it keeps.
+//! The sandbox against guests that attack the boundary itself rather than their records (the
+//! bounded lift and the bounded host calls): verdicts freed by the guest before the host read
+//! them, one host call that would outlast the deadline, and strings and lists that would make
+//! the host copy far more than it keeps.
 //!
 //! The fixture `fixture_hostile` (tests/fixtures/guests/hostile) poisons every block it frees
 //! and aliases one 48 MiB buffer from many strings. What the host allocates while it handles

@@ -1,4 +1,4 @@
-// bench/pipelines/ManyTopics.java: the broker side of dev/bench-pipelines (issue 14, item 5), in one JVM per step.
+// bench/pipelines/ManyTopics.java: the broker side of dev/bench-pipelines, in one JVM per step.
 //
 // dev/bench-pipelines needs up to 100 topics, 100 share groups that start from the earliest offset, and records
 // produced to every topic. Apache's command-line tools take one topic or one group per JVM start (about 1-2 s each on

@@ -391,7 +391,7 @@ async fn languages_case() {
 }
 
 /// Reused instances: accept-all and value-reader in Wasm against the value reader natively,
-/// per batch size and value size (where a guest's own reading costs, issue 14 item 3).
+/// per batch size and value size (where a guest's own reading costs).
 async fn reused_case(rt: &PluginRuntime, reuse: InstanceMode) {
     println!("\n### Reused instance: ns/record (median of {SAMPLES} samples)\n");
     println!(

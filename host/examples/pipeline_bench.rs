@@ -1,5 +1,5 @@
 //! `pipeline_bench`: `sharehost run` with a native handler in place of every pipeline's Wasm
-//! component (issue 6, head-to-head benchmark; issue 14, plugin work rows).
+//! component: `dev/bench`'s native rows (accept-all and the plugin work twins), the sandbox's cost.
 //!
 //! It reads the same manifest as `sharehost run`, builds the same plugin runtime, serves the
 //! same admin endpoints and drains the same way on SIGTERM, and runs every pipeline through

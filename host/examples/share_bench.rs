@@ -1,4 +1,4 @@
-//! `share_bench`: the share consumer engine's throughput benchmark (issue 3, "Benchmark").
+//! `share_bench`: the share consumer engine's throughput benchmark, the engine alone.
 //!
 //! Starts one [`ShareConsumer`] on an existing topic with a no-op handler that accepts every
 //! record, stops after `--records` accepted records, closes, and prints one machine-readable
@@ -21,9 +21,9 @@
 //!
 //! The group should start from the earliest offset: pass `--earliest` (sets
 //! `share.auto.offset.reset=earliest` on the group before joining) or set it beforehand with
-//! `dev/kafka share-earliest GROUP`. The issue-3 `dev/bench-share` ran this against Apache's
-//! client (docs/benchmarks.md, earlier component benchmarks); `dev/bench` now compares the real
-//! host instead, and this stays for looking at the engine alone.
+//! `dev/kafka share-earliest GROUP`. `dev/bench` compares the real host with Apache's client and
+//! the other share consumers; this stays for looking at the engine alone (docs/benchmarks.md,
+//! "The engine alone").
 //!
 //! Logging goes to stderr, filtered by `SHAREHOST_LOG` (default `warn`).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""dev/bench's librdkafka peer (issue 14): confluent-kafka-python's ShareConsumer (librdkafka's preview KIP-932).
+"""dev/bench's librdkafka peer: confluent-kafka-python's ShareConsumer (librdkafka's preview KIP-932).
 
 Reads N records of one topic in one share group with share.acknowledgement.mode=explicit: every message gets an
 explicit ACCEPT (acknowledge), and every poll ends with commit_async(), as the client's docs describe explicit mode.

@@ -358,9 +358,10 @@ impl LastFaults {
     }
 }
 
-/// How long judging paused around a hot swap (issue 14: a swap under load must not stall the
-/// pipeline): the longest gap between two consecutive judged batches, from the last batch
-/// judged before the swap was asked for to the first batch the new version judged.
+/// How long judging paused around a hot swap (a swap under load must not stall the pipeline;
+/// `dev/bench-swap` measures it): the longest gap between two consecutive judged batches,
+/// from the last batch judged before the swap was asked for to the first batch the new
+/// version judged.
 #[derive(Debug, Default)]
 pub(super) struct SwapStall {
     /// When the last batch finished judging.

@@ -1,4 +1,4 @@
-//! dev/bench's krafka peer (issue 14): krafka 0.28.1's share consumer (KIP-932) reads N records of one topic in one
+//! dev/bench's krafka peer: krafka 0.28.1's share consumer (KIP-932) reads N records of one topic in one
 //! share group, settles every record with an explicit accept (`ack`), and prints when it started, when the first
 //! record arrived, when the N-th was accepted, and how many it read, so dev/bench can put krafka in the same table
 //! as sharehost and Apache's consumers.
