@@ -41,6 +41,7 @@ use crate::kafka::{
 use crate::manifest::Manifest;
 pub use crate::provenance::REPLAYED_FROM;
 use crate::provenance::{self as pv, DEAD_LETTER_HEADERS};
+pub use sharehost_api::Summary;
 
 /// Most records in one replay Produce request (and so the most a crash can replay twice).
 pub const PRODUCE_BATCH_RECORDS: usize = 500;
@@ -453,30 +454,6 @@ fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
     let bytes = serde_json::to_vec(state)?;
     crate::state::write_atomically(path, &bytes)
         .with_context(|| format!("writing the replay state {}", path.display()))
-}
-
-/// What one run did, printed last (as `{"summary": ...}` with `--json`).
-#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Summary {
-    /// Dead-letter records read in the offsets asked for.
-    pub read: u64,
-    /// Dead letters that matched the selection.
-    pub selected: u64,
-    /// Produced to their original topic now (with `--dry-run`: would have been).
-    pub replayed: u64,
-    /// Selected but replayed by an earlier run, so skipped.
-    pub already_replayed: u64,
-    /// Dead letters of a produce an earlier run did not see answered (it stopped or failed),
-    /// found in the original topic now and remembered as replayed.
-    pub recovered: u64,
-    /// Records from another pipeline sharing the topic.
-    pub other_pipeline: u64,
-    /// Records without the provenance headers (not written by sharehost).
-    pub not_dead_letters: u64,
-    /// Selected records whose original topic no longer exists (not replayed).
-    pub original_topic_missing: u64,
-    /// Whether nothing was produced or remembered.
-    pub dry_run: bool,
 }
 
 /// A filter over dead letters: reason, pipeline.

@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use serde::Serialize;
 use serde_json::Value;
+use sharehost_api::{DeadLetterView, Group, Span};
 
 /// Most groups listed: beyond it, dead letters of further shapes are only counted
 /// (`ungrouped`), so a plugin whose every reason differs cannot make the answer unbounded.
@@ -62,45 +62,6 @@ pub fn shape(reason: &str) -> Shape {
         regex.push('$');
     }
     Shape { text, regex }
-}
-
-/// Where a group's dead letters are in one partition of the dead-letter topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Span {
-    /// Dead-letter topic partition.
-    pub partition: i32,
-    /// Lowest offset of the group there.
-    pub first: i64,
-    /// Highest offset of the group there.
-    pub last: i64,
-}
-
-/// Dead letters of one reason shape.
-#[derive(Debug, Clone, Serialize)]
-pub struct Group {
-    /// The shape (digits as `#`).
-    pub shape: String,
-    /// The reason of the first dead letter of the group, as written.
-    pub example: String,
-    /// A preview of that dead letter's value.
-    pub example_value: Option<String>,
-    /// The `reason` a replay of exactly this group sends.
-    pub reason_regex: String,
-    /// Dead letters in the group.
-    pub count: u64,
-    /// Of them, replayed already (by the console or `sharehost dlq`); `None` when the
-    /// replay state could not be read.
-    pub replayed: Option<u64>,
-    /// Of them, what a replay would produce now.
-    pub to_replay: Option<u64>,
-    /// Of them, those whose original topic no longer exists (never replayed).
-    pub original_topic_missing: Option<u64>,
-    /// Where they are in the dead-letter topic.
-    pub spans: Vec<Span>,
-    /// The plugin versions that rejected them (first 12 characters), at most 8.
-    pub versions: BTreeSet<String>,
-    /// Their original topics, at most 8.
-    pub original_topics: BTreeSet<String>,
 }
 
 /// Sums up the JSON lines of a `sharehost dlq --json` run (`list`, or a dry-run `replay`,
@@ -246,59 +207,19 @@ impl Collector {
     }
 }
 
-/// What `GET /pipelines/NAME/dead-letters` answers.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeadLetterView {
-    /// The pipeline.
-    pub pipeline: String,
-    /// Its dead-letter topic (`None`: it keeps no dead letters).
-    pub topic: Option<String>,
-    /// Records read from the topic.
-    pub read: u64,
-    /// Dead letters of this pipeline among them.
-    pub dead_letters: u64,
-    /// Records another pipeline sharing the topic wrote.
-    pub other_pipeline: u64,
-    /// Records without the provenance headers (not written by sharehost).
-    pub not_dead_letters: u64,
-    /// The groups, largest first, at most [`MAX_GROUPS`].
-    pub groups: Vec<Group>,
-    /// Dead letters of shapes beyond [`MAX_GROUPS`].
-    pub ungrouped: u64,
-    /// Why the replay counts are unknown (the replay state could not be read, or a replay of
-    /// this topic is running), when they are.
-    pub replay_state_error: Option<String>,
-}
-
-impl DeadLetterView {
-    /// A pipeline without a dead-letter topic.
-    pub fn none(pipeline: &str) -> DeadLetterView {
-        DeadLetterView {
-            pipeline: pipeline.to_owned(),
-            topic: None,
-            read: 0,
-            dead_letters: 0,
-            other_pipeline: 0,
-            not_dead_letters: 0,
-            groups: Vec::new(),
-            ungrouped: 0,
-            replay_state_error: None,
-        }
-    }
-
-    /// The view of what `collector` summed up from `topic`.
-    pub fn of(pipeline: &str, topic: &str, collector: &Collector) -> DeadLetterView {
-        DeadLetterView {
-            pipeline: pipeline.to_owned(),
-            topic: Some(topic.to_owned()),
-            read: collector.summary_count("read"),
-            dead_letters: collector.summary_count("selected"),
-            other_pipeline: collector.summary_count("other_pipeline"),
-            not_dead_letters: collector.summary_count("not_dead_letters"),
-            groups: collector.groups(),
-            ungrouped: collector.ungrouped,
-            replay_state_error: None,
-        }
+/// The answer of `GET /pipelines/NAME/dead-letters` for what `collector` summed up from
+/// `topic`.
+pub fn view(pipeline: &str, topic: &str, collector: &Collector) -> DeadLetterView {
+    DeadLetterView {
+        pipeline: pipeline.to_owned(),
+        topic: Some(topic.to_owned()),
+        read: collector.summary_count("read"),
+        dead_letters: collector.summary_count("selected"),
+        other_pipeline: collector.summary_count("other_pipeline"),
+        not_dead_letters: collector.summary_count("not_dead_letters"),
+        groups: collector.groups(),
+        ungrouped: collector.ungrouped,
+        replay_state_error: None,
     }
 }
 
@@ -423,7 +344,7 @@ mod tests {
             "versions are shortened"
         );
         assert_eq!(groups[1].original_topic_missing, Some(1));
-        let view = DeadLetterView::of("ledger", "orders-dlq", &c);
+        let view = view("ledger", "orders-dlq", &c);
         assert_eq!(
             (view.read, view.dead_letters, view.not_dead_letters),
             (5, 4, 1)

@@ -25,14 +25,16 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
+use sharehost_api::{
+    self as api, DeadLetterView, FaultsView, HostInfo, PipelineRoute, RecentFault, Refused,
+    ReplayRequest, Replayed,
+};
 
 use crate::admin::state::{AdminState, authorized};
-use crate::api::{self, PipelineRoute, Refused, ReplayRequest, Replayed};
 use crate::dlq::{Action, DlqArgs, Summary};
 use crate::manifest::Manifest;
-use crate::recent_faults::{KEPT_FAULTS, RecentFault};
-use dead_letters::{Collector, DeadLetterView};
+use crate::recent_faults::KEPT_FAULTS;
+use dead_letters::Collector;
 
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
@@ -87,23 +89,10 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// `GET /host`.
-#[derive(Debug, Serialize)]
-struct HostView {
-    /// The host's version.
-    version: &'static str,
-    /// Whether POST and DELETE need `Authorization: Bearer TOKEN` (`[admin] token_env`).
-    actions_need_token: bool,
-    /// What `/readyz` would answer.
-    ready: bool,
-    /// Why not, one line per pipeline, as `/readyz` says.
-    not_ready: Vec<String>,
-}
-
 async fn host(State(s): State<Arc<AdminState>>) -> Response {
     let ready = s.tenants.ready();
-    axum::Json(HostView {
-        version: env!("CARGO_PKG_VERSION"),
+    axum::Json(HostInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         actions_need_token: s.token.is_some(),
         ready: ready.is_ok(),
         not_ready: ready
@@ -112,18 +101,6 @@ async fn host(State(s): State<Arc<AdminState>>) -> Response {
             .unwrap_or_default(),
     })
     .into_response()
-}
-
-/// `GET /faults`.
-#[derive(Debug, Serialize)]
-struct FaultsView {
-    /// The newest kept faults (of one pipeline with `?pipeline=NAME`), newest first, at most
-    /// [`MAX_FAULTS_LISTED`].
-    faults: Vec<RecentFault>,
-    /// How many faults are kept in all (of that pipeline).
-    kept: usize,
-    /// How many each pipeline keeps.
-    kept_per_pipeline: usize,
 }
 
 /// The value of `name` in a query string (`a=1&b=2`); pipeline names need no decoding (letters,
@@ -142,6 +119,7 @@ async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> 
         .iter()
         .filter(|p| only.is_none_or(|name| p.name() == name))
         .flat_map(|p| p.recent_faults())
+        .map(RecentFault::from)
         .collect();
     faults.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
     let kept = faults.len();
@@ -243,12 +221,12 @@ async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>
     };
     let (result, collector) = run_dlq(dry_run).await;
     let why = match result {
-        Ok(_) => return axum::Json(DeadLetterView::of(&name, &topic, &collector)).into_response(),
+        Ok(_) => return axum::Json(dead_letters::view(&name, &topic, &collector)).into_response(),
         Err(e) => format!("{e:#}"),
     };
     match run_dlq(dlq_args(manifest, &name, Action::List)).await {
         (Ok(_), collector) => {
-            let mut view = DeadLetterView::of(&name, &topic, &collector);
+            let mut view = dead_letters::view(&name, &topic, &collector);
             view.replay_state_error = Some(why);
             axum::Json(view).into_response()
         }
@@ -272,7 +250,7 @@ async fn replay(
         )
             .into_response();
     }
-    let body: ReplayRequest = match api::parse_body(&text) {
+    let body: ReplayRequest = match crate::api::parse_body(&text) {
         Ok(b) => b,
         Err(e) => {
             return (
