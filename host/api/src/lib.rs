@@ -318,6 +318,65 @@ mod tests {
         );
     }
 
+    /// The contract pinned: the keys of the main answers, in the order the host writes them
+    /// (the console's script and `sharehost ctl` read them by name; a change here is a change
+    /// of the API).
+    #[test]
+    fn answers_keep_their_keys_and_order() {
+        fn json<T: Serialize>(answer: &T) -> String {
+            serde_json::to_string(answer).expect("json")
+        }
+        assert_eq!(
+            json(&PipelineStatus::default()),
+            r#"{"name":"","state":"","active_version":"","component":"","versions":{},"dead_lettered":0,"in_flight":0,"in_flight_peak":0,"in_flight_limit":0,"fetches":0,"acquired":0,"acquired_split":0,"writes_waiting":0,"write_failures":0,"released_unwritten":0,"dead_letters_shrunk":0,"unmapped_outputs":[],"last_error":null,"start":null,"last_swap_error":null,"last_swap_stall_ms":null,"grants":{"outputs":{},"allowed_outbound_hosts":[],"secrets":[]},"signer":null,"allocator":"","allocator_reason":null,"shadow":null,"canary":null}"#
+        );
+        assert_eq!(
+            json(&TenantStatus::Failed(Failure {
+                name: "p".into(),
+                state: "failed".into(),
+                error: "e".into(),
+                attempts: 2,
+                failing_for_s: 3,
+            })),
+            r#"{"name":"p","state":"failed","error":"e","attempts":2,"failing_for_s":3}"#
+        );
+        assert_eq!(
+            json(&Summary::default()),
+            r#"{"read":0,"selected":0,"replayed":0,"already_replayed":0,"recovered":0,"other_pipeline":0,"not_dead_letters":0,"original_topic_missing":0,"dry_run":false}"#
+        );
+        assert_eq!(
+            json(&CanaryStatus {
+                candidate: "c".into(),
+                path: "/c.wasm".into(),
+                percent: 5.0,
+                state: CanaryState::RolledBack,
+                reason: None,
+                candidate_tally: Tally::default(),
+                active_tally: Tally::default(),
+                seconds: 1,
+                promote_after: PromoteAfter::default(),
+                rollback_if: RollbackIf::default(),
+            }),
+            r#"{"candidate":"c","path":"/c.wasm","percent":5.0,"state":"rolled_back","reason":null,"candidate_tally":{"batches":0,"faulted_batches":0,"records":0,"rejected":0,"released":0},"active_tally":{"batches":0,"faulted_batches":0,"records":0,"rejected":0,"released":0},"seconds":1,"promote_after":{"batches":null,"seconds":null},"rollback_if":{"max_fault_rate":0.0,"max_reject_rate_increase":0.05,"max_release_rate_increase":0.05}}"#
+        );
+        let host = HostView {
+            status: HostStatus {
+                host: "h".into(),
+                instance: "i".into(),
+                at_ms: 1,
+                version: "0.1.0".into(),
+                pipelines: Vec::new(),
+            },
+            age_ms: 2,
+            stale: false,
+            conflict: None,
+        };
+        assert_eq!(
+            json(&host),
+            r#"{"host":"h","instance":"i","at_ms":1,"version":"0.1.0","pipelines":[],"age_ms":2,"stale":false,"conflict":null}"#
+        );
+    }
+
     #[test]
     fn bodies_leave_out_what_was_not_given_and_the_host_fills_its_defaults() {
         let body = CanaryBody {
