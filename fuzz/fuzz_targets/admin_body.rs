@@ -1,7 +1,7 @@
 //! The admin API's request bodies (`sharehost::api`) on arbitrary bytes, through the function
 //! the admin server reads them with (`api::parse_body`), then what the server does next with
-//! one that parses: fill in the host's defaults (`request()`) and check the numbers
-//! (`validate()`).
+//! one that parses: fill in the host's defaults (`ShadowRequest::from`, `CanaryRequest::from`)
+//! and check the numbers (`validate()`).
 //!
 //! Input: the body as sent, every byte of it, fed to every body type the server parses: swap,
 //! rollback, shadow, canary and dead-letter replay.
@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use sharehost::api::{
     CanaryBody, ReplayRequest, RollbackRequest, ShadowBody, SwapRequest, parse_body,
 };
+use sharehost::rollout::{CanaryRequest, ShadowRequest};
 
 /// Parses `data` as `T` the server's way; a parsed body survives a round trip.
 fn read<T>(data: &[u8]) -> Option<T>
@@ -46,10 +47,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(rollback, Some(RollbackRequest::default()), "blank is {{}}");
     }
     if let Some(shadow) = read::<ShadowBody>(data) {
-        let _ = shadow.request().validate();
+        let _ = ShadowRequest::from(&shadow).validate();
     }
     if let Some(canary) = read::<CanaryBody>(data) {
-        let _ = canary.request().validate();
+        let _ = CanaryRequest::from(&canary).validate();
     }
     let _ = read::<ReplayRequest>(data);
 });

@@ -17,8 +17,8 @@ use sharehost::fleet::records::{CanaryReport, HostStatus, PipelineReport};
 use sharehost::fleet::topics;
 use sharehost::kafka::{Compression, ConnectionConfig, KafkaClient, OffsetSpec, ProduceRecord};
 use sharehost::manifest::FleetSpec;
-use sharehost::rollout::Tally;
 use sharehost::runtime::{TrustPolicy, TrustedKey};
+use sharehost_api::Tally;
 
 /// The broker process's CPU time (user + system), from /proc/PID/stat.
 fn cpu_seconds(pid: u32) -> Result<f64> {

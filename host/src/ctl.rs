@@ -16,10 +16,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use crate::api::{
-    self, CanaryBody, CanaryState, CanaryStatus, CandidateStarted, PipelineRoute, PromoteAfterBody,
-    RollbackIfBody, RollbackRequest, ShadowBody, ShadowStatus, ShadowStopped, SwapRequest, Tally,
-    TenantStatus, VersionChanged, VersionCounters, VersionsStatus,
+use crate::rollout::{CanaryRequest, ShadowRequest};
+use sharehost_api::{
+    self as api, CanaryBody, CanaryState, CanaryStatus, CandidateStarted, PipelineRoute,
+    PromoteAfterBody, RollbackIfBody, RollbackRequest, ShadowBody, ShadowStatus, ShadowStopped,
+    SwapRequest, Tally, TenantStatus, VersionChanged, VersionCounters, VersionsStatus,
 };
 
 /// `sharehost ctl --admin URL [--token-env VAR] [--json] COMMAND`.
@@ -196,7 +197,7 @@ impl CtlCommand {
                     sample: *sample,
                 };
                 // The host's own check, so ctl refuses exactly what the host would.
-                body.request()
+                ShadowRequest::from(&body)
                     .validate()
                     .map_err(|e| anyhow!("--sample: {e}"))?;
                 post(PipelineRoute::Shadow, name, Some(json(&body)?))
@@ -229,7 +230,9 @@ impl CtlCommand {
                 };
                 // The host's own check on what it will read (its defaults filled in), so ctl
                 // refuses exactly what the host would.
-                body.request().validate().map_err(|e| anyhow!("{e}"))?;
+                CanaryRequest::from(&body)
+                    .validate()
+                    .map_err(|e| anyhow!("{e}"))?;
                 post(PipelineRoute::Canary, name, Some(json(&body)?))
             }
             CtlCommand::CanaryStop { name } => delete(PipelineRoute::Canary, name),

@@ -41,6 +41,7 @@ use crate::kafka::{
 use crate::manifest::Manifest;
 pub use crate::provenance::REPLAYED_FROM;
 use crate::provenance::{self as pv, DEAD_LETTER_HEADERS};
+pub use sharehost_api::Summary;
 
 /// Most records in one replay Produce request (and so the most a crash can replay twice).
 pub const PRODUCE_BATCH_RECORDS: usize = 500;
@@ -205,6 +206,11 @@ impl DeadLetter {
     /// for a dead letter written without it: see `sharehost.dropped-bytes`).
     pub fn value(&self) -> Option<&Bytes> {
         self.value.as_ref()
+    }
+
+    /// The original record's key as the dead letter carries it.
+    pub fn key(&self) -> Option<&Bytes> {
+        self.key.as_ref()
     }
 
     /// The text of the dead letter's header `key` (the last one of that name).
@@ -455,28 +461,112 @@ fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
         .with_context(|| format!("writing the replay state {}", path.display()))
 }
 
-/// What one run did, printed last (as `{"summary": ...}` with `--json`).
-#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Summary {
-    /// Dead-letter records read in the offsets asked for.
-    pub read: u64,
-    /// Dead letters that matched the selection.
-    pub selected: u64,
-    /// Produced to their original topic now (with `--dry-run`: would have been).
-    pub replayed: u64,
-    /// Selected but replayed by an earlier run, so skipped.
-    pub already_replayed: u64,
-    /// Dead letters of a produce an earlier run did not see answered (it stopped or failed),
-    /// found in the original topic now and remembered as replayed.
-    pub recovered: u64,
-    /// Records from another pipeline sharing the topic.
-    pub other_pipeline: u64,
-    /// Records without the provenance headers (not written by sharehost).
-    pub not_dead_letters: u64,
-    /// Selected records whose original topic no longer exists (not replayed).
-    pub original_topic_missing: u64,
-    /// Whether nothing was produced or remembered.
+/// What the dead-letter reader is asked for: `sharehost dlq`'s options without its output
+/// format (the console's requests are these too).
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The manifest whose pipeline's `dead_letter_topic` and cluster are used.
+    pub manifest: PathBuf,
+    /// The pipeline whose dead letters to read.
+    pub pipeline: String,
+    /// Only dead letters whose `sharehost.reason` matches this regular expression.
+    pub reason: Option<String>,
+    /// Only these dead-letter-topic offsets (the forms of [`OffsetRange::parse`]).
+    pub offsets: Option<String>,
+    /// Only this partition of the dead-letter topic.
+    pub partition: Option<i32>,
+    /// With a replay: say what would be replayed, produce and remember nothing.
     pub dry_run: bool,
+    /// Where the replay state is kept (default: the host's state directory).
+    pub state_dir: Option<PathBuf>,
+    /// Dead letters from other pipelines sharing the topic are skipped unless this is set.
+    pub any_pipeline: bool,
+}
+
+impl From<&DlqArgs> for Request {
+    fn from(a: &DlqArgs) -> Request {
+        Request {
+            manifest: a.manifest.clone(),
+            pipeline: a.pipeline.clone(),
+            reason: a.reason.clone(),
+            offsets: a.offsets.clone(),
+            partition: a.partition,
+            dry_run: a.dry_run,
+            state_dir: a.state_dir.clone(),
+            any_pipeline: a.any_pipeline,
+        }
+    }
+}
+
+/// What became of one selected dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Listed (read only).
+    Listed,
+    /// Replayed by an earlier run, so skipped.
+    AlreadyReplayed,
+    /// Its original topic (named) no longer exists: not replayed.
+    TopicMissing(String),
+    /// A dry run: it would be produced to this topic and partition.
+    WouldReplay {
+        /// The original topic.
+        topic: String,
+        /// The partition it would go to.
+        partition: i32,
+    },
+    /// Produced to this topic, partition and offset, and remembered.
+    Replayed {
+        /// The original topic.
+        topic: String,
+        /// The partition it went to.
+        partition: i32,
+        /// Its offset there.
+        offset: i64,
+    },
+}
+
+/// One selected dead letter as the reader hands it to its caller, in topic order.
+#[derive(Debug)]
+pub struct Seen<'a> {
+    /// The dead-letter topic.
+    pub topic: &'a str,
+    /// The dead letter.
+    pub dead_letter: &'a DeadLetter,
+    /// What became of it.
+    pub outcome: Outcome,
+}
+
+/// Why the dead-letter reader stopped. Its text (`{:#}`) is the whole chain of what was being
+/// done, as `sharehost dlq` prints it.
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    /// The request cannot be served as asked (a bad option, no such pipeline, no dead-letter
+    /// topic, a partition it does not have): nothing was read or written.
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
+    /// Reading the cluster or keeping the replay state failed midway (or a replay of the same
+    /// topic runs): what was replayed and remembered stays so.
+    #[error("{0:#}")]
+    Failed(anyhow::Error),
+    /// The caller could not take a dead letter (`sharehost dlq` writing its output).
+    #[error("{0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl DlqError {
+    /// The error as an `anyhow` chain, for a command's edge.
+    pub fn into_anyhow(self) -> anyhow::Error {
+        match self {
+            DlqError::Refused(e) | DlqError::Failed(e) => e,
+            DlqError::Output(e) => e.into(),
+        }
+    }
+}
+
+impl From<anyhow::Error> for DlqError {
+    fn from(e: anyhow::Error) -> DlqError {
+        DlqError::Failed(e)
+    }
 }
 
 /// A filter over dead letters: reason, pipeline.
@@ -486,8 +576,8 @@ struct Selection {
 }
 
 impl Selection {
-    fn new(args: &DlqArgs) -> Result<Selection> {
-        let reason = match &args.reason {
+    fn new(req: &Request) -> Result<Selection> {
+        let reason = match &req.reason {
             None => None,
             Some(r) => Some(regex_automata::meta::Regex::new(r).map_err(|e| {
                 // The syntax error's text is several lines (pattern, caret, message): keep
@@ -507,76 +597,176 @@ impl Selection {
         };
         Ok(Selection {
             reason,
-            pipeline: (!args.any_pipeline).then(|| args.pipeline.clone()),
+            pipeline: (!req.any_pipeline).then(|| req.pipeline.clone()),
         })
     }
 }
 
-/// Runs `sharehost dlq`, writing its table or JSON lines to `out`.
+/// Runs `sharehost dlq`, writing its table or JSON lines to `out`: the lines are rendered from
+/// what [`list`] or [`replay`] hand over.
 pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
-    let selection = Selection::new(args)?;
-    let range = match &args.offsets {
-        Some(t) => OffsetRange::parse(t)?,
+    let req = Request::from(args);
+    // The table's header goes before the first line (or the summary, when none is shown).
+    let mut header = !args.json && args.action == Action::List;
+    let mut print = |seen: &Seen<'_>| -> std::io::Result<()> {
+        if std::mem::take(&mut header) {
+            write_header(out)?;
+        }
+        show(out, seen, args)
+    };
+    let summary = match args.action {
+        Action::List => list(&req, &mut print).await,
+        Action::Replay => replay(&req, &mut print).await,
+    }
+    .map_err(DlqError::into_anyhow)?;
+    if header {
+        write_header(out)?;
+    }
+    if args.json {
+        writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
+    } else {
+        let verb = if args.dry_run {
+            "would replay"
+        } else {
+            "replayed"
+        };
+        match args.action {
+            Action::List => writeln!(
+                out,
+                "{} dead letters read, {} shown ({} from other pipelines, {} without provenance)",
+                summary.read, summary.selected, summary.other_pipeline, summary.not_dead_letters
+            )?,
+            Action::Replay => writeln!(
+                out,
+                "{} dead letters read, {} selected, {verb} {}, {} already replayed before, {} found in the topic from an earlier run's unanswered produce, {} with their original topic missing ({} from other pipelines, {} without provenance)",
+                summary.read,
+                summary.selected,
+                summary.replayed,
+                summary.already_replayed,
+                summary.recovered,
+                summary.original_topic_missing,
+                summary.other_pipeline,
+                summary.not_dead_letters
+            )?,
+        }
+    }
+    Ok(summary)
+}
+
+fn write_header(out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<4} {:>8}  {:<40} {:>3}  {:<30} {:<12} {:<20} VALUE",
+        "PART", "OFFSET", "ORIGINAL", "DC", "REASON", "VERSION", "KEY"
+    )
+}
+
+/// Reads the pipeline's dead letters (in the offsets, partition and reason asked for) and
+/// hands each selected one to `each`, [`Outcome::Listed`], in topic order; returns what was
+/// read. Memory holds one fetch at a time, never the whole topic.
+pub async fn list<F>(req: &Request, each: F) -> Result<Summary, DlqError>
+where
+    F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+{
+    visit(req, Action::List, each).await
+}
+
+/// Replays the selected dead letters to their original topics once (with `dry_run`, says
+/// what it would do and writes nothing), handing each to `each` with what became of it;
+/// returns what it did. Holds the replay state's lock while it runs.
+pub async fn replay<F>(req: &Request, each: F) -> Result<Summary, DlqError>
+where
+    F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+{
+    visit(req, Action::Replay, each).await
+}
+
+/// What [`list`] and [`replay`] share: the topic read partition by partition, chunk by chunk.
+async fn visit<F>(req: &Request, action: Action, mut each: F) -> Result<Summary, DlqError>
+where
+    F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+{
+    let selection = Selection::new(req).map_err(DlqError::Refused)?;
+    let range = match &req.offsets {
+        Some(t) => OffsetRange::parse(t).map_err(DlqError::Refused)?,
         None => OffsetRange::ALL,
     };
-    if args.dry_run && args.action == Action::List {
-        bail!("--dry-run goes with replay (list never produces)");
+    if req.dry_run && action == Action::List {
+        return Err(DlqError::Refused(anyhow::anyhow!(
+            "--dry-run goes with replay (list never produces)"
+        )));
     }
-    let manifest = Manifest::load(&args.manifest)?;
+    let manifest = Manifest::load(&req.manifest).map_err(|e| DlqError::Refused(e.into()))?;
     let spec = manifest
         .pipelines
         .iter()
-        .find(|p| p.name == args.pipeline)
+        .find(|p| p.name == req.pipeline)
         .with_context(|| {
             let names: Vec<&str> = manifest.pipelines.iter().map(|p| p.name.as_str()).collect();
             format!(
                 "{}: no pipeline named {:?} (there are: {})",
-                args.manifest.display(),
-                args.pipeline,
+                req.manifest.display(),
+                req.pipeline,
                 names.join(", ")
             )
-        })?;
-    let dlq = spec.dead_letter_topic.clone().with_context(|| {
-        format!(
-            "pipeline {}: no dead_letter_topic in {} (rejected records are not kept)",
-            spec.name,
-            args.manifest.display()
-        )
-    })?;
+        })
+        .map_err(DlqError::Refused)?;
+    let dlq = spec
+        .dead_letter_topic
+        .clone()
+        .with_context(|| {
+            format!(
+                "pipeline {}: no dead_letter_topic in {} (rejected records are not kept)",
+                spec.name,
+                req.manifest.display()
+            )
+        })
+        .map_err(DlqError::Refused)?;
     let config = manifest
         .cluster
         .connection_config()
-        .map_err(anyhow::Error::msg)?;
-    let client = KafkaClient::connect(&manifest.cluster.bootstrap, config).await?;
+        .map_err(anyhow::Error::msg)
+        .map_err(DlqError::Refused)?;
+    let client = KafkaClient::connect(&manifest.cluster.bootstrap, config)
+        .await
+        .map_err(anyhow::Error::from)?;
     if !topic_exists(&client, &dlq).await? {
-        bail!("the dead-letter topic {dlq} does not exist");
+        return Err(DlqError::Refused(anyhow::anyhow!(
+            "the dead-letter topic {dlq} does not exist"
+        )));
     }
-    client.refresh_metadata(std::slice::from_ref(&dlq)).await?;
+    client
+        .refresh_metadata(std::slice::from_ref(&dlq))
+        .await
+        .map_err(anyhow::Error::from)?;
     let meta = client
         .topic(&dlq)
-        .with_context(|| format!("the dead-letter topic {dlq} does not exist"))?;
-    let partitions: Vec<i32> = match args.partition {
+        .with_context(|| format!("the dead-letter topic {dlq} does not exist"))
+        .map_err(DlqError::Refused)?;
+    let partitions: Vec<i32> = match req.partition {
         None => meta.partitions.iter().map(|p| p.index).collect(),
         Some(p) if meta.partitions.iter().any(|m| m.index == p) => vec![p],
-        Some(p) => bail!(
-            "--partition {p}: the dead-letter topic {dlq} has partitions 0..{}",
-            meta.partitions.len()
-        ),
+        Some(p) => {
+            return Err(DlqError::Refused(anyhow::anyhow!(
+                "--partition {p}: the dead-letter topic {dlq} has partitions 0..{}",
+                meta.partitions.len()
+            )));
+        }
     };
 
     let mut summary = Summary {
-        dry_run: args.dry_run,
+        dry_run: req.dry_run,
         ..Summary::default()
     };
     // Held until the run ends: a second replay of the same topic fails at once.
     let mut lock: Option<std::fs::File> = None;
-    let mut replay = match args.action {
+    let mut replay = match action {
         Action::List => None,
         Action::Replay => {
             let cluster = cluster_id(&client)
                 .await?
                 .unwrap_or_else(|| manifest.cluster.bootstrap.clone());
-            let dir = args
+            let dir = req
                 .state_dir
                 .clone()
                 .unwrap_or_else(crate::state::default_state_dir);
@@ -590,23 +780,22 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
                 path,
                 state,
                 topics: HashMap::new(),
-                dry_run: args.dry_run,
+                dry_run: req.dry_run,
             };
             r.recover(&mut summary).await?;
             Some(r)
         }
     };
 
-    if !args.json && replay.is_none() {
-        writeln!(
-            out,
-            "{:<4} {:>8}  {:<40} {:>3}  {:<30} {:<12} {:<20} VALUE",
-            "PART", "OFFSET", "ORIGINAL", "DC", "REASON", "VERSION", "KEY"
-        )?;
-    }
     for p in partitions {
-        let earliest = client.list_offset(&dlq, p, OffsetSpec::Earliest).await?;
-        let latest = client.list_offset(&dlq, p, OffsetSpec::Latest).await?;
+        let earliest = client
+            .list_offset(&dlq, p, OffsetSpec::Earliest)
+            .await
+            .map_err(anyhow::Error::from)?;
+        let latest = client
+            .list_offset(&dlq, p, OffsetSpec::Latest)
+            .await
+            .map_err(anyhow::Error::from)?;
         let mut next = earliest.max(range.start);
         let end = latest.min(range.end);
         let mut empty_fetches = 0;
@@ -619,9 +808,9 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
                 // Only control records (or nothing yet) at this offset: give up after a few.
                 empty_fetches += 1;
                 if empty_fetches >= 3 {
-                    bail!(
+                    return Err(DlqError::Failed(anyhow::anyhow!(
                         "{dlq}/{p}: no records at offset {next} below the end {end} after {empty_fetches} fetches"
-                    );
+                    )));
                 }
                 continue;
             }
@@ -655,39 +844,15 @@ pub async fn run(args: &DlqArgs, out: &mut dyn Write) -> Result<Summary> {
             match &mut replay {
                 None => {
                     for d in &chunk {
-                        show(out, &dlq, d, args, None)?;
+                        each(&Seen {
+                            topic: &dlq,
+                            dead_letter: d,
+                            outcome: Outcome::Listed,
+                        })?;
                     }
                 }
-                Some(r) => r.replay(chunk, out, args, &mut summary).await?,
+                Some(r) => r.replay(chunk, &mut each, &mut summary).await?,
             }
-        }
-    }
-    if args.json {
-        writeln!(out, "{}", serde_json::json!({ "summary": summary }))?;
-    } else {
-        let verb = if args.dry_run {
-            "would replay"
-        } else {
-            "replayed"
-        };
-        match args.action {
-            Action::List => writeln!(
-                out,
-                "{} dead letters read, {} shown ({} from other pipelines, {} without provenance)",
-                summary.read, summary.selected, summary.other_pipeline, summary.not_dead_letters
-            )?,
-            Action::Replay => writeln!(
-                out,
-                "{} dead letters read, {} selected, {verb} {}, {} already replayed before, {} found in the topic from an earlier run's unanswered produce, {} with their original topic missing ({} from other pipelines, {} without provenance)",
-                summary.read,
-                summary.selected,
-                summary.replayed,
-                summary.already_replayed,
-                summary.recovered,
-                summary.original_topic_missing,
-                summary.other_pipeline,
-                summary.not_dead_letters
-            )?,
         }
     }
     drop(lock);
@@ -731,14 +896,24 @@ async fn topic_exists(client: &KafkaClient, topic: &str) -> Result<bool> {
         .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic) && t.error_code == 0))
 }
 
-/// One line of `list` or `replay` output for `d`; `to` is where a replay went.
-fn show(
-    out: &mut dyn Write,
-    dlq: &str,
-    d: &DeadLetter,
-    args: &DlqArgs,
-    to: Option<(&str, serde_json::Value)>,
-) -> Result<()> {
+/// One line of `sharehost dlq`'s output for a dead letter: a JSON object with `--json`, else
+/// a table row for a listed one and a status line for a replayed one (one replayed before is
+/// shown only in JSON).
+fn show(out: &mut dyn Write, seen: &Seen<'_>, args: &DlqArgs) -> std::io::Result<()> {
+    let d = seen.dead_letter;
+    let to = match &seen.outcome {
+        Outcome::Listed => None,
+        Outcome::AlreadyReplayed => Some(("already-replayed", serde_json::Value::Null)),
+        Outcome::TopicMissing(topic) => Some(("topic-missing", topic.clone().into())),
+        Outcome::WouldReplay { topic, partition } => {
+            Some(("would-replay", format!("{topic}/{partition}").into()))
+        }
+        Outcome::Replayed {
+            topic,
+            partition,
+            offset,
+        } => Some(("replayed", format!("{topic}/{partition}/{offset}").into())),
+    };
     if args.json {
         let mut v = serde_json::to_value(d)?;
         // Previews, and a null field stays JSON null.
@@ -755,8 +930,7 @@ fn show(
         if let Some((status, target)) = to {
             v["replay"] = serde_json::json!({ "status": status, "to": target });
         }
-        writeln!(out, "{v}")?;
-        return Ok(());
+        return writeln!(out, "{v}");
     }
     match to {
         None => {
@@ -772,8 +946,9 @@ fn show(
                 crate::pipeline::short(version),
                 preview(d.key.as_deref(), 20),
                 preview(d.value.as_deref(), args.preview),
-            )?;
+            )
         }
+        Some(("already-replayed", _)) => Ok(()),
         Some((status, target)) => {
             let target = match target {
                 serde_json::Value::String(s) => s,
@@ -781,12 +956,11 @@ fn show(
             };
             writeln!(
                 out,
-                "{status:<16} {dlq}/{}/{} -> {target}  reason {:?}",
-                d.partition, d.offset, d.reason
-            )?;
+                "{status:<16} {}/{}/{} -> {target}  reason {:?}",
+                seen.topic, d.partition, d.offset, d.reason
+            )
         }
     }
-    Ok(())
 }
 
 /// Produces chosen dead letters to their original topics and remembers what it produced.
@@ -814,41 +988,41 @@ impl Replayer<'_> {
         self.topics.get(name).cloned().flatten()
     }
 
+    /// Hands `d` to the caller with `outcome`.
+    fn hand<F>(&self, each: &mut F, d: &DeadLetter, outcome: Outcome) -> Result<(), DlqError>
+    where
+        F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+    {
+        Ok(each(&Seen {
+            topic: &self.dlq,
+            dead_letter: d,
+            outcome,
+        })?)
+    }
+
     /// Replays the records of one fetched chunk: grouped by target partition (in dead-letter
     /// order within each), each group produced in batches, each batch remembered once the
     /// broker acknowledged it.
-    async fn replay(
+    async fn replay<F>(
         &mut self,
         chunk: Vec<DeadLetter>,
-        out: &mut dyn Write,
-        args: &DlqArgs,
+        each: &mut F,
         summary: &mut Summary,
-    ) -> Result<()> {
+    ) -> Result<(), DlqError>
+    where
+        F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+    {
         let mut groups: Vec<((String, i32), Vec<DeadLetter>)> = Vec::new();
         for d in chunk {
             if self.state.contains(d.partition, d.offset) {
                 summary.already_replayed += 1;
-                if args.json {
-                    show(
-                        out,
-                        &self.dlq,
-                        &d,
-                        args,
-                        Some(("already-replayed", serde_json::Value::Null)),
-                    )?;
-                }
+                self.hand(each, &d, Outcome::AlreadyReplayed)?;
                 continue;
             }
             let topic = d.original_topic.clone().unwrap_or_default();
             let Some(meta) = self.topic(&topic).await else {
                 summary.original_topic_missing += 1;
-                show(
-                    out,
-                    &self.dlq,
-                    &d,
-                    args,
-                    Some(("topic-missing", serde_json::Value::String(topic))),
-                )?;
+                self.hand(each, &d, Outcome::TopicMissing(topic))?;
                 continue;
             };
             let p = target_partition(&meta, d.original_partition, d.key.as_deref());
@@ -866,7 +1040,7 @@ impl Replayer<'_> {
                     && (batch.len() >= PRODUCE_BATCH_RECORDS
                         || bytes + d.size() > PRODUCE_BATCH_BYTES)
                 {
-                    self.produce(&topic, p, std::mem::take(&mut batch), out, args, summary)
+                    self.produce(&topic, p, std::mem::take(&mut batch), each, summary)
                         .await?;
                     bytes = 0;
                 }
@@ -874,26 +1048,31 @@ impl Replayer<'_> {
                 batch.push(d);
             }
             if !batch.is_empty() {
-                self.produce(&topic, p, batch, out, args, summary).await?;
+                self.produce(&topic, p, batch, each, summary).await?;
             }
         }
         Ok(())
     }
 
-    async fn produce(
+    async fn produce<F>(
         &mut self,
         topic: &str,
         partition: i32,
         batch: Vec<DeadLetter>,
-        out: &mut dyn Write,
-        args: &DlqArgs,
+        each: &mut F,
         summary: &mut Summary,
-    ) -> Result<()> {
+    ) -> Result<(), DlqError>
+    where
+        F: FnMut(&Seen<'_>) -> std::io::Result<()>,
+    {
         if self.dry_run {
             for d in &batch {
                 summary.replayed += 1;
-                let to = serde_json::Value::String(format!("{topic}/{partition}"));
-                show(out, &self.dlq, d, args, Some(("would-replay", to)))?;
+                let outcome = Outcome::WouldReplay {
+                    topic: topic.to_owned(),
+                    partition,
+                };
+                self.hand(each, d, outcome)?;
             }
             return Ok(());
         }
@@ -926,11 +1105,15 @@ impl Replayer<'_> {
         for (i, d) in batch.iter().enumerate() {
             self.state.insert(d.partition, d.offset);
             summary.replayed += 1;
-            let to = serde_json::Value::String(format!("{topic}/{partition}/{}", base + i as i64));
-            show(out, &self.dlq, d, args, Some(("replayed", to)))?;
+            let outcome = Outcome::Replayed {
+                topic: topic.to_owned(),
+                partition,
+                offset: base + i as i64,
+            };
+            self.hand(each, d, outcome)?;
         }
         self.state.pending = None;
-        save_state(&self.path, &self.state)
+        Ok(save_state(&self.path, &self.state)?)
     }
 
     /// Settles a produce an earlier run did not see answered: reads its original partition

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use sharehost::fleet::FleetView;
 use sharehost::fleet::operator::Operator;
 use sharehost::fleet::records::{CanaryRules, Change, ComponentRef};
 use sharehost::fleet::sign::load_key;
@@ -16,6 +15,7 @@ use sharehost::manifest::Manifest;
 use sharehost::metrics::Metrics;
 use sharehost::pipeline::{Pipeline, short};
 use sharehost::rollout::{CanaryRequest, PromoteAfter, RollbackIf, ShadowRequest};
+use sharehost_api::FleetView;
 
 use crate::host::{connection_config, plugin_runtime};
 
@@ -351,19 +351,19 @@ fn render(v: &FleetView) -> String {
         let active = d
             .active
             .as_ref()
-            .map_or("(each host's manifest)", |c| c.short());
+            .map_or("(each host's manifest)", |c| short(&c.digest));
         let _ = write!(out, "pipeline {name}: action {}, active {active}", d.seq);
         if let Some(c) = &d.canary {
             let _ = write!(
                 out,
                 ", canary {} ({}%, action {})",
-                c.component.short(),
+                short(&c.component.digest),
                 c.rules.percent,
                 c.seq
             );
         }
         if let Some((c, sample)) = &d.shadow {
-            let _ = write!(out, ", shadow {} (sample {sample})", c.short());
+            let _ = write!(out, ", shadow {} (sample {sample})", short(&c.digest));
         }
         if let Some(o) = &d.last_canary {
             let _ = write!(

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+pub use sharehost_api::FaultRole;
 
 /// Faults kept per pipeline, newest last: enough to see a pattern on one screen, and a bound
 /// on what a plugin that faults on every batch makes the host hold (about 1 KiB each).
@@ -15,23 +15,9 @@ pub const KEPT_FAULTS: usize = 64;
 /// Longest message kept per fault; a trap's backtrace says what it must in its first lines.
 pub const MAX_FAULT_MESSAGE: usize = 512;
 
-/// Who met the fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultRole {
-    /// The active version judging a batch (its records got the fault policy).
-    Active,
-    /// A canary candidate (the active version judged the batch instead).
-    Canary,
-    /// A shadow candidate (nothing was acted on).
-    Shadow,
-    /// A version change (swap, rollback, shadow or canary start) refused: the old version
-    /// keeps running.
-    Swap,
-}
-
-/// One fault as `GET /faults` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One fault as the pipeline notes it; `GET /faults` shows it as a
+/// [`sharehost_api::RecentFault`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecentFault {
     /// When, in ms since the Unix epoch.
     pub at_ms: u64,
@@ -89,6 +75,22 @@ impl RecentFault {
     }
 }
 
+impl From<RecentFault> for sharehost_api::RecentFault {
+    fn from(f: RecentFault) -> sharehost_api::RecentFault {
+        sharehost_api::RecentFault {
+            at_ms: f.at_ms,
+            pipeline: f.pipeline,
+            role: f.role,
+            version: f.version,
+            kind: f.kind,
+            message: f.message,
+            records: f.records,
+            first_offset: f.first_offset,
+            last_offset: f.last_offset,
+        }
+    }
+}
+
 /// A pipeline's last [`KEPT_FAULTS`] faults, oldest dropped first.
 #[derive(Debug, Default)]
 pub struct RecentFaults {
@@ -142,7 +144,7 @@ mod tests {
         assert!(f.message.len() <= MAX_FAULT_MESSAGE && f.message.len() > MAX_FAULT_MESSAGE - 2);
         assert!(long.starts_with(&f.message));
         assert_eq!(f.version.as_deref(), Some("abababababab"));
-        let json = serde_json::to_value(&f).expect("json");
+        let json = serde_json::to_value(sharehost_api::RecentFault::from(f)).expect("json");
         assert_eq!(json["role"], "canary");
         assert_eq!(json["records"], 7);
     }

@@ -4,11 +4,12 @@
 //! on the version that was active. The pipeline (`crate::pipeline`) owns the versions and
 //! calls in here to decide and to count; nothing here touches Kafka.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use sharehost_api::{CanaryBody, Disagreement, ShadowBody, ShadowStatus, Tally};
+pub use sharehost_api::{PromoteAfter, RollbackIf};
 
 use crate::runtime::Verdict;
 
@@ -29,14 +30,24 @@ pub const MIN_CANARY_RECORDS_FOR_RATES: u64 = 100;
 /// sample (unit tests below).
 pub const CANARY_CONFIDENCE_Z: f64 = 3.0;
 
-/// A shadow's request: which candidate, and what fraction of batches it sees (sent as
-/// [`crate::api::ShadowBody`]).
+/// A shadow's request: which candidate, and what fraction of batches it sees (sent as a
+/// [`ShadowBody`]).
 #[derive(Debug, Clone)]
 pub struct ShadowRequest {
     /// The candidate component.
     pub path: PathBuf,
     /// Fraction of batches copied to the candidate (0 < sample ≤ 1).
     pub sample: f64,
+}
+
+impl From<&ShadowBody> for ShadowRequest {
+    /// The request the host acts on, defaults filled in.
+    fn from(body: &ShadowBody) -> Self {
+        ShadowRequest {
+            path: body.path.clone(),
+            sample: body.sample.unwrap_or(1.0),
+        }
+    }
 }
 
 impl ShadowRequest {
@@ -51,55 +62,40 @@ impl ShadowRequest {
     }
 }
 
-/// One record on which the candidate and the active version disagreed.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Disagreement {
-    /// Topic of the record.
-    pub topic: String,
-    /// Partition of the record.
-    pub partition: i32,
-    /// Offset of the record.
-    pub offset: i64,
-    /// What the active version decided.
-    pub active: String,
-    /// What the candidate decided (with its reason for a reject).
-    pub candidate: String,
+/// What a shadow has seen so far: its status as `GET /pipelines` shows it, and the time the
+/// candidate took on the records compared (from which the status's time per record is
+/// derived).
+#[derive(Debug, Clone, Default)]
+pub struct ShadowComparison {
+    /// The counts shown.
+    status: ShadowStatus,
+    /// The candidate's time on every compared record, summed.
+    nanos: u128,
 }
 
-/// What a shadow has seen so far, as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
-// Read back by `sharehost ctl`: what an answer leaves out is a default.
-#[serde(default)]
-pub struct ShadowStatus {
-    /// The candidate's content hash.
-    pub candidate: String,
-    /// The candidate's component path.
-    pub path: String,
-    /// Fraction of batches copied to it.
-    pub sample: f64,
-    /// Batches and records the candidate judged and compared.
-    pub batches: u64,
-    /// Records compared.
-    pub records: u64,
-    /// Records on which both decided alike, by the active version's verdict kind.
-    pub agreed: BTreeMap<String, u64>,
-    /// Records on which they differed, by "active→candidate" verdict kinds.
-    pub disagreed: BTreeMap<String, u64>,
-    /// The candidate's faults (its batch is then not compared).
-    pub faults: u64,
-    /// Batches not copied because the candidate was behind (never held for it).
-    pub dropped_batches: u64,
-    /// Records in those batches.
-    pub dropped_records: u64,
-    /// The candidate's time per compared record, in microseconds.
-    pub us_per_record: f64,
-    /// The first disagreements, with their record coordinates.
-    pub first_disagreements: Vec<Disagreement>,
-    #[serde(skip)]
-    pub(crate) nanos: u128,
+impl From<ShadowStatus> for ShadowComparison {
+    /// A comparison that starts from `status` (its candidate, path and sample).
+    fn from(status: ShadowStatus) -> Self {
+        ShadowComparison { status, nanos: 0 }
+    }
 }
+impl ShadowComparison {
+    /// Its status as `GET /pipelines` and a stopped shadow show it.
+    pub fn status(&self) -> ShadowStatus {
+        self.status.clone()
+    }
 
-impl ShadowStatus {
+    /// Counts a batch of `records` not copied because the candidate was behind.
+    pub fn dropped(&mut self, records: usize) {
+        self.status.dropped_batches += 1;
+        self.status.dropped_records += records as u64;
+    }
+
+    /// Counts `faults` of the candidate on a batch (not compared).
+    pub fn faulted(&mut self, faults: usize) {
+        self.status.faults += faults as u64;
+    }
+
     /// Compares one batch: `active` and `candidate` verdicts of the same records, in order.
     pub fn compare(
         &mut self,
@@ -108,25 +104,24 @@ impl ShadowStatus {
         candidate: &[Verdict],
         elapsed: Duration,
     ) {
-        self.batches += 1;
-        self.records += active.len() as u64;
         self.nanos += elapsed.as_nanos();
-        if self.records > 0 {
-            self.us_per_record =
-                (self.nanos as f64 / self.records as f64 / 1e3 * 10.0).round() / 10.0;
+        let s = &mut self.status;
+        s.batches += 1;
+        s.records += active.len() as u64;
+        if s.records > 0 {
+            s.us_per_record = (self.nanos as f64 / s.records as f64 / 1e3 * 10.0).round() / 10.0;
         }
         for ((a, c), (topic, partition, offset)) in active.iter().zip(candidate).zip(coordinates) {
             // Agreement is by kind: two rejects with different reasons agree.
             if a.kind() == c.kind() {
-                *self.agreed.entry(a.kind().to_owned()).or_default() += 1;
+                *s.agreed.entry(a.kind().to_owned()).or_default() += 1;
                 continue;
             }
-            *self
-                .disagreed
+            *s.disagreed
                 .entry(format!("{}→{}", a.kind(), c.kind()))
                 .or_default() += 1;
-            if self.first_disagreements.len() < KEPT_DISAGREEMENTS {
-                self.first_disagreements.push(Disagreement {
+            if s.first_disagreements.len() < KEPT_DISAGREEMENTS {
+                s.first_disagreements.push(Disagreement {
                     topic: topic.clone(),
                     partition: *partition,
                     offset: *offset,
@@ -147,45 +142,7 @@ fn describe(v: &Verdict) -> String {
     }
 }
 
-/// When a canary is promoted: after this many of its batches, or this long, whichever first.
-#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]
-pub struct PromoteAfter {
-    /// Canary batches judged.
-    pub batches: Option<u64>,
-    /// Seconds since the canary started.
-    pub seconds: Option<u64>,
-}
-
-/// When a canary is rolled back at once (every bound optional).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-pub struct RollbackIf {
-    /// Largest share of the canary's batches that may fault (default 0: any fault).
-    #[serde(default)]
-    pub max_fault_rate: f64,
-    /// Largest increase of the canary's reject rate over the active version's in the same
-    /// period, in rate points (0.05 = five percentage points; default 0.05).
-    #[serde(default = "five_points")]
-    pub max_reject_rate_increase: f64,
-    /// The same for releases (default 0.05).
-    #[serde(default = "five_points")]
-    pub max_release_rate_increase: f64,
-}
-
-fn five_points() -> f64 {
-    0.05
-}
-
-impl Default for RollbackIf {
-    fn default() -> Self {
-        Self {
-            max_fault_rate: 0.0,
-            max_reject_rate_increase: five_points(),
-            max_release_rate_increase: five_points(),
-        }
-    }
-}
-
-/// A canary's request (sent as [`crate::api::CanaryBody`], which fills the defaults).
+/// A canary's request (sent as a [`CanaryBody`], whose defaults the host fills in).
 #[derive(Debug, Clone)]
 pub struct CanaryRequest {
     /// The candidate component.
@@ -196,6 +153,19 @@ pub struct CanaryRequest {
     pub promote_after: PromoteAfter,
     /// When it is rolled back.
     pub rollback_if: RollbackIf,
+}
+
+impl From<&CanaryBody> for CanaryRequest {
+    /// The request the host acts on, defaults filled in.
+    fn from(body: &CanaryBody) -> Self {
+        let (promote_after, rollback_if) = body.bounds();
+        CanaryRequest {
+            path: body.path.clone(),
+            percent: body.percent,
+            promote_after,
+            rollback_if,
+        }
+    }
 }
 
 impl CanaryRequest {
@@ -228,9 +198,10 @@ impl CanaryRequest {
     }
 }
 
-/// Verdict counts of one side of a canary, over the same period.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, Default, PartialEq)]
-pub struct Tally {
+/// Verdict counts of one side of a canary, over the same period, as the rollout counts and
+/// sums them; shown as a [`Tally`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct VerdictTally {
     /// Batches judged.
     pub batches: u64,
     /// Batches that faulted.
@@ -243,7 +214,7 @@ pub struct Tally {
     pub released: u64,
 }
 
-impl Tally {
+impl VerdictTally {
     /// Adds one batch's verdicts.
     pub fn add(&mut self, verdicts: &[Verdict], faulted: bool) {
         self.batches += 1;
@@ -259,8 +230,8 @@ impl Tally {
     }
 
     /// The sum of two tallies (a fleet's canary decides on every host's).
-    pub fn plus(self, o: Tally) -> Tally {
-        Tally {
+    pub fn plus(self, o: VerdictTally) -> VerdictTally {
+        VerdictTally {
             batches: self.batches + o.batches,
             faulted_batches: self.faulted_batches + o.faulted_batches,
             records: self.records + o.records,
@@ -281,41 +252,29 @@ impl Tally {
     }
 }
 
-/// What became of a canary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CanaryState {
-    /// Judging its share of batches.
-    Running,
-    /// Made the active version.
-    Promoted,
-    /// Removed; the active version judges everything again.
-    RolledBack,
+impl From<VerdictTally> for Tally {
+    fn from(t: VerdictTally) -> Tally {
+        Tally {
+            batches: t.batches,
+            faulted_batches: t.faulted_batches,
+            records: t.records,
+            rejected: t.rejected,
+            released: t.released,
+        }
+    }
 }
 
-/// A canary as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CanaryStatus {
-    /// The candidate's content hash.
-    pub candidate: String,
-    /// The candidate's component path.
-    pub path: String,
-    /// Share of batches it judges.
-    pub percent: f64,
-    /// Running, promoted or rolled back.
-    pub state: CanaryState,
-    /// Why it was promoted or rolled back.
-    pub reason: Option<String>,
-    /// The candidate's verdicts since it started.
-    pub candidate_tally: Tally,
-    /// The active version's verdicts over the same period.
-    pub active_tally: Tally,
-    /// Seconds since it started.
-    pub seconds: u64,
-    /// Its bounds.
-    pub promote_after: PromoteAfter,
-    /// Its rollback bounds.
-    pub rollback_if: RollbackIf,
+impl From<Tally> for VerdictTally {
+    /// A tally as another host reported it, to be summed with this host's.
+    fn from(t: Tally) -> VerdictTally {
+        VerdictTally {
+            batches: t.batches,
+            faulted_batches: t.faulted_batches,
+            records: t.records,
+            rejected: t.rejected,
+            released: t.released,
+        }
+    }
 }
 
 /// The decision after a canary batch.
@@ -339,9 +298,9 @@ pub struct CanaryPlan {
     /// Batches offered so far (canary's and active's), to spread the percent evenly.
     offered: u64,
     /// The candidate's tally.
-    pub candidate: Tally,
+    pub candidate: VerdictTally,
     /// The active version's tally since the canary started.
-    pub active: Tally,
+    pub active: VerdictTally,
 }
 
 impl CanaryPlan {
@@ -351,8 +310,8 @@ impl CanaryPlan {
             request,
             started: Instant::now(),
             offered: 0,
-            candidate: Tally::default(),
-            active: Tally::default(),
+            candidate: VerdictTally::default(),
+            active: VerdictTally::default(),
         }
     }
 
@@ -386,13 +345,13 @@ impl CanaryPlan {
 pub fn decide(
     promote_after: &PromoteAfter,
     rollback_if: &RollbackIf,
-    candidate: Tally,
-    active: Tally,
+    candidate: VerdictTally,
+    active: VerdictTally,
     elapsed: Duration,
 ) -> CanaryDecision {
     let r = rollback_if;
     let c = candidate;
-    let fault_rate = Tally::rate(c.faulted_batches, c.batches);
+    let fault_rate = VerdictTally::rate(c.faulted_batches, c.batches);
     if c.faulted_batches > 0 && fault_rate > r.max_fault_rate {
         return CanaryDecision::RollBack(format!(
             "fault rate {:.3} ({} of {} batches) above rollback_if.max_fault_rate {}",
@@ -421,10 +380,10 @@ pub fn decide(
             c.batches,
             c.records,
             fault_rate,
-            Tally::rate(c.rejected, c.records),
-            Tally::rate(active.rejected, active.records),
-            Tally::rate(c.released, c.records),
-            Tally::rate(active.released, active.records),
+            VerdictTally::rate(c.rejected, c.records),
+            VerdictTally::rate(active.rejected, active.records),
+            VerdictTally::rate(c.released, c.records),
+            VerdictTally::rate(active.released, active.records),
         ));
     }
     CanaryDecision::Continue
@@ -448,7 +407,7 @@ pub fn wilson(k: u64, n: u64, z: f64) -> (f64, f64) {
 /// Which rate of the candidate, if any, is worse than the active version's by more than its
 /// bound with confidence: the low end of the candidate's Wilson interval against the high end
 /// of the active version's (taken as 0 when the active version judged nothing, at 100 %).
-fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
+fn rate_breach(r: &RollbackIf, c: VerdictTally, a: VerdictTally) -> Option<String> {
     for (what, cn, an, bound) in [
         ("reject", c.rejected, a.rejected, r.max_reject_rate_increase),
         (
@@ -458,7 +417,10 @@ fn rate_breach(r: &RollbackIf, c: Tally, a: Tally) -> Option<String> {
             r.max_release_rate_increase,
         ),
     ] {
-        let (cr, ar) = (Tally::rate(cn, c.records), Tally::rate(an, a.records));
+        let (cr, ar) = (
+            VerdictTally::rate(cn, c.records),
+            VerdictTally::rate(an, a.records),
+        );
         let low = wilson(cn, c.records, CANARY_CONFIDENCE_Z).0;
         let high = if a.records == 0 {
             0.0
@@ -697,7 +659,7 @@ mod tests {
         candidate: (f64, f64),
         active: (f64, f64),
         max_batches: u64,
-    ) -> (CanaryDecision, Tally) {
+    ) -> (CanaryDecision, VerdictTally) {
         let mut c = canary(50.0, promote_after);
         for _ in 0..max_batches {
             if c.takes_next() {
@@ -769,7 +731,7 @@ mod tests {
 
     #[test]
     fn shadow_comparison_counts_by_kind_and_keeps_coordinates() {
-        let mut s = ShadowStatus::default();
+        let mut s = ShadowComparison::default();
         let coords = vec![
             ("t".to_owned(), 0, 1),
             ("t".to_owned(), 0, 2),
@@ -785,6 +747,7 @@ mod tests {
             ],
             Duration::from_micros(30),
         );
+        let s = &s.status;
         assert_eq!(s.agreed.get("accept"), Some(&1));
         assert_eq!(s.agreed.get("reject"), Some(&1));
         assert_eq!(s.disagreed.get("accept→reject"), Some(&1));

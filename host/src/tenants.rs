@@ -10,9 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use sharehost_api::{Failure, ManifestStatus, TenantStatus};
 
-use crate::pipeline::{Pipeline, PipelineStatus};
+use crate::pipeline::Pipeline;
 
 /// Where one tenant is.
 #[derive(Clone)]
@@ -22,58 +22,18 @@ enum Slot {
     /// Loaded: running, or being run again after a failure.
     Loaded(Arc<Pipeline>),
     /// The last attempt to load or run it failed; another follows after a backoff.
-    Failed(Failure),
+    Failed(Failed),
 }
 
-/// Why a tenant is not running, as `GET /pipelines` shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Failure {
-    /// Pipeline name.
-    pub name: String,
-    /// Always `failed`.
-    pub state: String,
+/// Why a tenant is not running, and since when: shown as a [`Failure`].
+#[derive(Debug, Clone)]
+struct Failed {
     /// What went wrong the last time.
-    pub error: String,
+    error: String,
     /// Attempts so far (to load, or to run once loaded).
-    #[serde(default)]
-    pub attempts: u32,
-    /// Seconds since the first failure in a row.
-    #[serde(default)]
-    pub failing_for_s: u64,
-    /// When the first failure in a row happened (this process's clock; an answer read by a
-    /// client takes the time it was read).
-    #[serde(skip, default = "Instant::now")]
+    attempts: u32,
+    /// When the first failure in a row happened.
     since: Instant,
-}
-
-/// A tenant's entry in `GET /pipelines`: a pipeline's full status, or why it is not running.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum TenantStatus {
-    /// A pipeline that failed to load or run (first: read back, only it has an `error`, while
-    /// a pipeline's status takes defaults for what an answer leaves out).
-    Failed(Failure),
-    /// A loaded pipeline.
-    Pipeline(Box<PipelineStatus>),
-}
-
-/// How the host's manifest was last read, as `GET /manifest` shows it.
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
-pub struct ManifestStatus {
-    /// The manifest file.
-    pub path: Option<String>,
-    /// When the manifest the host runs was read (ms since the Unix epoch).
-    pub applied_at_ms: u64,
-    /// Re-reads applied since start.
-    pub applied: u64,
-    /// Re-reads refused since start (the host kept running on the manifest before).
-    pub refused: u64,
-    /// Why the last refused re-read was refused, kept after later re-reads are applied (an
-    /// operator sees a bad manifest was written even when a good one followed).
-    pub last_refused: Option<String>,
-    /// When that re-read was refused (ms since the Unix epoch): set with `last_refused`, to
-    /// compare with `applied_at_ms`.
-    pub last_refused_at_ms: Option<u64>,
 }
 
 /// Every tenant of the host, by manifest order.
@@ -174,12 +134,9 @@ impl Tenants {
             Slot::Failed(f) => (f.attempts + 1, f.since),
             _ => (1, Instant::now()),
         };
-        *slot = Slot::Failed(Failure {
-            name: name.to_owned(),
-            state: "failed".to_owned(),
+        *slot = Slot::Failed(Failed {
             error,
             attempts,
-            failing_for_s: 0,
             since,
         });
         attempts
@@ -210,13 +167,16 @@ impl Tenants {
     pub fn status(&self) -> Vec<TenantStatus> {
         self.all()
             .iter()
-            .filter_map(|(_, s)| match lock(s).clone() {
+            .filter_map(|(name, s)| match lock(s).clone() {
                 Slot::Loading => None,
                 Slot::Loaded(p) => Some(TenantStatus::Pipeline(Box::new(p.status()))),
-                Slot::Failed(mut f) => {
-                    f.failing_for_s = f.since.elapsed().as_secs();
-                    Some(TenantStatus::Failed(f))
-                }
+                Slot::Failed(f) => Some(TenantStatus::Failed(Failure {
+                    name: name.clone(),
+                    state: "failed".to_owned(),
+                    error: f.error,
+                    attempts: f.attempts,
+                    failing_for_s: f.since.elapsed().as_secs(),
+                })),
             })
             .collect()
     }

@@ -26,7 +26,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::state::AdminState;
-use crate::api::{Denied, JSON_CONTENT_TYPE};
+use sharehost_api::{Denied, JSON_CONTENT_TYPE};
 
 /// Bytes of a refused `Host` or `Origin` repeated in the answer (they come from the request).
 const SHOWN: usize = 100;

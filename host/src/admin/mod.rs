@@ -24,11 +24,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{
-    self, CanaryBody, CandidateStarted, PipelineRoute, Refused, RollbackRequest, ShadowBody,
+use sharehost_api::{
+    self as api, CanaryBody, CandidateStarted, PipelineRoute, Refused, RollbackRequest, ShadowBody,
     ShadowStopped, SwapRequest, VersionChanged,
 };
+
+use crate::api::parse_body;
 use crate::pipeline::{Pipeline, SwapError};
+use crate::rollout::{CanaryRequest, ShadowRequest};
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
     s.metrics.ready.set(i64::from(s.tenants.ready().is_ok()));
@@ -123,9 +126,9 @@ fn target(s: &AdminState, headers: &HeaderMap, name: &str) -> Result<Arc<Pipelin
     })
 }
 
-/// A JSON body ([`api::parse_body`]), or the 400 answer naming what was expected.
+/// A JSON body ([`parse_body`]), or the 400 answer naming what was expected.
 fn body<T: serde::de::DeserializeOwned>(bytes: &[u8], expected: &str) -> Result<T, Refusal> {
-    api::parse_body(bytes).map_err(|e| {
+    parse_body(bytes).map_err(|e| {
         refusal(
             StatusCode::BAD_REQUEST,
             format!("expected {expected}: {e}\n"),
@@ -209,7 +212,10 @@ async fn shadow(
 ) -> Answer {
     let p = target(&s, &headers, &name)?;
     let req: ShadowBody = body(&text, r#"{"path": "...", "sample": 0.5}"#)?;
-    Ok(started(&name, p.start_shadow(req.request()).await))
+    Ok(started(
+        &name,
+        p.start_shadow(ShadowRequest::from(&req)).await,
+    ))
 }
 
 async fn shadow_stop(
@@ -239,7 +245,10 @@ async fn canary(
         &text,
         r#"{"path": "...", "percent": 10, "promote_after": {"batches": 100}, "rollback_if": {...}}"#,
     )?;
-    Ok(started(&name, p.start_canary(req.request()).await))
+    Ok(started(
+        &name,
+        p.start_canary(CanaryRequest::from(&req)).await,
+    ))
 }
 
 async fn canary_stop(

@@ -10,8 +10,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use serde::Serialize;
-use serde_json::Value;
+use sharehost_api::{DeadLetterView, Group, Span, Summary};
+
+use crate::dlq::{Outcome, Seen, preview};
 
 /// Most groups listed: beyond it, dead letters of further shapes are only counted
 /// (`ungrouped`), so a plugin whose every reason differs cannot make the answer unbounded.
@@ -64,91 +65,34 @@ pub fn shape(reason: &str) -> Shape {
     Shape { text, regex }
 }
 
-/// Where a group's dead letters are in one partition of the dead-letter topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Span {
-    /// Dead-letter topic partition.
-    pub partition: i32,
-    /// Lowest offset of the group there.
-    pub first: i64,
-    /// Highest offset of the group there.
-    pub last: i64,
-}
-
-/// Dead letters of one reason shape.
-#[derive(Debug, Clone, Serialize)]
-pub struct Group {
-    /// The shape (digits as `#`).
-    pub shape: String,
-    /// The reason of the first dead letter of the group, as written.
-    pub example: String,
-    /// A preview of that dead letter's value.
-    pub example_value: Option<String>,
-    /// The `reason` a replay of exactly this group sends.
-    pub reason_regex: String,
-    /// Dead letters in the group.
-    pub count: u64,
-    /// Of them, replayed already (by the console or `sharehost dlq`); `None` when the
-    /// replay state could not be read.
-    pub replayed: Option<u64>,
-    /// Of them, what a replay would produce now.
-    pub to_replay: Option<u64>,
-    /// Of them, those whose original topic no longer exists (never replayed).
-    pub original_topic_missing: Option<u64>,
-    /// Where they are in the dead-letter topic.
-    pub spans: Vec<Span>,
-    /// The plugin versions that rejected them (first 12 characters), at most 8.
-    pub versions: BTreeSet<String>,
-    /// Their original topics, at most 8.
-    pub original_topics: BTreeSet<String>,
-}
-
-/// Sums up the JSON lines of a `sharehost dlq --json` run (`list`, or a dry-run `replay`,
-/// which adds each dead letter's replay status), one line at a time as they are written:
-/// memory holds the groups, never the dead letters.
+/// Sums up the dead letters a run of the reader hands over ([`crate::dlq::list`], or a
+/// dry-run [`crate::dlq::replay`], which says what would become of each), one at a time as
+/// they are read: memory holds the groups, never the dead letters.
 #[derive(Debug, Default)]
 pub struct Collector {
-    line: Vec<u8>,
     groups: Vec<Group>,
     by_regex: HashMap<String, usize>,
     /// Dead letters of shapes beyond [`MAX_GROUPS`].
     pub ungrouped: u64,
-    /// The run's closing summary.
-    pub summary: Option<Value>,
-    /// Whether the lines carried replay statuses (a dry-run replay).
+    /// Characters of a group's example value shown.
+    preview: usize,
+    /// Whether the dead letters came with what a replay does with them (a dry-run replay).
     with_status: bool,
 }
 
-impl std::io::Write for Collector {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        for &b in buf {
-            if b == b'\n' {
-                let line = std::mem::take(&mut self.line);
-                if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                    self.absorb(v);
-                }
-            } else {
-                self.line.push(b);
-            }
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 impl Collector {
-    /// Takes one line: a dead letter, or the summary.
-    pub fn absorb(&mut self, line: Value) {
-        if let Some(summary) = line.get("summary") {
-            self.summary = Some(summary.clone());
-            return;
+    /// A collector previewing `preview` characters of a group's example value.
+    pub fn new(preview: usize) -> Collector {
+        Collector {
+            preview,
+            ..Collector::default()
         }
-        let text = |k: &str| line.get(k).and_then(Value::as_str);
-        let reason = text("reason").unwrap_or_default();
-        let shape = shape(reason);
+    }
+
+    /// Takes one dead letter.
+    pub fn absorb(&mut self, seen: &Seen<'_>) {
+        let d = seen.dead_letter;
+        let shape = shape(&d.reason);
         let at = match self.by_regex.get(&shape.regex) {
             Some(&i) => i,
             None if self.groups.len() >= MAX_GROUPS => {
@@ -158,8 +102,8 @@ impl Collector {
             None => {
                 self.groups.push(Group {
                     shape: shape.text,
-                    example: reason.to_owned(),
-                    example_value: text("value").map(str::to_owned),
+                    example: d.reason.clone(),
+                    example_value: d.value().map(|v| preview(Some(v.as_ref()), self.preview)),
                     reason_regex: shape.regex.clone(),
                     count: 0,
                     replayed: None,
@@ -175,42 +119,37 @@ impl Collector {
         };
         let g = &mut self.groups[at];
         g.count += 1;
-        if let Some(status) = line.pointer("/replay/status").and_then(Value::as_str) {
+        let slot = match seen.outcome {
+            Outcome::Listed => None,
+            Outcome::AlreadyReplayed => Some(&mut g.replayed),
+            Outcome::TopicMissing(_) => Some(&mut g.original_topic_missing),
+            Outcome::WouldReplay { .. } | Outcome::Replayed { .. } => Some(&mut g.to_replay),
+        };
+        if let Some(slot) = slot {
             self.with_status = true;
-            let slot = match status {
-                "already-replayed" => &mut g.replayed,
-                "topic-missing" => &mut g.original_topic_missing,
-                _ => &mut g.to_replay,
-            };
             *slot.get_or_insert(0) += 1;
         }
-        if let (Some(p), Some(o)) = (
-            line.get("partition")
-                .and_then(Value::as_i64)
-                .and_then(|p| i32::try_from(p).ok()),
-            line.get("offset").and_then(Value::as_i64),
-        ) {
-            match g.spans.iter_mut().find(|s| s.partition == p) {
-                Some(s) => {
-                    s.first = s.first.min(o);
-                    s.last = s.last.max(o);
-                }
-                None => g.spans.push(Span {
-                    partition: p,
-                    first: o,
-                    last: o,
-                }),
+        let (p, o) = (d.partition, d.offset);
+        match g.spans.iter_mut().find(|s| s.partition == p) {
+            Some(s) => {
+                s.first = s.first.min(o);
+                s.last = s.last.max(o);
             }
+            None => g.spans.push(Span {
+                partition: p,
+                first: o,
+                last: o,
+            }),
         }
-        if let Some(v) = text("plugin_version")
+        if let Some(v) = &d.plugin_version
             && g.versions.len() < MAX_LISTED
         {
             g.versions.insert(v.chars().take(12).collect());
         }
-        if let Some(t) = text("original_topic")
+        if let Some(t) = &d.original_topic
             && g.original_topics.len() < MAX_LISTED
         {
-            g.original_topics.insert(t.to_owned());
+            g.original_topics.insert(t.clone());
         }
     }
 
@@ -235,78 +174,37 @@ impl Collector {
         }
         groups
     }
-
-    /// Counts from the summary (0 when the run ended without one).
-    pub fn summary_count(&self, key: &str) -> u64 {
-        self.summary
-            .as_ref()
-            .and_then(|s| s.get(key))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    }
 }
 
-/// What `GET /pipelines/NAME/dead-letters` answers.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeadLetterView {
-    /// The pipeline.
-    pub pipeline: String,
-    /// Its dead-letter topic (`None`: it keeps no dead letters).
-    pub topic: Option<String>,
-    /// Records read from the topic.
-    pub read: u64,
-    /// Dead letters of this pipeline among them.
-    pub dead_letters: u64,
-    /// Records another pipeline sharing the topic wrote.
-    pub other_pipeline: u64,
-    /// Records without the provenance headers (not written by sharehost).
-    pub not_dead_letters: u64,
-    /// The groups, largest first, at most [`MAX_GROUPS`].
-    pub groups: Vec<Group>,
-    /// Dead letters of shapes beyond [`MAX_GROUPS`].
-    pub ungrouped: u64,
-    /// Why the replay counts are unknown (the replay state could not be read, or a replay of
-    /// this topic is running), when they are.
-    pub replay_state_error: Option<String>,
-}
-
-impl DeadLetterView {
-    /// A pipeline without a dead-letter topic.
-    pub fn none(pipeline: &str) -> DeadLetterView {
-        DeadLetterView {
-            pipeline: pipeline.to_owned(),
-            topic: None,
-            read: 0,
-            dead_letters: 0,
-            other_pipeline: 0,
-            not_dead_letters: 0,
-            groups: Vec::new(),
-            ungrouped: 0,
-            replay_state_error: None,
-        }
-    }
-
-    /// The view of what `collector` summed up from `topic`.
-    pub fn of(pipeline: &str, topic: &str, collector: &Collector) -> DeadLetterView {
-        DeadLetterView {
-            pipeline: pipeline.to_owned(),
-            topic: Some(topic.to_owned()),
-            read: collector.summary_count("read"),
-            dead_letters: collector.summary_count("selected"),
-            other_pipeline: collector.summary_count("other_pipeline"),
-            not_dead_letters: collector.summary_count("not_dead_letters"),
-            groups: collector.groups(),
-            ungrouped: collector.ungrouped,
-            replay_state_error: None,
-        }
+/// The answer of `GET /pipelines/NAME/dead-letters` for what `collector` summed up from
+/// `topic`, in a run that ended with `summary`.
+pub fn view(
+    pipeline: &str,
+    topic: &str,
+    collector: &Collector,
+    summary: &Summary,
+) -> DeadLetterView {
+    DeadLetterView {
+        pipeline: pipeline.to_owned(),
+        topic: Some(topic.to_owned()),
+        read: summary.read,
+        dead_letters: summary.selected,
+        other_pipeline: summary.other_pipeline,
+        not_dead_letters: summary.not_dead_letters,
+        groups: collector.groups(),
+        ungrouped: collector.ungrouped,
+        replay_state_error: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use bytes::Bytes;
 
     use super::*;
+    use crate::dlq::DeadLetter;
+    use crate::kafka::{ConsumedRecord, Header};
+    use crate::provenance as pv;
 
     fn matches(regex: &str, text: &str) -> bool {
         regex_automata::meta::Regex::new(regex)
@@ -359,40 +257,76 @@ mod tests {
         ));
     }
 
-    fn line(reason: &str, partition: i32, offset: i64, status: Option<&str>) -> String {
-        let mut v = serde_json::json!({
-            "partition": partition, "offset": offset, "reason": reason,
-            "original_topic": "orders", "plugin_version": "0123456789abcdef", "value": "v",
+    /// A dead letter of `orders` with `reason` at `partition`/`offset` of the dead-letter topic.
+    fn letter(reason: &str, partition: i32, offset: i64) -> DeadLetter {
+        let h = |key: &str, value: &str| Header {
+            key: key.to_owned(),
+            value: Some(Bytes::from(value.to_owned())),
+        };
+        DeadLetter::from_record(
+            partition,
+            ConsumedRecord {
+                offset,
+                timestamp: 0,
+                key: None,
+                value: Some(Bytes::from_static(b"v")),
+                headers: vec![
+                    h(pv::ORIGINAL_TOPIC, "orders"),
+                    h(pv::REASON, reason),
+                    h(pv::PLUGIN_VERSION, "0123456789abcdef"),
+                ],
+            },
+        )
+    }
+
+    /// Hands the dead letter to `c` as the reader would, with what a replay does with it.
+    fn absorb(c: &mut Collector, reason: &str, partition: i32, offset: i64, outcome: Outcome) {
+        let d = letter(reason, partition, offset);
+        c.absorb(&Seen {
+            topic: "orders-dlq",
+            dead_letter: &d,
+            outcome,
         });
-        if let Some(s) = status {
-            v["replay"] = serde_json::json!({ "status": s, "to": null });
+    }
+
+    fn would_replay() -> Outcome {
+        Outcome::WouldReplay {
+            topic: "orders".into(),
+            partition: 0,
         }
-        format!("{v}\n")
     }
 
     #[test]
-    fn the_collector_groups_lines_written_in_pieces_and_counts_their_replay_status() {
-        let mut c = Collector::default();
-        let mut text = String::new();
-        text += &line("ledger: 14 is divisible by 7", 0, 5, Some("would-replay"));
-        text += &line(
+    fn the_collector_groups_dead_letters_and_counts_their_replay_status() {
+        let mut c = Collector::new(80);
+        absorb(&mut c, "ledger: 14 is divisible by 7", 0, 5, would_replay());
+        absorb(
+            &mut c,
             "ledger: 21 is divisible by 7",
             1,
             2,
-            Some("already-replayed"),
+            Outcome::AlreadyReplayed,
         );
-        text += &line(
+        absorb(
+            &mut c,
             "ledger: value is not a decimal id",
             0,
             9,
-            Some("topic-missing"),
+            Outcome::TopicMissing("orders".into()),
         );
-        text += &line("ledger: 28 is divisible by 7", 0, 11, Some("would-replay"));
-        text += "{\"summary\":{\"read\":5,\"selected\":4,\"not_dead_letters\":1}}\n";
-        // Written in pieces that cut lines (and a character) anywhere.
-        for piece in text.as_bytes().chunks(7) {
-            c.write_all(piece).expect("write");
-        }
+        absorb(
+            &mut c,
+            "ledger: 28 is divisible by 7",
+            0,
+            11,
+            would_replay(),
+        );
+        let summary = Summary {
+            read: 5,
+            selected: 4,
+            not_dead_letters: 1,
+            ..Summary::default()
+        };
         let groups = c.groups();
         assert_eq!(groups.len(), 2);
         let g = &groups[0];
@@ -422,8 +356,9 @@ mod tests {
             ["0123456789ab"],
             "versions are shortened"
         );
+        assert_eq!(g.example_value.as_deref(), Some("v"));
         assert_eq!(groups[1].original_topic_missing, Some(1));
-        let view = DeadLetterView::of("ledger", "orders-dlq", &c);
+        let view = view("ledger", "orders-dlq", &c, &summary);
         assert_eq!(
             (view.read, view.dead_letters, view.not_dead_letters),
             (5, 4, 1)
@@ -432,12 +367,11 @@ mod tests {
 
     #[test]
     fn without_replay_statuses_the_replay_counts_are_unknown_and_groups_are_bounded() {
-        let mut c = Collector::default();
+        let mut c = Collector::new(80);
         for n in 0..MAX_GROUPS + 5 {
             // Letters, not digits, so every reason is a shape of its own.
             let reason = format!("reason {}", "z".repeat(n + 1));
-            c.write_all(line(&reason, 0, n as i64, None).as_bytes())
-                .expect("write");
+            absorb(&mut c, &reason, 0, n as i64, Outcome::Listed);
         }
         let groups = c.groups();
         assert_eq!(groups.len(), MAX_GROUPS);

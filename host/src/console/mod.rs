@@ -25,14 +25,16 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
+use sharehost_api::{
+    self as api, DeadLetterView, FaultsView, HostInfo, PipelineRoute, RecentFault, Refused,
+    ReplayRequest, Replayed,
+};
 
 use crate::admin::state::{AdminState, authorized};
-use crate::api::{self, PipelineRoute, Refused, ReplayRequest, Replayed};
-use crate::dlq::{Action, DlqArgs, Summary};
+use crate::dlq::{self, DlqError, Summary};
 use crate::manifest::Manifest;
-use crate::recent_faults::{KEPT_FAULTS, RecentFault};
-use dead_letters::{Collector, DeadLetterView};
+use crate::recent_faults::KEPT_FAULTS;
+use dead_letters::Collector;
 
 const INDEX_HTML: &str = include_str!("../../console/index.html");
 const CONSOLE_JS: &str = include_str!("../../console/console.js");
@@ -87,23 +89,10 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// `GET /host`.
-#[derive(Debug, Serialize)]
-struct HostView {
-    /// The host's version.
-    version: &'static str,
-    /// Whether POST and DELETE need `Authorization: Bearer TOKEN` (`[admin] token_env`).
-    actions_need_token: bool,
-    /// What `/readyz` would answer.
-    ready: bool,
-    /// Why not, one line per pipeline, as `/readyz` says.
-    not_ready: Vec<String>,
-}
-
 async fn host(State(s): State<Arc<AdminState>>) -> Response {
     let ready = s.tenants.ready();
-    axum::Json(HostView {
-        version: env!("CARGO_PKG_VERSION"),
+    axum::Json(HostInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         actions_need_token: s.token.is_some(),
         ready: ready.is_ok(),
         not_ready: ready
@@ -112,18 +101,6 @@ async fn host(State(s): State<Arc<AdminState>>) -> Response {
             .unwrap_or_default(),
     })
     .into_response()
-}
-
-/// `GET /faults`.
-#[derive(Debug, Serialize)]
-struct FaultsView {
-    /// The newest kept faults (of one pipeline with `?pipeline=NAME`), newest first, at most
-    /// [`MAX_FAULTS_LISTED`].
-    faults: Vec<RecentFault>,
-    /// How many faults are kept in all (of that pipeline).
-    kept: usize,
-    /// How many each pipeline keeps.
-    kept_per_pipeline: usize,
 }
 
 /// The value of `name` in a query string (`a=1&b=2`); pipeline names need no decoding (letters,
@@ -142,6 +119,7 @@ async fn faults(State(s): State<Arc<AdminState>>, RawQuery(query): RawQuery) -> 
         .iter()
         .filter(|p| only.is_none_or(|name| p.name() == name))
         .flat_map(|p| p.recent_faults())
+        .map(RecentFault::from)
         .collect();
     faults.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
     let kept = faults.len();
@@ -190,38 +168,44 @@ fn dead_letter_topic(
     }
 }
 
-/// Runs `sharehost dlq` with `args` (JSON lines) into a [`Collector`]. On a blocking thread:
-/// the reader writes to a `std::io::Write`, which is not `Send`, between its awaits.
-async fn run_dlq(args: DlqArgs) -> (anyhow::Result<Summary>, Collector) {
-    let handle = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut sink = Collector::default();
-        let result = handle.block_on(crate::dlq::run(&args, &mut sink));
-        (result, sink)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        (
-            Err(anyhow::anyhow!("the dead-letter reader stopped: {e}")),
-            Collector::default(),
-        )
-    })
-}
-
-fn dlq_args(manifest: PathBuf, pipeline: &str, action: Action) -> DlqArgs {
-    DlqArgs {
+/// What the console asks of the dead-letter reader for pipeline `pipeline` of `manifest`.
+fn dlq_request(manifest: PathBuf, pipeline: &str) -> dlq::Request {
+    dlq::Request {
         manifest,
         pipeline: pipeline.to_owned(),
-        action,
         reason: None,
         offsets: None,
         partition: None,
         dry_run: false,
-        json: true,
-        preview: VALUE_PREVIEW,
         state_dir: None,
         any_pipeline: false,
     }
+}
+
+/// Reads the pipeline's dead letters into a [`Collector`]: with what a replay would do with
+/// each (a dry-run replay), or listed only.
+async fn collect(
+    req: &dlq::Request,
+    dry_run_replay: bool,
+) -> Result<(Summary, Collector), DlqError> {
+    let mut collector = Collector::new(VALUE_PREVIEW);
+    let absorb = |seen: &dlq::Seen<'_>| {
+        collector.absorb(seen);
+        Ok(())
+    };
+    let summary = if dry_run_replay {
+        dlq::replay(
+            &dlq::Request {
+                dry_run: true,
+                ..req.clone()
+            },
+            absorb,
+        )
+        .await?
+    } else {
+        dlq::list(req, absorb).await?
+    };
+    Ok((summary, collector))
 }
 
 /// `GET /pipelines/NAME/dead-letters`: the dead-letter topic read to its end, grouped by
@@ -237,22 +221,21 @@ async fn dead_letters(State(s): State<Arc<AdminState>>, Path(name): Path<String>
     let Some(topic) = topic else {
         return axum::Json(DeadLetterView::none(&name)).into_response();
     };
-    let dry_run = DlqArgs {
-        dry_run: true,
-        ..dlq_args(manifest.clone(), &name, Action::Replay)
-    };
-    let (result, collector) = run_dlq(dry_run).await;
-    let why = match result {
-        Ok(_) => return axum::Json(DeadLetterView::of(&name, &topic, &collector)).into_response(),
+    let req = dlq_request(manifest, &name);
+    let why = match collect(&req, true).await {
+        Ok((summary, collector)) => {
+            return axum::Json(dead_letters::view(&name, &topic, &collector, &summary))
+                .into_response();
+        }
         Err(e) => format!("{e:#}"),
     };
-    match run_dlq(dlq_args(manifest, &name, Action::List)).await {
-        (Ok(_), collector) => {
-            let mut view = DeadLetterView::of(&name, &topic, &collector);
+    match collect(&req, false).await {
+        Ok((summary, collector)) => {
+            let mut view = dead_letters::view(&name, &topic, &collector, &summary);
             view.replay_state_error = Some(why);
             axum::Json(view).into_response()
         }
-        (Err(e), _) => answer(StatusCode::BAD_GATEWAY, &name, format!("{e:#}")),
+        Err(e) => answer(StatusCode::BAD_GATEWAY, &name, format!("{e:#}")),
     }
 }
 
@@ -272,7 +255,7 @@ async fn replay(
         )
             .into_response();
     }
-    let body: ReplayRequest = match api::parse_body(&text) {
+    let body: ReplayRequest = match crate::api::parse_body(&text) {
         Ok(b) => b,
         Err(e) => {
             return (
@@ -295,15 +278,15 @@ async fn replay(
             "the pipeline has no dead_letter_topic: it keeps no dead letters".into(),
         );
     }
-    let args = DlqArgs {
+    let req = dlq::Request {
         reason: body.reason.clone(),
         offsets: body.offsets,
         partition: body.partition,
         dry_run: body.dry_run,
-        ..dlq_args(manifest, &name, Action::Replay)
+        ..dlq_request(manifest, &name)
     };
-    match run_dlq(args).await {
-        (Ok(summary), _) => {
+    match dlq::replay(&req, |_: &dlq::Seen<'_>| Ok(())).await {
+        Ok(summary) => {
             tracing::info!(
                 pipeline = %name, reason = ?body.reason, dry_run = summary.dry_run,
                 replayed = summary.replayed, already_replayed = summary.already_replayed,
@@ -315,7 +298,7 @@ async fn replay(
             })
             .into_response()
         }
-        (Err(e), _) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
+        Err(e) => answer(StatusCode::UNPROCESSABLE_ENTITY, &name, format!("{e:#}")),
     }
 }
 

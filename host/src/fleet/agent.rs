@@ -9,17 +9,16 @@
 //! component (checked against its digest, its signature verified with the pipeline's own keys
 //! before anything compiles it) and how it is rolled out; grants stay in each host's manifest.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::components;
-use super::hosts::{Conflict, Hosts};
+use super::hosts::Hosts;
 use super::records::{
     Action, CanaryReport, ComponentRef, Decision, DeploymentRecord, HostStatus, PipelineReport,
     RecordError, decision_key, decode_deployment, decode_status,
@@ -35,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::rollout::{CanaryDecision, CanaryRequest, ShadowRequest, decide};
 use crate::tenants::Tenants;
+pub use sharehost_api::fleet::{FleetView, HostView};
 
 /// How long one read of the deployments topic waits for a new record (the broker answers at
 /// once when there is one).
@@ -227,38 +227,6 @@ pub fn host_id(spec: &FleetSpec) -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("host-{}", std::process::id()))
-}
-
-/// A host's status as `GET /fleet` and `sharehost fleet status` show it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct HostView {
-    /// What it last published.
-    #[serde(flatten)]
-    pub status: HostStatus,
-    /// Milliseconds since it published it.
-    pub age_ms: u64,
-    /// Not heard from for longer than `fleet.stale_after_ms`.
-    pub stale: bool,
-    /// Two writers were seen taking turns under this host's id lately (a status forged under
-    /// its id, or two hosts given one `fleet.host_id`): what it shows may not be its own.
-    #[serde(default)]
-    pub conflict: Option<Conflict>,
-}
-
-/// The fleet as one host sees it.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct FleetView {
-    /// The fleet's name.
-    pub fleet: String,
-    /// The host answering.
-    pub host: String,
-    /// What the fleet wants of each pipeline (versions, canary, shadow, last canary).
-    pub pipelines: BTreeMap<String, Desired>,
-    /// Every host heard from, stale ones marked.
-    pub hosts: Vec<HostView>,
-    /// The last action refused before it could be read (unsigned, tampered, by an unknown
-    /// key, for another fleet).
-    pub last_refused: Option<String>,
 }
 
 /// Builds the fleet's view from its state and every host's latest status.
@@ -748,8 +716,8 @@ impl Fleet {
                         Some(CanaryReport {
                             seq: seq?,
                             candidate,
-                            candidate_tally: c,
-                            active_tally: a,
+                            candidate_tally: c.into(),
+                            active_tally: a.into(),
                         })
                     }),
                     shadow: p.shadow_candidate(),
@@ -830,8 +798,8 @@ impl Fleet {
                     }
                     for r in s.pipelines.iter().filter(|r| r.name == *name) {
                         if let Some(cr) = r.canary.as_ref().filter(|cr| cr.seq == c.seq) {
-                            candidate = candidate.plus(cr.candidate_tally);
-                            active = active.plus(cr.active_tally);
+                            candidate = candidate.plus(cr.candidate_tally.into());
+                            active = active.plus(cr.active_tally.into());
                         }
                     }
                 }
@@ -853,8 +821,8 @@ impl Fleet {
                     promote,
                     reason: format!("{reason} (fleet sum, decided by host {})", self.host),
                     host: self.host.clone(),
-                    candidate,
-                    active,
+                    candidate: candidate.into(),
+                    active: active.into(),
                 });
             }
         }

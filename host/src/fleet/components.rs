@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::records::{CHUNK_BYTES, ComponentRef, chunk_key};
 use crate::kafka::{Compression, KafkaClient, KafkaError, OffsetSpec, ProduceRecord};
+use crate::pipeline::short;
 use crate::runtime::SIGNATURE_SUFFIX;
 
 /// Why a component could not be moved through Kafka.
@@ -132,13 +133,13 @@ pub async fn download(
             kind: "bad_chunk",
             why: format!(
                 "the chunks at the offsets the deployment of {} names add up to digest {}, not its own: not kept",
-                c.short(),
+                short(&c.digest),
                 crate::pipeline::short(&digest(&out))
             ),
         });
     }
     if !by_offsets || digest(&out) != c.digest {
-        tracing::info!(digest = %c.short(), "the component's chunks are not at the offsets its deployment names: scanning the components topic");
+        tracing::info!(digest = %short(&c.digest), "the component's chunks are not at the offsets its deployment names: scanning the components topic");
         out = scan(client, topic, c, skipped).await?;
     }
     if out.len() as u64 != c.size || digest(&out) != c.digest {
@@ -191,14 +192,14 @@ async fn scan(
                 None => skipped.push(Skipped {
                     offset: r.offset,
                     kind: "no_value",
-                    why: format!("chunk {i} of {} has no value", c.short()),
+                    why: format!("chunk {i} of {} has no value", short(&c.digest)),
                 }),
                 Some(v) if v.len() > CHUNK_BYTES => skipped.push(Skipped {
                     offset: r.offset,
                     kind: "too_large",
                     why: format!(
                         "chunk {i} of {} has {} bytes, more than the {CHUNK_BYTES} a chunk may have",
-                        c.short(),
+                        short(&c.digest),
                         v.len()
                     ),
                 }),
@@ -207,7 +208,7 @@ async fn scan(
                     kind: "unknown_key",
                     why: format!(
                         "chunk {i} of {}, which has {count} chunks",
-                        c.short()
+                        short(&c.digest)
                     ),
                 }),
                 Some(v) => {

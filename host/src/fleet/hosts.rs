@@ -7,22 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+pub use sharehost_api::fleet::Conflict;
 
 use super::records::HostStatus;
 
 /// How many instances of one host id a reader remembers (a host restarted many times in a
 /// row, or a forger making up instances, never grows the entry past this).
 const INSTANCES_KEPT: usize = 8;
-
-/// Why a host's status was flagged as written by two writers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Conflict {
-    /// What was seen, in a line.
-    pub reason: String,
-    /// When it was last seen (the reader's ms since the Unix epoch).
-    pub at_ms: u64,
-}
 
 /// One host as the reader keeps it.
 #[derive(Debug, Clone)]

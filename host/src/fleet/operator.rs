@@ -14,7 +14,7 @@ use super::components;
 use super::hosts::Hosts;
 use super::records::{Action, Change, ComponentRef, action_key, decode_status};
 use super::sign::{self, SignError};
-use super::state::FleetState;
+use super::state::{self, FleetState};
 use super::topics::{self, TopicError, Topics};
 use crate::kafka::{Compression, KafkaClient, KafkaError, OffsetSpec, ProduceRecord};
 use crate::manifest::{FleetSpec, Manifest, PipelineSpec};
@@ -203,7 +203,7 @@ impl Operator {
             .state
             .pipelines
             .values()
-            .flat_map(|d| d.components())
+            .flat_map(state::components)
             .find(|c| c.digest == digest)
             .map(|c| c.chunks.clone());
         let chunks = match known {

@@ -6,7 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::rollout::{PromoteAfter, RollbackIf, Tally};
+use sharehost_api::Tally;
+pub use sharehost_api::fleet::{
+    CanaryOutcome, CanaryReport, CanaryRules, ComponentRef, Desired, FleetCanary, HostStatus,
+    PipelineReport,
+};
 
 /// Largest record value the fleet reads from its deployments and status topics: an action or
 /// a status is a few KiB; anything far larger is not one of ours.
@@ -15,44 +19,6 @@ pub const MAX_RECORD_BYTES: usize = 256 << 10;
 /// Largest chunk of a component in the components topic, under Kafka's default
 /// `max.message.bytes` (1 MiB) with room for the record's framing.
 pub const CHUNK_BYTES: usize = 512 << 10;
-
-/// A component as the fleet carries it: its content and signature, and where its chunks are.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ComponentRef {
-    /// SHA-256 of its bytes, hex (the runtime's content hash).
-    pub digest: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// Its file name where it was deployed from (for logs and the file a host writes).
-    pub name: String,
-    /// Its detached minisign signature (the `.minisig` text): each host verifies it with the
-    /// pipeline's own trusted keys before it compiles anything.
-    pub signature: String,
-    /// The offset of each of its chunks in the components topic (partition 0), in order.
-    pub chunks: Vec<i64>,
-}
-
-impl ComponentRef {
-    /// The first 12 digits of its digest.
-    pub fn short(&self) -> &str {
-        crate::pipeline::short(&self.digest)
-    }
-}
-
-/// A canary's rules as a fleet deploys them (the candidate comes with the action).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CanaryRules {
-    /// Share of batches the candidate judges on every host.
-    pub percent: f64,
-    /// When the fleet promotes it (counted over every host).
-    #[serde(default)]
-    pub promote_after: PromoteAfter,
-    /// When the fleet rolls it back (on the sum of every host's tallies).
-    #[serde(default)]
-    pub rollback_if: RollbackIf,
-}
 
 /// What an operator asks of a pipeline across the fleet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,110 +129,6 @@ pub struct Decision {
     pub active: Tally,
 }
 
-/// What one host says of one pipeline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PipelineReport {
-    /// The pipeline.
-    pub name: String,
-    /// Its state (running, joining, degraded, failed, ...).
-    pub state: String,
-    /// Its active version's digest.
-    pub active: String,
-    /// The last fleet action it applied (0: none).
-    pub applied_seq: u64,
-    /// Why the last fleet action could not be applied here, if it could not.
-    pub refused: Option<String>,
-    /// The running canary: its action's number and both sides' tallies on this host.
-    pub canary: Option<CanaryReport>,
-    /// The running shadow's candidate digest.
-    pub shadow: Option<String>,
-    /// Records judged per second over the last status interval.
-    pub records_per_second: f64,
-    /// Plugin faults since the host started.
-    pub faults: u64,
-    /// Records judged since the host started.
-    pub judged: u64,
-}
-
-/// A host's share of a fleet canary.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CanaryReport {
-    /// The canary action's number.
-    pub seq: u64,
-    /// The candidate's digest.
-    pub candidate: String,
-    /// The candidate's tally on this host.
-    pub candidate_tally: Tally,
-    /// The active version's tally on this host over the same time.
-    pub active_tally: Tally,
-}
-
-/// A host's status (keyed by its id in the status topic: compaction keeps the latest).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HostStatus {
-    /// The host's id.
-    pub host: String,
-    /// This process (made up at start): two live processes with one host id tell each other
-    /// apart by it.
-    pub instance: String,
-    /// When it was written, ms since the Unix epoch.
-    pub at_ms: u64,
-    /// sharehost's version.
-    pub version: String,
-    /// Its pipelines.
-    pub pipelines: Vec<PipelineReport>,
-}
-
-/// A canary the fleet runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FleetCanary {
-    /// The canary action's number: hosts report their tallies under it, decisions name it.
-    pub seq: u64,
-    /// The candidate.
-    pub component: ComponentRef,
-    /// Its rules.
-    pub rules: CanaryRules,
-    /// When the operator started it (ms since the Unix epoch).
-    pub issued_at_ms: u64,
-}
-
-/// How the last fleet canary of a pipeline ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CanaryOutcome {
-    /// The canary action's number.
-    pub seq: u64,
-    /// The candidate's digest.
-    pub candidate: String,
-    /// Promoted (true) or rolled back.
-    pub promoted: bool,
-    /// Why, and by whom (a host's decision, or an operator's action).
-    pub reason: String,
-}
-
-/// What the fleet wants of one pipeline.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Desired {
-    /// The last action applied (0: none yet).
-    pub seq: u64,
-    /// The active version; `None`: each host's manifest component (no deploy yet, or rolled
-    /// back past the first deploy).
-    pub active: Option<ComponentRef>,
-    /// Versions active before, newest first (at most [`KEPT`]).
-    pub history: Vec<ComponentRef>,
-    /// The running canary.
-    pub canary: Option<FleetCanary>,
-    /// How the last canary ended.
-    pub last_canary: Option<CanaryOutcome>,
-    /// The running shadow: its candidate and sample.
-    pub shadow: Option<(ComponentRef, f64)>,
-}
-
 /// The key of an action record: one per action, so compaction never drops an action and a
 /// replayed one only rewrites itself.
 pub fn action_key(pipeline: &str, seq: u64) -> String {
@@ -366,6 +228,8 @@ pub fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, RecordError
 
 #[cfg(test)]
 mod tests {
+    use sharehost_api::{PromoteAfter, RollbackIf};
+
     use super::*;
 
     fn component() -> ComponentRef {

@@ -10,33 +10,33 @@ use serde::Serialize;
 
 use super::records::{Action, Change, ComponentRef, Decision};
 pub use super::records::{CanaryOutcome, Desired, FleetCanary};
+use crate::pipeline::short;
 
 /// Versions kept for rollback per pipeline, newest first.
 pub const KEPT: usize = 8;
 
-impl Desired {
-    fn activate(&mut self, c: Option<ComponentRef>) {
-        let old = std::mem::replace(&mut self.active, c);
-        if let Some(new) = &self.active {
-            self.history.retain(|h| h.digest != new.digest);
-        }
-        if let Some(old) = old
-            && self.active.as_ref().is_none_or(|a| a.digest != old.digest)
-        {
-            self.history.retain(|h| h.digest != old.digest);
-            self.history.insert(0, old);
-        }
-        self.history.truncate(KEPT);
+/// Makes `c` the active version of `d`, the one before it first in its history.
+fn activate(d: &mut Desired, c: Option<ComponentRef>) {
+    let old = std::mem::replace(&mut d.active, c);
+    if let Some(new) = &d.active {
+        d.history.retain(|h| h.digest != new.digest);
     }
+    if let Some(old) = old
+        && d.active.as_ref().is_none_or(|a| a.digest != old.digest)
+    {
+        d.history.retain(|h| h.digest != old.digest);
+        d.history.insert(0, old);
+    }
+    d.history.truncate(KEPT);
+}
 
-    /// Every component the fleet knows of for this pipeline (for uploads: a digest once).
-    pub fn components(&self) -> impl Iterator<Item = &ComponentRef> {
-        self.active
-            .iter()
-            .chain(&self.history)
-            .chain(self.canary.iter().map(|c| &c.component))
-            .chain(self.shadow.iter().map(|(c, _)| c))
-    }
+/// Every component the fleet knows of for a pipeline (for uploads: a digest once).
+pub fn components(d: &Desired) -> impl Iterator<Item = &ComponentRef> {
+    d.active
+        .iter()
+        .chain(&d.history)
+        .chain(d.canary.iter().map(|c| &c.component))
+        .chain(d.shadow.iter().map(|(c, _)| c))
 }
 
 /// The fleet's state: what it wants of each pipeline.
@@ -91,7 +91,7 @@ impl FleetState {
             Change::Deploy { component } => {
                 next.canary = None;
                 next.shadow = None;
-                next.activate(Some(component.clone()));
+                activate(&mut next, Some(component.clone()));
             }
             Change::Rollback { to } => {
                 let target = match to {
@@ -103,16 +103,17 @@ impl FleetState {
                         .cloned(),
                 };
                 match (target, to) {
-                    (Some(t), _) => next.activate(Some(t)),
+                    (Some(t), _) => activate(&mut next, Some(t)),
                     // Back past the first deploy: each host's manifest component.
-                    (None, None) if next.active.is_some() => next.activate(None),
+                    (None, None) if next.active.is_some() => activate(&mut next, None),
                     (None, None) => {
                         return Err(Refused::DoesNotApply(
                             "nothing to roll back to: the fleet never deployed a version of this pipeline".into(),
                         ));
                     }
                     (None, Some(prefix)) => {
-                        let known: Vec<&str> = next.history.iter().map(|h| h.short()).collect();
+                        let known: Vec<&str> =
+                            next.history.iter().map(|h| short(&h.digest)).collect();
                         return Err(Refused::DoesNotApply(format!(
                             "no version the fleet ran before starts with {prefix:?} (kept: {known:?})"
                         )));
@@ -139,7 +140,7 @@ impl FleetState {
                 if let Some(c) = &next.canary {
                     return Err(Refused::DoesNotApply(format!(
                         "a canary of {} (action {}) is running: promote or abort it first",
-                        c.component.short(),
+                        short(&c.component.digest),
                         c.seq
                     )));
                 }
@@ -175,7 +176,7 @@ impl FleetState {
                     ),
                 });
                 if promote {
-                    next.activate(Some(c.component));
+                    activate(&mut next, Some(c.component));
                 }
             }
         }
@@ -228,7 +229,7 @@ impl FleetState {
             ),
         });
         if dec.promote {
-            d.activate(Some(c.component));
+            activate(d, Some(c.component));
         }
         Ok(())
     }
@@ -238,7 +239,8 @@ impl FleetState {
 mod tests {
     use super::*;
     use crate::fleet::records::CanaryRules;
-    use crate::rollout::{PromoteAfter, RollbackIf, Tally};
+    use crate::rollout::{PromoteAfter, RollbackIf};
+    use sharehost_api::Tally;
 
     fn comp(d: char) -> ComponentRef {
         ComponentRef {

@@ -24,10 +24,11 @@ use crate::manifest::PipelineSpec;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::{FaultRole, RecentFault};
 use crate::rollout::{
-    ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, CanaryState, CanaryStatus,
-    SHADOW_QUEUE, ShadowRequest, ShadowStatus, Tally,
+    ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, SHADOW_QUEUE,
+    ShadowRequest, VerdictTally,
 };
 use crate::runtime::{PluginLimits, PluginRuntime};
+use sharehost_api::{CanaryState, CanaryStatus, ShadowStatus};
 
 /// A running pipeline as the admin endpoints see it.
 pub struct Pipeline {
@@ -445,7 +446,8 @@ impl Pipeline {
             path: req.path.display().to_string(),
             sample: req.sample,
             ..ShadowStatus::default()
-        };
+        }
+        .into();
         *lock(&self.shadow) = Some(Arc::new(ShadowRun {
             version,
             sample: req.sample,
@@ -461,7 +463,7 @@ impl Pipeline {
     /// Stops the shadow; returns what it saw.
     pub fn stop_shadow(&self) -> Option<ShadowStatus> {
         let run = lock(&self.shadow).take()?;
-        let status = lock(&run.status).clone();
+        let status = lock(&run.status).status();
         tracing::info!(pipeline = %self.spec.name, candidate = %short(&status.candidate), records = status.records, disagreed = ?status.disagreed, "shadow stopped");
         Some(status)
     }
@@ -486,7 +488,7 @@ impl Pipeline {
 
     /// The running canary as the fleet reads it: its fleet action's number (`None`: a canary
     /// of this host alone), the candidate's hash and both sides' tallies.
-    pub fn canary_tallies(&self) -> Option<(Option<u64>, String, Tally, Tally)> {
+    pub fn canary_tallies(&self) -> Option<(Option<u64>, String, VerdictTally, VerdictTally)> {
         let run = lock(&self.canary).clone()?;
         let plan = lock(&run.plan);
         Some((

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
-use serde::{Deserialize, Serialize};
+use sharehost_api::VersionCounters;
 
 use super::guard::lock;
 use super::versions::short;
@@ -17,35 +17,6 @@ use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::RecentFaults;
 use crate::runtime::{Fault, HttpGrant};
 use crate::share::consumer::ShareConsumer;
-
-/// Per-version counters shown by `GET /pipelines`.
-#[derive(Debug, Default, Serialize, Deserialize, Clone)]
-// Read back by `sharehost ctl`: a counter an answer leaves out is zero.
-#[serde(default)]
-pub struct VersionCounters {
-    /// Records accepted.
-    pub accepted: u64,
-    /// Records released (by the plugin, the fault policy or renew exhaustion).
-    pub released: u64,
-    /// Records rejected.
-    pub rejected: u64,
-    /// Renewals granted.
-    pub renewed: u64,
-    /// Plugin faults.
-    pub faults: u64,
-    /// Plugin calls.
-    pub batches: u64,
-    /// Records held back at the plugin's `retry`, then released.
-    pub retried: u64,
-    /// Emitted records produced before their source's Accept.
-    pub emits_produced: u64,
-    /// Emitted records discarded (their source was released, rejected, renewed or retried).
-    pub emits_discarded: u64,
-    /// Emitted records never produced: the pipeline stopped while their produce was being
-    /// retried (their source was released), or the record is larger than its topic accepts
-    /// (its source was rejected).
-    pub emits_failed: u64,
-}
 
 /// The engine's numbers as last published, for `GET /pipelines`.
 #[derive(Debug, Default)]

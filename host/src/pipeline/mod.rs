@@ -38,9 +38,10 @@ use tokio_util::sync::CancellationToken;
 use crate::kafka::KafkaClient;
 
 pub use self::core::Pipeline;
-pub use counters::VersionCounters;
 pub use handler::NativeHandler;
-pub use status::{GrantsStatus, PipelineStatus, VersionInfo, VersionsStatus};
+pub use sharehost_api::{
+    GrantsStatus, PipelineStatus, VersionCounters, VersionInfo, VersionsStatus,
+};
 pub use versions::{SwapError, plugin_setup, short};
 
 /// Runs every pipeline until `shutdown`, as one host: the first pipeline to fail (or panic)

@@ -15,8 +15,9 @@ use super::guard::lock;
 use super::handler::OnFault;
 use super::versions::Version;
 use crate::recent_faults::{FaultRole, RecentFault};
-use crate::rollout::{CanaryPlan, CanaryState, CanaryStatus, ShadowStatus};
+use crate::rollout::{CanaryPlan, ShadowComparison};
 use crate::runtime::{Record, Verdict};
+use sharehost_api::{CanaryState, CanaryStatus};
 
 /// A running shadow: the candidate's one instance, what it has seen, and a bound on the
 /// batches waiting for it.
@@ -29,7 +30,7 @@ pub(super) struct ShadowRun {
     pub(super) queue: Arc<Semaphore>,
     /// Its one instance judges one batch at a time.
     pub(super) turn: tokio::sync::Mutex<()>,
-    pub(super) status: Mutex<ShadowStatus>,
+    pub(super) status: Mutex<ShadowComparison>,
 }
 
 /// A running canary: the candidate's instances (as many as the active version's) and its plan.
@@ -54,8 +55,8 @@ pub(super) fn canary_status(
         percent: plan.request.percent,
         state,
         reason,
-        candidate_tally: plan.candidate,
-        active_tally: plan.active,
+        candidate_tally: plan.candidate.into(),
+        active_tally: plan.active.into(),
         seconds: plan.started.elapsed().as_secs(),
         promote_after: plan.request.promote_after.clone(),
         rollback_if: plan.request.rollback_if.clone(),
@@ -81,9 +82,7 @@ impl ShadowRun {
             return;
         }
         let Ok(place) = run.queue.clone().try_acquire_owned() else {
-            let mut st = lock(&run.status);
-            st.dropped_batches += 1;
-            st.dropped_records += records.len() as u64;
+            lock(&run.status).dropped(records.len());
             return;
         };
         let coordinates = coordinates();
@@ -108,7 +107,7 @@ impl ShadowRun {
                 lock(&run.version.instances).push(handler);
             }
             if let Some(f) = judged.faults.first() {
-                lock(&run.status).faults += judged.faults.len() as u64;
+                lock(&run.status).faulted(judged.faults.len());
                 recent_faults.note(
                     RecentFault::now(&pipeline, FaultRole::Shadow, f.kind.as_str(), &f.message)
                         .on_batch(&run.version.hash, coordinates.len(), first, last),
