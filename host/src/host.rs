@@ -466,7 +466,7 @@ impl Live {
             tenants.update_manifest_status(|m| {
                 m.refused += 1;
                 m.last_refused = Some(why);
-                m.last_refused_at_ms = Some(sharehost::fleet::agent::now_ms());
+                m.last_refused_at_ms = Some(sharehost::kafka::now_ms());
             });
         };
         let next = match Manifest::load(path) {
@@ -533,7 +533,7 @@ impl Live {
         // sees both that a bad manifest was written and that a good one followed.
         tenants.update_manifest_status(|m| {
             m.applied += 1;
-            m.applied_at_ms = sharehost::fleet::agent::now_ms();
+            m.applied_at_ms = sharehost::kafka::now_ms();
         });
         *current = next;
     }
@@ -702,7 +702,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     }
     tenants.update_manifest_status(|m| {
         m.path = Some(path.display().to_string());
-        m.applied_at_ms = sharehost::fleet::agent::now_ms();
+        m.applied_at_ms = sharehost::kafka::now_ms();
     });
     let mut live = Live {
         running: HashMap::new(),

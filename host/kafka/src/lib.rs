@@ -35,6 +35,6 @@ pub use addr::{AddrError, BrokerAddr, parse_bootstrap};
 pub use client::{KafkaClient, OffsetSpec, TopicMeta};
 pub use connection::{BrokerConnection, ConnectionConfig};
 pub use error::{ErrorClass, KafkaError, classify};
-pub use records::{Compression, ConsumedRecord, Header, ProduceRecord};
+pub use records::{Compression, ConsumedRecord, Header, ProduceRecord, now_ms};
 pub use sasl::{Mechanism, SaslSettings, Secret};
 pub use tls::TlsSettings;

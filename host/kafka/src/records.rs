@@ -55,10 +55,13 @@ pub struct ConsumedRecord {
 #[error("{0}")]
 pub struct RecordsError(String);
 
-fn now_ms() -> i64 {
+/// The wall clock in milliseconds since the Unix epoch, as Kafka's timestamps count it: the one
+/// reading for every record this host writes and every time it stamps on a status or a version
+/// (0 on a clock set before 1970).
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
 
@@ -67,7 +70,7 @@ pub fn encode_batch(
     records: &[ProduceRecord],
     compression: Compression,
 ) -> Result<Bytes, RecordsError> {
-    let now = now_ms();
+    let now = i64::try_from(now_ms()).unwrap_or(i64::MAX);
     let converted: Vec<Record> = records
         .iter()
         .enumerate()

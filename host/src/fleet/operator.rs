@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::agent::{FleetView, Folded, fold_record, now_ms, view};
+use super::agent::{FleetView, Folded, fold_record, view};
 use super::components;
 use super::hosts::Hosts;
 use super::records::{Action, Change, ComponentRef, action_key, decode_status};
 use super::sign::{self, SignError};
 use super::state::{self, FleetState};
 use super::topics::{self, TopicError, Topics};
+use crate::kafka::now_ms;
 use crate::kafka::{Compression, KafkaClient, KafkaError, OffsetSpec, ProduceRecord};
 use crate::manifest::{FleetSpec, Manifest, PipelineSpec};
 use crate::runtime::{TrustPolicy, signature_path};

@@ -17,9 +17,9 @@ use super::handler::NativeHandler;
 use super::runs::{CanaryRun, ShadowRun, canary_status};
 use super::versions::{
     Grants, KEPT_VERSIONS, Kept, SwapError, Version, compile_version, instantiate_version, limits,
-    load_version, now_ms, short,
+    load_version, short,
 };
-use crate::kafka::KafkaClient;
+use crate::kafka::{KafkaClient, now_ms};
 use crate::manifest::PipelineSpec;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::{FaultRole, RecentFault};

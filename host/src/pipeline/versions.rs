@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::handler::{Handler, NativeHandler};
+use crate::kafka::now_ms;
 use crate::manifest::{InstanceModeSpec, PipelineSpec};
 use crate::runtime::{
     Compiled, HttpGrant, InstanceMode, OutputGrant, Placement, PluginInit, PluginLimits,
@@ -64,14 +65,6 @@ pub(super) struct Kept {
 
 /// Versions kept compiled besides the active one, newest first, for rollback.
 pub(super) const KEPT_VERSIONS: usize = 3;
-
-/// Now, in ms since the Unix epoch.
-pub(super) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 impl Version {
     /// A native handler as a version: its "hash" and "path" name it (`native:NAME`), so logs,
