@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use sharehost::fleet::desired::Desired;
 use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
-use sharehost::fleet::state::Desired;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::fleet::{FleetKit, hash, poll_all, poll_fleet, wait_judged, wait_judged_with};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
@@ -875,7 +875,7 @@ async fn forged_statuses_are_bounded_aged_and_flagged_and_a_forged_chunk_is_neve
 
     // Statuses anyone who can write the topic could write: three old hosts, one from the
     // year 2100, and a host whose id two writers take turns on.
-    let now = sharehost::fleet::agent::now_ms();
+    let now = sharehost::kafka::now_ms();
     for (i, h) in ["old-1", "old-2", "old-3"].iter().enumerate() {
         f.write_raw("status", h, &forged_status(h, h, now - 60_000 + i as u64))
             .await;
@@ -915,7 +915,7 @@ async fn forged_statuses_are_bounded_aged_and_flagged_and_a_forged_chunk_is_neve
         .as_array()
         .and_then(|h| h.iter().find(|h| h["host"] == "future"))
         .expect("future");
-    let read_by = sharehost::fleet::agent::now_ms();
+    let read_by = sharehost::kafka::now_ms();
     assert!(
         future["at_ms"].as_u64().is_some_and(|t| t <= read_by),
         "a status from the future taken as written when read: {future:#}"

@@ -124,7 +124,7 @@ async fn main() -> Result<()> {
             let mut tick = tokio::time::interval(interval);
             while Instant::now() < deadline {
                 tick.tick().await;
-                let now_ms = sharehost::fleet::agent::now_ms();
+                let now_ms = sharehost::kafka::now_ms();
                 let value = serde_json::to_vec(&status(h, now_ms))?;
                 let record = ProduceRecord {
                     key: Some(Bytes::from(format!("sim-{h:03}"))),

@@ -394,7 +394,7 @@ impl ReplayState {
 
 /// The state file of one cluster's dead-letter topic (name and id) in `dir`.
 pub fn state_path(dir: &Path, cluster: &str, topic: &str, topic_id: &str) -> PathBuf {
-    let safe = crate::state::file_name_part;
+    let safe = crate::persisted::file_name_part;
     dir.join(format!(
         "dlq-replay-{}-{}-{}.json",
         safe(cluster),
@@ -457,7 +457,7 @@ fn lock_replay(state: &Path) -> Result<std::fs::File> {
 
 fn save_state(path: &Path, state: &ReplayState) -> Result<()> {
     let bytes = serde_json::to_vec(state)?;
-    crate::state::write_atomically(path, &bytes)
+    crate::persisted::write_atomically(path, &bytes)
         .with_context(|| format!("writing the replay state {}", path.display()))
 }
 
@@ -769,7 +769,7 @@ where
             let dir = req
                 .state_dir
                 .clone()
-                .unwrap_or_else(crate::state::default_state_dir);
+                .unwrap_or_else(crate::persisted::default_state_dir);
             let topic_id = meta.id.simple().to_string();
             let path = state_path(&dir, &cluster, &dlq, &topic_id);
             lock = Some(lock_replay(&path)?);

@@ -559,7 +559,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     log_trust(&manifest);
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
-    let state_dir = sharehost::state::default_state_dir();
+    let state_dir = sharehost::persisted::default_state_dir();
     let tenants = Arc::new(Tenants::new(
         manifest.pipelines.iter().map(|p| p.name.clone()),
     ));

@@ -10,7 +10,7 @@
 //! - [`pipeline`]: the one place where the engine and the sandbox meet: records in, verdicts
 //!   out, outputs and dead letters written, acknowledgements decided; hot-swap, shadow, canary.
 //! - [`writes`]: produce that never costs a delivery (retried while the records stay held).
-//! - [`rollout`]: the pure rules of shadow and canary runs; [`state`]: what survives a restart.
+//! - [`rollout`]: the pure rules of shadow and canary runs; [`persisted`]: what survives a restart.
 //! - [`tenants`]: a host's pipelines, each loading, running and failing on its own.
 //! - [`api`]: the admin API's routes and bodies, written once; [`admin`]: the server (metrics,
 //!   health, swap, rollout); [`ctl`]: its client.
@@ -25,11 +25,11 @@ pub mod dlq;
 pub mod fleet;
 pub mod manifest;
 pub mod metrics;
+pub mod persisted;
 pub mod pipeline;
 pub mod provenance;
 pub mod recent_faults;
 pub mod rollout;
-pub mod state;
 pub mod tenants;
 pub mod writes;
 

@@ -473,7 +473,7 @@ impl ActiveState {
     /// Where the state of `pipeline` in `group` lives under `dir`: one file per pipeline and
     /// group, so two manifests (or tests) that reuse a pipeline name never read each other's.
     pub fn file(dir: &Path, pipeline: &str, group: &str) -> PathBuf {
-        let clean = crate::state::file_name_part;
+        let clean = crate::persisted::file_name_part;
         dir.join("pipelines")
             .join(format!("{}.{}.json", clean(pipeline), clean(group)))
     }
@@ -530,7 +530,8 @@ impl ActiveState {
     /// Writes it atomically.
     pub fn write(&self, path: &Path) -> Result<(), String> {
         let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        crate::state::write_atomically(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+        crate::persisted::write_atomically(path, &bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 }
 

@@ -7,7 +7,9 @@
 //! pipelines ([`Tenants::add`], [`Tenants::remove`]); how the last re-read went is kept here
 //! too ([`ManifestStatus`], `GET /manifest`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use sharehost_api::{Failure, ManifestStatus, TenantStatus};
@@ -42,10 +44,6 @@ pub struct Tenants {
     manifest: Mutex<ManifestStatus>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Tenants {
     /// Tenants named `names`, none loaded yet.
     pub fn new(names: impl IntoIterator<Item = String>) -> Tenants {
@@ -70,7 +68,8 @@ impl Tenants {
     }
 
     fn slot(&self, name: &str) -> Option<Arc<Mutex<Slot>>> {
-        lock(&self.slots)
+        self.slots
+            .lock()
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, s)| s.clone())
@@ -79,13 +78,13 @@ impl Tenants {
     /// Every slot, in manifest order (a copy: a slot's own lock is never taken under the
     /// list's).
     fn all(&self) -> Vec<(String, Arc<Mutex<Slot>>)> {
-        lock(&self.slots).clone()
+        self.slots.lock().clone()
     }
 
     /// Adds a tenant named `name` (not loaded yet) at the end; one that is there already is
     /// left as it is (loaded at start, say).
     pub fn add(&self, name: &str) {
-        let mut slots = lock(&self.slots);
+        let mut slots = self.slots.lock();
         if !slots.iter().any(|(n, _)| n == name) {
             slots.push((name.to_owned(), Arc::new(Mutex::new(Slot::Loading))));
         }
@@ -95,30 +94,30 @@ impl Tenants {
     /// with a changed manifest table: the next load reads the new table).
     pub fn reset(&self, name: &str) {
         if let Some(slot) = self.slot(name) {
-            *lock(&slot) = Slot::Loading;
+            *slot.lock() = Slot::Loading;
         }
     }
 
     /// Removes the tenant named `name` (a pipeline the manifest no longer has, once it has
     /// drained).
     pub fn remove(&self, name: &str) {
-        lock(&self.slots).retain(|(n, _)| n != name);
+        self.slots.lock().retain(|(n, _)| n != name);
     }
 
     /// How the manifest was last read.
     pub fn manifest_status(&self) -> ManifestStatus {
-        lock(&self.manifest).clone()
+        self.manifest.lock().clone()
     }
 
     /// Changes the manifest's status with `f`.
     pub fn update_manifest_status(&self, f: impl FnOnce(&mut ManifestStatus)) {
-        f(&mut lock(&self.manifest));
+        f(&mut self.manifest.lock());
     }
 
     /// Records that `pipeline` is loaded (it keeps that place until it fails again).
     pub fn set_loaded(&self, pipeline: Arc<Pipeline>) {
         if let Some(slot) = self.slot(pipeline.name()) {
-            *lock(&slot) = Slot::Loaded(pipeline);
+            *slot.lock() = Slot::Loaded(pipeline);
         }
     }
 
@@ -129,7 +128,7 @@ impl Tenants {
         let Some(slot) = self.slot(name) else {
             return 0;
         };
-        let mut slot = lock(&slot);
+        let mut slot = slot.lock();
         let (attempts, since) = match &*slot {
             Slot::Failed(f) => (f.attempts + 1, f.since),
             _ => (1, Instant::now()),
@@ -146,7 +145,7 @@ impl Tenants {
     pub fn pipelines(&self) -> Vec<Arc<Pipeline>> {
         self.all()
             .iter()
-            .filter_map(|(_, s)| match &*lock(s) {
+            .filter_map(|(_, s)| match &*s.lock() {
                 Slot::Loaded(p) => Some(p.clone()),
                 _ => None,
             })
@@ -156,7 +155,7 @@ impl Tenants {
     /// The loaded pipeline named `name`.
     pub fn find(&self, name: &str) -> Option<Arc<Pipeline>> {
         let slot = self.slot(name)?;
-        let slot = lock(&slot);
+        let slot = slot.lock();
         match &*slot {
             Slot::Loaded(p) => Some(p.clone()),
             _ => None,
@@ -167,7 +166,7 @@ impl Tenants {
     pub fn status(&self) -> Vec<TenantStatus> {
         self.all()
             .iter()
-            .filter_map(|(name, s)| match lock(s).clone() {
+            .filter_map(|(name, s)| match s.lock().clone() {
                 Slot::Loading => None,
                 Slot::Loaded(p) => Some(TenantStatus::Pipeline(Box::new(p.status()))),
                 Slot::Failed(f) => Some(TenantStatus::Failed(Failure {
@@ -186,7 +185,7 @@ impl Tenants {
     pub fn ready(&self) -> Result<(), String> {
         let mut not = Vec::new();
         for (name, s) in &self.all() {
-            match lock(s).clone() {
+            match s.lock().clone() {
                 Slot::Loading => not.push(format!("{name}: loading")),
                 Slot::Failed(f) => not.push(format!("{name}: failed: {}", f.error)),
                 Slot::Loaded(p) => {

@@ -25,7 +25,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::state::AdminState;
+use super::context::AdminState;
 use sharehost_api::{Denied, JSON_CONTENT_TYPE};
 
 /// Bytes of a refused `Host` or `Origin` repeated in the answer (they come from the request).

@@ -4,15 +4,15 @@
 //! `POST /pipelines/NAME/swap`, `.../rollback`, `.../shadow` (and `DELETE`), `.../canary`
 //! (and `DELETE`), `.../promote`. Binds 127.0.0.1 by default. The console in the browser and
 //! its read endpoints (`/console`, `GET /host`, `GET /faults`, a pipeline's dead letters) are
-//! in [`crate::console`]; what both share (the state and the token check) in [`state`], so the
+//! in [`crate::console`]; what both share (the state and the token check) in [`context`], so the
 //! console depends on that alone. Every request of both passes [`guard`] first: its `Host`
 //! must name the listener, and one that changes something must be JSON from no other origin.
 
+pub(crate) mod context;
 pub(crate) mod guard;
-pub(crate) mod state;
 
-pub use state::AdminState;
-pub(crate) use state::authorized;
+pub use context::AdminState;
+pub(crate) use context::authorized;
 
 use std::sync::Arc;
 

@@ -30,7 +30,7 @@ use sharehost_api::{
     ReplayRequest, Replayed,
 };
 
-use crate::admin::state::{AdminState, authorized};
+use crate::admin::context::{AdminState, authorized};
 use crate::dlq::{self, DlqError, Summary};
 use crate::manifest::Manifest;
 use crate::recent_faults::KEPT_FAULTS;

@@ -11,7 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::kafka::now_ms;
@@ -20,13 +22,13 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use super::components;
+use super::desired::{Desired, FleetState};
 use super::hosts::Hosts;
 use super::records::{
     Action, CanaryReport, ComponentRef, Decision, DeploymentRecord, HostStatus, PipelineReport,
     RecordError, decision_key, decode_deployment, decode_status,
 };
 use super::sign;
-use super::state::{Desired, FleetState};
 use super::topics::{self, TopicError, Topics};
 use crate::kafka::{
     Compression, ConsumedRecord, KafkaClient, KafkaError, OffsetSpec, ProduceRecord,
@@ -206,10 +208,6 @@ pub struct Fleet {
     reconciling: tokio::sync::Mutex<()>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// This host's id in the fleet: `fleet.host_id`, else the machine's host name (a pod's name
 /// in Kubernetes), else one made up from the process id.
 pub fn host_id(spec: &FleetSpec) -> String {
@@ -299,11 +297,11 @@ impl Fleet {
             .await
             .map_err(|e| read(status, e))?;
         {
-            let mut inner = lock(&fleet.inner);
+            let mut inner = fleet.inner.lock();
             inner.deployments_at = first;
             inner.status_at = status_first;
         }
-        while lock(&fleet.inner).deployments_at < end {
+        while fleet.inner.lock().deployments_at < end {
             if !fleet
                 .read_deployments(Duration::ZERO)
                 .await
@@ -313,7 +311,7 @@ impl Fleet {
             }
         }
         fleet.read_statuses().await.map_err(|e| read(status, e))?;
-        let inner = lock(&fleet.inner);
+        let inner = fleet.inner.lock();
         tracing::info!(
             fleet = %fleet.spec.name,
             host = %fleet.host,
@@ -338,7 +336,7 @@ impl Fleet {
 
     /// The fleet as this host sees it (`GET /fleet`).
     pub fn view(&self) -> FleetView {
-        let inner = lock(&self.inner);
+        let inner = self.inner.lock();
         view(
             &self.spec,
             &self.host,
@@ -351,12 +349,12 @@ impl Fleet {
     /// Reads what the deployments topic has past the last record read, waiting up to `wait`
     /// for one; `true` when there were records.
     async fn read_deployments(&self, wait: Duration) -> Result<bool, KafkaError> {
-        let at = lock(&self.inner).deployments_at;
+        let at = self.inner.lock().deployments_at;
         let got = self
             .client
             .fetch(&self.topics.deployments, 0, at, wait)
             .await?;
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         let mut any = false;
         for r in got.records {
             if r.offset < inner.deployments_at {
@@ -439,7 +437,7 @@ impl Fleet {
     /// Reads the status topic to its end.
     async fn read_statuses(&self) -> Result<(), KafkaError> {
         loop {
-            let at = lock(&self.inner).status_at;
+            let at = self.inner.lock().status_at;
             let got = self
                 .client
                 .fetch(&self.topics.status, 0, at, Duration::ZERO)
@@ -448,7 +446,7 @@ impl Fleet {
                 return Ok(());
             }
             let topic = self.topics.status.clone();
-            let mut inner = lock(&self.inner);
+            let mut inner = self.inner.lock();
             for r in got.records {
                 if r.offset < inner.status_at {
                     continue;
@@ -500,7 +498,7 @@ impl Fleet {
     /// [`Fleet::reconcile`] for a pipeline about to run (just loaded, or run again): whatever
     /// was applied under its name before is forgotten, so it is brought to the fleet's state.
     pub async fn reconcile_before_run(&self, p: &Pipeline) {
-        lock(&self.inner).applied.remove(p.name());
+        self.inner.lock().applied.remove(p.name());
         self.reconcile(p).await;
     }
 
@@ -513,7 +511,7 @@ impl Fleet {
         // reconcile it, and they would fetch and keep the same component twice.
         let _one_at_a_time = self.reconciling.lock().await;
         let (desired, applied) = {
-            let inner = lock(&self.inner);
+            let inner = self.inner.lock();
             (
                 inner.state.desired(p.name()),
                 inner.applied.get(p.name()).cloned().unwrap_or_default(),
@@ -534,7 +532,7 @@ impl Fleet {
             return;
         }
         let result = self.converge(p, &desired).await;
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         let entry = inner.applied.entry(p.name().to_owned()).or_default();
         let first_try = !(entry.instance == instance && entry.desired.as_ref() == Some(&desired));
         entry.seq = desired.seq;
@@ -603,7 +601,7 @@ impl Fleet {
                 None => self.start_canary(p, c.seq, &c.component, &c.rules).await?,
             }
         }
-        let fleet_shadow = lock(&self.inner).fleet_shadows.contains(p.name());
+        let fleet_shadow = self.inner.lock().fleet_shadows.contains(p.name());
         match (&d.shadow, p.shadow_candidate()) {
             (Some((c, _)), Some(running)) if running == c.digest => {}
             (Some((c, sample)), running) => {
@@ -617,11 +615,11 @@ impl Fleet {
                 })
                 .await
                 .map_err(|e| e.to_string())?;
-                lock(&self.inner).fleet_shadows.insert(p.name().to_owned());
+                self.inner.lock().fleet_shadows.insert(p.name().to_owned());
             }
             (None, Some(_)) if fleet_shadow => {
                 p.stop_shadow();
-                lock(&self.inner).fleet_shadows.remove(p.name());
+                self.inner.lock().fleet_shadows.remove(p.name());
             }
             _ => {}
         }
@@ -663,7 +661,7 @@ impl Fleet {
             components::download(&self.client, &self.topics.components, c, &mut skipped).await;
         if !skipped.is_empty() {
             let topic = self.topics.components.clone();
-            let mut inner = lock(&self.inner);
+            let mut inner = self.inner.lock();
             for k in skipped {
                 self.skip(&mut inner, &topic, k.offset, k.kind, &k.why);
             }
@@ -681,7 +679,7 @@ impl Fleet {
 
     /// This host's status now.
     fn status(&self, tenants: &Tenants) -> HostStatus {
-        let mut inner = lock(&self.inner);
+        let mut inner = self.inner.lock();
         let now = Instant::now();
         let pipelines = tenants
             .pipelines()
@@ -771,7 +769,7 @@ impl Fleet {
         }
         let mut decisions = Vec::new();
         {
-            let inner = lock(&self.inner);
+            let inner = self.inner.lock();
             for (name, d) in &inner.state.pipelines {
                 let Some(c) = &d.canary else { continue };
                 if inner.decided.contains(&(name.clone(), c.seq)) {
@@ -834,7 +832,8 @@ impl Fleet {
                 .await
             {
                 Ok(_) => {
-                    lock(&self.inner)
+                    self.inner
+                        .lock()
                         .decided
                         .insert((d.pipeline.clone(), d.seq));
                 }
@@ -996,8 +995,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::desired::Desired;
     use crate::fleet::records::{CanaryRules, Change, action_key};
-    use crate::fleet::state::Desired;
     use crate::rollout::{PromoteAfter, RollbackIf};
     use crate::runtime::{TrustPolicy, TrustedKey};
 

@@ -253,10 +253,10 @@ pub fn store(dir: &Path, c: &ComponentRef, bytes: &[u8]) -> Result<PathBuf, Comp
     };
     std::fs::create_dir_all(dir).map_err(fail)?;
     let path = dir.join(format!("{}.wasm", c.digest));
-    crate::state::write_atomically(&path, bytes).map_err(fail)?;
+    crate::persisted::write_atomically(&path, bytes).map_err(fail)?;
     let mut sig = path.clone().into_os_string();
     sig.push(SIGNATURE_SUFFIX);
-    crate::state::write_atomically(Path::new(&sig), c.signature.as_bytes()).map_err(fail)?;
+    crate::persisted::write_atomically(Path::new(&sig), c.signature.as_bytes()).map_err(fail)?;
     Ok(path)
 }
 
@@ -269,7 +269,7 @@ pub fn store_signature(path: &Path, c: &ComponentRef) -> Result<(), ComponentErr
     if std::fs::read_to_string(&sig).ok().as_deref() == Some(c.signature.as_str()) {
         return Ok(());
     }
-    crate::state::write_atomically(&sig, c.signature.as_bytes()).map_err(|error| {
+    crate::persisted::write_atomically(&sig, c.signature.as_bytes()).map_err(|error| {
         ComponentError::Store {
             digest: c.digest.clone(),
             dir: path.display().to_string(),

@@ -7,7 +7,7 @@
 //!
 //! The rooms, from the bottom:
 //! - [`records`]: what the topics carry (signed actions, decisions, statuses), bounded decoding;
-//! - [`state`]: the pure reducer from records to what the fleet wants of each pipeline;
+//! - [`desired`]: the pure reducer from records to what the fleet wants of each pipeline;
 //! - [`sign`]: operator actions signed and verified with minisign keys;
 //! - [`topics`]: the three topics created with their configs, or refused naming the config;
 //! - [`hosts`]: every host's latest status, bounded, aged and watched for two writers;
@@ -17,11 +17,11 @@
 
 pub mod agent;
 pub mod components;
+pub mod desired;
 pub mod hosts;
 pub mod operator;
 pub mod records;
 pub mod sign;
-pub mod state;
 pub mod topics;
 
 pub use agent::{Fleet, FleetView};

@@ -11,10 +11,10 @@ use bytes::Bytes;
 
 use super::agent::{FleetView, Folded, fold_record, view};
 use super::components;
+use super::desired::{self, FleetState};
 use super::hosts::Hosts;
 use super::records::{Action, Change, ComponentRef, action_key, decode_status};
 use super::sign::{self, SignError};
-use super::state::{self, FleetState};
 use super::topics::{self, TopicError, Topics};
 use crate::kafka::now_ms;
 use crate::kafka::{Compression, KafkaClient, KafkaError, OffsetSpec, ProduceRecord};
@@ -204,7 +204,7 @@ impl Operator {
             .state
             .pipelines
             .values()
-            .flat_map(state::components)
+            .flat_map(desired::components)
             .find(|c| c.digest == digest)
             .map(|c| c.chunks.clone());
         let chunks = match known {

@@ -18,13 +18,13 @@ use super::guard::lock;
 use super::plan::{Rules, plan};
 use crate::kafka::KafkaClient;
 use crate::metrics::Metrics;
+use crate::persisted::{Claim, MemberIdentity};
 use crate::runtime::{Header as RuntimeHeader, Record};
 use crate::share::consumer::{
     AcquireMode, RoundTrip, RoundTrips, Settle, ShareConsumer, ShareConsumerConfig, ShareRecord,
 };
 use crate::share::ledger::AckKind;
 use crate::share::membership::fresh_member_id;
-use crate::state::{Claim, MemberIdentity};
 
 /// How long running batches may take to finish once shutdown starts.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);

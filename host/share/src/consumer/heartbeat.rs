@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use sharehost_kafka::backoff::{Backoff, BackoffConfig};
 use sharehost_kafka::{BrokerConnection, ErrorClass};
 
-use super::state::Shared;
+use super::shared::Shared;
 use crate::ledger::TopicIdPartition;
 use crate::membership::{HeartbeatAction, MemberState, Membership};
 

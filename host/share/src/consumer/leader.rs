@@ -24,12 +24,12 @@ use sharehost_kafka::protocol::share::{
 use sharehost_kafka::records::{batch_spans, decode_batches};
 use sharehost_kafka::{BrokerConnection, ConsumedRecord, ErrorClass, KafkaError, classify};
 
-use super::count::Raised;
-use super::plan::{
+use super::count_guard::Raised;
+use super::decisions::{
     MAX_UNRECORDED_OFFSETS, by_partition, count_type, cuts_a_batch, fetch_ask, plan_unrecorded,
     served,
 };
-use super::state::{Shared, lock};
+use super::shared::Shared;
 use super::types::{AckOutcome, AcquireMode, Delivery, RoundTrip, ShareRecord};
 use crate::ledger::{AckKind, TopicIdPartition};
 use crate::session::{SessionOutcome, ShareSession};
@@ -54,7 +54,7 @@ pub(super) async fn leader_loop(
         dry_since: None,
     };
     worker.run().await;
-    lock(&worker.shared.leaders).remove(&leader);
+    worker.shared.leaders.lock().remove(&leader);
 }
 
 /// What one leader's task keeps between its steps.
@@ -135,7 +135,7 @@ impl LeaderWorker {
                 });
             }
             {
-                let mut leaders = lock(&self.shared.leaders);
+                let mut leaders = self.shared.leaders.lock();
                 let st = leaders.entry(self.leader).or_default();
                 if st.session == 0 {
                     st.session = self.shared.next_session.fetch_add(1, Ordering::Relaxed);
@@ -168,7 +168,7 @@ impl LeaderWorker {
             self.leader,
             &wanted,
             session.partitions(),
-            &lock(&self.shared.route),
+            &self.shared.route.lock(),
         )
     }
 
@@ -178,12 +178,12 @@ impl LeaderWorker {
         let now = Instant::now();
         let archive_at = self.shared.config.archive_at;
         let (due, next) = {
-            let mut leaders = lock(&self.shared.leaders);
+            let mut leaders = self.shared.leaders.lock();
             let st = leaders.get_mut(&self.leader)?;
             st.due_holds(now)
         };
         if !due.is_empty() {
-            let mut ledger = lock(&self.shared.ledger);
+            let mut ledger = self.shared.ledger.lock();
             let (mut released, mut at_limit) = (0, 0u64);
             for ((tp, offset), held) in due {
                 if ledger.record(tp, offset, AckKind::Release).is_ok() {
@@ -205,7 +205,7 @@ impl LeaderWorker {
             return;
         };
         let now = Instant::now();
-        let mut leaders = lock(&self.shared.leaders);
+        let mut leaders = self.shared.leaders.lock();
         let Some(st) = leaders.get_mut(&self.leader) else {
             return;
         };
@@ -219,7 +219,7 @@ impl LeaderWorker {
         {
             return;
         }
-        let mut ledger = lock(&self.shared.ledger);
+        let mut ledger = self.shared.ledger.lock();
         // Records delivered after this scan are held since `now` or later, so none is due
         // before the earliest `since` left here plus `due`.
         let mut earliest = now;
@@ -256,7 +256,7 @@ impl LeaderWorker {
         let wanted = self.wanted_rx.borrow_and_update().clone();
         let serves = self.serves(session);
         let (has_renew, has_acks) = {
-            let ledger = lock(&self.shared.ledger);
+            let ledger = self.shared.ledger.lock();
             // Verdicts waiting for the rest of their acquired range do not count yet (unless
             // nothing is assigned here any more: then no fetch will carry them).
             let ready = if wanted.is_empty() {
@@ -275,7 +275,10 @@ impl LeaderWorker {
         // bound from a leader that still had records to give.
         let leaders = self.shared.active_leaders.load(Ordering::Relaxed).max(1);
         let share = limit.div_ceil(leaders);
-        let own = lock(&self.shared.leaders)
+        let own = self
+            .shared
+            .leaders
+            .lock()
             .get(&self.leader)
             .map_or(0, |st| st.outstanding.len());
         let budget = limit
@@ -303,7 +306,10 @@ impl LeaderWorker {
         // instead, where a verdict cuts it short: the next fetch goes out with the first
         // verdicts, or after `max_wait` (records whose lock expired come back, other partitions
         // fill up).
-        let prefetch = lock(&self.shared.leaders)
+        let prefetch = self
+            .shared
+            .leaders
+            .lock()
             .get(&self.leader)
             .is_some_and(|st| !st.outstanding.is_empty());
         if !prefetch {
@@ -337,7 +343,10 @@ impl LeaderWorker {
         }
         self.acks_waiting_since = None;
         if wanted.is_empty() {
-            let holding = lock(&self.shared.leaders)
+            let holding = self
+                .shared
+                .leaders
+                .lock()
                 .get(&self.leader)
                 .is_some_and(|st| !st.outstanding.is_empty());
             if !session.is_opening() && !holding {
@@ -383,7 +392,10 @@ impl LeaderWorker {
             Vec::new()
         } else {
             let serves = self.serves(session);
-            lock(&self.shared.ledger).take_ready(|tp| serves.contains(tp), Instant::now())
+            self.shared
+                .ledger
+                .lock()
+                .take_ready(|tp| serves.contains(tp), Instant::now())
         };
         let part = match session.fetch_request(wanted, acks.clone()) {
             Ok(p) => p,
@@ -486,7 +498,7 @@ impl LeaderWorker {
         }
         self.backoff.reset();
         if resp.acquisition_lock_timeout_ms > 0
-            && let Some(st) = lock(&self.shared.leaders).get_mut(&self.leader)
+            && let Some(st) = self.shared.leaders.lock().get_mut(&self.leader)
         {
             st.lock_timeout = Some(Duration::from_millis(
                 resp.acquisition_lock_timeout_ms as u64,
@@ -592,7 +604,7 @@ impl LeaderWorker {
                         // huge claimed range is not walked, the lock timeout returns the rest).
                         tracing::error!(topic = %topic, partition = p.partition, "cannot decode records, releasing them: {e}");
                         let plan = plan_unrecorded(&ranges, &[], &[], MAX_UNRECORDED_OFFSETS);
-                        let mut ledger = lock(&self.shared.ledger);
+                        let mut ledger = self.shared.ledger.lock();
                         for o in plan.release {
                             let _ = ledger.record(tp, o, AckKind::Release);
                         }
@@ -628,7 +640,7 @@ impl LeaderWorker {
                         "the broker acquired offsets its response has no batches for: releasing them"
                     );
                 }
-                let mut leaders = lock(&self.shared.leaders);
+                let mut leaders = self.shared.leaders.lock();
                 let Some(st) = leaders.get_mut(&self.leader) else {
                     continue;
                 };
@@ -641,7 +653,7 @@ impl LeaderWorker {
                     .stats
                     .acquired_split
                     .fetch_add(split as u64, Ordering::Relaxed);
-                let mut ledger = lock(&self.shared.ledger);
+                let mut ledger = self.shared.ledger.lock();
                 for a in &p.acquired {
                     ledger.acquired(tp, a.first_offset, a.last_offset);
                 }
@@ -707,7 +719,11 @@ impl LeaderWorker {
         renew: bool,
     ) -> Step {
         let serves = self.serves(session);
-        let acks = lock(&self.shared.ledger).take(|tp| serves.contains(tp), renew);
+        let acks = self
+            .shared
+            .ledger
+            .lock()
+            .take(|tp| serves.contains(tp), renew);
         if acks.is_empty() {
             return Step::Continue;
         }
@@ -748,7 +764,7 @@ impl LeaderWorker {
                     &resp.responses,
                 );
                 if resp.acquisition_lock_timeout_ms > 0
-                    && let Some(st) = lock(&self.shared.leaders).get_mut(&self.leader)
+                    && let Some(st) = self.shared.leaders.lock().get_mut(&self.leader)
                 {
                     st.lock_timeout = Some(Duration::from_millis(
                         resp.acquisition_lock_timeout_ms as u64,
@@ -849,7 +865,11 @@ impl LeaderWorker {
             return;
         }
         let partitions = self.serves(session);
-        let acks = lock(&self.shared.ledger).take(|tp| partitions.contains(tp), false);
+        let acks = self
+            .shared
+            .ledger
+            .lock()
+            .take(|tp| partitions.contains(tp), false);
         let (epoch, topics) = match session.close_request(acks.clone()) {
             Ok(p) => p,
             Err(e) => {
@@ -901,7 +921,10 @@ impl LeaderWorker {
         }
         drop(answered);
         // Whatever was delivered and not judged is released by the broker now.
-        let released = lock(&self.shared.leaders)
+        let released = self
+            .shared
+            .leaders
+            .lock()
             .get_mut(&self.leader)
             .map(|st| std::mem::take(&mut st.outstanding).len())
             .unwrap_or(0);

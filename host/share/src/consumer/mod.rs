@@ -10,31 +10,31 @@
 //!
 //! The rooms, each using only the rooms listed after it (no import circles):
 //!
-//! - `api`: [`ShareConsumer`], the caller's API: start, poll, acknowledge, settle, release
+//! - `share_consumer`: [`ShareConsumer`], the caller's API: start, poll, acknowledge, settle, release
 //!   holds, flush, close. It starts the tasks below; none of them knows it.
 //! - `supervisor`: maps the assignment to partition leaders and keeps one leader task each.
 //! - `heartbeat`: the membership task (ShareGroupHeartbeat), which publishes the assignment.
 //! - `leader`: one leader's task: its connection, its share session, fetching, acknowledging,
 //!   renewing, releasing due holds and closing the session.
-//! - `state`: what the caller and the tasks share: the ledger, the per-leader records held
+//! - `shared`: what the caller and the tasks share: the ledger, the per-leader records held
 //!   (lock time, deliveries, renewals, release time), the in-flight count, pacing, outcomes.
-//! - `plan`: pure decisions with their tests: what a fetch asks for, which acquired offsets
+//! - `decisions`: pure decisions with their tests: what a fetch asks for, which acquired offsets
 //!   without a record are Gap or released, which partitions a leader serves, what moved.
-//! - `count`: the guard that brings a raised count back down however its scope ends.
+//! - `count_guard`: the guard that brings a raised count back down however its scope ends.
 //! - `types`: the public values: configuration, records, deliveries, verdict decisions and
 //!   their results, outcomes, counters, errors.
 
-mod api;
-mod count;
+mod count_guard;
+mod decisions;
 mod heartbeat;
 mod leader;
-mod plan;
-mod state;
+mod share_consumer;
+mod shared;
 mod supervisor;
 mod types;
 
-pub use api::ShareConsumer;
-pub use plan::MAX_UNRECORDED_OFFSETS;
+pub use decisions::MAX_UNRECORDED_OFFSETS;
+pub use share_consumer::ShareConsumer;
 pub use types::{
     AckOutcome, AcquireMode, ConsumerStats, Delivery, LOCK_MARGIN, RoundTrip, RoundTrips, Settle,
     Settled, ShareConsumerConfig, ShareError, ShareRecord,

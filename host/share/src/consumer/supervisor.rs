@@ -11,9 +11,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::decisions::moved_away;
 use super::leader::leader_loop;
-use super::plan::moved_away;
-use super::state::{Shared, lock};
+use super::shared::Shared;
 use super::types::Delivery;
 use crate::ledger::TopicIdPartition;
 
@@ -53,7 +53,7 @@ pub(super) async fn fetch_supervisor(
             let _ = shared.client.refresh_metadata(&shared.config.topics).await;
         }
         let moved = {
-            let mut route = lock(&shared.route);
+            let mut route = shared.route.lock();
             let moved = moved_away(&route, &by_leader);
             for (l, set) in &by_leader {
                 for tp in set {

@@ -7,8 +7,12 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+// parking_lot's lock does not poison: a task that panicked mid-update of plain bookkeeping
+// leaves it to the others as it was.
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use kafka_protocol::ResponseError;
@@ -17,7 +21,7 @@ use tokio::time::Instant;
 
 use sharehost_kafka::{BrokerConnection, KafkaClient};
 
-use super::plan::{Route, paced_limit};
+use super::decisions::{Route, paced_limit};
 use super::types::{AckOutcome, ConsumerStats, ShareConsumerConfig, ShareRecord};
 use crate::ledger::{AckLedger, TopicIdPartition};
 
@@ -178,11 +182,6 @@ pub(super) struct Shared {
     pub(super) v1_warned: std::sync::Once,
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means a task panicked mid-update of plain bookkeeping; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The caller's judging rate, measured over windows of at least [`PACE_WINDOW`].
 #[derive(Debug, Default)]
 struct Pace {
@@ -287,24 +286,29 @@ impl Shared {
         let Some(within) = cfg.pace_within else {
             return cfg.max_in_flight;
         };
-        let lock_timeout = lock(&self.leaders)
+        let lock_timeout = self
+            .leaders
+            .lock()
             .values()
             .filter_map(|l| l.lock_timeout)
             .min();
         let horizon = lock_timeout.map_or(within, |t| within.min(t / 2));
-        let rate = lock(&self.pace).update(Instant::now(), self.finals.load(Ordering::Relaxed));
+        let rate = self
+            .pace
+            .lock()
+            .update(Instant::now(), self.finals.load(Ordering::Relaxed));
         paced_limit(rate, horizon, cfg.min_in_flight.max(1), cfg.max_in_flight)
     }
 
     pub(super) fn set_fatal(&self, why: String) {
         tracing::error!(group = %self.config.group, "{why}");
-        lock(&self.fatal).get_or_insert(why);
+        self.fatal.lock().get_or_insert(why);
         self.wake.notify_waiters();
         self.acked.notify_waiters();
     }
 
     pub(super) fn fatal(&self) -> Option<String> {
-        lock(&self.fatal).clone()
+        self.fatal.lock().clone()
     }
 
     pub(super) fn push_outcome(&self, o: AckOutcome) {
@@ -316,7 +320,7 @@ impl Shared {
                 self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
             }
         };
-        let mut q = lock(&self.outcomes);
+        let mut q = self.outcomes.lock();
         if q.len() >= MAX_OUTCOMES {
             q.pop_front();
         }
@@ -334,14 +338,16 @@ impl Shared {
     /// the broker, so they are dropped here and counted.
     pub(super) fn session_lost(&self, leader: i32, why: &str) {
         self.stats.session_resets.fetch_add(1, Ordering::Relaxed);
-        let partitions: BTreeSet<TopicIdPartition> = lock(&self.route)
+        let partitions: BTreeSet<TopicIdPartition> = self
+            .route
+            .lock()
             .iter()
             .filter(|(_, l)| **l == leader)
             .map(|(tp, _)| *tp)
             .collect();
         // Verdicts not sent yet cannot be any more: report each as not applied (the Java client
         // completes them with NETWORK_EXCEPTION); the broker redelivers those records.
-        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let dropped = self.ledger.lock().take(|tp| partitions.contains(tp), true);
         let dropped_verdicts: usize = dropped
             .iter()
             .flat_map(|(_, b)| b.iter())
@@ -359,7 +365,7 @@ impl Shared {
             });
         }
         let outstanding = {
-            let mut leaders = lock(&self.leaders);
+            let mut leaders = self.leaders.lock();
             let st = leaders.entry(leader).or_default();
             st.session = self.next_session.fetch_add(1, Ordering::Relaxed);
             st.holds.clear();
@@ -387,11 +393,13 @@ impl Shared {
     pub(super) fn partitions_moved(&self, leader: i32, partitions: &BTreeSet<TopicIdPartition>) {
         // Outstanding records first: a concurrent `acknowledge` either finished (its verdict is
         // in the ledger, taken below) or finds its record gone and reports it moot.
-        let outstanding = lock(&self.leaders)
+        let outstanding = self
+            .leaders
+            .lock()
             .get_mut(&leader)
             .map_or(0, |st| st.release(partitions));
         self.out_of_flight(outstanding);
-        let dropped = lock(&self.ledger).take(|tp| partitions.contains(tp), true);
+        let dropped = self.ledger.lock().take(|tp| partitions.contains(tp), true);
         let mut dropped_verdicts = 0;
         for (tp, batches) in dropped {
             dropped_verdicts += batches

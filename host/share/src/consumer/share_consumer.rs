@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use sharehost_kafka::{KafkaClient, KafkaError};
 
 use super::heartbeat::heartbeat_loop;
-use super::state::{Shared, lock};
+use super::shared::Shared;
 use super::supervisor::fetch_supervisor;
 use super::types::{
     AckOutcome, ConsumerStats, Delivery, LOCK_MARGIN, Settle, Settled, ShareConsumerConfig,
@@ -132,7 +132,9 @@ impl ShareConsumer {
 
     /// The lock duration the broker reported (AcquisitionLockTimeoutMs), once known.
     pub fn lock_timeout(&self) -> Option<Duration> {
-        lock(&self.shared.leaders)
+        self.shared
+            .leaders
+            .lock()
             .values()
             .filter_map(|l| l.lock_timeout)
             .min()
@@ -144,8 +146,8 @@ impl ShareConsumer {
     /// record is no longer held). A caller holding records back (a plugin's `retry`) stays
     /// within it, so the broker never releases a held record behind its back.
     pub fn hold_limit(&self, record: &ShareRecord) -> Option<Duration> {
-        let leader = lock(&self.shared.route).get(&record.partition).copied();
-        let leaders = lock(&self.shared.leaders);
+        let leader = self.shared.route.lock().get(&record.partition).copied();
+        let leaders = self.shared.leaders.lock();
         let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
             return Some(Duration::ZERO);
         };
@@ -173,7 +175,7 @@ impl ShareConsumer {
             let again = self.shared.again_ready.notified();
             tokio::pin!(again);
             again.as_mut().enable();
-            let renewed = std::mem::take(&mut *lock(&self.shared.again));
+            let renewed = std::mem::take(&mut *self.shared.again.lock());
             if !renewed.is_empty() {
                 return Ok(Some(Delivery {
                     records: renewed,
@@ -203,13 +205,13 @@ impl ShareConsumer {
         let before = records.len();
         // Never both locks at once: every other path takes them one at a time.
         let owners: Vec<Option<i32>> = {
-            let route = lock(&self.shared.route);
+            let route = self.shared.route.lock();
             records
                 .iter()
                 .map(|r| route.get(&r.partition).copied())
                 .collect()
         };
-        let leaders = lock(&self.shared.leaders);
+        let leaders = self.shared.leaders.lock();
         let mut owner = owners.into_iter();
         records.retain(|r| {
             owner
@@ -240,7 +242,7 @@ impl ShareConsumer {
         verdicts: &[(&ShareRecord, AckKind)],
     ) -> Vec<Result<bool, ShareError>> {
         let leaders_of: Vec<Option<i32>> = {
-            let route = lock(&self.shared.route);
+            let route = self.shared.route.lock();
             verdicts
                 .iter()
                 .map(|(r, _)| route.get(&r.partition).copied())
@@ -249,8 +251,8 @@ impl ShareConsumer {
         let (mut recorded, mut finals, mut at_limit) = (false, 0, 0u64);
         let archive_at = self.shared.config.archive_at;
         let results = {
-            let mut leaders = lock(&self.shared.leaders);
-            let mut ledger = lock(&self.shared.ledger);
+            let mut leaders = self.shared.leaders.lock();
+            let mut ledger = self.shared.ledger.lock();
             verdicts
                 .iter()
                 .zip(leaders_of)
@@ -311,7 +313,7 @@ impl ShareConsumer {
     /// the engine. One result per decision, in order.
     pub fn settle(&self, decisions: &[(&ShareRecord, Settle)]) -> Vec<Settled> {
         let leaders_of: Vec<Option<i32>> = {
-            let route = lock(&self.shared.route);
+            let route = self.shared.route.lock();
             decisions
                 .iter()
                 .map(|(r, _)| route.get(&r.partition).copied())
@@ -323,8 +325,8 @@ impl ShareConsumer {
         let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
         let mut again = Vec::new();
         let results = {
-            let mut leaders = lock(&self.shared.leaders);
-            let mut ledger = lock(&self.shared.ledger);
+            let mut leaders = self.shared.leaders.lock();
+            let mut ledger = self.shared.ledger.lock();
             decisions
                 .iter()
                 .zip(leaders_of)
@@ -403,7 +405,7 @@ impl ShareConsumer {
         };
         self.shared.counted_finals(finals, at_limit);
         if !again.is_empty() {
-            lock(&self.shared.again).extend(again);
+            self.shared.again.lock().extend(again);
             self.shared.again_ready.notify_waiters();
         }
         if recorded || holds {
@@ -419,8 +421,8 @@ impl ShareConsumer {
         let (mut released, mut at_limit) = (0, 0u64);
         let archive_at = self.shared.config.archive_at;
         {
-            let mut leaders = lock(&self.shared.leaders);
-            let mut ledger = lock(&self.shared.ledger);
+            let mut leaders = self.shared.leaders.lock();
+            let mut ledger = self.shared.ledger.lock();
             for st in leaders.values_mut() {
                 st.holds.clear();
                 let due: Vec<(TopicIdPartition, i64)> = st
@@ -453,7 +455,7 @@ impl ShareConsumer {
     /// close). Nothing the broker says about acknowledgements is swallowed: every refusal shows
     /// up here and in the stats.
     pub fn take_outcomes(&self) -> Vec<AckOutcome> {
-        lock(&self.shared.outcomes).drain(..).collect()
+        self.shared.outcomes.lock().drain(..).collect()
     }
 
     /// Waits until every verdict recorded so far has been sent and answered, or `timeout`.
@@ -464,7 +466,7 @@ impl ShareConsumer {
             let acked = self.shared.acked.notified();
             tokio::pin!(acked);
             acked.as_mut().enable();
-            let done = lock(&self.shared.ledger).is_empty()
+            let done = self.shared.ledger.lock().is_empty()
                 && self.shared.acks_in_flight.load(Ordering::Acquire) == 0;
             if done {
                 return true;
@@ -473,7 +475,7 @@ impl ShareConsumer {
                 return false;
             }
             // Nothing waits for the rest of its range now: everything recorded goes out.
-            lock(&self.shared.ledger).release_ranges();
+            self.shared.ledger.lock().release_ranges();
             self.shared.wake.notify_waiters();
             if tokio::time::timeout_at(deadline, acked).await.is_err() {
                 return false;
@@ -484,7 +486,7 @@ impl ShareConsumer {
     /// Cuts every share connection as a network failure would (fault-injection tests): the
     /// broker drops the sessions and releases their records; the engine re-opens them.
     pub fn disconnect_for_testing(&self) {
-        for st in lock(&self.shared.leaders).values() {
+        for st in self.shared.leaders.lock().values() {
             if let Some(c) = &st.conn {
                 c.close("disconnected for testing");
             }
