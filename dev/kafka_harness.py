@@ -1290,4 +1290,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # A reader that stops early (`dev/kafka status | head -1`) ends it quietly, as it ended the shell script.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main(sys.argv[1:]))
