@@ -13,14 +13,13 @@
 //! - [`rollout`]: the pure rules of shadow and canary runs; [`persisted`]: what survives a restart.
 //! - [`tenants`]: a host's pipelines, each loading, running and failing on its own.
 //! - [`api`]: the admin API's routes and bodies, written once; [`admin`]: the server (metrics,
-//!   health, swap, rollout); [`ctl`]: its client.
+//!   health, swap, rollout); `sharehost ctl` (in the binary's `cli`): its client.
 //! - [`dlq`]: reading and replaying dead letters; [`provenance`]: the header names written.
 //! - [`metrics`]: the registry passed down to everything that counts.
 
 pub mod admin;
 pub mod api;
 pub mod console;
-pub mod ctl;
 pub mod dlq;
 pub mod fleet;
 pub mod manifest;

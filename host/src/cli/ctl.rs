@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use crate::rollout::{CanaryRequest, ShadowRequest};
+use sharehost::rollout::{CanaryRequest, ShadowRequest};
 use sharehost_api::{
     self as api, CanaryBody, CanaryState, CanaryStatus, CandidateStarted, PipelineRoute,
     PromoteAfterBody, RollbackIfBody, RollbackRequest, ShadowBody, ShadowStatus, ShadowStopped,
@@ -405,7 +405,7 @@ pub fn error_text(answer: &Answer) -> String {
 pub async fn run(args: &CtlArgs, out: &mut dyn Write) -> Result<()> {
     let call = args.command.call()?;
     let from_manifest = match &args.manifest {
-        Some(path) => Some(crate::manifest::Manifest::load_admin(path)?),
+        Some(path) => Some(sharehost::manifest::Manifest::load_admin(path)?),
         None => None,
     };
     let admin = match (&args.admin, &from_manifest) {
@@ -725,7 +725,7 @@ fn inline(v: &Value) -> String {
             .map(|(k, v)| match v {
                 Value::Object(_) => format!("{k}={{{}}}", inline(v)),
                 Value::String(s) if s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit()) => {
-                    format!("{k}={}", crate::pipeline::short(s))
+                    format!("{k}={}", sharehost::pipeline::short(s))
                 }
                 other => format!("{k}={}", text(other)),
             })

@@ -17,7 +17,7 @@ use sharehost::pipeline::{Pipeline, short};
 use sharehost::rollout::{CanaryRequest, PromoteAfter, RollbackIf, ShadowRequest};
 use sharehost_api::FleetView;
 
-use crate::host::{connection_config, plugin_runtime};
+use super::run::{connection_config, plugin_runtime};
 
 /// `sharehost fleet COMMAND`.
 #[derive(Args)]

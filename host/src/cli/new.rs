@@ -67,8 +67,14 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             format!("target/wasm32-wasip2/release/{module}.wasm"),
             "",
             &[
-                ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
-                ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
+                (
+                    "Cargo.toml",
+                    include_str!("../../templates/rust/Cargo.toml"),
+                ),
+                (
+                    "src/lib.rs",
+                    include_str!("../../templates/rust/src/lib.rs"),
+                ),
                 (".gitignore", "/target\n"),
             ],
         ),
@@ -78,10 +84,13 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             // recommends, and what test-plugin --manifest then checks with.
             "memory_limit_mib = 32\n",
             &[
-                ("plugin.py", include_str!("../templates/python/plugin.py")),
+                (
+                    "plugin.py",
+                    include_str!("../../templates/python/plugin.py"),
+                ),
                 (
                     "test_plugin.py",
-                    include_str!("../templates/python/test_plugin.py"),
+                    include_str!("../../templates/python/test_plugin.py"),
                 ),
                 (".gitignore", "/.venv\n/*.wasm\n__pycache__/\n"),
             ],
@@ -90,11 +99,14 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             format!("{module}.wasm"),
             "memory_limit_mib = 32\n",
             &[
-                ("package.json", include_str!("../templates/js/package.json")),
-                ("plugin.js", include_str!("../templates/js/plugin.js")),
+                (
+                    "package.json",
+                    include_str!("../../templates/js/package.json"),
+                ),
+                ("plugin.js", include_str!("../../templates/js/plugin.js")),
                 (
                     "test/plugin.test.js",
-                    include_str!("../templates/js/test/plugin.test.js"),
+                    include_str!("../../templates/js/test/plugin.test.js"),
                 ),
                 (".gitignore", "/node_modules\n/*.wasm\n"),
             ],
