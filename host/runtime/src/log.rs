@@ -5,7 +5,14 @@
 //!
 //! In the shape of wasmtime's capability crates: a context per store ([`LogCtx`], made by
 //! [`LogCtxBuilder`], whose defaults are documented there), a view made for each host call
-//! ([`Log`]), and [`add_to_linker`] with a closure that makes the view from the store's state.
+//! ([`Log`]), and [`add_to_linker`] with a function that makes the view from the store's state.
+//!
+//! `log` alone of the contract's imports is wired by hand, not through the `Host` trait that
+//! `bindgen!` generates: the generated lift reads the message into a `String` whole (up to the
+//! store's hostcall fuel, 1 MiB) before any host code runs, where the bounded lift reads at
+//! most the 4 KiB it keeps. What the WIT declares still binds it at compile time: the level is
+//! the generated type, the message's type is checked against the generated trait's signature
+//! (`GENERATED_LOG`), and the type-only `types` interface is linked by the generated code.
 //!
 //! Bounds: `log` reads at most 4 KiB of a message (the host's own bounded lift,
 //! [`LogMessage`]); a batch may log [`MAX_LOG_MESSAGES_PER_BATCH`] messages and
@@ -22,11 +29,12 @@ use bytes::Bytes;
 use sharehost_bounded_lift::LogMessage;
 use tokio::io::AsyncWrite;
 use wasmtime::StoreContextMut;
-use wasmtime::component::Linker;
+use wasmtime::component::{HasData, Linker};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
-use crate::bindings::v02::sharehost::plugin::host::Level;
+use crate::bindings::v02::sharehost::plugin::host::{self as wire, Level};
+use crate::bindings::{v01, v02};
 use crate::secrets::Secrets;
 
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
@@ -36,19 +44,23 @@ pub(crate) const MAX_LOG_BYTES_PER_BATCH: usize = 64 << 10;
 /// Bytes of stdout (and, separately, stderr) kept per batch; the rest is dropped and counted.
 pub(crate) const MAX_STDIO_BYTES_PER_BATCH: usize = 16 << 10;
 
-/// The interface names the plugin contract's imports are defined under, per contract version
-/// this host speaks (a 0.1.x guest links to the first pair, a 0.2.x guest to the second:
-/// wasmtime matches 0.x versions by minor). `log` is the same function in both.
-const CONTRACT_INSTANCES: [(&str, &str); 2] = [
-    (
-        "sharehost:plugin/types@0.1.0",
-        "sharehost:plugin/host@0.1.0",
-    ),
-    (
-        "sharehost:plugin/types@0.2.0",
-        "sharehost:plugin/host@0.2.0",
-    ),
-];
+/// The interface names the hand-wired `log` is defined under, per contract version this host
+/// speaks (a 0.1.x guest links to the first, a 0.2.x guest to the second: wasmtime matches 0.x
+/// versions by minor). `log` is the same function in both.
+const HOST_INSTANCES: [&str; 2] = ["sharehost:plugin/host@0.1.0", "sharehost:plugin/host@0.2.0"];
+
+/// The generated `log` of contract 0.2, as a function pointer of the signature the hand-wired
+/// one lifts (`level`, then the message, which the generated code lifts as a `String`). A
+/// change to `log` in the WIT fails to compile here, as a change to any other import fails in
+/// its generated trait's implementation.
+const GENERATED_LOG: fn(&mut (dyn wire::Host + 'static), Level, String) = <dyn wire::Host>::log;
+
+/// The generated `log` of contract 0.1, checked the same way.
+const GENERATED_LOG_V01: fn(
+    &mut (dyn v01::sharehost::plugin::host::Host + 'static),
+    v01::sharehost::plugin::host::Level,
+    String,
+) = <dyn v01::sharehost::plugin::host::Host>::log;
 
 /// Builds a [`LogCtx`]. The defaults: lines tagged `plugin` and no pipeline, nothing to
 /// redact; the per-batch bounds are this module's constants, the same for every plugin.
@@ -241,16 +253,29 @@ impl<'a> Log<'a> {
     }
 }
 
-/// Defines the contract's `host` interface (and its type-only `types`) in `linker`, for both
-/// contract versions: `log` reads its message through the bounded lift instead of the
-/// generated binding's, which copies the whole string first. `view` makes the capability's
-/// view from the store's state, per call.
+impl v02::sharehost::plugin::types::Host for Log<'_> {}
+impl v01::sharehost::plugin::types::Host for Log<'_> {}
+
+/// What the generated `add_to_linker` of the type-only `types` interface is handed.
+struct LogImports;
+
+impl HasData for LogImports {
+    type Data<'a> = Log<'a>;
+}
+
+/// Defines the contract's `host` interface and its type-only `types` in `linker`, for both
+/// contract versions: `types` through the generated bindings, `log` by hand, reading its
+/// message through the bounded lift ([`LogMessage`]) instead of the generated binding's,
+/// which copies the whole string first. `view` makes the capability's view from the store's
+/// state, per call.
 pub(crate) fn add_to_linker<T: 'static>(
     linker: &mut Linker<T>,
-    view: impl Fn(&mut T) -> Log<'_> + Send + Sync + Copy + 'static,
+    view: fn(&mut T) -> Log<'_>,
 ) -> wasmtime::Result<()> {
-    for (types, host) in CONTRACT_INSTANCES {
-        linker.instance(types)?;
+    let _ = (GENERATED_LOG, GENERATED_LOG_V01);
+    v01::sharehost::plugin::types::add_to_linker::<T, LogImports>(linker, view)?;
+    v02::sharehost::plugin::types::add_to_linker::<T, LogImports>(linker, view)?;
+    for host in HOST_INSTANCES {
         linker.instance(host)?.func_wrap(
             "log",
             move |mut store: StoreContextMut<'_, T>, (level, message): (Level, LogMessage)| {
