@@ -5,7 +5,8 @@
 //!
 //! In the shape of wasmtime's capability crates: a context per store ([`LogCtx`], made by
 //! [`LogCtxBuilder`], whose defaults are documented there), a view made for each host call
-//! ([`Log`]), and [`add_to_linker`] with a function that makes the view from the store's state.
+//! ([`Log`]), and [`add_to_linker`] with a function that makes the view from the store's state;
+//! [`LogCtx`]'s [`Capability`] implementation plugs all of it into the store (`store.rs`).
 //!
 //! `log` alone of the contract's imports is wired by hand, not through the `Host` trait that
 //! `bindgen!` generates: the generated lift reads the message into a `String` whole (up to the
@@ -35,7 +36,10 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
 use crate::bindings::v02::sharehost::plugin::host::{self as wire, Level};
 use crate::bindings::{v01, v02};
+use crate::capability::{Capability, Outcome, Setup};
+use crate::plugin::PluginStats;
 use crate::secrets::Secrets;
+use crate::store::StoreState;
 
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
 pub(crate) const MAX_LOG_MESSAGES_PER_BATCH: u32 = 256;
@@ -62,12 +66,34 @@ const GENERATED_LOG_V01: fn(
     String,
 ) = <dyn v01::sharehost::plugin::host::Host>::log;
 
+/// The guest's stdout and stderr, captured: one store's WASI context writes to them and its
+/// log drains them when a call ends.
+#[derive(Clone)]
+pub(crate) struct Stdio {
+    /// The guest's stdout.
+    pub(crate) stdout: Capture,
+    /// The guest's stderr.
+    pub(crate) stderr: Capture,
+}
+
+impl Stdio {
+    /// Two empty captures.
+    pub(crate) fn new() -> Self {
+        Self {
+            stdout: Capture::new(),
+            stderr: Capture::new(),
+        }
+    }
+}
+
 /// Builds a [`LogCtx`]. The defaults: lines tagged `plugin` and no pipeline, nothing to
-/// redact; the per-batch bounds are this module's constants, the same for every plugin.
+/// redact, stdio captures of its own; the per-batch bounds are this module's constants, the
+/// same for every plugin.
 pub(crate) struct LogCtxBuilder {
     plugin: Arc<str>,
     pipeline: Option<Arc<str>>,
     secrets: Arc<Secrets>,
+    stdio: Stdio,
 }
 
 impl LogCtxBuilder {
@@ -77,6 +103,7 @@ impl LogCtxBuilder {
             plugin: Arc::from("plugin"),
             pipeline: None,
             secrets: Arc::default(),
+            stdio: Stdio::new(),
         }
     }
 
@@ -99,15 +126,21 @@ impl LogCtxBuilder {
         self
     }
 
-    /// The context, with empty buffers and a full budget.
+    /// The captures of the guest's stdout and stderr (the ones its WASI context writes to).
+    pub(crate) fn stdio(mut self, stdio: Stdio) -> Self {
+        self.stdio = stdio;
+        self
+    }
+
+    /// The context, with a full budget.
     pub(crate) fn build(self) -> LogCtx {
         LogCtx {
             plugin: self.plugin,
             pipeline: self.pipeline,
             secrets: self.secrets,
             budget: LogBudget::default(),
-            stdout: Capture::new(),
-            stderr: Capture::new(),
+            stdout: self.stdio.stdout,
+            stderr: self.stdio.stderr,
         }
     }
 }
@@ -137,16 +170,6 @@ impl LogCtx {
     /// A builder with the defaults.
     pub(crate) fn builder() -> LogCtxBuilder {
         LogCtxBuilder::new()
-    }
-
-    /// The sink for the guest's stdout (for its WASI context).
-    pub(crate) fn stdout(&self) -> Capture {
-        self.stdout.clone()
-    }
-
-    /// The sink for the guest's stderr (for its WASI context).
-    pub(crate) fn stderr(&self) -> Capture {
-        self.stderr.clone()
     }
 
     /// A call begins: its log budget is full again.
@@ -255,6 +278,37 @@ impl<'a> Log<'a> {
 
 impl v02::sharehost::plugin::types::Host for Log<'_> {}
 impl v01::sharehost::plugin::types::Host for Log<'_> {}
+
+impl Capability for LogCtx {
+    type Report = Drained;
+
+    fn new(setup: &Setup<'_>) -> Self {
+        LogCtx::builder()
+            .plugin(setup.plugin.clone())
+            .pipeline(setup.pipeline.clone())
+            .secrets(setup.secrets.clone())
+            .stdio(setup.stdio.clone())
+            .build()
+    }
+
+    fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+        add_to_linker(linker, |state| Log::new(&mut state.caps.log))
+    }
+
+    fn begin_call(&mut self, _call: &crate::capability::Call<'_>) {
+        LogCtx::begin_call(self);
+    }
+
+    fn end_call(&mut self) -> Drained {
+        self.drain()
+    }
+
+    /// What was dropped counts whatever the call's outcome.
+    fn count(report: &Drained, _outcome: Outcome, stats: &mut PluginStats) {
+        stats.log_messages_dropped += report.log_messages_dropped;
+        stats.output_bytes_dropped += report.output_bytes_dropped;
+    }
+}
 
 /// What the generated `add_to_linker` of the type-only `types` interface is handed.
 struct LogImports;
@@ -411,9 +465,45 @@ mod tests {
     }
 
     #[test]
+    fn what_a_call_dropped_counts_whatever_its_outcome() {
+        for outcome in [Outcome::Init, Outcome::Judged, Outcome::Faulted] {
+            let mut ctx = LogCtx::builder().build();
+            ctx.begin_call();
+            for _ in 0..=MAX_LOG_MESSAGES_PER_BATCH {
+                Log::new(&mut ctx).log(Level::Debug, message("hello"));
+            }
+            OutputStream::write(
+                &mut ctx.stderr.clone(),
+                Bytes::from(vec![b'x'; MAX_STDIO_BYTES_PER_BATCH + 3]),
+            )
+            .expect("a write past the bound succeeds");
+            let report = Capability::end_call(&mut ctx);
+            let mut stats = PluginStats::default();
+            LogCtx::count(&report, outcome, &mut stats);
+            assert_eq!(
+                (stats.log_messages_dropped, stats.output_bytes_dropped),
+                (1, 3),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_store_s_stdio_is_the_one_the_log_drains() {
+        let stdio = Stdio::new();
+        let mut ctx = LogCtx::builder().stdio(stdio.clone()).build();
+        OutputStream::write(
+            &mut stdio.stderr.clone(),
+            Bytes::from_static(b"panicked at"),
+        )
+        .expect("write");
+        assert_eq!(ctx.drain().stderr, "panicked at");
+    }
+
+    #[test]
     fn captured_stdio_keeps_its_bound_and_counts_the_rest() {
         let mut ctx = LogCtx::builder().build();
-        let mut out = ctx.stdout();
+        let mut out = ctx.stdout.clone();
         OutputStream::write(
             &mut out,
             Bytes::from(vec![b'x'; MAX_STDIO_BYTES_PER_BATCH + 5]),

@@ -7,6 +7,7 @@
 //! ([`Outputs`]), which implements the `Host` trait `bindgen!` generates from the contract
 //! (`wit/plugin.wit`), and [`add_to_linker`], the generated one, with a function that makes
 //! the view from the store's state. A change to `emit` in the WIT is a compile error here.
+//! [`OutputsCtx`]'s [`Capability`] implementation plugs all of it into the store (`store.rs`).
 //!
 //! The generated lift of `emit`'s arguments is the one a hand-written `func_wrap` with the
 //! same tuple would use (`String`, `Option<Vec<u8>>`, `Vec<Header>`): it copies what the guest
@@ -31,6 +32,9 @@ use wasmtime::component::{HasData, Linker};
 use crate::bindings::v02::sharehost::plugin::outputs::{
     self as wire, EmitError, Header as WireHeader,
 };
+use crate::capability::{Call, Capability, Outcome, Setup};
+use crate::plugin::PluginStats;
+use crate::store::StoreState;
 
 /// The header prefix the host reserves for its provenance headers.
 pub const RESERVED_HEADER_PREFIX: &str = "sharehost.";
@@ -160,6 +164,52 @@ impl OutputsCtx {
         self.records = None;
         self.bytes = 0;
         std::mem::take(&mut self.emits)
+    }
+}
+
+/// What one call left behind in the outputs.
+#[derive(Debug, Default)]
+pub(crate) struct OutputsReport {
+    /// What it emitted (markers of refused unknown outputs included).
+    pub(crate) emits: Vec<Emit>,
+    /// Emits refused in the call.
+    pub(crate) refused: u64,
+    /// Of `emits`, the markers of refused unknown outputs.
+    pub(crate) markers: u64,
+}
+
+impl Capability for OutputsCtx {
+    type Report = OutputsReport;
+
+    fn new(setup: &Setup<'_>) -> Self {
+        OutputsCtx::builder()
+            .grant(setup.limits.outputs.clone())
+            .build()
+    }
+
+    fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+        add_to_linker(linker, |state| Outputs::new(&mut state.caps.outputs))
+    }
+
+    /// Opens the outputs for a `handle` call (an `init` call refuses every emit).
+    fn begin_call(&mut self, call: &Call<'_>) {
+        self.begin(call.records);
+    }
+
+    fn end_call(&mut self) -> OutputsReport {
+        OutputsReport {
+            emits: self.finish(),
+            refused: self.refused,
+            markers: self.markers,
+        }
+    }
+
+    /// Only a call that returned verdicts counts its emits (a faulted one's are discarded).
+    fn count(report: &OutputsReport, outcome: Outcome, stats: &mut PluginStats) {
+        if outcome == Outcome::Judged {
+            stats.emits += report.emits.len() as u64 - report.markers;
+            stats.emits_refused += report.refused;
+        }
     }
 }
 
@@ -398,6 +448,31 @@ mod tests {
         assert_eq!(
             b.emit(0, "valid", None, None, vec![]),
             Err(EmitError::NoSuchRecord)
+        );
+    }
+
+    #[test]
+    fn a_calls_emits_count_only_when_it_returned_verdicts() {
+        let mut b = buffer(10, 1000);
+        assert!(b.emit(0, "valid", None, None, vec![]).is_ok());
+        assert!(b.emit(0, "unknown", None, None, vec![]).is_err());
+        assert!(b.emit(9, "valid", None, None, vec![]).is_err());
+        let report = Capability::end_call(&mut b);
+        assert_eq!(
+            (report.emits.len(), report.markers, report.refused),
+            (2, 1, 2)
+        );
+        for outcome in [Outcome::Init, Outcome::Faulted] {
+            let mut stats = PluginStats::default();
+            OutputsCtx::count(&report, outcome, &mut stats);
+            assert_eq!((stats.emits, stats.emits_refused), (0, 0), "{outcome:?}");
+        }
+        let mut stats = PluginStats::default();
+        OutputsCtx::count(&report, Outcome::Judged, &mut stats);
+        assert_eq!(
+            (stats.emits, stats.emits_refused),
+            (1, 2),
+            "the marker is no emit"
         );
     }
 
