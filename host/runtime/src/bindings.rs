@@ -1,9 +1,13 @@
-//! The types generated from the plugin contract, one module per contract version this host
+//! The bindings generated from the plugin contract, one set per contract version this host
 //! speaks. Private to the crate, so the wire shape can change without touching the runtime's
-//! public API. Only the types are used: calls go through typed functions, so one runtime
-//! serves both contract versions.
+//! public API. Of the exports only the types are used: calls into the guest go through typed
+//! functions, so one runtime serves both contract versions. The imports' `Host` traits and
+//! `add_to_linker` functions are what the capabilities implement and link (`outputs.rs`, and
+//! `log.rs` for `types`; `log` itself is hand-wired for its bounded lift), so a change to an
+//! import in the WIT is a compile error in the host.
 
-/// Contract 0.2 (`wit/plugin.wit`): the types of every import and export.
+/// Contract 0.2 (`wit/plugin.wit`): the types of every import and export, and the imports'
+/// `Host` traits.
 pub(crate) mod v02 {
     wasmtime::component::bindgen!({
         path: "../../wit",

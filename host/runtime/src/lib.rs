@@ -22,10 +22,14 @@
 //!   `validate.rs`: the contract's imports and exports.
 //! - **What a guest can reach**, one room per capability in the shape of wasmtime's
 //!   capability crates (a context, a builder with documented defaults, a per-call view,
-//!   `add_to_linker`): `log.rs` (the `log` import and captured stdio), `outputs.rs` (`emit`,
-//!   granted by an [`OutputGrant`]), `http/` (outbound HTTP, granted by an [`HttpGrant`]) and
-//!   `secrets.rs` ([`Secrets`], handed to `init` and redacted from everything the host shows).
-//!   `store.rs`: what one instance owns; it implements every capability's view, in one place.
+//!   `add_to_linker`) and of Spin's factors (each implements `capability.rs`'s `Capability`:
+//!   its store state, its imports, its per-call hooks, its counters): `wasi.rs` (the empty
+//!   WASI context), `log.rs` (the `log` import and captured stdio), `outputs.rs` (`emit`,
+//!   granted by an [`OutputGrant`]) and `http/` (outbound HTTP, granted by an [`HttpGrant`]).
+//!   The contract's imports come from the `Host` traits `bindgen!` generates, except `log`,
+//!   which keeps its bounded lift. `secrets.rs` ([`Secrets`], handed to `init` and redacted
+//!   from everything the host shows) is no capability. `store.rs`: what one instance owns;
+//!   its `capabilities!` list is the one place the capabilities are composed.
 //! - **What a plugin judges.** [`Record`] and [`Header`] (`record.rs`); `batch.rs`: how a batch
 //!   crosses the sandbox boundary as a few integer columns plus one byte buffer;
 //!   `bindings.rs`: the types generated from the contract, both versions.
@@ -36,6 +40,7 @@
 mod batch;
 mod bindings;
 mod cache;
+mod capability;
 mod component_file;
 mod config;
 mod engine;
@@ -57,6 +62,7 @@ mod threads;
 mod trust;
 mod turns;
 mod validate;
+mod wasi;
 
 pub use cache::default_cache_dir;
 pub use component_file::{DEFAULT_MAX_COMPONENT_BYTES, check_component_path, read_component};

@@ -5,7 +5,15 @@
 //!
 //! In the shape of wasmtime's capability crates: a context per store ([`LogCtx`], made by
 //! [`LogCtxBuilder`], whose defaults are documented there), a view made for each host call
-//! ([`Log`]), and [`add_to_linker`] with a closure that makes the view from the store's state.
+//! ([`Log`]), and [`add_to_linker`] with a function that makes the view from the store's state;
+//! [`LogCtx`]'s [`Capability`] implementation plugs all of it into the store (`store.rs`).
+//!
+//! `log` alone of the contract's imports is wired by hand, not through the `Host` trait that
+//! `bindgen!` generates: the generated lift reads the message into a `String` whole (up to the
+//! store's hostcall fuel, 1 MiB) before any host code runs, where the bounded lift reads at
+//! most the 4 KiB it keeps. What the WIT declares still binds it at compile time: the level is
+//! the generated type, the message's type is checked against the generated trait's signature
+//! (`GENERATED_LOG`), and the type-only `types` interface is linked by the generated code.
 //!
 //! Bounds: `log` reads at most 4 KiB of a message (the host's own bounded lift,
 //! [`LogMessage`]); a batch may log [`MAX_LOG_MESSAGES_PER_BATCH`] messages and
@@ -22,12 +30,16 @@ use bytes::Bytes;
 use sharehost_bounded_lift::LogMessage;
 use tokio::io::AsyncWrite;
 use wasmtime::StoreContextMut;
-use wasmtime::component::Linker;
+use wasmtime::component::{HasData, Linker};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 
-use crate::bindings::v02::sharehost::plugin::host::Level;
+use crate::bindings::v02::sharehost::plugin::host::{self as wire, Level};
+use crate::bindings::{v01, v02};
+use crate::capability::{Capability, Outcome, Setup};
+use crate::plugin::PluginStats;
 use crate::secrets::Secrets;
+use crate::store::StoreState;
 
 /// Log messages a guest may emit per batch; further ones are dropped and counted.
 pub(crate) const MAX_LOG_MESSAGES_PER_BATCH: u32 = 256;
@@ -36,26 +48,52 @@ pub(crate) const MAX_LOG_BYTES_PER_BATCH: usize = 64 << 10;
 /// Bytes of stdout (and, separately, stderr) kept per batch; the rest is dropped and counted.
 pub(crate) const MAX_STDIO_BYTES_PER_BATCH: usize = 16 << 10;
 
-/// The interface names the plugin contract's imports are defined under, per contract version
-/// this host speaks (a 0.1.x guest links to the first pair, a 0.2.x guest to the second:
-/// wasmtime matches 0.x versions by minor). `log` is the same function in both.
-const CONTRACT_INSTANCES: [(&str, &str); 2] = [
-    (
-        "sharehost:plugin/types@0.1.0",
-        "sharehost:plugin/host@0.1.0",
-    ),
-    (
-        "sharehost:plugin/types@0.2.0",
-        "sharehost:plugin/host@0.2.0",
-    ),
-];
+/// The interface names the hand-wired `log` is defined under, per contract version this host
+/// speaks (a 0.1.x guest links to the first, a 0.2.x guest to the second: wasmtime matches 0.x
+/// versions by minor). `log` is the same function in both.
+const HOST_INSTANCES: [&str; 2] = ["sharehost:plugin/host@0.1.0", "sharehost:plugin/host@0.2.0"];
+
+/// The generated `log` of contract 0.2, as a function pointer of the signature the hand-wired
+/// one lifts (`level`, then the message, which the generated code lifts as a `String`). A
+/// change to `log` in the WIT fails to compile here, as a change to any other import fails in
+/// its generated trait's implementation.
+const GENERATED_LOG: fn(&mut (dyn wire::Host + 'static), Level, String) = <dyn wire::Host>::log;
+
+/// The generated `log` of contract 0.1, checked the same way.
+const GENERATED_LOG_V01: fn(
+    &mut (dyn v01::sharehost::plugin::host::Host + 'static),
+    v01::sharehost::plugin::host::Level,
+    String,
+) = <dyn v01::sharehost::plugin::host::Host>::log;
+
+/// The guest's stdout and stderr, captured: one store's WASI context writes to them and its
+/// log drains them when a call ends.
+#[derive(Clone)]
+pub(crate) struct Stdio {
+    /// The guest's stdout.
+    pub(crate) stdout: Capture,
+    /// The guest's stderr.
+    pub(crate) stderr: Capture,
+}
+
+impl Stdio {
+    /// Two empty captures.
+    pub(crate) fn new() -> Self {
+        Self {
+            stdout: Capture::new(),
+            stderr: Capture::new(),
+        }
+    }
+}
 
 /// Builds a [`LogCtx`]. The defaults: lines tagged `plugin` and no pipeline, nothing to
-/// redact; the per-batch bounds are this module's constants, the same for every plugin.
+/// redact, stdio captures of its own; the per-batch bounds are this module's constants, the
+/// same for every plugin.
 pub(crate) struct LogCtxBuilder {
     plugin: Arc<str>,
     pipeline: Option<Arc<str>>,
     secrets: Arc<Secrets>,
+    stdio: Stdio,
 }
 
 impl LogCtxBuilder {
@@ -65,6 +103,7 @@ impl LogCtxBuilder {
             plugin: Arc::from("plugin"),
             pipeline: None,
             secrets: Arc::default(),
+            stdio: Stdio::new(),
         }
     }
 
@@ -87,15 +126,21 @@ impl LogCtxBuilder {
         self
     }
 
-    /// The context, with empty buffers and a full budget.
+    /// The captures of the guest's stdout and stderr (the ones its WASI context writes to).
+    pub(crate) fn stdio(mut self, stdio: Stdio) -> Self {
+        self.stdio = stdio;
+        self
+    }
+
+    /// The context, with a full budget.
     pub(crate) fn build(self) -> LogCtx {
         LogCtx {
             plugin: self.plugin,
             pipeline: self.pipeline,
             secrets: self.secrets,
             budget: LogBudget::default(),
-            stdout: Capture::new(),
-            stderr: Capture::new(),
+            stdout: self.stdio.stdout,
+            stderr: self.stdio.stderr,
         }
     }
 }
@@ -125,16 +170,6 @@ impl LogCtx {
     /// A builder with the defaults.
     pub(crate) fn builder() -> LogCtxBuilder {
         LogCtxBuilder::new()
-    }
-
-    /// The sink for the guest's stdout (for its WASI context).
-    pub(crate) fn stdout(&self) -> Capture {
-        self.stdout.clone()
-    }
-
-    /// The sink for the guest's stderr (for its WASI context).
-    pub(crate) fn stderr(&self) -> Capture {
-        self.stderr.clone()
     }
 
     /// A call begins: its log budget is full again.
@@ -241,16 +276,60 @@ impl<'a> Log<'a> {
     }
 }
 
-/// Defines the contract's `host` interface (and its type-only `types`) in `linker`, for both
-/// contract versions: `log` reads its message through the bounded lift instead of the
-/// generated binding's, which copies the whole string first. `view` makes the capability's
-/// view from the store's state, per call.
+impl v02::sharehost::plugin::types::Host for Log<'_> {}
+impl v01::sharehost::plugin::types::Host for Log<'_> {}
+
+impl Capability for LogCtx {
+    type Report = Drained;
+
+    fn new(setup: &Setup<'_>) -> Self {
+        LogCtx::builder()
+            .plugin(setup.plugin.clone())
+            .pipeline(setup.pipeline.clone())
+            .secrets(setup.secrets.clone())
+            .stdio(setup.stdio.clone())
+            .build()
+    }
+
+    fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+        add_to_linker(linker, |state| Log::new(&mut state.caps.log))
+    }
+
+    fn begin_call(&mut self, _call: &crate::capability::Call<'_>) {
+        LogCtx::begin_call(self);
+    }
+
+    fn end_call(&mut self) -> Drained {
+        self.drain()
+    }
+
+    /// What was dropped counts whatever the call's outcome.
+    fn count(report: &Drained, _outcome: Outcome, stats: &mut PluginStats) {
+        stats.log_messages_dropped += report.log_messages_dropped;
+        stats.output_bytes_dropped += report.output_bytes_dropped;
+    }
+}
+
+/// What the generated `add_to_linker` of the type-only `types` interface is handed.
+struct LogImports;
+
+impl HasData for LogImports {
+    type Data<'a> = Log<'a>;
+}
+
+/// Defines the contract's `host` interface and its type-only `types` in `linker`, for both
+/// contract versions: `types` through the generated bindings, `log` by hand, reading its
+/// message through the bounded lift ([`LogMessage`]) instead of the generated binding's,
+/// which copies the whole string first. `view` makes the capability's view from the store's
+/// state, per call.
 pub(crate) fn add_to_linker<T: 'static>(
     linker: &mut Linker<T>,
-    view: impl Fn(&mut T) -> Log<'_> + Send + Sync + Copy + 'static,
+    view: fn(&mut T) -> Log<'_>,
 ) -> wasmtime::Result<()> {
-    for (types, host) in CONTRACT_INSTANCES {
-        linker.instance(types)?;
+    let _ = (GENERATED_LOG, GENERATED_LOG_V01);
+    v01::sharehost::plugin::types::add_to_linker::<T, LogImports>(linker, view)?;
+    v02::sharehost::plugin::types::add_to_linker::<T, LogImports>(linker, view)?;
+    for host in HOST_INSTANCES {
         linker.instance(host)?.func_wrap(
             "log",
             move |mut store: StoreContextMut<'_, T>, (level, message): (Level, LogMessage)| {
@@ -386,9 +465,45 @@ mod tests {
     }
 
     #[test]
+    fn what_a_call_dropped_counts_whatever_its_outcome() {
+        for outcome in [Outcome::Init, Outcome::Judged, Outcome::Faulted] {
+            let mut ctx = LogCtx::builder().build();
+            ctx.begin_call();
+            for _ in 0..=MAX_LOG_MESSAGES_PER_BATCH {
+                Log::new(&mut ctx).log(Level::Debug, message("hello"));
+            }
+            OutputStream::write(
+                &mut ctx.stderr.clone(),
+                Bytes::from(vec![b'x'; MAX_STDIO_BYTES_PER_BATCH + 3]),
+            )
+            .expect("a write past the bound succeeds");
+            let report = Capability::end_call(&mut ctx);
+            let mut stats = PluginStats::default();
+            LogCtx::count(&report, outcome, &mut stats);
+            assert_eq!(
+                (stats.log_messages_dropped, stats.output_bytes_dropped),
+                (1, 3),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_store_s_stdio_is_the_one_the_log_drains() {
+        let stdio = Stdio::new();
+        let mut ctx = LogCtx::builder().stdio(stdio.clone()).build();
+        OutputStream::write(
+            &mut stdio.stderr.clone(),
+            Bytes::from_static(b"panicked at"),
+        )
+        .expect("write");
+        assert_eq!(ctx.drain().stderr, "panicked at");
+    }
+
+    #[test]
     fn captured_stdio_keeps_its_bound_and_counts_the_rest() {
         let mut ctx = LogCtx::builder().build();
-        let mut out = ctx.stdout();
+        let mut out = ctx.stdout.clone();
         OutputStream::write(
             &mut out,
             Bytes::from(vec![b'x'; MAX_STDIO_BYTES_PER_BATCH + 5]),

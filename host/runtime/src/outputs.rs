@@ -4,8 +4,14 @@
 //! In the shape of wasmtime's capability crates: what a pipeline grants ([`OutputGrant`],
 //! shared by every instance of a plugin version), a context per store ([`OutputsCtx`], made by
 //! [`OutputsCtxBuilder`], whose defaults are documented there), a view made for each host call
-//! ([`Outputs`]), and [`add_to_linker`] with a closure that makes the view from the store's
-//! state.
+//! ([`Outputs`]), which implements the `Host` trait `bindgen!` generates from the contract
+//! (`wit/plugin.wit`), and [`add_to_linker`], the generated one, with a function that makes
+//! the view from the store's state. A change to `emit` in the WIT is a compile error here.
+//! [`OutputsCtx`]'s [`Capability`] implementation plugs all of it into the store (`store.rs`).
+//!
+//! The generated lift of `emit`'s arguments is the one a hand-written `func_wrap` with the
+//! same tuple would use (`String`, `Option<Vec<u8>>`, `Vec<Header>`): it copies what the guest
+//! hands over before the checks below run, bounded per call by the store's hostcall fuel.
 //!
 //! The runtime checks and keeps emits; it knows no topic. The manifest grants output *names*
 //! (`[pipeline.outputs] valid = "orders-valid"`), the runtime refuses any other name, and the
@@ -21,13 +27,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use wasmtime::StoreContextMut;
-use wasmtime::component::Linker;
+use wasmtime::component::{HasData, Linker};
 
-use crate::bindings::v02::sharehost::plugin::outputs::{EmitError, Header as WireHeader};
-
-/// The interface name the `emit` import is defined under (any 0.2.x guest links to it).
-const OUTPUTS_INSTANCE: &str = "sharehost:plugin/outputs@0.2.0";
+use crate::bindings::v02::sharehost::plugin::outputs::{
+    self as wire, EmitError, Header as WireHeader,
+};
+use crate::capability::{Call, Capability, Outcome, Setup};
+use crate::plugin::PluginStats;
+use crate::store::StoreState;
 
 /// The header prefix the host reserves for its provenance headers.
 pub const RESERVED_HEADER_PREFIX: &str = "sharehost.";
@@ -160,6 +167,52 @@ impl OutputsCtx {
     }
 }
 
+/// What one call left behind in the outputs.
+#[derive(Debug, Default)]
+pub(crate) struct OutputsReport {
+    /// What it emitted (markers of refused unknown outputs included).
+    pub(crate) emits: Vec<Emit>,
+    /// Emits refused in the call.
+    pub(crate) refused: u64,
+    /// Of `emits`, the markers of refused unknown outputs.
+    pub(crate) markers: u64,
+}
+
+impl Capability for OutputsCtx {
+    type Report = OutputsReport;
+
+    fn new(setup: &Setup<'_>) -> Self {
+        OutputsCtx::builder()
+            .grant(setup.limits.outputs.clone())
+            .build()
+    }
+
+    fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+        add_to_linker(linker, |state| Outputs::new(&mut state.caps.outputs))
+    }
+
+    /// Opens the outputs for a `handle` call (an `init` call refuses every emit).
+    fn begin_call(&mut self, call: &Call<'_>) {
+        self.begin(call.records);
+    }
+
+    fn end_call(&mut self) -> OutputsReport {
+        OutputsReport {
+            emits: self.finish(),
+            refused: self.refused,
+            markers: self.markers,
+        }
+    }
+
+    /// Only a call that returned verdicts counts its emits (a faulted one's are discarded).
+    fn count(report: &OutputsReport, outcome: Outcome, stats: &mut PluginStats) {
+        if outcome == Outcome::Judged {
+            stats.emits += report.emits.len() as u64 - report.markers;
+            stats.emits_refused += report.refused;
+        }
+    }
+}
+
 /// The outputs capability as one host call sees it.
 pub(crate) struct Outputs<'a> {
     ctx: &'a mut OutputsCtx,
@@ -169,23 +222,6 @@ impl<'a> Outputs<'a> {
     /// A view of `ctx` for one call.
     pub(crate) fn new(ctx: &'a mut OutputsCtx) -> Self {
         Self { ctx }
-    }
-
-    /// The `emit` import: checks the record index, the output name, the reserved header
-    /// prefix and the batch's bounds, in that order, and keeps the emit.
-    fn emit(
-        &mut self,
-        record: u32,
-        output: &str,
-        key: Option<Vec<u8>>,
-        value: Option<Vec<u8>>,
-        headers: Vec<WireHeader>,
-    ) -> Result<(), EmitError> {
-        let result = self.check_and_keep(record, output, key, value, headers);
-        if result.is_err() {
-            self.ctx.refused += 1;
-        }
-        result
     }
 
     fn check_and_keep(
@@ -252,25 +288,39 @@ impl<'a> Outputs<'a> {
     }
 }
 
-/// Defines `sharehost:plugin/outputs@0.2.0` in `linker`. `view` makes the capability's view
-/// from the store's state, per call.
+impl wire::Host for Outputs<'_> {
+    /// The `emit` import: checks the record index, the output name, the reserved header
+    /// prefix and the batch's bounds, in that order, and keeps the emit.
+    fn emit(
+        &mut self,
+        record: u32,
+        output: String,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<WireHeader>,
+    ) -> Result<(), EmitError> {
+        let result = self.check_and_keep(record, &output, key, value, headers);
+        if result.is_err() {
+            self.ctx.refused += 1;
+        }
+        result
+    }
+}
+
+/// What the generated `add_to_linker` hands each `emit` call: the capability's view.
+struct OutputsImports;
+
+impl HasData for OutputsImports {
+    type Data<'a> = Outputs<'a>;
+}
+
+/// Defines `sharehost:plugin/outputs@0.2.0` (any 0.2.x guest links to it) in `linker`, through
+/// the generated bindings. `view` makes the capability's view from the store's state, per call.
 pub(crate) fn add_to_linker<T: 'static>(
     linker: &mut Linker<T>,
-    view: impl Fn(&mut T) -> Outputs<'_> + Send + Sync + Copy + 'static,
+    view: fn(&mut T) -> Outputs<'_>,
 ) -> wasmtime::Result<()> {
-    type Args = (
-        u32,
-        String,
-        Option<Vec<u8>>,
-        Option<Vec<u8>>,
-        Vec<WireHeader>,
-    );
-    linker.instance(OUTPUTS_INSTANCE)?.func_wrap(
-        "emit",
-        move |mut store: StoreContextMut<'_, T>, (record, output, key, value, headers): Args| {
-            Ok((view(store.data_mut()).emit(record, &output, key, value, headers),))
-        },
-    )
+    wire::add_to_linker::<T, OutputsImports>(linker, view)
 }
 
 #[cfg(test)]
@@ -299,7 +349,14 @@ mod tests {
             value: Option<Vec<u8>>,
             headers: Vec<WireHeader>,
         ) -> Result<(), EmitError> {
-            Outputs::new(self).emit(record, output, key, value, headers)
+            wire::Host::emit(
+                &mut Outputs::new(self),
+                record,
+                output.into(),
+                key,
+                value,
+                headers,
+            )
         }
     }
 
@@ -391,6 +448,31 @@ mod tests {
         assert_eq!(
             b.emit(0, "valid", None, None, vec![]),
             Err(EmitError::NoSuchRecord)
+        );
+    }
+
+    #[test]
+    fn a_calls_emits_count_only_when_it_returned_verdicts() {
+        let mut b = buffer(10, 1000);
+        assert!(b.emit(0, "valid", None, None, vec![]).is_ok());
+        assert!(b.emit(0, "unknown", None, None, vec![]).is_err());
+        assert!(b.emit(9, "valid", None, None, vec![]).is_err());
+        let report = Capability::end_call(&mut b);
+        assert_eq!(
+            (report.emits.len(), report.markers, report.refused),
+            (2, 1, 2)
+        );
+        for outcome in [Outcome::Init, Outcome::Faulted] {
+            let mut stats = PluginStats::default();
+            OutputsCtx::count(&report, outcome, &mut stats);
+            assert_eq!((stats.emits, stats.emits_refused), (0, 0), "{outcome:?}");
+        }
+        let mut stats = PluginStats::default();
+        OutputsCtx::count(&report, Outcome::Judged, &mut stats);
+        assert_eq!(
+            (stats.emits, stats.emits_refused),
+            (1, 2),
+            "the marker is no emit"
         );
     }
 

@@ -16,11 +16,11 @@ use wasmtime::component::{Component, Func, InstancePre};
 use crate::batch::WireBatch;
 use crate::bindings::v01::sharehost::plugin::types::Verdict as WireVerdictV01;
 use crate::bindings::v02::sharehost::plugin::types::{Batch, Verdict as WireVerdict};
+use crate::capability::Outcome;
 use crate::config::{InstanceMode, PluginLimits};
 use crate::engine::{Compiled, Origin, Placement, PluginRuntime};
 use crate::error::LoadError;
 use crate::fault::{BatchOutcome, Fault, FaultKind, MAX_FAULT_MESSAGE, MAX_INIT_ERROR, classify};
-use crate::log::Drained;
 use crate::meter::Metered;
 use crate::outputs::Emit;
 use crate::record::Record;
@@ -526,10 +526,12 @@ impl Plugin {
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(call, meter)).await;
         let ended = warm.store.data_mut().end_call();
-        self.count_dropped(&ended.drained);
-        let (emits, emits_refused, markers) =
-            (ended.emits, ended.emits_refused, ended.emit_markers);
-        let stderr = ended.drained.stderr;
+        let outcome = match &result {
+            Ok(Ok(_)) => Outcome::Judged,
+            _ => Outcome::Faulted,
+        };
+        ended.count(outcome, &mut self.stats);
+        let (emits, stderr) = (ended.outputs.emits, ended.log.stderr);
         let mut verdicts = match result {
             Ok(Ok(verdicts)) => verdicts,
             Ok(Err(e)) => {
@@ -556,8 +558,6 @@ impl Plugin {
                 }
             }
         }
-        self.stats.emits += emits.len() as u64 - markers;
-        self.stats.emits_refused += emits_refused;
         self.emits = emits;
         warm.batches += 1;
         if let InstanceMode::Reuse { max_batches } = self.limits.instance_mode
@@ -577,11 +577,6 @@ impl Plugin {
             }
         }
         BatchOutcome::Verdicts(verdicts)
-    }
-
-    fn count_dropped(&mut self, d: &Drained) {
-        self.stats.log_messages_dropped += d.log_messages_dropped;
-        self.stats.output_bytes_dropped += d.output_bytes_dropped;
     }
 
     /// A fresh store and instance, with `init(config)` already run under the deadline.
@@ -642,9 +637,9 @@ impl Plugin {
         };
         let result =
             tokio::time::timeout(wall + OUTER_TIMEOUT_GRACE, Metered::new(setup, meter)).await;
-        let drained = store.data_mut().end_call().drained;
-        self.count_dropped(&drained);
-        let stderr = drained.stderr;
+        let ended = store.data_mut().end_call();
+        ended.count(Outcome::Init, &mut self.stats);
+        let stderr = ended.log.stderr;
         match result {
             Ok(Ok((handle, Ok(())))) => Ok(Warm {
                 baseline_memory: store.data().limiter().memory_bytes,

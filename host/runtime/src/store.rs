@@ -1,16 +1,18 @@
-//! The store: everything one instance owns, and the one place that knows every capability.
+//! The store: everything one instance owns, and the one list of the capabilities it holds.
 //!
-//! [`StoreState`] holds each capability's context (an empty WASI one whose stdout and stderr
-//! go to the log's captures, log, outputs, HTTP), the resource table they share, the memory
-//! cap and the budgets of the call under way. It implements every capability's view here, as
-//! Spin's core does with its `Data<T>`: wasmtime-wasi's and wasmtime-wasi-http's through their
-//! traits, the contract's own (`log`, `emit`) as the closures [`add_to_linker`] hands their
-//! rooms. Secrets have no view: the guest imports nothing for them (they enter through
-//! `init`'s parameter), and the log and HTTP contexts redact with the same [`Secrets`].
+//! [`StoreState`] holds each capability's state ([`Capabilities`], made by the
+//! `capabilities!` list below: WASI's empty context whose stdout and stderr go to the log's
+//! captures, log, outputs, HTTP), the resource table they share, the memory cap and the budgets
+//! of the call under way. Each capability is one module implementing
+//! [`crate::capability::Capability`] (its state, its imports, its per-call hooks, its
+//! counters) and one line in that list, as Spin's factors are one crate and one field of the
+//! runtime's factors. Secrets are no capability: the guest imports nothing for them (they
+//! enter through `init`'s parameter), and the log and HTTP redact with the same [`Secrets`].
 //!
 //! Every granted host call is bounded in what one call may cost, because epochs only
 //! interrupt guest code, never a host call in progress: `log` reads at most 4 KiB of its
-//! message, random bytes come at most [`MAX_RANDOM_BYTES_PER_CALL`] per call, stdout/stderr
+//! message, random bytes come at most
+//! [`MAX_RANDOM_BYTES_PER_CALL`](crate::wasi::MAX_RANDOM_BYTES_PER_CALL) per call, stdout/stderr
 //! writes accept at most the 16 KiB their `check-write` permits, and no call may carry more
 //! than [`HOSTCALL_FUEL`] bytes from the guest. A guest that wants more must call again, and
 //! between calls its deadline applies.
@@ -20,16 +22,28 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{Linker, ResourceTable};
 use wasmtime::{CallHook, Engine, ResourceLimiter, Store, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 
+use crate::capability::{Call, Setup, capabilities};
 use crate::config::PluginLimits;
-use crate::http::{self, HttpCtx, MAX_FIELDS_BYTES};
-use crate::log::{self, Drained, Log, LogCtx};
+use crate::http::{HttpCtx, MAX_FIELDS_BYTES};
+use crate::log::{LogCtx, Stdio};
 use crate::meter::{CallClock, CpuMeter, Deadline};
-use crate::outputs::{self, Emit, Outputs, OutputsCtx};
+use crate::outputs::OutputsCtx;
 use crate::secrets::Secrets;
 use crate::turns::{TurnSlot, Turns};
+use crate::wasi::Wasi;
+
+capabilities! {
+    /// WASI, served from an empty context (`wasi.rs`); first: the others' interfaces use its
+    /// streams and pollables.
+    wasi: Wasi,
+    /// The `log` import and the captured stdout and stderr (`log.rs`).
+    log: LogCtx,
+    /// Emits of the current `handle` call (contract 0.2 outputs, `outputs.rs`).
+    outputs: OutputsCtx,
+    /// Outbound HTTP (`wasi:http`), refused unless the pipeline grants hosts (`http/`).
+    http: HttpCtx,
+}
 
 /// Host resources (header maps, requests, bodies, streams, pollables) one instance may hold
 /// at once, per MiB of its memory limit, between [`MIN_RESOURCES`] and [`MAX_RESOURCES`].
@@ -50,24 +64,17 @@ pub(crate) fn max_resources(max_memory: usize) -> usize {
 
 /// Table elements an instance may grow to; Rust guests need a few hundred.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
-/// Largest `get-random-bytes` (and insecure) request served in one call: generated in well
-/// under a millisecond even in a debug build, where wasmtime-wasi's own 64 MiB default took
-/// about 15 s, a host call no deadline could interrupt. Larger requests trap.
-pub(crate) const MAX_RANDOM_BYTES_PER_CALL: u64 = 64 << 10;
 /// Most bytes one host call may carry from the guest into the host (wasmtime's "hostcall
 /// fuel", 128 MiB by default). The grants need far less: stdout/stderr writes are permitted
 /// 16 KiB at a time, and `log` and the verdicts are read by the host's own bounded lifts,
 /// which never draw on it. A call over it traps.
 pub(crate) const HOSTCALL_FUEL: usize = 1 << 20;
 
-/// Defines every import a plugin may be granted in `linker`: WASI (served from the empty
-/// context), the contract's `log` and `emit`, and `wasi:http`. Whether a plugin may import
-/// each is decided at load (`validate.rs`) and per request (its HTTP grant), never here.
+/// Defines every import a plugin may be granted in `linker`: every capability's. Whether a
+/// plugin may import each is decided at load (`validate.rs`) and per request (its HTTP
+/// grant), never here.
 pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_async(linker)?;
-    log::add_to_linker(linker, StoreState::log)?;
-    outputs::add_to_linker(linker, StoreState::outputs)?;
-    http::add_to_linker(linker)
+    Capabilities::add_to_linker(linker)
 }
 
 /// Everything one store (one instance) owns. Dropped with the store, so nothing a guest
@@ -75,15 +82,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result
 pub(crate) struct StoreState {
     /// The resources the capabilities hand the guest (WASI streams, HTTP requests, ...),
     /// bounded by the plugin's memory limit ([`max_resources`]).
-    table: ResourceTable,
-    /// WASI: an empty context (see [`StoreState::new`]).
-    wasi: WasiCtx,
-    /// The `log` import and the captured stdout and stderr.
-    log: LogCtx,
-    /// Emits of the current `handle` call (contract 0.2 outputs).
-    outputs: OutputsCtx,
-    /// Outbound HTTP (`wasi:http`), refused unless the pipeline grants hosts.
-    http: HttpCtx,
+    pub(crate) table: ResourceTable,
+    /// Every capability's state.
+    pub(crate) caps: Capabilities,
     /// Memory cap and whether the guest hit it.
     limiter: Limiter,
     /// The current call's budgets and where its time went (checked on every epoch tick).
@@ -94,23 +95,9 @@ pub(crate) struct StoreState {
     turn: TurnSlot,
 }
 
-/// What a call left behind when it ended.
-pub(crate) struct Ended {
-    /// What it emitted (markers of refused unknown outputs included).
-    pub(crate) emits: Vec<Emit>,
-    /// Emits refused in the call.
-    pub(crate) emits_refused: u64,
-    /// Of `emits`, the markers of refused unknown outputs.
-    pub(crate) emit_markers: u64,
-    /// What it printed and what was dropped.
-    pub(crate) drained: Drained,
-}
-
 impl StoreState {
-    /// A state for one instance of `plugin`, run by `pipeline` (`None` outside one). WASI is an
-    /// empty context: no preopens, no environment, no arguments, stdin closed, networking
-    /// denied (wasmtime-wasi 48's default), stdio captured by the log; outbound HTTP and
-    /// outputs as `limits` grant them; everything the guest makes the host print redacted of
+    /// A state for one instance of `plugin`, run by `pipeline` (`None` outside one): every
+    /// capability as `limits` grant it, everything the guest makes the host print redacted of
     /// `secrets`; its calls take turns on the guest threads as the pipeline's (or, outside a
     /// pipeline, the plugin's).
     pub(crate) fn new(
@@ -120,31 +107,18 @@ impl StoreState {
         turns: Arc<Turns>,
         pipeline: Option<Arc<str>>,
     ) -> Self {
-        let log = LogCtx::builder()
-            .plugin(plugin.clone())
-            .pipeline(pipeline.clone())
-            .secrets(secrets.clone())
-            .build();
-        let wasi = WasiCtx::builder()
-            .stdout(log.stdout())
-            .stderr(log.stderr())
-            .allow_blocking_current_thread(false)
-            .max_random_size(MAX_RANDOM_BYTES_PER_CALL)
-            .build();
-        let http = HttpCtx::builder()
-            .grant(limits.http.clone())
-            .plugin(plugin.clone())
-            .pipeline(pipeline.clone())
-            .secrets(secrets)
-            .build();
+        let caps = Capabilities::new(&Setup {
+            plugin: &plugin,
+            pipeline: &pipeline,
+            limits,
+            secrets: &secrets,
+            stdio: &Stdio::new(),
+        });
         let mut table = ResourceTable::new();
         table.set_max_capacity(max_resources(limits.max_memory));
         Self {
             table,
-            wasi,
-            log,
-            outputs: OutputsCtx::builder().grant(limits.outputs.clone()).build(),
-            http,
+            caps,
             limiter: Limiter {
                 max_memory: limits.max_memory,
                 hit: false,
@@ -188,24 +162,18 @@ impl StoreState {
         self.clock = CallClock::new(cpu, now + wall.max(cpu));
         self.turn.started();
         self.timed_out = None;
-        self.log.begin_call();
-        self.http.begin_call(self.clock.meter().clone());
-        self.outputs.begin(records);
+        let meter = self.clock.meter().clone();
+        self.caps.begin_call(&Call {
+            records,
+            meter: &meter,
+        });
     }
 
-    /// The call ended (or was abandoned): its turn goes back, its emits are handed over, and
-    /// what it printed is logged.
+    /// The call ended (or was abandoned): its turn goes back, and every capability reports
+    /// what the call left behind (its emits, what it printed, which is logged now).
     pub(crate) fn end_call(&mut self) -> Ended {
         self.turn.finished();
-        let emits = self.outputs.finish();
-        let drained = self.log.drain();
-        self.http.end_call();
-        Ended {
-            emits,
-            emits_refused: self.outputs.refused,
-            emit_markers: self.outputs.markers,
-            drained,
-        }
+        self.caps.end_call()
     }
 
     /// The meter of the call [`StoreState::begin_call`] started: wrap the call's future in a
@@ -257,31 +225,6 @@ impl StoreState {
     /// The instance's memory cap.
     pub(crate) fn limiter(&self) -> &Limiter {
         &self.limiter
-    }
-
-    /// The log capability's view, for one host call.
-    fn log(&mut self) -> Log<'_> {
-        Log::new(&mut self.log)
-    }
-
-    /// The outputs capability's view, for one host call.
-    fn outputs(&mut self) -> Outputs<'_> {
-        Outputs::new(&mut self.outputs)
-    }
-}
-
-impl WasiView for StoreState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-impl WasiHttpView for StoreState {
-    fn http(&mut self) -> WasiHttpCtxView<'_> {
-        self.http.view(&mut self.table)
     }
 }
 

@@ -45,7 +45,7 @@
 //! `allow_list.rs` (entries, matching, the address check), `client.rs` (one exchange),
 //! `body.rs` (what a request holds while under way: its permit and its response body),
 //! `report.rs` (the grant's counters and a store's refusal log) and `view.rs` (the store's
-//! context, its builder, the view and `add_to_linker`).
+//! context, its builder, the view and the capability's linking).
 
 mod allow_list;
 mod body;
@@ -57,4 +57,4 @@ mod view;
 pub use allow_list::{AllowedOrigin, OriginError, parse_allowed_origin};
 pub use grant::{HttpGrant, HttpGrantError, HttpSettings};
 pub use report::{HttpCounts, HttpStats};
-pub(crate) use view::{HttpCtx, MAX_FIELDS_BYTES, add_to_linker};
+pub(crate) use view::{HttpCtx, MAX_FIELDS_BYTES};

@@ -2,14 +2,16 @@
 //! ([`HttpCtx`]: wasmtime-wasi-http's own, plus the hook that holds the grant), made by
 //! [`HttpCtxBuilder`] (whose defaults are documented there); the per-call view is
 //! wasmtime-wasi-http's [`WasiHttpCtxView`], made by [`HttpCtx::view`] from the store's state
-//! through its [`WasiHttpView`] implementation; [`add_to_linker`] defines `wasi:http`'s
-//! interfaces. Whether a plugin may import them, and where its requests may go, is decided per
-//! plugin by its grant, never by the linker.
+//! through its [`WasiHttpView`] implementation (here); its [`Capability`] implementation makes
+//! it from the pipeline's grant and defines `wasi:http`'s interfaces with wasmtime-wasi-http's
+//! generated bindings. Whether a plugin may import them, and where its requests may go, is
+//! decided per plugin by its grant, never by the linker.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use wasmtime::component::{Linker, ResourceTable};
+use wasmtime_wasi_http::p2::add_only_http_to_linker_async;
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{
     Error as HttpError, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks,
@@ -20,8 +22,10 @@ use super::allow_list::Target;
 use super::client::SendFuture;
 use super::grant::HttpGrant;
 use super::report::Refusals;
+use crate::capability::{Call, Capability, Setup};
 use crate::meter::{Charged, CpuMeter};
 use crate::secrets::Secrets;
+use crate::store::StoreState;
 
 /// Largest write a guest may make to an outgoing request body in one call (wasmtime-wasi-http
 /// defaults to 1 MiB). With one buffered chunk per body (the crate's default), an open request
@@ -186,12 +190,39 @@ impl WasiHttpHooks for Hooks {
     }
 }
 
-/// Defines `wasi:http`'s own interfaces (`types`, `outgoing-handler`) in `linker`; every
-/// request goes to the store's hook, through its [`WasiHttpView`].
-pub(crate) fn add_to_linker<T: WasiHttpView + 'static>(
-    linker: &mut Linker<T>,
-) -> wasmtime::Result<()> {
-    wasmtime_wasi_http::p2::add_only_http_to_linker_async(linker)
+impl Capability for HttpCtx {
+    type Report = ();
+
+    fn new(setup: &Setup<'_>) -> Self {
+        HttpCtx::builder()
+            .grant(setup.limits.http.clone())
+            .plugin(setup.plugin.clone())
+            .pipeline(setup.pipeline.clone())
+            .secrets(setup.secrets.clone())
+            .build()
+    }
+
+    /// Defines `wasi:http`'s own interfaces (`types`, `outgoing-handler`); every request goes
+    /// to the store's hook, through its [`WasiHttpView`]. WASI's, which they use, come first.
+    fn add_to_linker(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+        add_only_http_to_linker_async(linker)
+    }
+
+    fn begin_call(&mut self, call: &Call<'_>) {
+        HttpCtx::begin_call(self, call.meter.clone());
+    }
+
+    /// Says how many of the call's refusals were not logged, if any. Its counters are the
+    /// grant's ([`HttpGrant::stats`]), shared by every instance.
+    fn end_call(&mut self) {
+        HttpCtx::end_call(self);
+    }
+}
+
+impl WasiHttpView for StoreState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        self.caps.http.view(&mut self.table)
+    }
 }
 
 #[cfg(test)]
