@@ -252,7 +252,7 @@ impl Pipeline {
                 }
                 Landing::Stopped => {
                     failed += n;
-                    released.push((*r, Settle::Final(AckKind::Release)));
+                    released.push(*r);
                 }
                 Landing::Unwritable(why) => {
                     failed += n;
@@ -315,15 +315,11 @@ impl Pipeline {
 
     /// Releases records whose writes did not land before the pipeline stopped (or their lock
     /// ran out): the one delivery a stop spends. Counted apart from the plugin's releases.
-    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[(&ShareRecord, Settle)]) {
+    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[&ShareRecord]) {
         if released.is_empty() {
             return;
         }
-        let taken = consumer
-            .settle(released)
-            .into_iter()
-            .filter(|r| *r == Settled::Taken)
-            .count() as u64;
+        let taken = release_all(consumer, released.iter().copied());
         self.counters
             .writes
             .released
@@ -393,9 +389,7 @@ impl Pipeline {
                 Landing::Landed => rejected.push((*r, Settle::Final(done))),
                 // A dead letter always has a smaller form to fall back on; what cannot land
                 // is released like what the stop cut short.
-                Landing::Stopped | Landing::Unwritable(_) => {
-                    released.push((*r, Settle::Final(AckKind::Release)))
-                }
+                Landing::Stopped | Landing::Unwritable(_) => released.push(*r),
             }
         }
         if !rejected.is_empty() {
@@ -513,6 +507,26 @@ impl Pipeline {
         self.reject(consumer, client, &reasons, &hash, stop, &Mutex::new(None))
             .await;
     }
+}
+
+/// Hands `records` back to the broker unjudged (or unwritten): a Release each, in one call into
+/// the engine. Returns how many the engine took (a record its session already lost is not).
+pub(super) fn release_all<'r>(
+    consumer: &ShareConsumer,
+    records: impl IntoIterator<Item = &'r ShareRecord>,
+) -> u64 {
+    let back: Vec<(&ShareRecord, Settle)> = records
+        .into_iter()
+        .map(|r| (r, Settle::Final(AckKind::Release)))
+        .collect();
+    if back.is_empty() {
+        return 0;
+    }
+    consumer
+        .settle(&back)
+        .into_iter()
+        .filter(|r| *r == Settled::Taken)
+        .count() as u64
 }
 
 /// An emit as the record produced to its output topic: the plugin's key, value and headers,

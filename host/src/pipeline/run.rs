@@ -12,7 +12,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::act::BatchContext;
+use super::act::{BatchContext, release_all};
 use super::core::Pipeline;
 use super::guard::lock;
 use super::plan::{Rules, plan};
@@ -20,9 +20,8 @@ use crate::kafka::KafkaClient;
 use crate::metrics::Metrics;
 use crate::runtime::{Header as RuntimeHeader, Record};
 use crate::share::consumer::{
-    AcquireMode, RoundTrip, RoundTrips, Settle, ShareConsumer, ShareConsumerConfig, ShareRecord,
+    AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
 };
-use crate::share::ledger::AckKind;
 use crate::share::membership::fresh_member_id;
 use crate::state::{Claim, MemberIdentity};
 
@@ -207,11 +206,7 @@ impl Pipeline {
         if !backlog.is_empty() {
             tracing::warn!(pipeline = %spec.name, records = backlog.len(), "not judged before the drain's end: released");
         }
-        let unjudged: Vec<(&ShareRecord, Settle)> = backlog
-            .iter()
-            .map(|r| (r, Settle::Final(AckKind::Release)))
-            .collect();
-        consumer.settle(&unjudged);
+        release_all(&consumer, &backlog);
         backlog.clear();
         let left = DRAIN_TIMEOUT.saturating_sub(drain_started.elapsed());
         if tokio::time::timeout(left, async { while running.join_next().await.is_some() {} })
@@ -223,12 +218,7 @@ impl Pipeline {
         }
         // Renewed records delivered again after the judging ended go back unjudged.
         while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
-            let back: Vec<(&ShareRecord, Settle)> = d
-                .records
-                .iter()
-                .map(|r| (r, Settle::Final(AckKind::Release)))
-                .collect();
-            consumer.settle(&back);
+            release_all(&consumer, &d.records);
         }
         // Held records are released now, not at their due time: their delay was a plugin's
         // wish, and the next member honours it no less than a redelivery does.
@@ -476,11 +466,7 @@ impl Pipeline {
     ) {
         let records: Arc<[Record]> = batch.iter().map(plugin_record).collect();
         let Some(j) = self.judge(&batch, &records).await else {
-            let back: Vec<(&ShareRecord, Settle)> = batch
-                .iter()
-                .map(|r| (r, Settle::Final(AckKind::Release)))
-                .collect();
-            ctx.consumer.settle(&back);
+            release_all(&ctx.consumer, &batch);
             return;
         };
         self.note(&batch, &records, &j);
