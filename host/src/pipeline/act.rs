@@ -407,19 +407,13 @@ impl Pipeline {
     /// The component path and signer of the version with `hash` (active, canary or kept), for
     /// dead-letter provenance: a record the canary rejected names the canary.
     fn identity(&self, hash: &str) -> (String, Option<String>) {
-        let active = lock(&self.active).clone();
-        if active.hash == hash {
-            return (active.path.display().to_string(), active.signer());
+        if let Some(c) = self.rollouts.canary_version(hash) {
+            return (c.path.display().to_string(), c.signer());
         }
-        if let Some(c) = lock(&self.canary).as_ref()
-            && c.version.hash == hash
-        {
-            return (c.version.path.display().to_string(), c.version.signer());
-        }
-        if let Some(k) = lock(&self.history).iter().find(|k| k.hash == hash) {
-            return (k.path.display().to_string(), k.compiled.signer.clone());
-        }
-        (active.path.display().to_string(), active.signer())
+        self.versions.identity(hash).unwrap_or_else(|| {
+            let active = self.versions.active();
+            (active.path.display().to_string(), active.signer())
+        })
     }
 
     /// The dead letter of `r`: its key, value and headers (`whole`; without them when the whole

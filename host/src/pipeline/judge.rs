@@ -45,25 +45,20 @@ impl Pipeline {
         records: &Arc<[Record]>,
     ) -> Option<Judgement> {
         let policy = self.fault_verdict();
-        let canary = lock(&self.canary)
-            .clone()
-            .filter(|c| lock(&c.plan).takes_next());
-        if let Some(run) = &canary {
+        if let Some(run) = self.rollouts.canary_for_next() {
+            let candidate = run.version();
             match self
-                .judge_on(&run.version, records, &policy, OnFault::WholeBatch)
+                .judge_on(candidate, records, &policy, OnFault::WholeBatch)
                 .await
             {
                 Some((judged, elapsed)) if judged.faults.is_empty() => {
-                    let decision = {
-                        let mut plan = lock(&run.plan);
-                        plan.candidate.add(&judged.verdicts, false);
-                        plan.after_candidate_batch()
-                    };
-                    if run.fleet_seq.is_none() {
-                        self.decide_canary(run, decision);
+                    if let Some(decision) =
+                        self.rollouts.candidate_judged(&run, Some(&judged.verdicts))
+                    {
+                        self.decide_canary(&run, decision);
                     }
                     return Some(Judgement {
-                        version: run.version.clone(),
+                        version: candidate.clone(),
                         judged,
                         by_canary: true,
                         elapsed,
@@ -77,7 +72,7 @@ impl Pipeline {
                             || "no free instance".to_owned(),
                             |f| format!("{}: {}", f.kind, f.message),
                         );
-                    tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
+                    tracing::warn!(pipeline = %self.spec.name, candidate = %short(&candidate.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
                     let kind = other.as_ref().and_then(|(j, _)| j.faults.first());
                     self.counters.recent_faults.note(
                         RecentFault::now(
@@ -87,30 +82,25 @@ impl Pipeline {
                             &kind.map_or(message.clone(), |f| f.message.clone()),
                         )
                         .on_batch(
-                            &run.version.hash,
+                            &candidate.hash,
                             batch.len(),
                             batch.first().map(|r| r.record.offset),
                             batch.last().map(|r| r.record.offset),
                         ),
                     );
                     if let Some((j, _)) = &other {
-                        self.counters.count(&run.version.hash, |c| {
+                        self.counters.count(&candidate.hash, |c| {
                             c.faults += j.faults.len() as u64;
                             c.batches += 1;
                         });
                     }
-                    let decision = {
-                        let mut plan = lock(&run.plan);
-                        plan.candidate.add_faulted();
-                        plan.after_candidate_batch()
-                    };
-                    if run.fleet_seq.is_none() {
-                        self.decide_canary(run, decision);
+                    if let Some(decision) = self.rollouts.candidate_judged(&run, None) {
+                        self.decide_canary(&run, decision);
                     }
                 }
             }
         }
-        let version = lock(&self.active).clone();
+        let version = self.versions.active();
         let Some((judged, elapsed)) = self
             .judge_on(&version, records, &policy, OnFault::Isolate)
             .await
@@ -118,11 +108,8 @@ impl Pipeline {
             tracing::error!(pipeline = %self.spec.name, version = %short(&version.hash), records = batch.len(), "no free instance of the active version: batch released");
             return None;
         };
-        if let Some(run) = lock(&self.canary).as_ref() {
-            lock(&run.plan)
-                .active
-                .add(&judged.verdicts, !judged.faults.is_empty());
-        }
+        self.rollouts
+            .active_judged(&judged.verdicts, !judged.faults.is_empty());
         Some(Judgement {
             version,
             judged,
@@ -201,7 +188,7 @@ impl Pipeline {
             }
         }
         if !j.by_canary
-            && let Some(run) = lock(&self.shadow).clone()
+            && let Some(run) = self.rollouts.shadow()
         {
             run.offer(
                 || {

@@ -7,9 +7,11 @@
 //! - `core`: [`Pipeline`], the handle the host and the admin API hold: the spec, the grants,
 //!   the rooms below, and its state (starting, running, draining, ...).
 //! - `handler`: what judges a batch: a plugin instance or a trusted [`NativeHandler`].
-//! - `versions`: the version store: the active version, the kept ones for rollback, loading and
-//!   swapping, and the state file that brings a restart back on the active version.
-//! - `runs`: shadow and canary runs of a candidate beside the active version.
+//! - `versions`: the versions room, `Versions`: the active version, the kept ones for
+//!   rollback, and the state file that brings a restart back on the active version; and how a
+//!   component is loaded into a version.
+//! - `rollouts`: the rollout room, `Rollouts`: the shadow and canary runs of a candidate beside
+//!   the active version, and how the last canary ended.
 //! - `judge`: one batch to the version that judges it, and what the judging tells the counters.
 //! - `plan`: verdicts and emits to a [`plan::Plan`]: what the engine settles now, which outputs
 //!   and dead letters are written first. Pure, with tests of its own.
@@ -25,8 +27,8 @@ mod guard;
 mod handler;
 mod judge;
 mod plan;
+mod rollouts;
 mod run;
-mod runs;
 mod status;
 mod versions;
 

@@ -414,7 +414,7 @@ impl Pipeline {
     /// this process; `None` (join with a fresh id) without a state file, when another live
     /// process holds it, or when the file cannot be used.
     fn member_identity(&self) -> Option<MemberIdentity> {
-        let file = self.state_file.as_ref()?.with_extension("member");
+        let file = self.versions.state_file()?.with_extension("member");
         match MemberIdentity::claim(&file, &fresh_member_id()) {
             Ok(Claim::Claimed { identity, reused }) => {
                 if reused {
