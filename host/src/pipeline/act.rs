@@ -3,16 +3,17 @@
 //! retried while its records stay held, see `crate::writes`), and the verdicts they owed follow
 //! in one call each.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 use super::plan::Plan;
 use crate::kafka::{Header, KafkaClient, KafkaError, ProduceRecord};
 use crate::provenance as pv;
@@ -80,7 +81,7 @@ impl WriteObserver for WriteWatch<'_> {
         let p = self.pipeline;
         let labels = vec![("pipeline", p.spec.name.clone())];
         if waiting {
-            lock(self.permit).take();
+            self.permit.lock().take();
             p.counters.writes.waiting.fetch_add(1, Ordering::Relaxed);
             p.metrics.writes_waiting.get_or_create(&labels).inc();
         } else {
@@ -108,7 +109,7 @@ impl Pipeline {
             stop,
         } = ctx;
         for output in &plan.unmapped {
-            if lock(&self.unmapped).insert(output.clone()) {
+            if self.unmapped.lock().insert(output.clone()) {
                 tracing::error!(pipeline = %self.spec.name, output, "the plugin emits to an output that [pipeline.outputs] does not map: every record with such an emit is rejected (dead-lettered where configured), whatever its verdict, and the pipeline is not ready until the manifest maps it");
             }
         }
@@ -480,7 +481,7 @@ impl Pipeline {
             return;
         }
         let reasons: Vec<(&ShareRecord, String)> = {
-            let mut last = lock(&self.counters.last_faults);
+            let mut last = self.counters.last_faults.lock();
             poison
                 .iter()
                 .map(|r| {

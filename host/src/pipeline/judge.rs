@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 use super::handler::OnFault;
 use super::versions::{Version, short};
 use crate::manifest::FaultPolicy;
@@ -127,12 +126,12 @@ impl Pipeline {
         policy: &Verdict,
         on_fault: OnFault,
     ) -> Option<(Judged, Duration)> {
-        let handler = lock(&version.instances).pop()?;
+        let handler = version.instances.lock().pop()?;
         let started = Instant::now();
         let (handler, judged) = handler.judge(records.clone(), policy, on_fault).await;
         let elapsed = started.elapsed();
         if let Some(handler) = handler {
-            lock(&version.instances).push(handler);
+            version.instances.lock().push(handler);
         }
         Some((judged, elapsed))
     }
@@ -145,13 +144,13 @@ impl Pipeline {
         let version = &j.version;
         let judged = &j.judged;
         let c = &self.counters;
-        if let Some(stall) = lock(&c.stall).judged(&version.hash, Instant::now()) {
+        if let Some(stall) = c.stall.lock().judged(&version.hash, Instant::now()) {
             tracing::info!(pipeline = %self.spec.name, version = %short(&version.hash), stall_ms = stall.as_secs_f64() * 1e3, "first batch judged by the swapped-in version");
         }
         let labels = c.labels(&version.hash);
         let policy = self.fault_verdict();
         if matches!(policy, Verdict::Release) && !judged.faulted.is_empty() {
-            let mut last = lock(&c.last_faults);
+            let mut last = c.last_faults.lock();
             for &(i, f) in &judged.faulted {
                 if let (Some(r), Some(fault)) = (batch.get(i), judged.faults.get(f)) {
                     last.note(

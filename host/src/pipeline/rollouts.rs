@@ -7,14 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use tokio::sync::Semaphore;
 
 use super::counters::Counters;
-use super::guard::lock;
 use super::handler::OnFault;
 use super::versions::{Version, short};
 use crate::metrics::Metrics;
@@ -72,7 +73,7 @@ impl Rollouts {
             ..ShadowStatus::default()
         }
         .into();
-        *lock(&self.shadow) = Some(Arc::new(ShadowRun {
+        *self.shadow.lock() = Some(Arc::new(ShadowRun {
             version,
             sample,
             offered: AtomicU64::new(0),
@@ -86,32 +87,33 @@ impl Rollouts {
 
     /// Stops the shadow; returns what it saw.
     pub(super) fn stop_shadow(&self) -> Option<ShadowStatus> {
-        let run = lock(&self.shadow).take()?;
-        let status = lock(&run.status).status();
+        let run = self.shadow.lock().take()?;
+        let status = run.status.lock().status();
         tracing::info!(pipeline = %self.pipeline, candidate = %short(&status.candidate), records = status.records, disagreed = ?status.disagreed, "shadow stopped");
         Some(status)
     }
 
     /// The running shadow's candidate hash.
     pub(super) fn shadow_candidate(&self) -> Option<String> {
-        lock(&self.shadow).as_ref().map(|s| s.version.hash.clone())
+        self.shadow.lock().as_ref().map(|s| s.version.hash.clone())
     }
 
     /// The running shadow, to offer it a copy of an active version's batch.
     pub(super) fn shadow(&self) -> Option<Arc<ShadowRun>> {
-        lock(&self.shadow).clone()
+        self.shadow.lock().clone()
     }
 
     /// What the running shadow has seen so far.
     pub(super) fn shadow_status(&self) -> Option<ShadowStatus> {
-        lock(&self.shadow)
+        self.shadow
+            .lock()
             .as_ref()
-            .map(|s| lock(&s.status).status())
+            .map(|s| s.status.lock().status())
     }
 
     /// Refuses a second canary while one runs (with the reason).
     pub(super) fn no_canary(&self) -> Result<(), String> {
-        match lock(&self.canary).as_ref() {
+        match self.canary.lock().as_ref() {
             Some(c) => Err(format!(
                 "a canary of {} is already running: promote it or roll it back first",
                 short(&c.version.hash)
@@ -132,7 +134,7 @@ impl Rollouts {
         let hash = version.hash.clone();
         tracing::info!(pipeline = %self.pipeline, candidate = %short(&hash), percent = req.percent, "canary started");
         self.count_canary("started");
-        *lock(&self.canary) = Some(Arc::new(CanaryRun {
+        *self.canary.lock() = Some(Arc::new(CanaryRun {
             version: Arc::new(version),
             plan: Mutex::new(CanaryPlan::new(req)),
             fleet_seq,
@@ -145,8 +147,8 @@ impl Rollouts {
     pub(super) fn canary_tallies(
         &self,
     ) -> Option<(Option<u64>, String, VerdictTally, VerdictTally)> {
-        let run = lock(&self.canary).clone()?;
-        let plan = lock(&run.plan);
+        let run = self.canary.lock().clone()?;
+        let plan = run.plan.lock();
         Some((
             run.fleet_seq,
             run.version.hash.clone(),
@@ -157,32 +159,34 @@ impl Rollouts {
 
     /// Whether the running canary is this host's share of fleet canary `seq`.
     pub(super) fn runs_fleet_canary(&self, seq: u64) -> bool {
-        lock(&self.canary)
+        self.canary
+            .lock()
             .as_ref()
             .is_some_and(|c| c.fleet_seq == Some(seq))
     }
 
     /// The running canary as the state file notes it (a restart ends it, and says so).
     pub(super) fn canary_note(&self) -> Option<CanaryNote> {
-        lock(&self.canary).as_ref().map(|c| CanaryNote {
+        self.canary.lock().as_ref().map(|c| CanaryNote {
             candidate: c.version.hash.clone(),
             path: c.version.path.clone(),
-            percent: lock(&c.plan).request.percent,
+            percent: c.plan.lock().request.percent,
         })
     }
 
     /// The running canary's status, or how the last one ended.
     pub(super) fn canary_status(&self) -> Option<CanaryStatus> {
-        match lock(&self.canary).as_ref() {
+        match self.canary.lock().as_ref() {
             Some(c) => Some(canary_status(c, CanaryState::Running, None)),
-            None => lock(&self.last_canary).clone(),
+            None => self.last_canary.lock().clone(),
         }
     }
 
     /// The running canary's version when its hash is `hash` (a dead letter names the version
     /// that rejected its record).
     pub(super) fn canary_version(&self, hash: &str) -> Option<Arc<Version>> {
-        lock(&self.canary)
+        self.canary
+            .lock()
             .as_ref()
             .filter(|c| c.version.hash == hash)
             .map(|c| c.version.clone())
@@ -190,9 +194,10 @@ impl Rollouts {
 
     /// The running canary when it takes the next batch (its share of them).
     pub(super) fn canary_for_next(&self) -> Option<Arc<CanaryRun>> {
-        lock(&self.canary)
+        self.canary
+            .lock()
             .clone()
-            .filter(|c| lock(&c.plan).takes_next())
+            .filter(|c| c.plan.lock().takes_next())
     }
 
     /// Tallies a batch the canary `run` judged (`verdicts`; `None`: it faulted or had no free
@@ -204,7 +209,7 @@ impl Rollouts {
         verdicts: Option<&[Verdict]>,
     ) -> Option<CanaryDecision> {
         let decision = {
-            let mut plan = lock(&run.plan);
+            let mut plan = run.plan.lock();
             match verdicts {
                 Some(v) => plan.candidate.add(v, false),
                 None => plan.candidate.add_faulted(),
@@ -217,8 +222,8 @@ impl Rollouts {
     /// Tallies a batch the active version judged while a canary runs (its side of the
     /// comparison).
     pub(super) fn active_judged(&self, verdicts: &[Verdict], faulted: bool) {
-        if let Some(run) = lock(&self.canary).as_ref() {
-            lock(&run.plan).active.add(verdicts, faulted);
+        if let Some(run) = self.canary.lock().as_ref() {
+            run.plan.lock().active.add(verdicts, faulted);
         }
     }
 
@@ -232,7 +237,7 @@ impl Rollouts {
         reason: String,
     ) -> Option<CanaryEnd> {
         let run = {
-            let mut canary = lock(&self.canary);
+            let mut canary = self.canary.lock();
             if let Some(only) = only
                 && !canary.as_ref().is_some_and(|c| Arc::ptr_eq(c, only))
             {
@@ -245,7 +250,7 @@ impl Rollouts {
         } else {
             CanaryState::RolledBack
         };
-        *lock(&self.last_canary) = Some(canary_status(&run, state, Some(reason.clone())));
+        *self.last_canary.lock() = Some(canary_status(&run, state, Some(reason.clone())));
         self.count_canary(if promote { "promoted" } else { "rolled_back" });
         if promote {
             tracing::info!(pipeline = %self.pipeline, candidate = %short(&run.version.hash), %reason, "canary promoted");
@@ -299,7 +304,7 @@ impl CanaryRun {
 
 /// A canary's status from its run.
 fn canary_status(run: &CanaryRun, state: CanaryState, reason: Option<String>) -> CanaryStatus {
-    let plan = lock(&run.plan);
+    let plan = run.plan.lock();
     CanaryStatus {
         candidate: run.version.hash.clone(),
         path: run.version.path.display().to_string(),
@@ -333,7 +338,7 @@ impl ShadowRun {
             return;
         }
         let Ok(place) = run.queue.clone().try_acquire_owned() else {
-            lock(&run.status).dropped(records.len());
+            run.status.lock().dropped(records.len());
             return;
         };
         let coordinates = coordinates();
@@ -347,7 +352,7 @@ impl ShadowRun {
         tokio::spawn(async move {
             let _place = place;
             let _turn = run.turn.lock().await;
-            let Some(handler) = lock(&run.version.instances).pop() else {
+            let Some(handler) = run.version.instances.lock().pop() else {
                 return;
             };
             let started = Instant::now();
@@ -355,17 +360,19 @@ impl ShadowRun {
             let (handler, judged) = handler.judge(records, &policy, OnFault::Isolate).await;
             let elapsed = started.elapsed();
             if let Some(handler) = handler {
-                lock(&run.version.instances).push(handler);
+                run.version.instances.lock().push(handler);
             }
             if let Some(f) = judged.faults.first() {
-                lock(&run.status).faulted(judged.faults.len());
+                run.status.lock().faulted(judged.faults.len());
                 recent_faults.note(
                     RecentFault::now(&pipeline, FaultRole::Shadow, f.kind.as_str(), &f.message)
                         .on_batch(&run.version.hash, coordinates.len(), first, last),
                 );
                 return;
             }
-            lock(&run.status).compare(&coordinates, &active, &judged.verdicts, elapsed);
+            run.status
+                .lock()
+                .compare(&coordinates, &active, &judged.verdicts, elapsed);
             let mut pairs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
             for (a, c) in active.iter().zip(&judged.verdicts) {
                 *pairs.entry((a.kind(), c.kind())).or_default() += 1;

@@ -5,8 +5,7 @@ use std::sync::atomic::Ordering;
 
 use sharehost_api::{GrantsStatus, PipelineStatus, VersionsStatus};
 
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 
 impl Pipeline {
     /// Status for `GET /pipelines`.
@@ -14,7 +13,7 @@ impl Pipeline {
         let active = self.versions.active();
         let c = &self.counters;
         let waiting = c.writes.waiting.load(Ordering::Relaxed);
-        let state = lock(&self.state).clone();
+        let state = self.state.lock().clone();
         PipelineStatus {
             name: self.spec.name.clone(),
             state: match state.as_str() {
@@ -36,11 +35,11 @@ impl Pipeline {
             versions: c.per_version(),
             dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
-            last_error: lock(&self.last_error).clone(),
-            start: lock(&self.start).clone(),
-            unmapped_outputs: lock(&self.unmapped).iter().cloned().collect(),
-            last_swap_error: lock(&self.last_swap_error).clone(),
-            last_swap_stall_ms: lock(&c.stall).last.map(|d| d.as_secs_f64() * 1e3),
+            last_error: self.last_error.lock().clone(),
+            start: self.start.lock().clone(),
+            unmapped_outputs: self.unmapped.lock().iter().cloned().collect(),
+            last_swap_error: self.last_swap_error.lock().clone(),
+            last_swap_stall_ms: c.stall.lock().last.map(|d| d.as_secs_f64() * 1e3),
             signer: active.signer(),
             allocator: active
                 .placement

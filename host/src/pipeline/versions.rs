@@ -6,12 +6,13 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use sharehost_api::{VersionInfo, VersionsStatus};
 
 use super::counters::Counters;
-use super::guard::lock;
 use super::handler::{Handler, NativeHandler};
 use crate::kafka::now_ms;
 use crate::manifest::{InstanceModeSpec, PipelineSpec};
@@ -64,14 +65,14 @@ impl Versions {
         self.state_file = Some(file);
         self.manifest_hash = manifest_hash;
         if let Some(k) = kept {
-            lock(&self.kept).push_front(k);
+            self.kept.lock().push_front(k);
         }
         self
     }
 
     /// The active version (batches hold it while they run, so a swap never cuts one short).
     pub(super) fn active(&self) -> Arc<Version> {
-        lock(&self.active).clone()
+        self.active.lock().clone()
     }
 
     /// The manifest's own component's content hash, as loaded at start.
@@ -89,10 +90,10 @@ impl Versions {
     pub(super) fn activate(&self, v: Arc<Version>, how: &str) {
         let hash = v.hash.clone();
         self.publish_info(&v, 1);
-        let old = std::mem::replace(&mut *lock(&self.active), v);
+        let old = std::mem::replace(&mut *self.active.lock(), v);
         self.publish_info(&old, 0);
         tracing::info!(pipeline = %self.pipeline, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
-        let mut kept = lock(&self.kept);
+        let mut kept = self.kept.lock();
         kept.retain(|k| k.hash != hash && k.hash != old.hash);
         if let Some(compiled) = &old.compiled {
             kept.push_front(Kept {
@@ -128,7 +129,7 @@ impl Versions {
     /// The kept version to roll back to: the newest one, or the one whose hash starts with
     /// `hash`; the reason when there is none.
     pub(super) fn kept(&self, hash: Option<&str>) -> Result<Kept, String> {
-        let kept = lock(&self.kept);
+        let kept = self.kept.lock();
         let found = match hash {
             None => kept.front().cloned(),
             Some(h) => kept.iter().find(|k| k.hash.starts_with(h)).cloned(),
@@ -148,7 +149,8 @@ impl Versions {
         if active.hash == hash {
             return Some((active.path.display().to_string(), active.signer()));
         }
-        lock(&self.kept)
+        self.kept
+            .lock()
             .iter()
             .find(|k| k.hash == hash)
             .map(|k| (k.path.display().to_string(), k.compiled.signer.clone()))
@@ -166,7 +168,7 @@ impl Versions {
             active: true,
             counters: counters.of(&active.hash),
         }];
-        for k in lock(&self.kept).iter() {
+        for k in self.kept.lock().iter() {
             versions.push(VersionInfo {
                 hash: k.hash.clone(),
                 path: k.path.display().to_string(),
@@ -461,6 +463,6 @@ mod tests {
     fn a_native_version_is_named_after_its_handler() {
         let v = Version::native(Arc::new(Native), 2);
         assert_eq!(v.hash, "native:test");
-        assert_eq!(v.instances.lock().map(|i| i.len()).unwrap_or(0), 2);
+        assert_eq!(v.instances.lock().len(), 2);
     }
 }

@@ -13,8 +13,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::act::{BatchContext, release_all};
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 use super::plan::{Rules, plan};
 use crate::kafka::KafkaClient;
 use crate::metrics::Metrics;
@@ -112,7 +111,7 @@ impl Pipeline {
                 .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
         );
         self.set_state("running");
-        *lock(&self.last_error) = None;
+        *self.last_error.lock() = None;
         tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
         let permits = Arc::new(Semaphore::new(spec.concurrency));
         let mut running = JoinSet::new();
@@ -366,7 +365,7 @@ impl Pipeline {
         let spec = &self.spec;
         let now = client.group_config(&spec.group, KEY).await;
         let Some(start) = &spec.start else {
-            *lock(&self.start) = now.ok().flatten();
+            *self.start.lock() = now.ok().flatten();
             return Ok(());
         };
         let want = start.config_value();
@@ -382,7 +381,7 @@ impl Pipeline {
                 })?;
             tracing::info!(pipeline = %spec.name, group = %spec.group, was = ?now.ok().flatten(), start = %want, "the group starts on partitions it has not read yet at the manifest's start position");
         }
-        *lock(&self.start) = Some(want);
+        *self.start.lock() = Some(want);
         Ok(())
     }
 
@@ -482,7 +481,7 @@ impl Pipeline {
 
     /// Publishes what the engine counted (see [`super::counters::Counters::publish_engine`]).
     fn publish_engine_stats(&self, consumer: &ShareConsumer) {
-        let running = lock(&self.state).as_str() == "running";
+        let running = self.state.lock().as_str() == "running";
         self.counters
             .publish_engine(consumer, running, self.grants.http.as_deref());
     }

@@ -2,18 +2,19 @@
 //! grants and composes the rooms: the versions room ([`Versions`]: active, kept for rollback,
 //! remembered across restarts), the rollout room ([`Rollouts`]: shadow and canary) and the
 //! counts. A change that touches two rooms (a promoted canary becomes the active version) is
-//! made here, under one lock; the run loop, judging and acting are its impl blocks in rooms of
-//! their own (`run`, `judge`, `act`).
+//! made here; the run loop, judging and acting are its impl blocks in files of their own
+//! (`run_loop`, `judge`, `act`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use tokio_util::sync::CancellationToken;
 
 use super::counters::Counters;
-use super::guard::lock;
 use super::handler::NativeHandler;
 use super::rollouts::{CanaryEnd, CanaryRun, Rollouts};
 use super::versions::{
@@ -243,20 +244,20 @@ impl Pipeline {
     pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
         let labels: Labels = vec![("pipeline", self.spec.name.clone())];
-        lock(&self.counters.stall).swap_requested();
+        self.counters.stall.lock().swap_requested();
         match load_version(&self.runtime, &self.spec, &self.grants, path).await {
             Ok(v) => {
                 let hash = v.hash.clone();
-                lock(&self.counters.stall).swap_ready(&hash);
+                self.counters.stall.lock().swap_ready(&hash);
                 self.activate(v, "hot-swapped");
-                *lock(&self.last_swap_error) = None;
+                *self.last_swap_error.lock() = None;
                 let mut l = labels;
                 l.push(("result", "ok".into()));
                 self.metrics.swaps.get_or_create(&l).inc();
                 Ok(hash)
             }
             Err(e) => {
-                lock(&self.counters.stall).swap_refused();
+                self.counters.stall.lock().swap_refused();
                 tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
                 self.counters.recent_faults.note(RecentFault::now(
                     &self.spec.name,
@@ -264,7 +265,7 @@ impl Pipeline {
                     "refused",
                     &e.to_string(),
                 ));
-                *lock(&self.last_swap_error) = Some(e.to_string());
+                *self.last_swap_error.lock() = Some(e.to_string());
                 let mut l = labels;
                 l.push(("result", "failed".into()));
                 self.metrics.swaps.get_or_create(&l).inc();
@@ -483,7 +484,7 @@ impl Pipeline {
     }
 
     pub(super) fn set_state(&self, s: &str) {
-        *lock(&self.state) = s.to_owned();
+        *self.state.lock() = s.to_owned();
         if s != "running" {
             self.metrics
                 .pipeline_up
@@ -515,7 +516,7 @@ impl Pipeline {
     ) -> Result<(), String> {
         let result = self.clone().serve(client, shutdown).await;
         if let Err(e) = &result {
-            *lock(&self.last_error) = Some(e.clone());
+            *self.last_error.lock() = Some(e.clone());
             self.set_state("failed");
         }
         result
