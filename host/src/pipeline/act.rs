@@ -3,16 +3,17 @@
 //! retried while its records stay held, see `crate::writes`), and the verdicts they owed follow
 //! in one call each.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 use super::plan::Plan;
 use crate::kafka::{Header, KafkaClient, KafkaError, ProduceRecord};
 use crate::provenance as pv;
@@ -80,7 +81,7 @@ impl WriteObserver for WriteWatch<'_> {
         let p = self.pipeline;
         let labels = vec![("pipeline", p.spec.name.clone())];
         if waiting {
-            lock(self.permit).take();
+            self.permit.lock().take();
             p.counters.writes.waiting.fetch_add(1, Ordering::Relaxed);
             p.metrics.writes_waiting.get_or_create(&labels).inc();
         } else {
@@ -108,7 +109,7 @@ impl Pipeline {
             stop,
         } = ctx;
         for output in &plan.unmapped {
-            if lock(&self.unmapped).insert(output.clone()) {
+            if self.unmapped.lock().insert(output.clone()) {
                 tracing::error!(pipeline = %self.spec.name, output, "the plugin emits to an output that [pipeline.outputs] does not map: every record with such an emit is rejected (dead-lettered where configured), whatever its verdict, and the pipeline is not ready until the manifest maps it");
             }
         }
@@ -252,7 +253,7 @@ impl Pipeline {
                 }
                 Landing::Stopped => {
                     failed += n;
-                    released.push((*r, Settle::Final(AckKind::Release)));
+                    released.push(*r);
                 }
                 Landing::Unwritable(why) => {
                     failed += n;
@@ -315,15 +316,11 @@ impl Pipeline {
 
     /// Releases records whose writes did not land before the pipeline stopped (or their lock
     /// ran out): the one delivery a stop spends. Counted apart from the plugin's releases.
-    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[(&ShareRecord, Settle)]) {
+    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[&ShareRecord]) {
         if released.is_empty() {
             return;
         }
-        let taken = consumer
-            .settle(released)
-            .into_iter()
-            .filter(|r| *r == Settled::Taken)
-            .count() as u64;
+        let taken = release_all(consumer, released.iter().copied());
         self.counters
             .writes
             .released
@@ -393,9 +390,7 @@ impl Pipeline {
                 Landing::Landed => rejected.push((*r, Settle::Final(done))),
                 // A dead letter always has a smaller form to fall back on; what cannot land
                 // is released like what the stop cut short.
-                Landing::Stopped | Landing::Unwritable(_) => {
-                    released.push((*r, Settle::Final(AckKind::Release)))
-                }
+                Landing::Stopped | Landing::Unwritable(_) => released.push(*r),
             }
         }
         if !rejected.is_empty() {
@@ -413,19 +408,13 @@ impl Pipeline {
     /// The component path and signer of the version with `hash` (active, canary or kept), for
     /// dead-letter provenance: a record the canary rejected names the canary.
     fn identity(&self, hash: &str) -> (String, Option<String>) {
-        let active = lock(&self.active).clone();
-        if active.hash == hash {
-            return (active.path.display().to_string(), active.signer());
+        if let Some(c) = self.rollouts.canary_version(hash) {
+            return (c.path.display().to_string(), c.signer());
         }
-        if let Some(c) = lock(&self.canary).as_ref()
-            && c.version.hash == hash
-        {
-            return (c.version.path.display().to_string(), c.version.signer());
-        }
-        if let Some(k) = lock(&self.history).iter().find(|k| k.hash == hash) {
-            return (k.path.display().to_string(), k.compiled.signer.clone());
-        }
-        (active.path.display().to_string(), active.signer())
+        self.versions.identity(hash).unwrap_or_else(|| {
+            let active = self.versions.active();
+            (active.path.display().to_string(), active.signer())
+        })
     }
 
     /// The dead letter of `r`: its key, value and headers (`whole`; without them when the whole
@@ -492,7 +481,7 @@ impl Pipeline {
             return;
         }
         let reasons: Vec<(&ShareRecord, String)> = {
-            let mut last = lock(&self.counters.last_faults);
+            let mut last = self.counters.last_faults.lock();
             poison
                 .iter()
                 .map(|r| {
@@ -513,6 +502,26 @@ impl Pipeline {
         self.reject(consumer, client, &reasons, &hash, stop, &Mutex::new(None))
             .await;
     }
+}
+
+/// Hands `records` back to the broker unjudged (or unwritten): a Release each, in one call into
+/// the engine. Returns how many the engine took (a record its session already lost is not).
+pub(super) fn release_all<'r>(
+    consumer: &ShareConsumer,
+    records: impl IntoIterator<Item = &'r ShareRecord>,
+) -> u64 {
+    let back: Vec<(&ShareRecord, Settle)> = records
+        .into_iter()
+        .map(|r| (r, Settle::Final(AckKind::Release)))
+        .collect();
+    if back.is_empty() {
+        return 0;
+    }
+    consumer
+        .settle(&back)
+        .into_iter()
+        .filter(|r| *r == Settled::Taken)
+        .count() as u64
 }
 
 /// An emit as the record produced to its output topic: the plugin's key, value and headers,

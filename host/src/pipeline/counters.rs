@@ -4,14 +4,15 @@
 //! (or a version) starts, so dashboards and alerts see each family from the start.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use sharehost_api::VersionCounters;
 
-use super::guard::lock;
 use super::versions::short;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::RecentFaults;
@@ -103,17 +104,18 @@ impl Counters {
 
     /// Changes the counters of version `hash`.
     pub(super) fn count(&self, hash: &str, f: impl FnOnce(&mut VersionCounters)) {
-        f(lock(&self.per_version).entry(hash.to_owned()).or_default());
+        f(self.per_version.lock().entry(hash.to_owned()).or_default());
     }
 
     /// Every version's counters.
     pub(super) fn per_version(&self) -> HashMap<String, VersionCounters> {
-        lock(&self.per_version).clone()
+        self.per_version.lock().clone()
     }
 
     /// One version's counters (zero when it has none yet).
     pub(super) fn of(&self, hash: &str) -> VersionCounters {
-        lock(&self.per_version)
+        self.per_version
+            .lock()
             .get(hash)
             .cloned()
             .unwrap_or_default()
@@ -234,7 +236,7 @@ impl Counters {
         // The engine's totals as counters: each advances by what its consumer counted since
         // the last look (a run after a failure starts a new consumer, whose totals start at 0).
         let m = &self.metrics;
-        let mut last = lock(&self.engine.published);
+        let mut last = self.engine.published.lock();
         let mut advance = |i: usize, counter: &Counter, now: &AtomicU64| {
             let now = now.load(Ordering::Relaxed);
             let before = if now >= last[i] { last[i] } else { 0 };

@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::core::Pipeline;
-use super::guard::lock;
+use super::handle::Pipeline;
 use super::handler::OnFault;
 use super::versions::{Version, short};
 use crate::manifest::FaultPolicy;
@@ -45,25 +44,20 @@ impl Pipeline {
         records: &Arc<[Record]>,
     ) -> Option<Judgement> {
         let policy = self.fault_verdict();
-        let canary = lock(&self.canary)
-            .clone()
-            .filter(|c| lock(&c.plan).takes_next());
-        if let Some(run) = &canary {
+        if let Some(run) = self.rollouts.canary_for_next() {
+            let candidate = run.version();
             match self
-                .judge_on(&run.version, records, &policy, OnFault::WholeBatch)
+                .judge_on(candidate, records, &policy, OnFault::WholeBatch)
                 .await
             {
                 Some((judged, elapsed)) if judged.faults.is_empty() => {
-                    let decision = {
-                        let mut plan = lock(&run.plan);
-                        plan.candidate.add(&judged.verdicts, false);
-                        plan.after_candidate_batch()
-                    };
-                    if run.fleet_seq.is_none() {
-                        self.decide_canary(run, decision);
+                    if let Some(decision) =
+                        self.rollouts.candidate_judged(&run, Some(&judged.verdicts))
+                    {
+                        self.decide_canary(&run, decision);
                     }
                     return Some(Judgement {
-                        version: run.version.clone(),
+                        version: candidate.clone(),
                         judged,
                         by_canary: true,
                         elapsed,
@@ -77,7 +71,7 @@ impl Pipeline {
                             || "no free instance".to_owned(),
                             |f| format!("{}: {}", f.kind, f.message),
                         );
-                    tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
+                    tracing::warn!(pipeline = %self.spec.name, candidate = %short(&candidate.hash), records = batch.len(), "canary fault, the active version judges the batch: {message}");
                     let kind = other.as_ref().and_then(|(j, _)| j.faults.first());
                     self.counters.recent_faults.note(
                         RecentFault::now(
@@ -87,30 +81,25 @@ impl Pipeline {
                             &kind.map_or(message.clone(), |f| f.message.clone()),
                         )
                         .on_batch(
-                            &run.version.hash,
+                            &candidate.hash,
                             batch.len(),
                             batch.first().map(|r| r.record.offset),
                             batch.last().map(|r| r.record.offset),
                         ),
                     );
                     if let Some((j, _)) = &other {
-                        self.counters.count(&run.version.hash, |c| {
+                        self.counters.count(&candidate.hash, |c| {
                             c.faults += j.faults.len() as u64;
                             c.batches += 1;
                         });
                     }
-                    let decision = {
-                        let mut plan = lock(&run.plan);
-                        plan.candidate.add_faulted();
-                        plan.after_candidate_batch()
-                    };
-                    if run.fleet_seq.is_none() {
-                        self.decide_canary(run, decision);
+                    if let Some(decision) = self.rollouts.candidate_judged(&run, None) {
+                        self.decide_canary(&run, decision);
                     }
                 }
             }
         }
-        let version = lock(&self.active).clone();
+        let version = self.versions.active();
         let Some((judged, elapsed)) = self
             .judge_on(&version, records, &policy, OnFault::Isolate)
             .await
@@ -118,11 +107,8 @@ impl Pipeline {
             tracing::error!(pipeline = %self.spec.name, version = %short(&version.hash), records = batch.len(), "no free instance of the active version: batch released");
             return None;
         };
-        if let Some(run) = lock(&self.canary).as_ref() {
-            lock(&run.plan)
-                .active
-                .add(&judged.verdicts, !judged.faults.is_empty());
-        }
+        self.rollouts
+            .active_judged(&judged.verdicts, !judged.faults.is_empty());
         Some(Judgement {
             version,
             judged,
@@ -140,12 +126,12 @@ impl Pipeline {
         policy: &Verdict,
         on_fault: OnFault,
     ) -> Option<(Judged, Duration)> {
-        let handler = lock(&version.instances).pop()?;
+        let handler = version.instances.lock().pop()?;
         let started = Instant::now();
         let (handler, judged) = handler.judge(records.clone(), policy, on_fault).await;
         let elapsed = started.elapsed();
         if let Some(handler) = handler {
-            lock(&version.instances).push(handler);
+            version.instances.lock().push(handler);
         }
         Some((judged, elapsed))
     }
@@ -158,13 +144,13 @@ impl Pipeline {
         let version = &j.version;
         let judged = &j.judged;
         let c = &self.counters;
-        if let Some(stall) = lock(&c.stall).judged(&version.hash, Instant::now()) {
+        if let Some(stall) = c.stall.lock().judged(&version.hash, Instant::now()) {
             tracing::info!(pipeline = %self.spec.name, version = %short(&version.hash), stall_ms = stall.as_secs_f64() * 1e3, "first batch judged by the swapped-in version");
         }
         let labels = c.labels(&version.hash);
         let policy = self.fault_verdict();
         if matches!(policy, Verdict::Release) && !judged.faulted.is_empty() {
-            let mut last = lock(&c.last_faults);
+            let mut last = c.last_faults.lock();
             for &(i, f) in &judged.faulted {
                 if let (Some(r), Some(fault)) = (batch.get(i), judged.faults.get(f)) {
                     last.note(
@@ -201,7 +187,7 @@ impl Pipeline {
             }
         }
         if !j.by_canary
-            && let Some(run) = lock(&self.shadow).clone()
+            && let Some(run) = self.rollouts.shadow()
         {
             run.offer(
                 || {

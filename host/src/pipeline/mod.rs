@@ -3,30 +3,43 @@
 //! what to present again. A batch is judged, its verdicts become a [`plan::Plan`] (a plain
 //! value), and one step acts on the plan.
 //!
-//! The rooms, each a type of its own (so no room reaches back into another):
-//! - `core`: [`Pipeline`], the handle the host and the admin API hold: the spec, the grants,
-//!   the rooms below, and its state (starting, running, draining, ...).
+//! The rooms. Those that hold state are types that own it, behind methods (`Versions`,
+//! `Rollouts`, `Counters`); [`Pipeline`] holds one of each and makes the changes that touch
+//! two (a promoted canary becomes the active version). The steps of a batch (judge, plan, act),
+//! the run loop and the status are impl blocks of `Pipeline` or plain functions that go through
+//! those methods; only the counters' atomics are read and bumped directly.
+//! - `handle`: [`Pipeline`], the handle the host and the admin API hold: the spec, the grants,
+//!   the rooms below, its state (starting, running, draining, ...), and the admin operations
+//!   (swap, rollback, shadow, canary).
 //! - `handler`: what judges a batch: a plugin instance or a trusted [`NativeHandler`].
-//! - `versions`: the version store: the active version, the kept ones for rollback, loading and
-//!   swapping, and the state file that brings a restart back on the active version.
-//! - `runs`: shadow and canary runs of a candidate beside the active version.
+//! - `versions`: the versions room, `Versions`: the active version, the kept ones for
+//!   rollback, and the state file that brings a restart back on the active version; and how a
+//!   component is loaded into a version.
+//! - `rollouts`: the rollout room, `Rollouts`: the shadow and canary runs of a candidate beside
+//!   the active version, and how the last canary ended.
 //! - `judge`: one batch to the version that judges it, and what the judging tells the counters.
 //! - `plan`: verdicts and emits to a [`plan::Plan`]: what the engine settles now, which outputs
 //!   and dead letters are written first. Pure, with tests of its own.
-//! - `act`: executes a plan: one call into the engine, the writes, and the verdicts they owed.
-//! - `run`: the run loop: checks before joining, fetching and dispatching batches, the drain.
-//! - `counters`: what the pipeline counts (per version, engine, writes, swap stall, faults).
-//! - `status`: what `GET /pipelines` shows.
+//! - `act`: executes a plan: the engine settles what it takes now, the writes, and the verdicts
+//!   they owed; `release_all`, the one way records go back unjudged or unwritten.
+//! - `run_loop`: the run loop: checks before joining, fetching and dispatching batches, the
+//!   drain.
+//! - `counters`: `Counters`, what the pipeline counts (per version, engine, writes, swap stall,
+//!   faults).
+//! - `status`: what `GET /pipelines` and `GET /pipelines/NAME/versions` show, read from the
+//!   rooms.
+//!
+//! The bookkeeping locks are `parking_lot`'s, which do not poison: a task that panicked
+//! mid-update leaves plain numbers that are still worth more than a second panic.
 
 mod act;
-mod core;
 mod counters;
-mod guard;
+mod handle;
 mod handler;
 mod judge;
 mod plan;
-mod run;
-mod runs;
+mod rollouts;
+mod run_loop;
 mod status;
 mod versions;
 
@@ -37,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kafka::KafkaClient;
 
-pub use self::core::Pipeline;
+pub use handle::Pipeline;
 pub use handler::NativeHandler;
 pub use sharehost_api::{
     GrantsStatus, PipelineStatus, VersionCounters, VersionInfo, VersionsStatus,

@@ -3,19 +3,17 @@
 
 use std::sync::atomic::Ordering;
 
-use sharehost_api::{CanaryState, GrantsStatus, PipelineStatus, VersionInfo, VersionsStatus};
+use sharehost_api::{GrantsStatus, PipelineStatus, VersionsStatus};
 
-use super::core::Pipeline;
-use super::guard::lock;
-use super::runs::canary_status;
+use super::handle::Pipeline;
 
 impl Pipeline {
     /// Status for `GET /pipelines`.
     pub fn status(&self) -> PipelineStatus {
-        let active = lock(&self.active).clone();
+        let active = self.versions.active();
         let c = &self.counters;
         let waiting = c.writes.waiting.load(Ordering::Relaxed);
-        let state = lock(&self.state).clone();
+        let state = self.state.lock().clone();
         PipelineStatus {
             name: self.spec.name.clone(),
             state: match state.as_str() {
@@ -37,11 +35,11 @@ impl Pipeline {
             versions: c.per_version(),
             dead_lettered: c.dead_lettered.load(Ordering::Relaxed),
             in_flight: c.in_flight.load(Ordering::Relaxed),
-            last_error: lock(&self.last_error).clone(),
-            start: lock(&self.start).clone(),
-            unmapped_outputs: lock(&self.unmapped).iter().cloned().collect(),
-            last_swap_error: lock(&self.last_swap_error).clone(),
-            last_swap_stall_ms: lock(&c.stall).last.map(|d| d.as_secs_f64() * 1e3),
+            last_error: self.last_error.lock().clone(),
+            start: self.start.lock().clone(),
+            unmapped_outputs: self.unmapped.lock().iter().cloned().collect(),
+            last_swap_error: self.last_swap_error.lock().clone(),
+            last_swap_stall_ms: c.stall.lock().last.map(|d| d.as_secs_f64() * 1e3),
             signer: active.signer(),
             allocator: active
                 .placement
@@ -49,13 +47,8 @@ impl Pipeline {
                 .map_or("native", |p| p.allocator.name())
                 .to_owned(),
             allocator_reason: active.placement.as_ref().and_then(|p| p.reason.clone()),
-            shadow: lock(&self.shadow)
-                .as_ref()
-                .map(|s| lock(&s.status).status()),
-            canary: match lock(&self.canary).as_ref() {
-                Some(c) => Some(canary_status(c, CanaryState::Running, None)),
-                None => lock(&self.last_canary).clone(),
-            },
+            shadow: self.rollouts.shadow_status(),
+            canary: self.rollouts.canary_status(),
             grants: GrantsStatus {
                 outputs: self.spec.outputs.clone(),
                 allowed_outbound_hosts: self
@@ -71,28 +64,6 @@ impl Pipeline {
 
     /// The active version and the kept ones, for `GET /pipelines/NAME/versions`.
     pub fn versions(&self) -> VersionsStatus {
-        let active = lock(&self.active).clone();
-        let mut versions = vec![VersionInfo {
-            hash: active.hash.clone(),
-            path: active.path.display().to_string(),
-            loaded_at_ms: active.loaded_at_ms,
-            signer: active.signer(),
-            active: true,
-            counters: self.counters.of(&active.hash),
-        }];
-        for k in lock(&self.history).iter() {
-            versions.push(VersionInfo {
-                hash: k.hash.clone(),
-                path: k.path.display().to_string(),
-                loaded_at_ms: k.loaded_at_ms,
-                signer: k.compiled.signer.clone(),
-                active: false,
-                counters: self.counters.of(&k.hash),
-            });
-        }
-        VersionsStatus {
-            active: active.hash.clone(),
-            versions,
-        }
+        self.versions.status(&self.counters)
     }
 }

@@ -1,17 +1,202 @@
-//! The versions of a pipeline's plugin: what a loaded version is, the ones kept compiled for
-//! rollback, the grants every version gets, and how a component becomes a version (read,
-//! checked and compiled off the async workers, then instantiated and initialised).
+//! The versions room, [`Versions`]: the active version of a pipeline's plugin, the ones kept
+//! compiled for rollback, and the state file that brings a restart back on the active one.
+//! Also what a loaded version is, the grants every version gets, and how a component becomes a
+//! version (read, checked and compiled off the async workers, then instantiated and
+//! initialised).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
+
+use sharehost_api::{VersionInfo, VersionsStatus};
+
+use super::counters::Counters;
 use super::handler::{Handler, NativeHandler};
 use crate::kafka::now_ms;
 use crate::manifest::{InstanceModeSpec, PipelineSpec};
+use crate::metrics::Metrics;
+use crate::rollout::{ActiveState, CanaryNote};
 use crate::runtime::{
     Compiled, HttpGrant, InstanceMode, OutputGrant, Placement, PluginInit, PluginLimits,
     PluginRuntime, Secrets,
 };
+
+/// The versions room: the active version, the replaced ones kept compiled for rollback (newest
+/// first, at most [`KEPT_VERSIONS`]), and where the active one is remembered across restarts.
+pub(super) struct Versions {
+    /// The pipeline's name and group, for logs, metric labels and the state file.
+    pipeline: String,
+    group: String,
+    metrics: Arc<Metrics>,
+    active: Mutex<Arc<Version>>,
+    kept: Mutex<VecDeque<Kept>>,
+    /// Where the active version is remembered across restarts (`None`: not remembered).
+    state_file: Option<PathBuf>,
+    /// Content hash of the manifest's component, as loaded at start.
+    manifest_hash: String,
+}
+
+impl Versions {
+    /// `version` active, nothing kept, nothing remembered (until [`Versions::remembering`]).
+    pub(super) fn new(spec: &PipelineSpec, metrics: Arc<Metrics>, version: Version) -> Versions {
+        let versions = Versions {
+            pipeline: spec.name.clone(),
+            group: spec.group.clone(),
+            metrics,
+            manifest_hash: version.hash.clone(),
+            active: Mutex::new(Arc::new(version)),
+            kept: Mutex::new(VecDeque::new()),
+            state_file: None,
+        };
+        versions.publish_info(&versions.active(), 1);
+        versions
+    }
+
+    /// Remembers the active version in `file` from now on; `manifest_hash` is the manifest's
+    /// component (which `kept`, when the host came back on another version, is).
+    pub(super) fn remembering(
+        mut self,
+        file: PathBuf,
+        manifest_hash: String,
+        kept: Option<Kept>,
+    ) -> Versions {
+        self.state_file = Some(file);
+        self.manifest_hash = manifest_hash;
+        if let Some(k) = kept {
+            self.kept.lock().push_front(k);
+        }
+        self
+    }
+
+    /// The active version (batches hold it while they run, so a swap never cuts one short).
+    pub(super) fn active(&self) -> Arc<Version> {
+        self.active.lock().clone()
+    }
+
+    /// The manifest's own component's content hash, as loaded at start.
+    pub(super) fn manifest_hash(&self) -> &str {
+        &self.manifest_hash
+    }
+
+    /// The state file, when the pipeline keeps one (the member id is kept beside it).
+    pub(super) fn state_file(&self) -> Option<&Path> {
+        self.state_file.as_deref()
+    }
+
+    /// Makes `v` the active version: the replaced one is kept compiled for rollback. Batches
+    /// already running finish on the version they started with. The caller remembers it.
+    pub(super) fn activate(&self, v: Arc<Version>, how: &str) {
+        let hash = v.hash.clone();
+        self.publish_info(&v, 1);
+        let old = std::mem::replace(&mut *self.active.lock(), v);
+        self.publish_info(&old, 0);
+        tracing::info!(pipeline = %self.pipeline, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
+        let mut kept = self.kept.lock();
+        kept.retain(|k| k.hash != hash && k.hash != old.hash);
+        if let Some(compiled) = &old.compiled {
+            kept.push_front(Kept {
+                hash: old.hash.clone(),
+                path: old.path.clone(),
+                compiled: compiled.clone(),
+                loaded_at_ms: old.loaded_at_ms,
+            });
+        }
+        kept.truncate(KEPT_VERSIONS);
+    }
+
+    /// Writes the state file (when this pipeline keeps one), with the running `canary` noted;
+    /// a failure is logged, not fatal.
+    pub(super) fn remember(&self, canary: Option<CanaryNote>) {
+        let Some(file) = &self.state_file else {
+            return;
+        };
+        let active = self.active();
+        let state = ActiveState {
+            pipeline: self.pipeline.clone(),
+            group: self.group.clone(),
+            active_hash: active.hash.clone(),
+            active_path: active.path.clone(),
+            manifest_hash: self.manifest_hash.clone(),
+            canary,
+        };
+        if let Err(e) = state.write(file) {
+            tracing::warn!(pipeline = %self.pipeline, "cannot remember the active version for a restart: {e}");
+        }
+    }
+
+    /// The kept version to roll back to: the newest one, or the one whose hash starts with
+    /// `hash`; the reason when there is none.
+    pub(super) fn kept(&self, hash: Option<&str>) -> Result<Kept, String> {
+        let kept = self.kept.lock();
+        let found = match hash {
+            None => kept.front().cloned(),
+            Some(h) => kept.iter().find(|k| k.hash.starts_with(h)).cloned(),
+        };
+        found.ok_or_else(|| match hash {
+            None => "no earlier version is kept to roll back to".into(),
+            Some(h) => {
+                let known: Vec<&str> = kept.iter().map(|k| short(&k.hash)).collect();
+                format!("no kept version matches {h:?} (kept: {known:?})")
+            }
+        })
+    }
+
+    /// The component path and signer of the active or a kept version with `hash`.
+    pub(super) fn identity(&self, hash: &str) -> Option<(String, Option<String>)> {
+        let active = self.active();
+        if active.hash == hash {
+            return Some((active.path.display().to_string(), active.signer()));
+        }
+        self.kept
+            .lock()
+            .iter()
+            .find(|k| k.hash == hash)
+            .map(|k| (k.path.display().to_string(), k.compiled.signer.clone()))
+    }
+
+    /// The active version and the kept ones with their `counters`, for
+    /// `GET /pipelines/NAME/versions`.
+    pub(super) fn status(&self, counters: &Counters) -> VersionsStatus {
+        let active = self.active();
+        let mut versions = vec![VersionInfo {
+            hash: active.hash.clone(),
+            path: active.path.display().to_string(),
+            loaded_at_ms: active.loaded_at_ms,
+            signer: active.signer(),
+            active: true,
+            counters: counters.of(&active.hash),
+        }];
+        for k in self.kept.lock().iter() {
+            versions.push(VersionInfo {
+                hash: k.hash.clone(),
+                path: k.path.display().to_string(),
+                loaded_at_ms: k.loaded_at_ms,
+                signer: k.compiled.signer.clone(),
+                active: false,
+                counters: counters.of(&k.hash),
+            });
+        }
+        VersionsStatus {
+            active: active.hash.clone(),
+            versions,
+        }
+    }
+
+    /// `sharehost_plugin_version{pipeline, version, signer}`: 1 for the active version, 0 for
+    /// one it replaced, so dashboards join any per-version metric with who signed it.
+    fn publish_info(&self, v: &Version, active: i64) {
+        self.metrics
+            .plugin_version
+            .get_or_create(&vec![
+                ("pipeline", self.pipeline.clone()),
+                ("version", short(&v.hash).to_owned()),
+                ("signer", v.signer().unwrap_or_default()),
+            ])
+            .set(active);
+    }
+}
 
 /// The first 12 hex digits of a content hash, for logs and metric labels.
 pub fn short(hash: &str) -> &str {
@@ -278,6 +463,6 @@ mod tests {
     fn a_native_version_is_named_after_its_handler() {
         let v = Version::native(Arc::new(Native), 2);
         assert_eq!(v.hash, "native:test");
-        assert_eq!(v.instances.lock().map(|i| i.len()).unwrap_or(0), 2);
+        assert_eq!(v.instances.lock().len(), 2);
     }
 }

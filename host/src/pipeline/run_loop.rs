@@ -12,18 +12,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::act::BatchContext;
-use super::core::Pipeline;
-use super::guard::lock;
+use super::act::{BatchContext, release_all};
+use super::handle::Pipeline;
 use super::plan::{Rules, plan};
 use crate::kafka::KafkaClient;
 use crate::metrics::Metrics;
 use crate::persisted::{Claim, MemberIdentity};
 use crate::runtime::{Header as RuntimeHeader, Record};
 use crate::share::consumer::{
-    AcquireMode, RoundTrip, RoundTrips, Settle, ShareConsumer, ShareConsumerConfig, ShareRecord,
+    AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
 };
-use crate::share::ledger::AckKind;
 use crate::share::membership::fresh_member_id;
 
 /// How long running batches may take to finish once shutdown starts.
@@ -113,7 +111,7 @@ impl Pipeline {
                 .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
         );
         self.set_state("running");
-        *lock(&self.last_error) = None;
+        *self.last_error.lock() = None;
         tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
         let permits = Arc::new(Semaphore::new(spec.concurrency));
         let mut running = JoinSet::new();
@@ -207,11 +205,7 @@ impl Pipeline {
         if !backlog.is_empty() {
             tracing::warn!(pipeline = %spec.name, records = backlog.len(), "not judged before the drain's end: released");
         }
-        let unjudged: Vec<(&ShareRecord, Settle)> = backlog
-            .iter()
-            .map(|r| (r, Settle::Final(AckKind::Release)))
-            .collect();
-        consumer.settle(&unjudged);
+        release_all(&consumer, &backlog);
         backlog.clear();
         let left = DRAIN_TIMEOUT.saturating_sub(drain_started.elapsed());
         if tokio::time::timeout(left, async { while running.join_next().await.is_some() {} })
@@ -223,12 +217,7 @@ impl Pipeline {
         }
         // Renewed records delivered again after the judging ended go back unjudged.
         while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
-            let back: Vec<(&ShareRecord, Settle)> = d
-                .records
-                .iter()
-                .map(|r| (r, Settle::Final(AckKind::Release)))
-                .collect();
-            consumer.settle(&back);
+            release_all(&consumer, &d.records);
         }
         // Held records are released now, not at their due time: their delay was a plugin's
         // wish, and the next member honours it no less than a redelivery does.
@@ -376,7 +365,7 @@ impl Pipeline {
         let spec = &self.spec;
         let now = client.group_config(&spec.group, KEY).await;
         let Some(start) = &spec.start else {
-            *lock(&self.start) = now.ok().flatten();
+            *self.start.lock() = now.ok().flatten();
             return Ok(());
         };
         let want = start.config_value();
@@ -392,7 +381,7 @@ impl Pipeline {
                 })?;
             tracing::info!(pipeline = %spec.name, group = %spec.group, was = ?now.ok().flatten(), start = %want, "the group starts on partitions it has not read yet at the manifest's start position");
         }
-        *lock(&self.start) = Some(want);
+        *self.start.lock() = Some(want);
         Ok(())
     }
 
@@ -424,7 +413,7 @@ impl Pipeline {
     /// this process; `None` (join with a fresh id) without a state file, when another live
     /// process holds it, or when the file cannot be used.
     fn member_identity(&self) -> Option<MemberIdentity> {
-        let file = self.state_file.as_ref()?.with_extension("member");
+        let file = self.versions.state_file()?.with_extension("member");
         match MemberIdentity::claim(&file, &fresh_member_id()) {
             Ok(Claim::Claimed { identity, reused }) => {
                 if reused {
@@ -476,11 +465,7 @@ impl Pipeline {
     ) {
         let records: Arc<[Record]> = batch.iter().map(plugin_record).collect();
         let Some(j) = self.judge(&batch, &records).await else {
-            let back: Vec<(&ShareRecord, Settle)> = batch
-                .iter()
-                .map(|r| (r, Settle::Final(AckKind::Release)))
-                .collect();
-            ctx.consumer.settle(&back);
+            release_all(&ctx.consumer, &batch);
             return;
         };
         self.note(&batch, &records, &j);
@@ -496,7 +481,7 @@ impl Pipeline {
 
     /// Publishes what the engine counted (see [`super::counters::Counters::publish_engine`]).
     fn publish_engine_stats(&self, consumer: &ShareConsumer) {
-        let running = lock(&self.state).as_str() == "running";
+        let running = self.state.lock().as_str() == "running";
         self.counters
             .publish_engine(consumer, running, self.grants.http.as_deref());
     }

@@ -1,34 +1,33 @@
 //! [`Pipeline`]: the handle the host, the tenants and the admin API hold. It owns the spec and
-//! grants, the version store (active, kept for rollback, remembered across restarts), the
-//! rollout runs and the counts; the run loop, judging and acting are its impl blocks in rooms
-//! of their own (`run`, `judge`, `act`), which read these parts and never the other way round.
+//! grants and composes the rooms: the versions room ([`Versions`]: active, kept for rollback,
+//! remembered across restarts), the rollout room ([`Rollouts`]: shadow and canary) and the
+//! counts. A change that touches two rooms (a promoted canary becomes the active version) is
+//! made here; the run loop, judging and acting are its impl blocks in files of their own
+//! (`run_loop`, `judge`, `act`).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
-use tokio::sync::Semaphore;
+use parking_lot::Mutex;
+
 use tokio_util::sync::CancellationToken;
 
 use super::counters::Counters;
-use super::guard::lock;
 use super::handler::NativeHandler;
-use super::runs::{CanaryRun, ShadowRun, canary_status};
+use super::rollouts::{CanaryEnd, CanaryRun, Rollouts};
 use super::versions::{
-    Grants, KEPT_VERSIONS, Kept, SwapError, Version, compile_version, instantiate_version, limits,
+    Grants, Kept, SwapError, Version, Versions, compile_version, instantiate_version, limits,
     load_version, short,
 };
 use crate::kafka::{KafkaClient, now_ms};
 use crate::manifest::PipelineSpec;
 use crate::metrics::{Labels, Metrics};
 use crate::recent_faults::{FaultRole, RecentFault};
-use crate::rollout::{
-    ActiveState, CanaryDecision, CanaryNote, CanaryPlan, CanaryRequest, SHADOW_QUEUE,
-    ShadowRequest, VerdictTally,
-};
+use crate::rollout::{ActiveState, CanaryDecision, CanaryRequest, ShadowRequest, VerdictTally};
 use crate::runtime::{PluginLimits, PluginRuntime};
-use sharehost_api::{CanaryState, CanaryStatus, ShadowStatus};
+use sharehost_api::ShadowStatus;
 
 /// A running pipeline as the admin endpoints see it.
 pub struct Pipeline {
@@ -36,19 +35,10 @@ pub struct Pipeline {
     pub(super) grants: Grants,
     pub(super) runtime: PluginRuntime,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) active: Mutex<Arc<Version>>,
-    /// Replaced versions, newest first, at most [`KEPT_VERSIONS`].
-    pub(super) history: Mutex<VecDeque<Kept>>,
-    /// A candidate judging copies of batches, compared and never acted on.
-    pub(super) shadow: Mutex<Option<Arc<ShadowRun>>>,
-    /// A candidate judging a share of batches for real.
-    pub(super) canary: Mutex<Option<Arc<CanaryRun>>>,
-    /// How the last canary ended (kept after it is gone, for `GET /pipelines`).
-    pub(super) last_canary: Mutex<Option<CanaryStatus>>,
-    /// Where the active version is remembered across restarts (`None`: not remembered).
-    pub(super) state_file: Option<PathBuf>,
-    /// Content hash of the manifest's component, as loaded at start.
-    pub(super) manifest_hash: String,
+    /// The versions room: the active version, the kept ones, the state file.
+    pub(super) versions: Versions,
+    /// The rollout room: the shadow and the canary.
+    pub(super) rollouts: Rollouts,
     /// One change of versions at a time (swap, rollback, shadow, canary, promotion).
     pub(super) swapping: tokio::sync::Mutex<()>,
     pub(super) state: Mutex<String>,
@@ -75,7 +65,8 @@ impl Pipeline {
         let grants = Grants::build(&spec)?;
         let version = load_version(&runtime, &spec, &grants, &spec.component).await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
-        Self::with_version(spec, grants, runtime, metrics, version)
+        let versions = Versions::new(&spec, metrics.clone(), version);
+        Self::with_versions(spec, grants, runtime, metrics, versions)
             .start_manifest_shadow()
             .await
     }
@@ -169,14 +160,9 @@ impl Pipeline {
         )
         .await?;
         tracing::info!(pipeline = %spec.name, version = %short(&version.hash), "plugin loaded");
-        let mut pipeline = Self::with_version(spec, grants, runtime, metrics, version);
-        if let Some(p) = Arc::get_mut(&mut pipeline) {
-            p.state_file = Some(file);
-            p.manifest_hash = manifest_hash;
-            if let Some(k) = kept {
-                lock(&p.history).push_front(k);
-            }
-        }
+        let versions =
+            Versions::new(&spec, metrics.clone(), version).remembering(file, manifest_hash, kept);
+        let pipeline = Self::with_versions(spec, grants, runtime, metrics, versions);
         if canary_ended {
             pipeline.remember_active();
         }
@@ -199,30 +185,27 @@ impl Pipeline {
             tracing::warn!(pipeline = %spec.name, "grants for a later hot-swap unavailable: {e}");
             Grants::default()
         });
-        Self::with_version(spec, grants, runtime, metrics, version)
+        let versions = Versions::new(&spec, metrics.clone(), version);
+        Self::with_versions(spec, grants, runtime, metrics, versions)
     }
 
-    fn with_version(
+    fn with_versions(
         spec: PipelineSpec,
         grants: Grants,
         runtime: PluginRuntime,
         metrics: Arc<Metrics>,
-        version: Version,
+        versions: Versions,
     ) -> Arc<Pipeline> {
         let counters = Counters::new(&spec.name, metrics.clone());
+        let active = versions.active();
         let pipeline = Arc::new(Pipeline {
+            rollouts: Rollouts::new(&spec.name, metrics.clone()),
             spec,
             grants,
             runtime,
             metrics,
             counters,
-            manifest_hash: version.hash.clone(),
-            active: Mutex::new(Arc::new(version)),
-            history: Mutex::new(VecDeque::new()),
-            shadow: Mutex::new(None),
-            canary: Mutex::new(None),
-            last_canary: Mutex::new(None),
-            state_file: None,
+            versions,
             swapping: tokio::sync::Mutex::new(()),
             state: Mutex::new("starting".into()),
             broker_dlq: AtomicBool::new(false),
@@ -231,8 +214,6 @@ impl Pipeline {
             start: Mutex::new(None),
             unmapped: Mutex::new(BTreeSet::new()),
         });
-        let active = lock(&pipeline.active).clone();
-        pipeline.publish_version_info(&active, 1);
         pipeline.counters.init_series(&active.hash);
         pipeline
     }
@@ -244,12 +225,12 @@ impl Pipeline {
 
     /// The component path of the active version.
     pub fn component(&self) -> PathBuf {
-        lock(&self.active).path.clone()
+        self.versions.active().path.clone()
     }
 
     /// Content hash of the active version.
     pub fn active_hash(&self) -> String {
-        lock(&self.active).hash.clone()
+        self.versions.active().hash.clone()
     }
 
     /// The last faults this pipeline met (plugin faults of every role, refused swaps), newest
@@ -263,20 +244,20 @@ impl Pipeline {
     pub async fn swap(&self, path: &Path) -> Result<String, SwapError> {
         let _one_at_a_time = self.swapping.lock().await;
         let labels: Labels = vec![("pipeline", self.spec.name.clone())];
-        lock(&self.counters.stall).swap_requested();
+        self.counters.stall.lock().swap_requested();
         match load_version(&self.runtime, &self.spec, &self.grants, path).await {
             Ok(v) => {
                 let hash = v.hash.clone();
-                lock(&self.counters.stall).swap_ready(&hash);
+                self.counters.stall.lock().swap_ready(&hash);
                 self.activate(v, "hot-swapped");
-                *lock(&self.last_swap_error) = None;
+                *self.last_swap_error.lock() = None;
                 let mut l = labels;
                 l.push(("result", "ok".into()));
                 self.metrics.swaps.get_or_create(&l).inc();
                 Ok(hash)
             }
             Err(e) => {
-                lock(&self.counters.stall).swap_refused();
+                self.counters.stall.lock().swap_refused();
                 tracing::error!(pipeline = %self.spec.name, "hot-swap refused, the old version keeps running: {e}");
                 self.counters.recent_faults.note(RecentFault::now(
                     &self.spec.name,
@@ -284,7 +265,7 @@ impl Pipeline {
                     "refused",
                     &e.to_string(),
                 ));
-                *lock(&self.last_swap_error) = Some(e.to_string());
+                *self.last_swap_error.lock() = Some(e.to_string());
                 let mut l = labels;
                 l.push(("result", "failed".into()));
                 self.metrics.swaps.get_or_create(&l).inc();
@@ -293,66 +274,16 @@ impl Pipeline {
         }
     }
 
-    /// Makes `v` the active version: the replaced one is kept compiled for rollback, and the
-    /// state file remembers `v` for a restart. Batches already running finish on the version
-    /// they started with.
+    /// Makes `v` the active version (see [`Versions::activate`]) and remembers it for a
+    /// restart.
     fn activate(&self, v: impl Into<Arc<Version>>, how: &str) {
-        let v: Arc<Version> = v.into();
-        let hash = v.hash.clone();
-        self.publish_version_info(&v, 1);
-        let old = std::mem::replace(&mut *lock(&self.active), v);
-        self.publish_version_info(&old, 0);
-        tracing::info!(pipeline = %self.spec.name, from = %short(&old.hash), to = %short(&hash), "plugin {how}");
-        {
-            let mut history = lock(&self.history);
-            history.retain(|k| k.hash != hash && k.hash != old.hash);
-            if let Some(compiled) = &old.compiled {
-                history.push_front(Kept {
-                    hash: old.hash.clone(),
-                    path: old.path.clone(),
-                    compiled: compiled.clone(),
-                    loaded_at_ms: old.loaded_at_ms,
-                });
-            }
-            history.truncate(KEPT_VERSIONS);
-        }
+        self.versions.activate(v.into(), how);
         self.remember_active();
     }
 
-    /// `sharehost_plugin_version{pipeline, version, signer}`: 1 for the active version, 0 for
-    /// one it replaced, so dashboards join any per-version metric with who signed it.
-    fn publish_version_info(&self, v: &Version, active: i64) {
-        self.metrics
-            .plugin_version
-            .get_or_create(&vec![
-                ("pipeline", self.spec.name.clone()),
-                ("version", short(&v.hash).to_owned()),
-                ("signer", v.signer().unwrap_or_default()),
-            ])
-            .set(active);
-    }
-
-    /// Writes the state file (when this pipeline keeps one); a failure is logged, not fatal.
+    /// Writes the state file (when this pipeline keeps one), with the running canary noted.
     fn remember_active(&self) {
-        let Some(file) = &self.state_file else {
-            return;
-        };
-        let active = lock(&self.active).clone();
-        let state = ActiveState {
-            pipeline: self.spec.name.clone(),
-            group: self.spec.group.clone(),
-            active_hash: active.hash.clone(),
-            active_path: active.path.clone(),
-            manifest_hash: self.manifest_hash.clone(),
-            canary: lock(&self.canary).as_ref().map(|c| CanaryNote {
-                candidate: c.version.hash.clone(),
-                path: c.version.path.clone(),
-                percent: lock(&c.plan).request.percent,
-            }),
-        };
-        if let Err(e) = state.write(file) {
-            tracing::warn!(pipeline = %self.spec.name, "cannot remember the active version for a restart: {e}");
-        }
+        self.versions.remember(self.rollouts.canary_note());
     }
 
     /// Switches back to a kept version (the newest one, or the one whose hash starts with
@@ -364,23 +295,7 @@ impl Pipeline {
             path: PathBuf::new(),
             message,
         };
-        let kept = {
-            let history = lock(&self.history);
-            match hash {
-                None => history.front().cloned(),
-                Some(h) => history.iter().find(|k| k.hash.starts_with(h)).cloned(),
-            }
-        };
-        let Some(kept) = kept else {
-            let known: Vec<String> = lock(&self.history)
-                .iter()
-                .map(|k| short(&k.hash).to_owned())
-                .collect();
-            return Err(err(match hash {
-                None => "no earlier version is kept to roll back to".into(),
-                Some(h) => format!("no kept version matches {h:?} (kept: {known:?})"),
-            }));
-        };
+        let kept = self.versions.kept(hash).map_err(err)?;
         let v = instantiate_version(
             &self.runtime,
             &self.spec,
@@ -440,32 +355,12 @@ impl Pipeline {
             1,
         )
         .await?;
-        let hash = version.hash.clone();
-        let status = ShadowStatus {
-            candidate: hash.clone(),
-            path: req.path.display().to_string(),
-            sample: req.sample,
-            ..ShadowStatus::default()
-        }
-        .into();
-        *lock(&self.shadow) = Some(Arc::new(ShadowRun {
-            version,
-            sample: req.sample,
-            offered: AtomicU64::new(0),
-            queue: Arc::new(Semaphore::new(SHADOW_QUEUE)),
-            turn: tokio::sync::Mutex::new(()),
-            status: Mutex::new(status),
-        }));
-        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), sample = req.sample, "shadow started");
-        Ok(hash)
+        Ok(self.rollouts.start_shadow(version, &req.path, req.sample))
     }
 
     /// Stops the shadow; returns what it saw.
     pub fn stop_shadow(&self) -> Option<ShadowStatus> {
-        let run = lock(&self.shadow).take()?;
-        let status = lock(&run.status).status();
-        tracing::info!(pipeline = %self.spec.name, candidate = %short(&status.candidate), records = status.records, disagreed = ?status.disagreed, "shadow stopped");
-        Some(status)
+        self.rollouts.stop_shadow()
     }
 
     /// Starts a canary: the candidate judges `percent` of the batches for real, and is
@@ -489,24 +384,17 @@ impl Pipeline {
     /// The running canary as the fleet reads it: its fleet action's number (`None`: a canary
     /// of this host alone), the candidate's hash and both sides' tallies.
     pub fn canary_tallies(&self) -> Option<(Option<u64>, String, VerdictTally, VerdictTally)> {
-        let run = lock(&self.canary).clone()?;
-        let plan = lock(&run.plan);
-        Some((
-            run.fleet_seq,
-            run.version.hash.clone(),
-            plan.candidate,
-            plan.active,
-        ))
+        self.rollouts.canary_tallies()
     }
 
     /// The running shadow's candidate hash.
     pub fn shadow_candidate(&self) -> Option<String> {
-        lock(&self.shadow).as_ref().map(|s| s.version.hash.clone())
+        self.rollouts.shadow_candidate()
     }
 
     /// The manifest's own component's content hash, as loaded at start.
     pub fn manifest_hash(&self) -> &str {
-        &self.manifest_hash
+        self.versions.manifest_hash()
     }
 
     /// The pipeline's spec (as the manifest gives it).
@@ -526,24 +414,12 @@ impl Pipeline {
         };
         req.validate().map_err(err)?;
         let _one_at_a_time = self.swapping.lock().await;
-        if let Some(c) = lock(&self.canary).as_ref() {
-            return Err(err(format!(
-                "a canary of {} is already running: promote it or roll it back first",
-                short(&c.version.hash)
-            )));
-        }
+        self.rollouts.no_canary().map_err(err)?;
         let version = load_version(&self.runtime, &self.spec, &self.grants, &req.path).await?;
-        if version.hash == lock(&self.active).hash {
+        if version.hash == self.active_hash() {
             return Err(err("the candidate is the active version".into()));
         }
-        let hash = version.hash.clone();
-        tracing::info!(pipeline = %self.spec.name, candidate = %short(&hash), percent = req.percent, "canary started");
-        self.count_canary("started");
-        *lock(&self.canary) = Some(Arc::new(CanaryRun {
-            version: Arc::new(version),
-            plan: Mutex::new(CanaryPlan::new(req)),
-            fleet_seq,
-        }));
+        let hash = self.rollouts.start_canary(version, req, fleet_seq);
         self.remember_active();
         Ok(hash)
     }
@@ -557,7 +433,7 @@ impl Pipeline {
         } else {
             "rolled back by the operator"
         };
-        self.end_canary(promote, reason.into())
+        self.end_canary(None, promote, reason.into())
             .ok_or_else(|| SwapError {
                 pipeline: self.spec.name.clone(),
                 path: PathBuf::new(),
@@ -575,13 +451,10 @@ impl Pipeline {
         reason: String,
     ) -> Option<String> {
         let _one_at_a_time = self.swapping.lock().await;
-        let ours = lock(&self.canary)
-            .as_ref()
-            .is_some_and(|c| c.fleet_seq == Some(seq));
-        if !ours {
+        if !self.rollouts.runs_fleet_canary(seq) {
             return None;
         }
-        self.end_canary(promote, reason)
+        self.end_canary(None, promote, reason)
     }
 
     /// Ends the running canary, whoever started it, with `reason` (the fleet replacing this
@@ -589,46 +462,29 @@ impl Pipeline {
     /// canary runs.
     pub async fn end_canary_because(&self, promote: bool, reason: String) -> Option<String> {
         let _one_at_a_time = self.swapping.lock().await;
-        self.end_canary(promote, reason)
+        self.end_canary(None, promote, reason)
     }
 
-    /// Ends the running canary (if any, and if it is still the one running): promoted, its
-    /// version becomes the active one; rolled back, it is dropped. Logged, counted and kept
-    /// for `GET /pipelines` with `reason`. Returns the active hash.
-    fn end_canary(&self, promote: bool, reason: String) -> Option<String> {
-        let run = lock(&self.canary).take()?;
-        let state = if promote {
-            CanaryState::Promoted
-        } else {
-            CanaryState::RolledBack
-        };
-        let status = canary_status(&run, state, Some(reason.clone()));
-        *lock(&self.last_canary) = Some(status);
-        self.count_canary(if promote { "promoted" } else { "rolled_back" });
-        if promote {
-            tracing::info!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary promoted");
+    /// Ends the running canary (if any; with `only`, if that run is still the one running):
+    /// promoted, its version becomes the active one; rolled back, it is dropped. Logged,
+    /// counted and kept for `GET /pipelines` with `reason`. Returns the active hash.
+    fn end_canary(
+        &self,
+        only: Option<&Arc<CanaryRun>>,
+        promote: bool,
+        reason: String,
+    ) -> Option<String> {
+        match self.rollouts.end_canary(only, promote, reason)? {
             // The canary's version (the same one: batches it is judging now give their
             // instance back to it) becomes the active one.
-            self.activate(run.version.clone(), "promoted from canary");
-        } else {
-            tracing::warn!(pipeline = %self.spec.name, candidate = %short(&run.version.hash), %reason, "canary rolled back");
-            self.remember_active();
+            CanaryEnd::Promoted(version) => self.activate(version, "promoted from canary"),
+            CanaryEnd::RolledBack => self.remember_active(),
         }
         Some(self.active_hash())
     }
 
-    fn count_canary(&self, result: &str) {
-        self.metrics
-            .canary_transitions
-            .get_or_create(&vec![
-                ("pipeline", self.spec.name.clone()),
-                ("result", result.to_owned()),
-            ])
-            .inc();
-    }
-
     pub(super) fn set_state(&self, s: &str) {
-        *lock(&self.state) = s.to_owned();
+        *self.state.lock() = s.to_owned();
         if s != "running" {
             self.metrics
                 .pipeline_up
@@ -639,19 +495,13 @@ impl Pipeline {
 
     /// Acts on a canary's decision after one of its batches (if it is still the running one).
     pub(super) fn decide_canary(&self, run: &Arc<CanaryRun>, decision: CanaryDecision) {
-        let still_running = lock(&self.canary)
-            .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, run));
-        if !still_running {
-            return;
-        }
         match decision {
             CanaryDecision::Continue => {}
             CanaryDecision::Promote(reason) => {
-                self.end_canary(true, reason);
+                self.end_canary(Some(run), true, reason);
             }
             CanaryDecision::RollBack(reason) => {
-                self.end_canary(false, reason);
+                self.end_canary(Some(run), false, reason);
             }
         }
     }
@@ -666,7 +516,7 @@ impl Pipeline {
     ) -> Result<(), String> {
         let result = self.clone().serve(client, shutdown).await;
         if let Err(e) = &result {
-            *lock(&self.last_error) = Some(e.clone());
+            *self.last_error.lock() = Some(e.clone());
             self.set_state("failed");
         }
         result
