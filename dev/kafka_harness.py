@@ -747,7 +747,16 @@ env: KAFKA_VERSION ({self.version}), KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SA
         if not self.marker.is_file() and self.state.is_dir() and any(self.state.iterdir()):
             raise Die(f"refusing to delete {self.state}: it was not created by dev/kafka (no {self.marker})")
         if self.state.is_dir() and not self.state.is_symlink():
-            shutil.rmtree(self.state)
+            # A file already gone is what was wanted: a broker still stopping, or another `down`
+            # of the same dir, may delete its own files meanwhile. Then the walk starts again
+            # (a few times: each one leaves less).
+            for attempt in range(5):
+                try:
+                    shutil.rmtree(self.state)
+                    break
+                except FileNotFoundError:
+                    if not os.path.lexists(self.state) or attempt == 4:
+                        break
         else:
             self.state.unlink()
 
