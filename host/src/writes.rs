@@ -336,18 +336,25 @@ async fn attempt(
                 continue;
             }
             if let Some(mut w) = chunk.pop() {
+                let fits = match &w.smaller {
+                    Some(smaller) if !w.shrunk => {
+                        Some(what_fits(client, &topic, &w.record, smaller).await)
+                    }
+                    _ => None,
+                };
                 match w.smaller.take() {
-                    // Shrunk only when the topic's limit takes the smaller form: a topic that
-                    // refuses every record for a while (an operator's limit, lifted later)
-                    // must not have the smaller form tried the moment after the whole one,
-                    // or a limit lifted in between lands it without need.
-                    Some(smaller) if !w.shrunk && smaller_fits(client, &topic, &smaller).await => {
+                    // Shrunk only when the topic's limit takes the smaller form and not the
+                    // whole one: a topic that refuses every record for a while (an
+                    // operator's limit, lifted later) must not have the smaller form tried
+                    // the moment after the whole one, nor when the limit was lifted between
+                    // the refusal and the look at it.
+                    Some(smaller) if fits == Some(Fits::Smaller) => {
                         w.smaller = Some(std::mem::replace(&mut w.record, smaller));
                         w.shrunk = true;
                         round.retry.push(vec![w]);
                     }
-                    // Not even the smaller form fits (or would): the topic refuses everything;
-                    // wait for it (the whole record is tried again).
+                    // Not even the smaller form fits (or the whole one does now): wait for
+                    // the topic and try the whole record again.
                     Some(other) => {
                         w.smaller = Some(other);
                         round.first_error.get_or_insert_with(|| e.to_string());
@@ -372,15 +379,40 @@ async fn attempt(
 /// Bytes a batch of one record adds around the record (batch header, record framing).
 const ONE_RECORD_BATCH_OVERHEAD: usize = 128;
 
-/// Whether the topic's `max.message.bytes` (its own or the broker's) holds the smaller form of
-/// a record the topic refused whole. When the limit cannot be read, yes: the smaller form is
-/// tried, as it always was.
-async fn smaller_fits(client: &KafkaClient, topic: &str, smaller: &ProduceRecord) -> bool {
-    match client.topic_config(topic, "max.message.bytes").await {
-        Ok(Some(limit)) => limit.parse::<usize>().map_or(true, |limit| {
-            record_bytes(smaller) + ONE_RECORD_BATCH_OVERHEAD <= limit
-        }),
-        Ok(None) | Err(_) => true,
+/// Which form of a record its topic's `max.message.bytes` (its own or the broker's) takes
+/// now, read after the topic refused the whole record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fits {
+    /// The whole record: the limit was raised since the refusal.
+    Whole,
+    /// Only the smaller form (or the limit cannot be read: the smaller form is tried, as a
+    /// topic that refused the whole record most likely takes it).
+    Smaller,
+    /// Neither: the topic refuses everything for now.
+    Neither,
+}
+
+/// Reads the topic's limit now and tells which form of the record it takes.
+async fn what_fits(
+    client: &KafkaClient,
+    topic: &str,
+    whole: &ProduceRecord,
+    smaller: &ProduceRecord,
+) -> Fits {
+    let limit = match client.topic_config(topic, "max.message.bytes").await {
+        Ok(Some(limit)) => limit.parse::<usize>().ok(),
+        Ok(None) | Err(_) => None,
+    };
+    fits_under(limit, record_bytes(whole), record_bytes(smaller))
+}
+
+/// [`what_fits`] for a limit already read (`None`: unknown) and the two forms' sizes.
+fn fits_under(limit: Option<usize>, whole: usize, smaller: usize) -> Fits {
+    match limit {
+        None => Fits::Smaller,
+        Some(limit) if whole + ONE_RECORD_BATCH_OVERHEAD <= limit => Fits::Whole,
+        Some(limit) if smaller + ONE_RECORD_BATCH_OVERHEAD <= limit => Fits::Smaller,
+        Some(_) => Fits::Neither,
     }
 }
 
@@ -448,6 +480,17 @@ mod tests {
         }
         let alone = chunks_by_size(vec![write(0, 2 << 20)]);
         assert_eq!(alone.len(), 1, "a record over the bound goes alone");
+    }
+
+    #[test]
+    fn a_record_is_shrunk_only_when_the_limit_takes_its_smaller_form_and_not_the_whole() {
+        // A limit of 1 byte (every record refused) waits, and so does a limit raised between
+        // the refusal and the look at it: only the limit that takes the smaller form alone
+        // shrinks the record.
+        assert_eq!(fits_under(Some(1), 2_000_000, 300), Fits::Neither);
+        assert_eq!(fits_under(Some(1 << 20), 2_000, 300), Fits::Whole);
+        assert_eq!(fits_under(Some(1 << 20), 2 << 20, 300), Fits::Smaller);
+        assert_eq!(fits_under(None, 2 << 20, 300), Fits::Smaller);
     }
 
     #[test]
