@@ -1,7 +1,12 @@
-//! Acting on a [`Plan`]: one call settles what the engine takes now; outputs are written before
-//! their records are accepted and dead letters before theirs are rejected (a write that fails is
-//! retried while its records stay held, see `crate::writes`), and the verdicts they owed follow
-//! in one call each.
+//! Acting on a [`Plan`]: outputs are written before their records are accepted and dead
+//! letters before theirs are rejected (a write that fails is retried while its records stay
+//! held, see `crate::writes`); outputs and dead letters are written side by side.
+//!
+//! A batch crosses into the engine once per moment its verdicts become final, each crossing one
+//! `settle` call whose outcomes come back counted: with no writes, once; otherwise once per
+//! kind of write as it lands, the verdicts owed no write riding along with the first. Only a
+//! write that has to wait for a retry settles those at once, so records that owe nothing never
+//! wait on an outage.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -32,18 +37,76 @@ pub(super) struct BatchContext {
     pub(super) stop: CancellationToken,
 }
 
-/// Watches one batch's writes: counts failures by topic, shows the pipeline degraded while
-/// they wait, and gives the batch's permit back at the first wait, so other batches are judged
-/// meanwhile (their records stay bounded by `max_in_flight`).
-struct WriteWatch<'a> {
-    pipeline: &'a Pipeline,
-    kind: &'static str,
-    permit: &'a Mutex<Option<OwnedSemaphorePermit>>,
+/// What a settled record is counted as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// The plugin's verdict (or the host's reject of what the plugin did wrong).
+    Verdict,
+    /// A reject whose dead letter landed. On a group whose broker dead-letters Rejects
+    /// itself it is acknowledged as done (Accept), and still counted as a reject.
+    DeadLettered,
+    /// A release of a record whose writes did not land before the stop: the one delivery a
+    /// stop spends, counted apart from the plugin's releases.
+    Unwritten,
 }
 
-impl WriteObserver for WriteWatch<'_> {
+/// One record's settlement, as the pipeline hands it to the engine.
+struct Decision<'r> {
+    record: &'r ShareRecord,
+    settle: Settle,
+    cause: Cause,
+}
+
+impl<'r> Decision<'r> {
+    fn new(record: &'r ShareRecord, settle: Settle, cause: Cause) -> Self {
+        Decision {
+            record,
+            settle,
+            cause,
+        }
+    }
+}
+
+/// One batch being acted on: what its writes share (the engine, the version that judged it,
+/// the permit it gives back at its first wait) and the verdicts that wait for the first of its
+/// writes to land, or to wait.
+struct Acting<'a, 'r> {
+    pipeline: &'a Pipeline,
+    consumer: &'a ShareConsumer,
+    client: &'a KafkaClient,
+    stop: &'a CancellationToken,
+    hash: &'a str,
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Verdicts that owe no write, settled with the first write's verdicts (one crossing) or
+    /// at once when a write has to wait.
+    owed_nothing: Mutex<Vec<Decision<'r>>>,
+}
+
+impl<'r> Acting<'_, 'r> {
+    /// Settles `decisions` together with the verdicts still waiting to ride along.
+    fn settle(&self, mut decisions: Vec<Decision<'r>>) {
+        let waiting = std::mem::take(&mut *self.owed_nothing.lock());
+        if decisions.is_empty() {
+            decisions = waiting;
+        } else {
+            decisions.extend(waiting);
+        }
+        self.pipeline.settle(self.consumer, &decisions, self.hash);
+    }
+}
+
+/// Watches one kind of a batch's writes: counts failures by topic, shows the pipeline degraded
+/// while they wait, and at the first wait settles the verdicts that owe nothing and gives the
+/// batch's permit back, so other batches are judged meanwhile (their records stay bounded by
+/// `max_in_flight`).
+struct WriteWatch<'a, 'b, 'r> {
+    acting: &'b Acting<'a, 'r>,
+    kind: &'static str,
+}
+
+impl WriteObserver for WriteWatch<'_, '_, '_> {
     fn failed(&self, topic: &str, _records: usize, error: &KafkaError) {
-        let p = self.pipeline;
+        let p = self.acting.pipeline;
         p.counters.writes.failures.fetch_add(1, Ordering::Relaxed);
         p.metrics
             .write_failures
@@ -57,7 +120,7 @@ impl WriteObserver for WriteWatch<'_> {
     }
 
     fn produced(&self, took: Duration) {
-        let p = self.pipeline;
+        let p = self.acting.pipeline;
         p.metrics
             .write_seconds
             .get_or_create(&vec![
@@ -68,7 +131,7 @@ impl WriteObserver for WriteWatch<'_> {
     }
 
     fn shrunk(&self, topic: &str) {
-        let p = self.pipeline;
+        let p = self.acting.pipeline;
         p.counters.writes.shrunk.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(pipeline = %p.spec.name, topic, "a record larger than the dead-letter topic accepts was dead-lettered without its key, value and headers");
         p.metrics
@@ -78,10 +141,12 @@ impl WriteObserver for WriteWatch<'_> {
     }
 
     fn waiting(&self, waiting: bool) {
-        let p = self.pipeline;
+        let a = self.acting;
+        let p = a.pipeline;
         let labels = vec![("pipeline", p.spec.name.clone())];
         if waiting {
-            self.permit.lock().take();
+            a.permit.lock().take();
+            a.settle(Vec::new());
             p.counters.writes.waiting.fetch_add(1, Ordering::Relaxed);
             p.metrics.writes_waiting.get_or_create(&labels).inc();
         } else {
@@ -103,11 +168,6 @@ impl Pipeline {
         hash: &str,
         permit: OwnedSemaphorePermit,
     ) {
-        let BatchContext {
-            consumer,
-            client,
-            stop,
-        } = ctx;
         for output in &plan.unmapped {
             if self.unmapped.lock().insert(output.clone()) {
                 tracing::error!(pipeline = %self.spec.name, output, "the plugin emits to an output that [pipeline.outputs] does not map: every record with such an emit is rejected (dead-lettered where configured), whatever its verdict, and the pipeline is not ready until the manifest maps it");
@@ -116,14 +176,12 @@ impl Pipeline {
         if plan.discarded > 0 {
             self.counters.count_emits(hash, "discarded", plan.discarded);
         }
-        let now: Vec<(&ShareRecord, Settle)> = plan
+        let now: Vec<Decision<'_>> = plan
             .now
             .iter()
-            .filter_map(|&(i, s)| Some((batch.get(i)?, s)))
+            .filter_map(|&(i, s)| Some(Decision::new(batch.get(i)?, s, Cause::Verdict)))
             .collect();
-        self.settle(consumer, &now, hash, false);
-        let permit = Mutex::new(Some(permit));
-        let mut rejects: Vec<(&ShareRecord, String)> = plan
+        let rejects: Vec<(&ShareRecord, String)> = plan
             .dead_letters
             .into_iter()
             .filter_map(|(i, why)| Some((batch.get(i)?, why)))
@@ -133,52 +191,78 @@ impl Pipeline {
             .into_iter()
             .filter_map(|(i, emits)| Some((batch.get(i)?, emits)))
             .collect();
-        if !producing.is_empty() {
-            let unwritable = self
-                .produce_outputs(client, consumer, &producing, hash, stop, &permit)
-                .await;
-            rejects.extend(unwritable);
+        let acting = Acting {
+            pipeline: self,
+            consumer: &ctx.consumer,
+            client: &ctx.client,
+            stop: &ctx.stop,
+            hash,
+            permit: Mutex::new(Some(permit)),
+            owed_nothing: Mutex::new(now),
+        };
+        // Outputs and dead letters side by side: neither kind waits for the other to land.
+        let (unwritable, ()) = tokio::join!(
+            self.produce_outputs(&acting, &producing),
+            self.reject(&acting, &rejects)
+        );
+        // An output that can never be written turns its record into a reject (rare: a record
+        // larger than its output topic accepts).
+        if !unwritable.is_empty() {
+            self.reject(&acting, &unwritable).await;
         }
-        if !rejects.is_empty() {
-            self.reject(consumer, client, &rejects, hash, stop, &permit)
-                .await;
-        }
+        // Nothing was written, or nothing waited: what owes nothing is settled now if no
+        // write took it along.
+        acting.settle(Vec::new());
     }
 
     /// Hands `decisions` to the engine in one call and counts what it took, once per kind (not
-    /// once per record: each count costs label allocations and locks). With
-    /// `accepts_are_rejects`, the Accepts stand for records the host dead-lettered itself on a
-    /// group whose broker dead-letters Rejects too (counted as rejects, acknowledged as done so
-    /// the broker writes no second dead letter).
-    fn settle(
-        &self,
-        consumer: &ShareConsumer,
-        decisions: &[(&ShareRecord, Settle)],
-        hash: &str,
-        accepts_are_rejects: bool,
-    ) {
+    /// once per record: each count costs label allocations and locks).
+    fn settle(&self, consumer: &ShareConsumer, decisions: &[Decision<'_>], hash: &str) {
         if decisions.is_empty() {
             return;
         }
+        let broker_dlq = self.broker_dlq.load(Ordering::Relaxed);
+        let to_engine: Vec<(&ShareRecord, Settle)> = decisions
+            .iter()
+            .map(|d| {
+                let settle = match (d.cause, broker_dlq) {
+                    // The host dead-lettered it (with its reason): a Reject would have the
+                    // broker write it a second time.
+                    (Cause::DeadLettered, true) => Settle::Final(AckKind::Accept),
+                    _ => d.settle,
+                };
+                (d.record, settle)
+            })
+            .collect();
         let (mut accepted, mut released, mut rejected, mut renewed, mut retried) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
-        for ((r, decision), result) in decisions.iter().zip(consumer.settle(decisions)) {
-            match (result, decision) {
-                (Settled::Taken, Settle::Final(AckKind::Accept)) => accepted += 1,
-                (Settled::Taken, Settle::Final(AckKind::Reject)) => rejected += 1,
-                (Settled::Taken, _) | (Settled::RenewsSpent, _) => released += 1,
-                (Settled::Renewed, _) => renewed += 1,
-                (Settled::Held(_), _) => retried += 1,
-                (Settled::Moot, _) => {
-                    tracing::debug!(pipeline = %self.spec.name, offset = r.record.offset, "verdict for a released record dropped")
+        let mut unwritten = 0u64;
+        for (d, result) in decisions.iter().zip(consumer.settle(&to_engine)) {
+            match (result, d.cause, d.settle) {
+                (Settled::Taken, Cause::Unwritten, _) => unwritten += 1,
+                (Settled::Taken, Cause::DeadLettered, _)
+                | (Settled::Taken, _, Settle::Final(AckKind::Reject)) => rejected += 1,
+                (Settled::Taken, _, Settle::Final(AckKind::Accept)) => accepted += 1,
+                (Settled::Taken, _, _) | (Settled::RenewsSpent, _, _) => released += 1,
+                (Settled::Renewed, _, _) => renewed += 1,
+                (Settled::Held(_), _, _) => retried += 1,
+                (Settled::Moot, _, _) => {
+                    tracing::debug!(pipeline = %self.spec.name, offset = d.record.record.offset, "verdict for a released record dropped")
                 }
-                (Settled::Refused(e), _) => {
-                    tracing::error!(pipeline = %self.spec.name, offset = r.record.offset, "verdict refused: {e}")
+                (Settled::Refused(e), _, _) => {
+                    tracing::error!(pipeline = %self.spec.name, offset = d.record.record.offset, "verdict refused: {e}")
                 }
             }
         }
-        if accepts_are_rejects {
-            rejected += std::mem::take(&mut accepted);
+        if unwritten > 0 {
+            self.counters
+                .writes
+                .released
+                .fetch_add(unwritten, Ordering::Relaxed);
+            self.metrics
+                .released_unwritten
+                .get_or_create(&vec![("pipeline", self.spec.name.clone())])
+                .inc_by(unwritten);
         }
         let c = &self.counters;
         for (name, n) in [
@@ -216,13 +300,12 @@ impl Pipeline {
     /// be written (larger than its topic accepts), with the reason to reject them by.
     async fn produce_outputs<'r>(
         &self,
-        client: &KafkaClient,
-        consumer: &ShareConsumer,
+        acting: &Acting<'_, 'r>,
         producing: &[(&'r ShareRecord, Vec<Emit>)],
-        hash: &str,
-        stop: &CancellationToken,
-        permit: &Mutex<Option<OwnedSemaphorePermit>>,
     ) -> Vec<(&'r ShareRecord, String)> {
+        if producing.is_empty() {
+            return Vec::new();
+        }
         let mut writes = Vec::new();
         for (owner, (r, emits)) in producing.iter().enumerate() {
             for e in emits {
@@ -240,20 +323,26 @@ impl Pipeline {
         }
         let per_owner: Vec<u64> = producing.iter().map(|(_, e)| e.len() as u64).collect();
         let records: Vec<&ShareRecord> = producing.iter().map(|(r, _)| *r).collect();
-        let landings = self
-            .write(client, consumer, &records, writes, "output", stop, permit)
-            .await;
-        let (mut accepted, mut released, mut unwritable) = (Vec::new(), Vec::new(), Vec::new());
+        let landings = self.write(acting, &records, writes, "output").await;
+        let (mut decisions, mut unwritable) = (Vec::new(), Vec::new());
         let (mut produced, mut failed) = (0u64, 0u64);
         for ((r, _), (landing, n)) in producing.iter().zip(landings.into_iter().zip(per_owner)) {
             match landing {
                 Landing::Landed => {
                     produced += n;
-                    accepted.push((*r, Settle::Final(AckKind::Accept)));
+                    decisions.push(Decision::new(
+                        r,
+                        Settle::Final(AckKind::Accept),
+                        Cause::Verdict,
+                    ));
                 }
                 Landing::Stopped => {
                     failed += n;
-                    released.push(*r);
+                    decisions.push(Decision::new(
+                        r,
+                        Settle::Final(AckKind::Release),
+                        Cause::Unwritten,
+                    ));
                 }
                 Landing::Unwritable(why) => {
                     failed += n;
@@ -263,29 +352,24 @@ impl Pipeline {
             }
         }
         if produced > 0 {
-            self.counters.count_emits(hash, "produced", produced);
+            self.counters.count_emits(acting.hash, "produced", produced);
         }
         if failed > 0 {
-            self.counters.count_emits(hash, "failed", failed);
+            self.counters.count_emits(acting.hash, "failed", failed);
         }
-        self.settle(consumer, &accepted, hash, false);
-        self.release_unwritten(consumer, &released);
+        acting.settle(decisions);
         unwritable
     }
 
-    /// Writes what `records` owe (see [`write_all`]): held until it lands or `stop`, within
-    /// the records' locks on a broker that cannot renew them. `kind` (output, dead_letter)
-    /// labels the failures.
-    #[allow(clippy::too_many_arguments)]
+    /// Writes what `records` owe (see [`write_all`]): held until it lands or the pipeline
+    /// stops, within the records' locks on a broker that cannot renew them. `kind` (output,
+    /// dead_letter) labels the failures.
     async fn write(
         &self,
-        client: &KafkaClient,
-        consumer: &ShareConsumer,
+        acting: &Acting<'_, '_>,
         records: &[&ShareRecord],
         writes: Vec<Write>,
         kind: &'static str,
-        stop: &CancellationToken,
-        permit: &Mutex<Option<OwnedSemaphorePermit>>,
     ) -> Vec<Landing> {
         if writes.is_empty() {
             return vec![Landing::Landed; records.len()];
@@ -293,20 +377,16 @@ impl Pipeline {
         let now = Instant::now();
         let deadline = records
             .iter()
-            .filter_map(|r| consumer.hold_limit(r))
+            .filter_map(|r| acting.consumer.hold_limit(r))
             .min()
             .map(|left| now + left.saturating_sub(LOCK_MARGIN));
-        let observer = WriteWatch {
-            pipeline: self,
-            kind,
-            permit,
-        };
+        let observer = WriteWatch { acting, kind };
         write_all(
-            client,
+            acting.client,
             &self.spec.name,
             records.len(),
             writes,
-            stop,
+            acting.stop,
             deadline,
             &observer,
         )
@@ -314,43 +394,22 @@ impl Pipeline {
         .landings
     }
 
-    /// Releases records whose writes did not land before the pipeline stopped (or their lock
-    /// ran out): the one delivery a stop spends. Counted apart from the plugin's releases.
-    fn release_unwritten(&self, consumer: &ShareConsumer, released: &[&ShareRecord]) {
-        if released.is_empty() {
-            return;
-        }
-        let taken = release_all(consumer, released.iter().copied());
-        self.counters
-            .writes
-            .released
-            .fetch_add(taken, Ordering::Relaxed);
-        self.metrics
-            .released_unwritten
-            .get_or_create(&vec![("pipeline", self.spec.name.clone())])
-            .inc_by(taken);
-    }
-
     /// Rejects records: dead-letters them first when a topic is configured (see
     /// [`crate::writes`]); a record whose dead letter is still unwritten when the pipeline stops
     /// is released instead, never rejected unwritten.
-    async fn reject(
-        &self,
-        consumer: &ShareConsumer,
-        client: &KafkaClient,
-        rejects: &[(&ShareRecord, String)],
-        hash: &str,
-        stop: &CancellationToken,
-        permit: &Mutex<Option<OwnedSemaphorePermit>>,
-    ) {
+    async fn reject<'r>(&self, acting: &Acting<'_, 'r>, rejects: &[(&'r ShareRecord, String)]) {
+        if rejects.is_empty() {
+            return;
+        }
         let Some(dlq) = &self.spec.dead_letter_topic else {
-            let all: Vec<_> = rejects
+            let all = rejects
                 .iter()
-                .map(|(r, _)| (*r, Settle::Final(AckKind::Reject)))
+                .map(|(r, _)| Decision::new(r, Settle::Final(AckKind::Reject), Cause::Verdict))
                 .collect();
-            self.settle(consumer, &all, hash, false);
+            acting.settle(all);
             return;
         };
+        let hash = acting.hash;
         let (plugin, signer) = self.identity(hash);
         let writes: Vec<Write> = rejects
             .iter()
@@ -365,44 +424,33 @@ impl Pipeline {
             })
             .collect();
         let records: Vec<&ShareRecord> = rejects.iter().map(|(r, _)| *r).collect();
-        let landings = self
-            .write(
-                client,
-                consumer,
-                &records,
-                writes,
-                "dead_letter",
-                stop,
-                permit,
-            )
-            .await;
-        // On a group whose broker dead-letters Rejects itself, a record the host dead-lettered
-        // (with its reason) is acknowledged as done: a Reject would write it a second time.
-        let broker_dlq = self.broker_dlq.load(Ordering::Relaxed);
-        let done = if broker_dlq {
-            AckKind::Accept
-        } else {
-            AckKind::Reject
-        };
-        let (mut rejected, mut released) = (Vec::new(), Vec::new());
-        for ((r, _), landing) in rejects.iter().zip(landings) {
-            match landing {
-                Landing::Landed => rejected.push((*r, Settle::Final(done))),
+        let landings = self.write(acting, &records, writes, "dead_letter").await;
+        let mut landed = 0u64;
+        let decisions = rejects
+            .iter()
+            .zip(landings)
+            .map(|((r, _), landing)| match landing {
+                Landing::Landed => {
+                    landed += 1;
+                    Decision::new(r, Settle::Final(AckKind::Reject), Cause::DeadLettered)
+                }
                 // A dead letter always has a smaller form to fall back on; what cannot land
                 // is released like what the stop cut short.
-                Landing::Stopped | Landing::Unwritable(_) => released.push(*r),
-            }
-        }
-        if !rejected.is_empty() {
-            let n = rejected.len() as u64;
-            self.counters.dead_lettered.fetch_add(n, Ordering::Relaxed);
+                Landing::Stopped | Landing::Unwritable(_) => {
+                    Decision::new(r, Settle::Final(AckKind::Release), Cause::Unwritten)
+                }
+            })
+            .collect();
+        if landed > 0 {
+            self.counters
+                .dead_lettered
+                .fetch_add(landed, Ordering::Relaxed);
             self.metrics
                 .dead_lettered
                 .get_or_create(&self.counters.labels(hash))
-                .inc_by(n);
-            self.settle(consumer, &rejected, hash, broker_dlq);
+                .inc_by(landed);
         }
-        self.release_unwritten(consumer, &released);
+        acting.settle(decisions);
     }
 
     /// The component path and signer of the version with `hash` (active, canary or kept), for
@@ -499,8 +547,16 @@ impl Pipeline {
                 })
                 .collect()
         };
-        self.reject(consumer, client, &reasons, &hash, stop, &Mutex::new(None))
-            .await;
+        let acting = Acting {
+            pipeline: self,
+            consumer,
+            client,
+            stop,
+            hash: &hash,
+            permit: Mutex::new(None),
+            owed_nothing: Mutex::new(Vec::new()),
+        };
+        self.reject(&acting, &reasons).await;
     }
 }
 

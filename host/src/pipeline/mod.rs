@@ -20,8 +20,10 @@
 //! - `judge`: one batch to the version that judges it, and what the judging tells the counters.
 //! - `plan`: verdicts and emits to a [`plan::Plan`]: what the engine settles now, which outputs
 //!   and dead letters are written first. Pure, with tests of its own.
-//! - `act`: executes a plan: the engine settles what it takes now, the writes, and the verdicts
-//!   they owed; `release_all`, the one way records go back unjudged or unwritten.
+//! - `act`: executes a plan as one `Acting` per batch: outputs and dead letters written side
+//!   by side, and each verdict handed to the engine in the one `settle` call of the moment it
+//!   became final (with no writes, one call per batch); `release_all`, the one way records go
+//!   back unjudged.
 //! - `run_loop`: the run loop: checks before joining, fetching and dispatching batches, the
 //!   drain.
 //! - `counters`: `Counters`, what the pipeline counts (per version, engine, writes, swap stall,
