@@ -126,7 +126,8 @@ def manifest(bootstrap, admin_port, pipelines, client_id="sharehost-bench", befo
         parts.append(after_admin.rstrip("\n") + "\n\n")
     for p in pipelines:
         topics = ", ".join(toml_string(t) for t in p.topics)
-        parts.append(f"[[pipeline]]\nname = {toml_string(p.name)}\ntopics = [{topics}]\ngroup = {toml_string(p.group)}\n"
+        parts.append(f"[[pipeline]]\nname = {toml_string(p.name)}\ntopics = [{topics}]\n"
+                     f"group = {toml_string(p.group)}\n"
                      f"component = {toml_string(p.component)}\n")
         if p.extra.strip():
             parts.append(p.extra.rstrip("\n") + "\n")
@@ -335,8 +336,8 @@ class Host:
             time.sleep(POLL_S)
 
     def wait_judged(self, target, idle_s, what="the host", poll_s=0.25):
-        """Polls judged() until it reaches TARGET; returns when it saw it (µs since the epoch). Dies when the process
-        exits first or when the count did not move for IDLE_S seconds."""
+        """Polls judged() until it reaches TARGET; returns (when it saw it in µs since the epoch, the count it saw).
+        Dies when the process exits first or when the count did not move for IDLE_S seconds."""
         last, last_change = -1, time.monotonic()
         while True:
             if not self.running():
@@ -344,7 +345,7 @@ class Host:
                 raise Die(f"{what}: the host exited (see {self.stderr_path})")
             n = self.judged()
             if n is not None and n >= target:
-                return now_us()
+                return now_us(), n
             if n is not None and n > last:
                 last, last_change = n, time.monotonic()
             if time.monotonic() - last_change > idle_s:
@@ -455,7 +456,8 @@ class Broker:
         self.version = h.version
         self.bootstrap = h.shape.bootstrap()
         h.require_java()
-        h.ensure_lib()
+        with redirect_stdout(sys.stderr):
+            h.ensure_lib()
         return self
 
     def close(self):
