@@ -419,8 +419,9 @@ class Broker:
         self.pid = self.bootstrap = self.version = None
 
     def attach(self, busy_wait_s=None, busy_msg="port {port} is taken by a process that is not this checkout's broker",
-               running_note="using this checkout's running broker", stopped_msg=None):
-        """BUSY_WAIT_S: how long to wait for another checkout's broker to free the ports (None: die with BUSY_MSG)."""
+               running_note="using this checkout's running broker", stopped_msg=None, log=None):
+        """BUSY_WAIT_S: how long to wait for another checkout's broker to free the ports (None: die with BUSY_MSG).
+        What starting one prints goes to stderr, or to the file LOG."""
         h = self.harness
         if h.brokers == 1 and h.node_pid(1) is not None:
             self.say(running_note)
@@ -443,8 +444,12 @@ class Broker:
             time.sleep(30)
             waited += 30
         self.started = True
-        with redirect_stdout(sys.stderr):
-            h.cmd_up([])
+        if log is None:
+            with redirect_stdout(sys.stderr):
+                h.cmd_up([])
+        else:
+            with open(log, "a") as out, redirect_stdout(out):
+                h.cmd_up([])
         return self._facts()
 
     def _facts(self):

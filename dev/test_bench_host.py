@@ -86,6 +86,12 @@ class Parsers(unittest.TestCase):
         with self.assertRaisesRegex(Die, "no VmNope in kB"):
             bench_host.status_kb(os.getpid(), "VmNope")
 
+    def test_thread_cpu_of_this_process(self):
+        comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+        main = bench_host.parse_stat(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/stat").read_text(), "stat")
+        self.assertGreaterEqual(bench_host.thread_cpu_seconds(os.getpid(), comm), main / bench_host.CLK_TCK)
+        self.assertEqual(bench_host.thread_cpu_seconds(os.getpid(), "no-such-thread"), 0)
+
     def test_share_group_lag(self):
         text = (FIXTURES / "describe.txt").read_text()
         self.assertEqual(bench_host.share_group_lag(text, "bench-java-100b-1p-115806"), 0)
