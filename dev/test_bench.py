@@ -8,6 +8,8 @@ metrics.txt a host's final /metrics; krafka.out and rdkafka.out are what the pee
 suite never runs (they take a long build and a venv).
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -244,6 +246,92 @@ class Rows(unittest.TestCase):
         head = bench.fleet_manifest_head("ed25519:abc", "bench-0", "g")
         self.assertEqual(head, '[trust]\nkeys = ["ed25519:abc"]\n\n[fleet]\nname = "bench"\nhost_id = "bench-0"\n'
                                'topic_prefix = "g."\n')
+
+
+class FakeBroker:
+    """Kafka tools that print a fixture instead of talking to a broker."""
+
+    bootstrap = "127.0.0.1:19092"
+    pid = os.getpid()
+
+    def __init__(self, prints=None, describes=()):
+        self.prints = prints
+        self.describes = list(describes)
+
+    def tool_cmd(self, cls, *args, jvm=()):
+        return [sys.executable, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read())", str(self.prints)]
+
+    def tool(self, cls, *args, log=None):
+        return 0, self.describes.pop(0)
+
+
+class Runs(unittest.TestCase):
+    """The tool and peer runs with stand-ins for the tools and peers, under the real /usr/bin/time."""
+
+    def setUp(self):
+        if not os.access("/usr/bin/time", os.X_OK):
+            self.skipTest("no /usr/bin/time")
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def bench(self, environ, broker):
+        b = bench.Bench.__new__(bench.Bench)
+        b.cfg = bench.config_from_env(environ)
+        b.environ = environ
+        b.out = Path(self.dir.name)
+        b.broker = broker
+        b.live = []
+        return b
+
+    def test_share_consumer_performance_in_two_processes(self):
+        b = self.bench({"BENCH_RECORDS": "60000"}, FakeBroker(prints=FIXTURES / "share-perf.out"))
+        r = b.run_tool("java", "t", "g", 2)
+        self.assertEqual(r.read, 120000)  # each stand-in prints the whole fixture: 60000
+        self.assertEqual(r.first, epoch("2026-12-04 11:58:36.344+0000"))
+        self.assertEqual(r.extra, "quota=29500")
+        self.assertGreater(r.rss_kb, 0)
+        self.assertTrue((Path(self.dir.name) / "g.1.time").is_file())
+
+    def test_a_tool_that_read_too_little(self):
+        b = self.bench({"BENCH_RECORDS": "120000"}, FakeBroker(prints=FIXTURES / "consumer-perf.out"))
+        with self.assertRaisesRegex(Die, "ConsumerPerformance read 60000 records in g, expected 120000"):
+            b.run_tool("classic", "t", "g", 1)
+
+    def peer(self, script):
+        path = Path(self.dir.name) / "peer"
+        path.write_text(f"#!{sys.executable}\n{script}")
+        path.chmod(0o755)
+        return path
+
+    def test_a_peer(self):
+        b = self.bench({"BENCH_RECORDS": "60000"}, FakeBroker())
+        b.krafka_bin = self.peer(f"import sys; sys.stdout.write(open({str(FIXTURES / 'krafka.out')!r}).read())")
+        r = b.run_peer("krafka", "t", "g", 1)
+        self.assertEqual((r.read, r.failed), (60000, ""))
+        self.assertEqual(r.extra, "quota=60000 commit_failures=0")
+
+    def test_a_peer_that_fails_is_a_failed_row(self):
+        b = self.bench({"BENCH_RECORDS": "60000"}, FakeBroker())
+        b.krafka_bin = self.peer("import sys; print('no share groups here', file=sys.stderr); sys.exit(1)")
+        shown = io.StringIO()
+        with contextlib.redirect_stderr(shown):
+            r = b.run_peer("krafka", "t", "g", 1)
+        self.assertEqual(shown.getvalue(), "no share groups here\n")  # the tail of its stderr
+        self.assertEqual(r.failed, "the krafka peer exited with an error (see g.*.err)")
+        self.assertEqual((r.read, r.first, r.last), (0, r.t0, r.t0))
+        self.assertEqual(bench.row_status("krafka", "g", 60000, 60000, 0, r.failed),
+                         "failed: the krafka peer exited with an error (see g.*.err)")
+
+    def test_share_lag_asks_again_until_zero_or_once(self):
+        lagging = (FIXTURES / "../bench-host/describe.txt").read_text().replace(" 0\n", " 7\n", 1)
+        done = (FIXTURES / "../bench-host/describe.txt").read_text()
+        group = "bench-java-100b-1p-115806"
+        b = self.bench({}, FakeBroker(describes=[lagging, done]))
+        self.assertEqual(b.share_lag(group, once=False), 0)
+        b = self.bench({}, FakeBroker(describes=[lagging]))
+        self.assertEqual(b.share_lag(group, once=True), 7)
+        b = self.bench({}, FakeBroker(describes=["Group bench-x does not exist.\n"]))
+        self.assertEqual(b.share_lag("bench-x", once=True), "-")
 
 
 class Entry(unittest.TestCase):
