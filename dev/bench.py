@@ -645,7 +645,7 @@ class Bench:
         binary = [self.sharehost, "run"] if kind.startswith("wasm") else [self.pipeline_bench]
         ports = [cfg.admin_port + i for i in range(procs)]
         for i, port in enumerate(ports):
-            if bench_host.kafka_harness.port_in_use(port):
+            if bench_host.port_in_use(port):
                 raise Die(f"admin port {port} is taken (set BENCH_ADMIN_PORT)")
             head = fleet_manifest_head(self.fleet_key, f"bench-{i}", group) if kind == "wasm-fleet" else ""
             text = bench_host.manifest(self.broker.bootstrap, port, [bench_host.Pipeline(

@@ -6,13 +6,18 @@ Imported by the drivers (dev/bench.py, ...), never run. Standard library only. W
                  build_guests(log, names): dev/build-guests, the guests' paths (target/guests/NAME.wasm).
   Manifests      Pipeline, manifest(...): the TOML of one benchmark host (defaults everywhere but the essentials).
   The broker     Broker: this checkout's broker on the KAFKA_* ports used as it is, or one started (and stopped by
-                 close()) through dev/kafka_harness.py; its pid, bootstrap and the Kafka tools' command lines.
+                 close()) through dev/kafka_harness.py; its pid and bootstrap, the Kafka tools' command lines
+                 (tool_cmd, tool), create_topic, share_earliest, delete_topic; share_group_lag parses
+                 ShareGroupCommand --describe.
   A host         Host: one process (`sharehost run`, pipeline_bench, ...) with its output in files, optionally
                  under /usr/bin/time -v; wait_ready() (its admin endpoint answers), judged() (GET /pipelines'
-                 accepted + rejected), wait_judged(), save() (/pipelines and /metrics to files), stop() (SIGTERM,
-                 wait for the drain).
+                 accepted + rejected), wait_judged(), save() (/pipelines and /metrics to files), stop() or
+                 terminate() + wait_exit() (SIGTERM, wait for the drain), kill() (a run that failed half-way).
+                 admin_get and judged_counts are the same without a Host.
   Measuring      TimeReport (a /usr/bin/time -v report: CPU s, peak RSS), cpu_ticks/cpu_seconds and status_kb
-                 (/proc of a live process), thread_cpu_seconds, descendants, machine_lines, commit_line.
+                 (/proc of a live process), thread_cpu_seconds, children/descendants.
+  A run's notes  machine_lines, commit, changed_files, load_now, utc_stamp, now_us, epoch_us_of (the Kafka tools'
+                 dates), bash_quote (a command line as the shell scripts printed it), port_in_use.
 
 Every wait waits for an event (a port answering, a counter reaching a value, a process exiting), polled, with an
 upper bound that fails loudly with Die; a busy machine makes a wait longer, never a failure. Anything read from
@@ -43,6 +48,7 @@ Die = kafka_harness.Die
 GUESTS = REPO / "target" / "guests"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POLL_S = 0.2
+port_in_use = kafka_harness.port_in_use
 
 
 def now_us():

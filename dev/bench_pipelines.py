@@ -238,7 +238,7 @@ class Run:
         note("building sharehost (release) and the guests")
         sharehost = bench_host.build_release()["sharehost"]
         component = bench_host.build_guests(out / "build-guests.log", ("accept_all",))["accept_all"]
-        if bench_host.kafka_harness.port_in_use(cfg.admin_port):
+        if bench_host.port_in_use(cfg.admin_port):
             raise Die(f"admin port {cfg.admin_port} is taken (set BP_ADMIN_PORT)")
 
         dirty = ""

@@ -229,7 +229,7 @@ def run(environ):
                 sys.stderr.write((out / "check-b.log").read_text(errors="replace"))
                 raise Die("check of B failed")
         manifest(out / "run.toml", a)
-        if bench_host.kafka_harness.port_in_use(admin_port):
+        if bench_host.port_in_use(admin_port):
             raise Die(f"admin port {admin_port} is taken (set BENCH_SWAP_ADMIN_PORT)")
         host = Host([sharehost, "run", out / "run.toml"], admin_port, out / "host.log", env=env)
         wait_accepted(host, JUDGING_BEFORE_SWAPS, "after its start")
