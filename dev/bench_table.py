@@ -11,7 +11,7 @@ its own so that the table can be tested without a broker (dev/test_bench_table.p
 dev/testdata/bench-table/) and changed without running a benchmark.
 
 results.tsv has a header line, then one row per run: size, processes, kind, records, t0_us, first_us, last_us,
-cpu_s, rss_kb, broker_cpu_s, load, lag, status, extra (see dev/bench's header for what each means). Columns of the
+cpu_s, rss_kb, broker_cpu_s, load, lag, status, extra (see dev/bench.py's docstring for what each means). Columns of the
 table: first record s = first_us - t0_us; wall s = last_us - t0_us; records/s = records / wall (the join included);
 steady = records / (last_us - first_us); "× classic" divides by the classic consumer's row of the same size at one
 process; CPU and broker CPU per 10^6 records; peak RSS in MiB. A row whose status is not "ok" is struck through,

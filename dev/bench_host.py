@@ -1,0 +1,599 @@
+"""dev/bench_host.py: what the benchmark drivers share about running release `sharehost run` hosts.
+
+Imported by the drivers (dev/bench.py, ...), never run. Standard library only. What it holds:
+
+  Building       build_release(bins, examples): `cargo build --release` of the host crate, the binaries' paths;
+                 build_guests(log, names): dev/build-guests, the guests' paths (target/guests/NAME.wasm).
+  Manifests      Pipeline, manifest(...): the TOML of one benchmark host (defaults everywhere but the essentials).
+  The broker     Broker: this checkout's broker on the KAFKA_* ports used as it is, or one started (and stopped by
+                 close()) through dev/kafka_harness.py; its pid and bootstrap, the Kafka tools' command lines
+                 (tool_cmd, tool), create_topic, share_earliest, delete_topic; share_group_lag parses
+                 ShareGroupCommand --describe.
+  A host         Host: one process (`sharehost run`, pipeline_bench, ...) with its output in files, optionally
+                 under /usr/bin/time -v; wait_ready() (its admin endpoint answers), judged() (GET /pipelines'
+                 accepted + rejected), wait_judged(), save() (/pipelines and /metrics to files), stop() or
+                 terminate() + wait_exit() (SIGTERM, wait for the drain), kill() (a run that failed half-way).
+                 admin_get and judged_counts are the same without a Host.
+  Measuring      TimeReport (a /usr/bin/time -v report: CPU s, peak RSS), cpu_ticks/cpu_seconds and status_kb
+                 (/proc of a live process), thread_cpu_seconds, children/descendants.
+  A run's notes  machine_lines, commit, changed_files, load_now, utc_stamp, now_us, epoch_us_of (the Kafka tools'
+                 dates), bash_quote (a command line as the shell scripts printed it), port_in_use.
+
+Every wait waits for an event (a port answering, a counter reaching a value, a process exiting), polled, with an
+upper bound that fails loudly with Die; a busy machine makes a wait longer, never a failure. Anything read from
+outside (a report, /proc, an HTTP answer) that is not what it should be raises Die naming where it came from.
+"""
+
+import calendar
+import dataclasses
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+DEV = Path(os.path.abspath(os.path.dirname(__file__)))
+REPO = DEV.parent
+sys.path.insert(0, str(DEV))
+import kafka_harness  # noqa: E402  (dev/ is not a package)
+
+# The one error of the drivers: a failure that ends the run, printed as "NAME: error: MSG" (exit 1). The broker
+# harness raises the same one.
+Die = kafka_harness.Die
+GUESTS = REPO / "target" / "guests"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+POLL_S = 0.2
+port_in_use = kafka_harness.port_in_use
+
+
+def now_us():
+    """Wall-clock microseconds since the epoch (what results.tsv files hold)."""
+    return time.time_ns() // 1000
+
+
+def target_dir(environ=os.environ):
+    """Cargo's target dir as a build from the checkout's root sees it (CARGO_TARGET_DIR relative to the root)."""
+    return REPO / (environ.get("CARGO_TARGET_DIR") or "target")
+
+
+# --- building --------------------------------------------------------------------------------------------------------
+
+
+def build_release(bins=("sharehost",), examples=()):
+    """Builds the host crate's BINS and EXAMPLES (release, quiet); returns {name: path}. Dies if cargo fails or a
+    binary is not there afterwards."""
+    cmd = ["cargo", "build", "--release", "--quiet", "-p", "sharehost"]
+    for b in bins:
+        cmd += ["--bin", b]
+    for e in examples:
+        cmd += ["--example", e]
+    if subprocess.call(cmd, cwd=REPO, stdin=subprocess.DEVNULL) != 0:
+        raise Die(f"{' '.join(cmd)} failed")
+    release = target_dir() / "release"
+    paths = {b: release / b for b in bins}
+    paths.update({e: release / "examples" / e for e in examples})
+    for path in paths.values():
+        if not os.access(path, os.X_OK):
+            raise Die(f"no {path} after the build")
+    return paths
+
+
+def build_guests(log, names=()):
+    """Runs dev/build-guests with its output in LOG (shown on failure); returns {name: target/guests/NAME.wasm} for
+    NAMES, each of which must exist afterwards."""
+    with open(log, "wb") as out:
+        rc = subprocess.call([str(DEV / "build-guests")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+    if rc != 0:
+        sys.stderr.write(Path(log).read_text(errors="replace"))
+        raise Die("dev/build-guests failed")
+    paths = {n: GUESTS / f"{n}.wasm" for n in names}
+    for path in paths.values():
+        if not path.is_file():
+            raise Die(f"no {path.relative_to(REPO)} after dev/build-guests")
+    return paths
+
+
+# --- manifests -------------------------------------------------------------------------------------------------------
+
+
+def toml_string(text):
+    """TEXT as a TOML basic string."""
+    text = str(text)
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = "".join(c if c >= " " or c == "\t" else f"\\u{ord(c):04x}" for c in escaped)
+    return f'"{escaped}"'
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """One [[pipeline]] table: EXTRA is raw TOML lines added at its end (e.g. "max_in_flight = 3000")."""
+
+    name: str
+    topics: list
+    group: str
+    component: str
+    extra: str = ""
+
+
+def manifest(bootstrap, admin_port, pipelines, client_id="sharehost-bench", before="", after_admin=""):
+    """The manifest of one benchmark host: [cluster] (BOOTSTRAP, CLIENT_ID), [admin] on 127.0.0.1:ADMIN_PORT, then
+    the PIPELINES, every other setting at its default. BEFORE is raw TOML put first (tables such as [trust] and
+    [fleet]); AFTER_ADMIN raw TOML between [admin] and the pipelines."""
+    parts = [before.rstrip("\n") + "\n\n"] if before.strip() else []
+    parts.append(f"[cluster]\nbootstrap = {toml_string(bootstrap)}\nclient_id = {toml_string(client_id)}\n\n"
+                 f"[admin]\nlisten = {toml_string(f'127.0.0.1:{admin_port}')}\n\n")
+    if after_admin.strip():
+        parts.append(after_admin.rstrip("\n") + "\n\n")
+    for p in pipelines:
+        topics = ", ".join(toml_string(t) for t in p.topics)
+        parts.append(f"[[pipeline]]\nname = {toml_string(p.name)}\ntopics = [{topics}]\n"
+                     f"group = {toml_string(p.group)}\n"
+                     f"component = {toml_string(p.component)}\n")
+        if p.extra.strip():
+            parts.append(p.extra.rstrip("\n") + "\n")
+        parts.append("\n")
+    return "".join(parts).rstrip("\n") + "\n"
+
+
+# --- the admin endpoint ----------------------------------------------------------------------------------------------
+
+
+def admin_get(port, path, timeout=5):
+    """GET PATH from the admin endpoint on 127.0.0.1:PORT: the body of a 200 answer, or None (no answer, refused,
+    another status)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        body = answer.read()
+        return body if answer.status == 200 else None
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def judged_counts(status, where="GET /pipelines"):
+    """(accepted, rejected) summed over every pipeline and version of a GET /pipelines answer (parsed JSON): every
+    record judged, since a plugin that rejects some still sees them all."""
+    accepted = rejected = 0
+    try:
+        for p in status:
+            for counters in p["versions"].values():
+                accepted += int(counters["accepted"])
+                rejected += int(counters["rejected"])
+    except (TypeError, KeyError, AttributeError, ValueError) as e:
+        raise Die(f"{where}: not a list of pipelines with per-version accepted/rejected counters ({e!r})") from None
+    return accepted, rejected
+
+
+# --- /proc and /usr/bin/time -----------------------------------------------------------------------------------------
+
+
+def parse_stat(text, where):
+    """utime + stime clock ticks from a /proc/PID/stat line (the comm field may hold spaces and parentheses)."""
+    fields = text[text.rfind(")") + 2:].split()
+    # After "(comm)": state is field 3, utime field 14, stime field 15.
+    try:
+        return int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        raise Die(f"{where}: not a /proc stat line") from None
+
+
+def cpu_ticks(pid, if_gone=None):
+    """User+sys clock ticks PID has used; IF_GONE when it is gone (None: Die)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        if if_gone is not None:
+            return if_gone
+        raise Die(f"process {pid} is gone (no /proc/{pid}/stat)") from None
+    return parse_stat(text, f"/proc/{pid}/stat")
+
+
+def cpu_seconds(pid, if_gone=None):
+    ticks = cpu_ticks(pid, if_gone)
+    return ticks if ticks is None else ticks / CLK_TCK
+
+
+def thread_cpu_seconds(pid, comm):
+    """User+sys seconds of PID's threads named COMM (e.g. a host's "sharehost-epoch" ticker); 0 when none."""
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        if text[text.find("(") + 1:text.rfind(")")] == comm:
+            ticks += parse_stat(text, task / "stat")
+    return ticks / CLK_TCK
+
+
+def parse_status_kb(text, key, where):
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            words = value.split()
+            if words and words[0].isdigit():
+                return int(words[0])
+    raise Die(f"{where}: no {key} in kB")
+
+
+def status_kb(pid, key):
+    """A kB field of /proc/PID/status: VmRSS (resident now), VmHWM (peak resident)."""
+    where = f"/proc/{pid}/status"
+    try:
+        text = Path(where).read_text()
+    except OSError:
+        raise Die(f"process {pid} is gone (no {where})") from None
+    return parse_status_kb(text, key, where)
+
+
+def children(pid):
+    """PID's child processes."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def descendants(pid):
+    """PID's children, theirs, and so on."""
+    found, todo = [], children(pid)
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children(p))
+    return found
+
+
+@dataclasses.dataclass
+class TimeReport:
+    """What /usr/bin/time -v reports of a process tree (the process and every child it waited for)."""
+
+    cpu_s: float  # user + system seconds
+    rss_kb: int  # the largest peak resident set size of one process
+
+    @classmethod
+    def parse(cls, text, where):
+        values = {}
+        for line in text.splitlines():
+            name, sep, value = line.strip().rpartition(": ")
+            if sep:
+                values[name] = value.strip()
+        try:
+            return cls(cpu_s=float(values["User time (seconds)"]) + float(values["System time (seconds)"]),
+                       rss_kb=int(values["Maximum resident set size (kbytes)"]))
+        except (KeyError, ValueError) as e:
+            raise Die(f"{where}: not a /usr/bin/time -v report (no or a bad {e})") from None
+
+    @classmethod
+    def read(cls, path):
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError as e:
+            raise Die(f"cannot read the time report {path}: {e.strerror}") from None
+        return cls.parse(text, path)
+
+
+# --- hosts -----------------------------------------------------------------------------------------------------------
+
+
+class Host:
+    """One host process (`sharehost run MANIFEST`, pipeline_bench MANIFEST, ...) with its admin endpoint on
+    127.0.0.1:ADMIN_PORT, stdout and stderr in files; with TIME_REPORT under /usr/bin/time -v -o TIME_REPORT. It
+    does not stop by itself: stop() SIGTERMs it, and it drains and exits."""
+
+    def __init__(self, argv, admin_port, stdout, stderr=None, env=None, time_report=None):
+        self.admin_port = admin_port
+        self.stderr_path = Path(stderr if stderr is not None else stdout)
+        self.timed = time_report is not None
+        cmd = ["/usr/bin/time", "-v", "-o", str(time_report), *map(str, argv)] if self.timed else list(map(str, argv))
+        full_env = dict(os.environ, **(env or {}))
+        with open(stdout, "wb") as out:
+            if stderr is None:
+                self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=full_env)
+            else:
+                with open(stderr, "wb") as err:
+                    self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=full_env)
+        self.pid = self.proc.pid
+
+    def host_pids(self):
+        """The host process itself: /usr/bin/time's child when timed (none before it forked or after it ended)."""
+        return children(self.pid) if self.timed else [self.pid]
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def tail(self, n=20):
+        kafka_harness.tail(self.stderr_path, n)
+
+    def status(self, timeout=5):
+        """GET /pipelines parsed, or None when the endpoint does not answer."""
+        body = admin_get(self.admin_port, "/pipelines", timeout)
+        if body is None:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise Die(f"GET /pipelines on port {self.admin_port} answered no JSON: {body[:200]!r}") from None
+
+    def judged(self):
+        """Records accepted + rejected so far by every pipeline of the host, or None when it does not answer."""
+        status = self.status()
+        return None if status is None else sum(judged_counts(status, f"GET /pipelines on port {self.admin_port}"))
+
+    def wait_ready(self, limit_s, what="the host"):
+        """Until the admin endpoint answers GET /pipelines. Dies when the process exits first or after LIMIT_S."""
+        t0 = time.monotonic()
+        while self.status(timeout=2) is None:
+            if not self.running():
+                self.tail()
+                raise Die(f"{what} exited before its admin endpoint answered (see {self.stderr_path})")
+            if time.monotonic() - t0 >= limit_s:
+                raise Die(f"{what}: its admin endpoint on port {self.admin_port} did not answer within {limit_s}s")
+            time.sleep(POLL_S)
+
+    def wait_judged(self, target, idle_s, what="the host", poll_s=0.25):
+        """Polls judged() until it reaches TARGET; returns (when it saw it in µs since the epoch, the count it saw).
+        Dies when the process exits first or when the count did not move for IDLE_S seconds."""
+        last, last_change = -1, time.monotonic()
+        while True:
+            if not self.running():
+                self.tail()
+                raise Die(f"{what}: the host exited (see {self.stderr_path})")
+            n = self.judged()
+            if n is not None and n >= target:
+                return now_us(), n
+            if n is not None and n > last:
+                last, last_change = n, time.monotonic()
+            if time.monotonic() - last_change > idle_s:
+                seen = "?" if last < 0 else last
+                raise Die(f"{what}: no progress for {idle_s}s at {seen} of {target} records")
+            time.sleep(poll_s)
+
+    def save(self, prefix):
+        """The final /pipelines and /metrics into PREFIX.pipelines.json and PREFIX.metrics (missing when they do not
+        answer: they are diagnostics)."""
+        for path, name in (("/pipelines", "pipelines.json"), ("/metrics", "metrics")):
+            body = admin_get(self.admin_port, path)
+            if body is not None:
+                Path(f"{prefix}.{name}").write_bytes(body)
+
+    def stop(self, limit_s=300, what="the host"):
+        """SIGTERM to the host (it drains and leaves), then waits for it; its exit status. Dies when it is still
+        there after LIMIT_S (it is then killed)."""
+        self.terminate()
+        return self.wait_exit(limit_s, what)
+
+    def terminate(self):
+        """SIGTERM to the host, without waiting (several hosts drain side by side: terminate each, then wait)."""
+        for pid in self.host_pids():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def wait_exit(self, limit_s, what="the host"):
+        """Waits for the process to exit; its exit status. Dies after LIMIT_S (it is then killed)."""
+        try:
+            return self.proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise Die(f"{what} did not exit within {limit_s}s of SIGTERM (killed; see {self.stderr_path})") from None
+
+    def kill(self):
+        """For a run that failed half-way: SIGTERM to the host and to /usr/bin/time, a bounded wait, then SIGKILL."""
+        if not self.running():
+            return
+        for pid in [*self.host_pids(), self.pid]:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            for pid in [*self.host_pids(), self.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait()
+
+
+# --- the broker ------------------------------------------------------------------------------------------------------
+
+
+class Broker:
+    """The benchmarks' broker, through dev/kafka_harness.py with the KAFKA_* and SHAREHOST_KAFKA_DIR settings of the
+    environment: this checkout's running single node is used as it is (never stopped); otherwise one is started that
+    close() stops again (dev/kafka down: its data goes too). A stopped broker whose state is kept is refused: `up`
+    would wipe it, and it may be somebody's restart test between stop and start."""
+
+    def __init__(self, say=None):
+        self.harness = kafka_harness.Harness()
+        self.started = False
+        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.pid = self.bootstrap = self.version = None
+
+    def attach(self, busy_wait_s=None, busy_msg="port {port} is taken by a process that is not this checkout's broker",
+               running_note="using this checkout's running broker", stopped_msg=None, log=None):
+        """BUSY_WAIT_S: how long to wait for another checkout's broker to free the ports (None: die with BUSY_MSG).
+        What starting one prints goes to stderr, or to the file LOG."""
+        h = self.harness
+        if h.brokers == 1 and h.node_pid(1) is not None:
+            self.say(running_note)
+            return self._facts()
+        if h.brokers != 1 and h.running_nodes():
+            raise Die(f"{h.state} holds a cluster of {h.brokers} nodes; the benchmarks need a single node")
+        if (h.node_dir(1) / "server.properties").is_file():
+            raise Die(stopped_msg or f"a stopped broker's state is kept in {h.state}; resume it (dev/kafka "
+                      "start-broker) or remove it (dev/kafka down)")
+        ports = (h.shape.port, h.shape.controller_port, h.shape.sasl_ssl_port)
+        waited = 0
+        while busy := [p for p in ports if kafka_harness.port_in_use(p)]:
+            if busy_wait_s is None:
+                raise Die(busy_msg.format(port=busy[0]))
+            if waited >= busy_wait_s:
+                raise Die(f"ports {' '.join(map(str, busy))} still taken by another process after {busy_wait_s}s; "
+                          "not touching it")
+            self.say(f"ports {' '.join(map(str, busy))} are taken by a broker that is not this checkout's; waiting "
+                     f"({waited}s of {busy_wait_s}s)")
+            time.sleep(30)
+            waited += 30
+        self.started = True
+        if log is None:
+            with redirect_stdout(sys.stderr):
+                h.cmd_up([])
+        else:
+            with open(log, "a") as out, redirect_stdout(out):
+                h.cmd_up([])
+        return self._facts()
+
+    def _facts(self):
+        h = self.harness
+        h.load_broker_env()
+        self.pid = h.node_pid(1)
+        if self.pid is None:
+            raise Die(f"the broker in {h.state} is not running")
+        self.version = h.version
+        self.bootstrap = h.shape.bootstrap()
+        h.require_java()
+        with redirect_stdout(sys.stderr):
+            h.ensure_lib()
+        return self
+
+    def close(self):
+        """Stops the broker if this run started it."""
+        if self.started:
+            self.started = False
+            with redirect_stdout(sys.stderr):
+                self.harness.cmd_down([])
+
+    def tool_cmd(self, cls, *args, jvm=()):
+        """The java command line of Kafka tool CLS (dev/kafka tool's flags, then JVM: the later flags win)."""
+        return self.harness.java_cmd(*jvm, cls, *map(str, args))
+
+    def tool(self, cls, *args, log=None, jvm=()):
+        """Runs tool CLS; (exit status, its output). LOG: the output is also written there."""
+        out = subprocess.run(self.tool_cmd(cls, *args, jvm=jvm), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, text=True, errors="replace")
+        if log is not None:
+            with open(log, "a") as f:
+                f.write(out.stdout)
+        return out.returncode, out.stdout
+
+    def create_topic(self, topic, partitions, log):
+        rc, out = self.tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--create",
+                            "--if-not-exists", "--topic", topic, "--partitions", partitions,
+                            "--replication-factor", "1", log=log)
+        if rc != 0:
+            sys.stderr.write(out)
+            raise Die(f"cannot create {topic}")
+
+    def share_earliest(self, group, log):
+        """share.auto.offset.reset=earliest on a new share group. It must be set before the first member joins: the
+        share-partition start offset is fixed when the partition is first initialised for the group."""
+        rc, out = self.tool("org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", self.bootstrap, "--alter",
+                            "--entity-type", "groups", "--entity-name", group, "--add-config",
+                            "share.auto.offset.reset=earliest", log=log)
+        if rc != 0:
+            sys.stderr.write(out)
+            raise Die(f"cannot configure group {group}")
+
+    def delete_topic(self, topic, log):
+        """Deletes a topic the run made; a failure is only said (the topic is the run's own and harmless)."""
+        rc, _ = self.tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--delete",
+                          "--topic", topic, log=log)
+        if rc != 0:
+            self.say(f"could not delete {topic} (harmless)")
+
+
+def share_group_lag(describe_output, group):
+    """The sum of GROUP's per-partition lag in ShareGroupCommand --describe's output, or None when it shows no
+    partition or a lag that is not a number (unknown)."""
+    total, rows = 0, 0
+    for line in describe_output.splitlines():
+        words = line.split()
+        if len(words) >= 5 and words[0] == group:
+            if not words[4].isdigit():
+                return None
+            total += int(words[4])
+            rows += 1
+    return total if rows else None
+
+
+# --- a run's bookkeeping ---------------------------------------------------------------------------------------------
+
+
+def machine_lines():
+    """The cpu, memory and kernel lines of a run's machine.txt."""
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem_kb = parse_status_kb(Path("/proc/meminfo").read_text(), "MemTotal", "/proc/meminfo")
+    except OSError as e:
+        raise Die(f"cannot read the machine's description: {e}") from None
+    return [f"cpu: {os.cpu_count()} x {model}", f"memory: {mem_kb / 1048576:.1f} GiB", f"kernel: {os.uname().release}"]
+
+
+def git(*args):
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+
+
+def commit():
+    """The checkout's commit, short."""
+    return git("rev-parse", "--short", "HEAD")
+
+
+def changed_files(*paths):
+    """The files that differ from the commit (under PATHS when given): a dirty checkout's run says so."""
+    return git("diff", "--name-only", "HEAD", "--", *paths).split()
+
+
+def load_now(fields=1):
+    """The first FIELDS load averages of /proc/loadavg, as written there."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:fields])
+
+
+def utc_stamp(fmt="%Y%m%dT%H%M%SZ"):
+    return time.strftime(fmt, time.gmtime())
+
+
+def bash_quote(text):
+    """TEXT quoted as bash's printf %q does for the printable strings a command line holds (so a command printed by
+    a driver reads as it did when the drivers were shell scripts)."""
+    if text == "":
+        return "''"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        body = text.replace("\\", "\\\\").replace("'", "\\'")
+        body = "".join(c if ord(c) >= 32 and ord(c) != 127 else f"\\{ord(c):03o}" for c in body)
+        return f"$'{body}'"
+    out = []
+    for i, c in enumerate(text):
+        safe = c.isalnum() or c in "_./:=@%+-" or ord(c) > 127 or (c in "~#" and i > 0)
+        out.append(c if safe else "\\" + c)
+    return "".join(out)
+
+
+def epoch_us_of(stamp):
+    """Microseconds since the epoch of a "yyyy-MM-dd HH:mm:ss.SSSZ" time as the Kafka tools print it
+    ("2026-05-01 09:13:06.123+0000"); ValueError when it is not one."""
+    m = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,6})([+-])(\d\d)(\d\d)", stamp.strip())
+    if not m:
+        raise ValueError(f"not a yyyy-MM-dd HH:mm:ss.SSSZ time: '{stamp}'")
+    y, mo, d, h, mi, s = (int(g) for g in m.groups()[:6])
+    frac = int(m.group(7).ljust(6, "0"))
+    offset = (int(m.group(9)) * 3600 + int(m.group(10)) * 60) * (1 if m.group(8) == "+" else -1)
+    return (calendar.timegm((y, mo, d, h, mi, s)) - offset) * 1_000_000 + frac

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Tests of dev/bench_host.py, run by dev/test (standard library only, no broker, no build).
+
+The parsers are tested on fixtures of real output in dev/testdata/bench-host/ (a /usr/bin/time -v report, a
+ShareGroupCommand describe); a host is played by a small Python process that serves GET /pipelines and /metrics the
+way `sharehost run` does and drains on SIGTERM, so starting, waiting, polling and stopping are tested for real.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+from pathlib import Path
+
+DEV = Path(__file__).resolve().parent
+sys.path.insert(0, str(DEV))
+import bench_host  # noqa: E402
+from bench_host import Die  # noqa: E402
+
+FIXTURES = DEV / "testdata" / "bench-host"
+
+# A stand-in for `sharehost run`: an admin endpoint on argv[1] whose accepted counter grows by argv[2] per request
+# (after argv[3] requests that answer 503, as a host still starting does), a "drained" line on SIGTERM, exit argv[4].
+FAKE_HOST = textwrap.dedent("""
+    import http.server, json, signal, sys
+    port, step, not_ready, code = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    state = {"n": 0, "asked": 0}
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            state["asked"] += 1
+            if state["asked"] <= not_ready:
+                self.send_response(503); self.end_headers(); return
+            if self.path == "/pipelines":
+                state["n"] += step
+                body = json.dumps([{"name": "bench", "versions": {"v1": {"accepted": state["n"], "rejected": 1},
+                                                                   "v0": {"accepted": 5, "rejected": 0}}}]).encode()
+            else:
+                body = b"sharehost_session_resets_total{pipeline=\\"bench\\"} 0\\n"
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+    server = http.server.HTTPServer(("127.0.0.1", port), H)
+    def term(*a):
+        print("drained", flush=True)
+        sys.exit(code)
+    signal.signal(signal.SIGTERM, term)
+    server.serve_forever()
+""")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Parsers(unittest.TestCase):
+    def test_time_report(self):
+        r = bench_host.TimeReport.read(FIXTURES / "time-v.txt")
+        self.assertAlmostEqual(r.cpu_s, 0.19 + 0.06)
+        self.assertEqual(r.rss_kb, 36004)
+
+    def test_time_report_names_the_file_when_cut_short(self):
+        with self.assertRaisesRegex(Die, "cut.time: not a /usr/bin/time -v report"):
+            bench_host.TimeReport.parse("\tUser time (seconds): 1.5\n", "cut.time")
+        with self.assertRaisesRegex(Die, "cannot read the time report"):
+            bench_host.TimeReport.read(FIXTURES / "no-such-file")
+
+    def test_proc_stat_with_a_name_holding_spaces_and_parentheses(self):
+        line = "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 17 0 0 20 0 9 0 123 0 0"
+        self.assertEqual(bench_host.parse_stat(line, "stat"), 267)
+        with self.assertRaisesRegex(Die, "stat: not a /proc stat line"):
+            bench_host.parse_stat("4242 (x) S 1", "stat")
+
+    def test_proc_of_this_process(self):
+        self.assertGreaterEqual(bench_host.cpu_ticks(os.getpid()), 0)
+        self.assertGreater(bench_host.status_kb(os.getpid(), "VmHWM"), 0)
+        self.assertEqual(bench_host.cpu_ticks(2**22 + 7, if_gone=-1), -1)
+        with self.assertRaisesRegex(Die, "is gone"):
+            bench_host.cpu_ticks(2**22 + 7)
+        with self.assertRaisesRegex(Die, "no VmNope in kB"):
+            bench_host.status_kb(os.getpid(), "VmNope")
+
+    def test_thread_cpu_of_this_process(self):
+        comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+        main = bench_host.parse_stat(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/stat").read_text(), "stat")
+        self.assertGreaterEqual(bench_host.thread_cpu_seconds(os.getpid(), comm), main / bench_host.CLK_TCK)
+        self.assertEqual(bench_host.thread_cpu_seconds(os.getpid(), "no-such-thread"), 0)
+
+    def test_share_group_lag(self):
+        text = (FIXTURES / "describe.txt").read_text()
+        self.assertEqual(bench_host.share_group_lag(text, "bench-java-100b-1p-115806"), 0)
+        self.assertIsNone(bench_host.share_group_lag(text, "another-group"))
+        unknown = "GROUP TOPIC PARTITION START-OFFSET LAG\ng t 0 - -\n"
+        self.assertIsNone(bench_host.share_group_lag(unknown, "g"))
+        self.assertEqual(bench_host.share_group_lag("g t 0 5 7\ng t 1 9 3\n", "g"), 10)
+
+    def test_judged_counts(self):
+        status = [{"versions": {"a": {"accepted": 3, "rejected": 1}, "b": {"accepted": 4, "rejected": 0}}},
+                  {"versions": {}}]
+        self.assertEqual(bench_host.judged_counts(status), (7, 1))
+        with self.assertRaisesRegex(Die, "x.json: not a list of pipelines"):
+            bench_host.judged_counts([{"versions": {"a": {"accepted": 3}}}], "x.json")
+        with self.assertRaisesRegex(Die, "not a list of pipelines"):
+            bench_host.judged_counts({"error": "no"})
+
+    def test_epoch_us_of_the_tools_dates(self):
+        self.assertEqual(bench_host.epoch_us_of("2026-05-01 09:13:06.123+0000"), 1777626786123000)
+        self.assertEqual(bench_host.epoch_us_of("2026-05-01 11:13:06.123+0200"), 1777626786123000)
+        with self.assertRaises(ValueError):
+            bench_host.epoch_us_of("yesterday")
+
+    def test_bash_quote_reads_as_printf_q(self):
+        cases = {"100 1024": r"100\ 1024", "a=b": "a=b", "": "''", "x,y:z@%+~^": r"x\,y:z@%+~\^", 'a"b': r'a\"b',
+                 "~x": r"\~x", "a~": "a~", "#a": r"\#a", "/w/t-1/x_y.z": "/w/t-1/x_y.z"}
+        for text, quoted in cases.items():
+            self.assertEqual(bench_host.bash_quote(text), quoted, text)
+        # and the shell reads each back as it was
+        for text in cases:
+            out = subprocess.run(["bash", "-c", f"printf %s {bench_host.bash_quote(text)}"], capture_output=True,
+                                 text=True).stdout
+            self.assertEqual(out, text)
+
+
+class Manifests(unittest.TestCase):
+    def test_one_pipeline(self):
+        pipe = bench_host.Pipeline("bench", ["t"], "g", "/x/accept_all.wasm", "max_in_flight = 3")
+        text = bench_host.manifest("127.0.0.1:19092", 39470, [pipe])
+        self.assertEqual(text, textwrap.dedent("""\
+            [cluster]
+            bootstrap = "127.0.0.1:19092"
+            client_id = "sharehost-bench"
+
+            [admin]
+            listen = "127.0.0.1:39470"
+
+            [[pipeline]]
+            name = "bench"
+            topics = ["t"]
+            group = "g"
+            component = "/x/accept_all.wasm"
+            max_in_flight = 3
+            """))
+
+    def test_before_after_admin_and_many_pipelines(self):
+        pipes = [bench_host.Pipeline(f"p{i}", [f"t-{i}"], f"t-{i}-g", "c.wasm", "x = 1") for i in range(2)]
+        text = bench_host.manifest("b:1", 1, pipes, client_id="c", before="[trust]\nkeys = [\"k\"]\n",
+                                   after_admin="[runtime]\nfuel = 2")
+        self.assertTrue(text.startswith('[trust]\nkeys = ["k"]\n\n[cluster]\n'))
+        self.assertIn('listen = "127.0.0.1:1"\n\n[runtime]\nfuel = 2\n\n[[pipeline]]\nname = "p0"', text)
+        self.assertIn('x = 1\n\n[[pipeline]]\nname = "p1"\ntopics = ["t-1"]\ngroup = "t-1-g"', text)
+        self.assertTrue(text.endswith("x = 1\n"))
+
+    def test_strings_are_escaped(self):
+        self.assertEqual(bench_host.toml_string('a"b\\c\n'), '"a\\"b\\\\c\\u000a"')
+
+
+class Hosts(unittest.TestCase):
+    def setUp(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-host-test."))
+        self.script = self.dir / "fake_host.py"
+        self.script.write_text(FAKE_HOST)
+
+    def tearDown(self):
+        for h in getattr(self, "hosts", []):
+            h.kill()
+        for f in self.dir.iterdir():
+            f.unlink()
+        self.dir.rmdir()
+
+    def host(self, step=10, not_ready=0, code=0, timed=False):
+        port = free_port()
+        h = bench_host.Host([sys.executable, self.script, port, step, not_ready, code], port, self.dir / "out",
+                            self.dir / "err", time_report=self.dir / "time" if timed else None)
+        self.hosts = getattr(self, "hosts", []) + [h]
+        return h
+
+    def test_ready_judged_saved_and_stopped(self):
+        h = self.host(not_ready=2)
+        h.wait_ready(60)
+        # The fake's counter grows by 10 per answer (wait_ready's was the first): accepted + rejected over both versions
+        self.assertEqual(h.judged(), 20 + 1 + 5)
+        t, n = h.wait_judged(100, idle_s=30, poll_s=0.01)
+        self.assertGreaterEqual(t, bench_host.now_us() - 60_000_000)
+        self.assertGreaterEqual(n, 100)
+        h.save(self.dir / "final")
+        self.assertEqual(json.loads((self.dir / "final.pipelines.json").read_text())[0]["name"], "bench")
+        self.assertIn("sharehost_session_resets_total", (self.dir / "final.metrics").read_text())
+        self.assertEqual(h.stop(60), 0)
+        self.assertIn("drained", (self.dir / "out").read_text())
+        self.assertIsNone(h.judged())
+
+    def test_under_usr_bin_time_the_host_gets_the_signal_and_the_report_is_written(self):
+        if not os.access("/usr/bin/time", os.X_OK):
+            self.skipTest("no /usr/bin/time")
+        h = self.host(code=3, timed=True)
+        h.wait_ready(60)
+        self.assertNotEqual(h.host_pids(), [h.pid])
+        self.assertEqual(h.stop(60), 3)
+        report = bench_host.TimeReport.read(self.dir / "time")
+        self.assertGreater(report.rss_kb, 0)
+
+    def test_a_host_that_exits_fails_the_waits(self):
+        port = free_port()
+        h = bench_host.Host([sys.executable, "-c", "import sys; print('bad manifest', file=sys.stderr); sys.exit(1)"],
+                            port, self.dir / "out", self.dir / "err")
+        self.hosts = [h]
+        with self.assertRaisesRegex(Die, "exited before its admin endpoint answered"):
+            h.wait_ready(60)
+        with self.assertRaisesRegex(Die, "the host exited"):
+            h.wait_judged(1, idle_s=60)
+
+    def test_no_progress_is_a_failure_after_the_idle_limit(self):
+        h = self.host(step=0)
+        h.wait_ready(60)
+        t0 = time.monotonic()
+        with self.assertRaisesRegex(Die, "no progress for 0.3s at 6 of 100 records"):
+            h.wait_judged(100, idle_s=0.3, poll_s=0.01)
+        self.assertLess(time.monotonic() - t0, 30)
+
+    def test_an_endpoint_that_never_answers_is_an_upper_bound(self):
+        port = free_port()
+        h = bench_host.Host([sys.executable, "-c", "import time; time.sleep(600)"], port, self.dir / "out")
+        self.hosts = [h]
+        with self.assertRaisesRegex(Die, f"port {port} did not answer within 0.5s"):
+            h.wait_ready(0.5)
+        h.kill()
+        self.assertFalse(h.running())
+
+
+if __name__ == "__main__":
+    unittest.main()
