@@ -411,136 +411,149 @@ fn run_in(dir: &Path, cmd: &mut Command, what: &str) {
     );
 }
 
+#[test]
+fn a_new_rust_project_builds_passes_its_own_test_and_judges_its_records() {
+    new_project_builds_passes_its_own_test_and_judges_its_records("rust");
+}
+
+#[test]
+fn a_new_python_project_builds_passes_its_own_test_and_judges_its_records() {
+    new_project_builds_passes_its_own_test_and_judges_its_records("python");
+}
+
+#[test]
+fn a_new_javascript_project_builds_passes_its_own_test_and_judges_its_records() {
+    new_project_builds_passes_its_own_test_and_judges_its_records("js");
+}
+
 /// `sharehost new LANG NAME` in a folder outside the repository: the project's own native test
 /// passes, its component (built with the language's build command) judges the project's sample
 /// records as the plugin says, through `test-plugin --manifest` with the project's manifest, and
-/// `sharehost check` accepts the manifest.
-#[test]
-fn a_new_project_in_each_language_builds_passes_its_own_test_and_judges_its_records() {
+/// `sharehost check` accepts the manifest. One test per language, so that the three builds run
+/// side by side.
+fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
     let root = repo_root();
     let parent = std::env::temp_dir().join(sharehost_tests::unique("sharehost-new"));
     std::fs::create_dir_all(&parent).expect("temp dir");
     let sharehost = sharehost_tests::sharehost_bin!();
-    for lang in ["rust", "python", "js"] {
-        let name = format!("size-{lang}");
-        run_in(
-            &parent,
-            Command::new(sharehost).args(["new", lang, &name]),
-            "sharehost new",
-        );
-        let dir = parent.join(&name);
-        let module = name.replace('-', "_");
-        let component = match lang {
-            "rust" => {
-                // The examples' target folders hold the SDK's dependencies built with the same
-                // profiles, and their lockfile the versions: a project's first build compiles
-                // only itself (an author's first build compiles the SDK once too).
-                std::fs::copy(root.join("examples/Cargo.lock"), dir.join("Cargo.lock"))
-                    .expect("copy the lockfile");
-                run_in(
-                    &dir,
-                    Command::new("cargo")
-                        .args(["test", "--quiet"])
-                        .env("CARGO_TARGET_DIR", root.join("examples/target")),
-                    "cargo test",
-                );
-                let target = root.join("target/guest-build");
-                run_in(
-                    &dir,
-                    Command::new("cargo")
-                        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2"])
-                        .env("CARGO_TARGET_DIR", &target),
-                    "cargo build",
-                );
-                // Where the project's manifest names it, as without a shared target folder.
-                let built = dir.join(format!("target/wasm32-wasip2/release/{module}.wasm"));
-                std::fs::create_dir_all(built.parent().expect("parent")).expect("dir");
-                std::fs::copy(
-                    target.join(format!("wasm32-wasip2/release/{module}.wasm")),
-                    &built,
-                )
-                .expect("copy the component");
-                built
-            }
-            "python" => {
-                let sdk = root.join("guest-sdk/python");
-                let out = Command::new(sdk.join("toolchain"))
-                    .arg("--with-pytest")
-                    .output()
-                    .expect("the Python toolchain");
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let toolchain = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-                run_in(
-                    &dir,
-                    Command::new(toolchain.join("bin/python"))
-                        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-                        .env("PYTHONPATH", &sdk),
-                    "pytest",
-                );
-                // `sharehost-build-py`, as the SDK's wheel installs it.
-                run_in(
-                    &dir,
-                    Command::new(sdk.join("build")).args(["plugin.py", &format!("{module}.wasm")]),
-                    "sharehost-build-py",
-                );
-                dir.join(format!("{module}.wasm"))
-            }
-            _ => {
-                run_in(
-                    &dir,
-                    Command::new("npm").args(["install", "--silent", "--no-audit", "--no-fund"]),
-                    "npm install",
-                );
-                run_in(
-                    &dir,
-                    Command::new("npm").args(["test", "--silent"]),
-                    "npm test",
-                );
-                run_in(
-                    &dir,
-                    Command::new("npm").args(["run", "--silent", "build"]),
-                    "npm run build",
-                );
-                dir.join(format!("{module}.wasm"))
-            }
-        };
-        let (ok, lines, stderr) = test_plugin_with(
-            &component,
-            &dir.join("records.jsonl"),
-            &[],
-            &[
-                "--manifest",
-                dir.join("manifest.toml").to_str().expect("utf-8"),
-            ],
-        );
-        assert!(ok, "{lang}: {stderr}");
-        let verdicts: Vec<(String, String)> = lines
-            .iter()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
-                (
-                    v["verdict"].as_str().unwrap_or("?").to_owned(),
-                    v["reason"].as_str().unwrap_or("").to_owned(),
-                )
-            })
-            .collect();
-        assert_eq!(
-            verdicts,
-            [
-                ("accept".to_owned(), String::new()),
-                ("reject".to_owned(), "13 bytes > 8".to_owned()),
-                ("reject".to_owned(), "tombstone".to_owned()),
-            ],
-            "{lang}: the manifest's max-bytes of 8"
-        );
-        run_in(
-            &dir,
-            Command::new(sharehost).args(["check", "manifest.toml"]),
-            "sharehost check",
-        );
-    }
+    let name = format!("size-{lang}");
+    run_in(
+        &parent,
+        Command::new(sharehost).args(["new", lang, &name]),
+        "sharehost new",
+    );
+    let dir = parent.join(&name);
+    let module = name.replace('-', "_");
+    let component = match lang {
+        "rust" => {
+            // The examples' target folders hold the SDK's dependencies built with the same
+            // profiles, and their lockfile the versions: a project's first build compiles
+            // only itself (an author's first build compiles the SDK once too).
+            std::fs::copy(root.join("examples/Cargo.lock"), dir.join("Cargo.lock"))
+                .expect("copy the lockfile");
+            run_in(
+                &dir,
+                Command::new("cargo")
+                    .args(["test", "--quiet"])
+                    .env("CARGO_TARGET_DIR", root.join("examples/target")),
+                "cargo test",
+            );
+            let target = root.join("target/guest-build");
+            run_in(
+                &dir,
+                Command::new("cargo")
+                    .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2"])
+                    .env("CARGO_TARGET_DIR", &target),
+                "cargo build",
+            );
+            // Where the project's manifest names it, as without a shared target folder.
+            let built = dir.join(format!("target/wasm32-wasip2/release/{module}.wasm"));
+            std::fs::create_dir_all(built.parent().expect("parent")).expect("dir");
+            std::fs::copy(
+                target.join(format!("wasm32-wasip2/release/{module}.wasm")),
+                &built,
+            )
+            .expect("copy the component");
+            built
+        }
+        "python" => {
+            let sdk = root.join("guest-sdk/python");
+            let out = Command::new(sdk.join("toolchain"))
+                .arg("--with-pytest")
+                .output()
+                .expect("the Python toolchain");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let toolchain = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            run_in(
+                &dir,
+                Command::new(toolchain.join("bin/python"))
+                    .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+                    .env("PYTHONPATH", &sdk),
+                "pytest",
+            );
+            // `sharehost-build-py`, as the SDK's wheel installs it.
+            run_in(
+                &dir,
+                Command::new(sdk.join("build")).args(["plugin.py", &format!("{module}.wasm")]),
+                "sharehost-build-py",
+            );
+            dir.join(format!("{module}.wasm"))
+        }
+        _ => {
+            run_in(
+                &dir,
+                Command::new("npm").args(["install", "--silent", "--no-audit", "--no-fund"]),
+                "npm install",
+            );
+            run_in(
+                &dir,
+                Command::new("npm").args(["test", "--silent"]),
+                "npm test",
+            );
+            run_in(
+                &dir,
+                Command::new("npm").args(["run", "--silent", "build"]),
+                "npm run build",
+            );
+            dir.join(format!("{module}.wasm"))
+        }
+    };
+    let (ok, lines, stderr) = test_plugin_with(
+        &component,
+        &dir.join("records.jsonl"),
+        &[],
+        &[
+            "--manifest",
+            dir.join("manifest.toml").to_str().expect("utf-8"),
+        ],
+    );
+    assert!(ok, "{lang}: {stderr}");
+    let verdicts: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
+            (
+                v["verdict"].as_str().unwrap_or("?").to_owned(),
+                v["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("accept".to_owned(), String::new()),
+            ("reject".to_owned(), "13 bytes > 8".to_owned()),
+            ("reject".to_owned(), "tombstone".to_owned()),
+        ],
+        "{lang}: the manifest's max-bytes of 8"
+    );
+    run_in(
+        &dir,
+        Command::new(sharehost).args(["check", "manifest.toml"]),
+        "sharehost check",
+    );
 }
