@@ -316,12 +316,12 @@ class Status:
 
 
 def pipeline_status(body):
-    """The soak pipeline's counters from GET /pipelines (accepted summed over its versions), or None when the answer
-    is not what the host gives."""
+    """The soak pipeline's counters from GET /pipelines (accepted summed over its versions, a map of content hash to
+    counters), or None when the answer is not what the host gives."""
     try:
         p = json.loads(body)[0]
         return Status(
-            accepted=sum(int(v.get("accepted") or 0) for v in p["versions"]),
+            accepted=sum(int(v.get("accepted") or 0) for v in p["versions"].values()),
             dead_lettered=int(p["dead_lettered"]),
             in_flight=int(p["in_flight"]),
             active_version=str(p["active_version"]),
@@ -1121,6 +1121,8 @@ class Soak:
             if watch.drained(cur, now_ms()):
                 drained = True
                 break
+            if not self.host.alive():
+                break  # the sampling loop has said so already
             time.sleep(1)
         if st:
             self.event(f"drain: accepted {st.accepted}, dead-lettered {st.dead_lettered}, in-flight {st.in_flight} "

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Tests of dev/soak_driver.py (dev/soak's program), run by dev/test: standard library only, no broker, no build.
 
-Fixtures in dev/testdata/soak/: the manifests the bash dev/soak wrote (its write_manifest, run on fixed values).
+Fixtures in dev/testdata/soak/: the manifests the bash dev/soak wrote (its write_manifest, run on fixed values), and
+what a real small soak left (SOAK_MINUTES=2 SOAK_SWAP_EVERY=1, the broker restarted at 60 s): ProducerPerformance's
+log (with the retries around the restart), the host's last GET /pipelines answer (two versions after the swap),
+samples.csv and events.csv; GetOffsetShell's output for a topic of 6 partitions.
 """
 
 import collections
@@ -146,8 +149,23 @@ class ComponentB(Scratch):
 
 
 class ToolOutput(unittest.TestCase):
+    def test_topic_count_sums_the_end_offsets(self):
+        text = (FIXTURES / "offsets.txt").read_text()
+        self.assertEqual(sd.topic_count(text), 61000)
+        self.assertEqual(sd.topic_count("t:0:5\n[2026-12-04] WARN something (x)\nt:1:7\n"), 12)
+        self.assertEqual(sd.topic_count(""), 0)
+
     def test_topic_names_may_hold_colons_free_chars(self):
         self.assertEqual(sd.topic_count("soak-20261204-120000-out:3:1000\n"), 1000)
+
+    def test_the_producer_log_of_a_real_soak(self):
+        log = (FIXTURES / "producer.log").read_text()
+        last, failed = sd.producer_report(log)
+        self.assertRegex(last, r"^[0-9]+ records sent, .* records/sec")
+        self.assertFalse(failed, "its retries around the broker restart are WARN lines")
+        self.assertIn("NotLeaderOrFollowerException", log)
+        records = int(last.split()[0])
+        self.assertTrue(sd.input_is_range(records, records, last, failed))
 
     def test_retries_logged_as_warn_are_not_failed_sends(self):
         log = ("[2026-12-04 12:00:01,000] WARN [Producer clientId=x] Got error produce response ... "
@@ -169,8 +187,18 @@ class ToolOutput(unittest.TestCase):
         self.assertFalse(sd.input_is_range(6000, 6000, line, False))  # the last line is a progress window's
         self.assertFalse(sd.input_is_range(600, 600, "", False))  # no summary line
 
+    def test_the_pipelines_answer_of_a_real_host(self):
+        body = (FIXTURES / "pipelines.json").read_text()
+        st = sd.pipeline_status(body)
+        doc = json.loads(body)[0]
+        self.assertEqual(st.accepted, sum(v["accepted"] for v in doc["versions"].values()))
+        self.assertEqual((st.dead_lettered, st.in_flight, st.active_version),
+                         (doc["dead_lettered"], doc["in_flight"], doc["active_version"]))
+        self.assertGreater(len(doc["versions"]), 1, "the fixture is from after a swap")
+
     def test_an_answer_that_is_not_the_host_s_is_none(self):
-        for body in ("", "not json", "[]", "{}", '[{"versions": 3}]', '[{"versions": [], "dead_lettered": "x"}]'):
+        for body in ("", "not json", "[]", "{}", '[{"versions": 3}]', '[{"versions": {}, "dead_lettered": "x"}]',
+                     '[{"versions": [{"accepted": 1}], "dead_lettered": 0, "in_flight": 0, "active_version": "a"}]'):
             self.assertIsNone(sd.pipeline_status(body), body)
 
     def test_peak_rate(self):
@@ -464,7 +492,21 @@ class RssSteps(unittest.TestCase):
         self.assertEqual(sd.rss_steps([(50.0, "swap 1 to B (x)")], [(10, 100)]), [])
 
 
-class SampleFiles(unittest.TestCase):
+class RealRun(unittest.TestCase):
+    """The samples and events of a real small soak read back, judged and summed up."""
+
+    def test_the_fixture_run(self):
+        samples = sd.read_samples(FIXTURES / "samples.csv")
+        events = sd.read_events(FIXTURES / "events.csv")
+        figures, lines, ok = sd.rss_rule(samples, events, 2, 10)
+        self.assertEqual((figures["warmup_s"], figures["samples"]), (20, 12))
+        self.assertEqual([s["event"] for s in figures["rss_steps"]], ["swap 1 to B + broker restart"])
+        # a 20-s warm-up is too short for the rule to hold: the run failed it, as it printed
+        self.assertEqual((figures["baseline_rss_kib"], figures["max_rss_after_warmup_kib"], ok), (26200, 30800, False))
+        self.assertEqual(lines[-1], "rss: grew +17.6 % over the warm-up baseline (limit 10 %)")
+        self.assertEqual(lines[2], "rss steps at events: swap 1 to B + broker restart at 1.0 min +3.99 MiB")
+        self.assertEqual(sd.fds_line(samples), "fds: min 19, max 20; mean 1-min load 4.96 over 12 samples")
+        self.assertIn("swap 1 B", [r["event"] for r in samples][6])
 
     def test_bad_csv_is_an_error_naming_the_file_and_line(self):
         with tempfile.NamedTemporaryFile("w", suffix=".csv") as f:
