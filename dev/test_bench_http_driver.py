@@ -4,7 +4,10 @@ no build, no HTTP server.
 
 Fixtures in dev/testdata/bench-http/: results.tsv, languages.tsv and emit.tsv (made up, with a missing rate, a zero
 rate and a "?" from the server) and the table.md, languages-table.md and emit-table.md that the bash dev/bench-http's
-awk programs made of them; the three manifests its heredocs wrote on fixed values; a /usr/bin/time -v report.
+awk programs made of them; the three manifests its heredocs wrote on fixed values. From a real small run
+(BENCH_HTTP_RECORDS=2000 BENCH_HTTP_CONCURRENCY="1 2" BENCH_HTTP_BATCH=8 BENCH_HTTP_REPEAT=1 BENCH_HTTP_SECONDS=2,
+all three parts): its run-*.tsv and run-*table.md (which the awk programs also make of them), a host's
+/usr/bin/time -v report (sharehost.time), its GET /pipelines answer, bench-http-native's line and the server's stats.
 """
 
 import os
@@ -99,6 +102,9 @@ class ToolOutput(unittest.TestCase):
         self.assertEqual(bh.topic_count("t:0:10\nt:1:15\n"), 25)
         self.assertEqual(bh.topic_count("[x] WARN y (z)\nt-out:0:7\n"), 7)
 
+    def test_judged_of_a_real_host(self):
+        self.assertEqual(bh.judged((FIXTURES / "pipelines.json").read_text()), (1600, 0))
+
     def test_judged_sums_every_version_of_every_pipeline(self):
         body = ('[{"name":"p","versions":[{"accepted":10,"rejected":1},{"accepted":5,"rejected":0}]},'
                 '{"name":"q","versions":[{"accepted":2,"rejected":3}]}]')
@@ -107,10 +113,12 @@ class ToolOutput(unittest.TestCase):
         self.assertIsNone(bh.judged("<html>"))
 
     def test_the_server_s_stats(self):
+        self.assertEqual(bh.server_fields((FIXTURES / "server.txt").read_text()), ("8", "2000"))
         self.assertEqual(bh.server_fields("requests=400 max_in_flight=16 in_flight=0"), ("16", "400"))
         self.assertEqual(bh.server_fields("requests=? max_in_flight=?"), ("?", "?"))
 
     def test_the_native_line(self):
+        self.assertEqual(bh.native_result((FIXTURES / "native.out").read_text()), ("370.7", "2.155"))
         line = ("requests=6400 in_flight=16 mode=free pool=true wall_ms=8021.4 steady_ms=8001.2 records_per_s=797.9 "
                 "steady_records_per_s=799.8\n")
         self.assertEqual(bh.native_result(line), ("799.8", "8.001"))
@@ -118,10 +126,10 @@ class ToolOutput(unittest.TestCase):
             bh.native_result("error: connection refused")
 
     def test_a_time_report(self):
-        report = bh.time_report((FIXTURES / "true.time").read_text())
-        self.assertEqual(report.cpu_s, "0.00")
-        self.assertRegex(report.rss_kb, r"^[0-9]+$")
-        text = "\tUser time (seconds): 1.25\n\tSystem time (seconds): 0.5\n\tMaximum resident set size (kbytes): 24080\n"
+        report = bh.time_report((FIXTURES / "sharehost.time").read_text())
+        self.assertEqual((report.cpu_s, report.rss_kb), ("0.58", "27428"))
+        text = ("\tUser time (seconds): 1.25\n\tSystem time (seconds): 0.5\n"
+                "\tMaximum resident set size (kbytes): 24080\n")
         self.assertEqual((bh.time_report(text).cpu_s, bh.time_report(text).rss_kb), ("1.75", "24080"))
         with self.assertRaisesRegex(bh.Die, "x.time: no user/system time"):
             bh.time_report("Command terminated by signal 9\n", "x.time")
@@ -154,6 +162,12 @@ class Tables(unittest.TestCase):
     def test_emit(self):
         rows = bh.read_tsv(FIXTURES / "emit.tsv")
         self.assertEqual(bh.emit_table(rows), (FIXTURES / "emit-table.md").read_text())
+
+    def test_the_real_run_s_tables(self):
+        for tsv, table, render in (("run-results.tsv", "run-table.md", lambda r: bh.http_table(r, 20)),
+                                   ("run-languages.tsv", "run-languages-table.md", lambda r: bh.languages_table(r, 20)),
+                                   ("run-emit.tsv", "run-emit-table.md", bh.emit_table)):
+            self.assertEqual(render(bh.read_tsv(FIXTURES / tsv)), (FIXTURES / table).read_text(), tsv)
 
     def test_a_table_without_native_modes(self):
         rows = [r for r in bh.read_tsv(FIXTURES / "results.tsv") if r[3] == "sharehost"]

@@ -294,7 +294,8 @@ def ledger(inp, out, dlq):
 class LedgerArithmetic(unittest.TestCase):
     def test_everything_accepted_once(self):
         f = ledger(1000, range(1000), [])
-        self.assertEqual((f["produced"], f["accepted"], f["duplicates"], f["lost"], f["foreign"]), (1000, 1000, 0, 0, 0))
+        self.assertEqual((f["produced"], f["accepted"], f["duplicates"], f["lost"], f["foreign"]),
+                         (1000, 1000, 0, 0, 0))
 
     def test_redeliveries_are_duplicates_not_extra_accepted(self):
         f = ledger(100, list(range(100)) + [5, 5, 7], [])
@@ -536,7 +537,8 @@ class Entry(unittest.TestCase):
         self.assertEqual(run.returncode, 0)
         self.assertIn("SOAK_MINUTES (30)", run.stdout)
         run = subprocess.run([str(DEV / "soak"), "--bogus"], capture_output=True, text=True)
-        self.assertEqual((run.returncode, run.stderr), (1, "dev/soak: error: unknown argument: --bogus (dev/soak help)\n"))
+        self.assertEqual((run.returncode, run.stderr),
+                         (1, "dev/soak: error: unknown argument: --bogus (dev/soak help)\n"))
 
     def test_a_bad_setting_is_refused_before_anything_starts(self):
         env = dict(os.environ, SOAK_SWAP_EVERY="x")
