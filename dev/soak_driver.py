@@ -782,11 +782,13 @@ class Host:
 class Soak:
     def __init__(self, settings):
         self.s = settings
-        os.environ.setdefault("KAFKA_PORT", "27092")
-        os.environ.setdefault("KAFKA_CONTROLLER_PORT", "27093")
-        os.environ.setdefault("KAFKA_SASL_SSL_PORT", "27094")
-        if not os.environ.get("SHAREHOST_KAFKA_DIR"):
-            os.environ["SHAREHOST_KAFKA_DIR"] = str(REPO / "target" / "kafka-soak")
+        # The soak's own broker defaults (dev/kafka and the host's tools read them from the environment); empty is
+        # unset, as in bash.
+        for name, default in (("KAFKA_PORT", "27092"), ("KAFKA_CONTROLLER_PORT", "27093"),
+                              ("KAFKA_SASL_SSL_PORT", "27094"),
+                              ("SHAREHOST_KAFKA_DIR", str(REPO / "target" / "kafka-soak"))):
+            if not os.environ.get(name):
+                os.environ[name] = default
         for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "KAFKA_SASL_SSL_PORT"):
             kh.env_int(name, 0)  # a port that is not a number is refused here, naming it
         self.port = int(os.environ["KAFKA_PORT"])
@@ -810,7 +812,8 @@ class Soak:
     # --- tools ---
 
     def kafka(self, *args, log=None):
-        """dev/kafka ARGS, its output on stderr (or appended to LOG); its exit status."""
+        """dev/kafka ARGS, its output on stderr (or appended to LOG: the restart's calls, which cleanup() may have to
+        stop); its exit status."""
         if log is None:
             return subprocess.call([str(KAFKA), *args], stdout=sys.stderr, stdin=subprocess.DEVNULL)
         with open(log, "a") as f:
