@@ -191,6 +191,11 @@ impl Pipeline {
             .into_iter()
             .filter_map(|(i, emits)| Some((batch.get(i)?, emits)))
             .collect();
+        if producing.is_empty() && rejects.is_empty() {
+            // The usual batch: nothing to write, one crossing.
+            self.settle(&ctx.consumer, &now, hash);
+            return;
+        }
         let acting = Acting {
             pipeline: self,
             consumer: &ctx.consumer,
