@@ -25,7 +25,8 @@ from bench_host import Die  # noqa: E402
 FIXTURES = DEV / "testdata" / "bench-host"
 
 # A stand-in for `sharehost run`: an admin endpoint on argv[1] whose accepted counter grows by argv[2] per request
-# (after argv[3] requests that answer 503, as a host still starting does), a "drained" line on SIGTERM, exit argv[4].
+# (after argv[3] requests that answer 503, as a host still starting does), a "drained" line on SIGTERM, exit argv[4];
+# a POST answers 409 with what it was sent (its content type, then its body).
 FAKE_HOST = textwrap.dedent("""
     import http.server, json, signal, sys
     port, step, not_ready, code = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -44,6 +45,11 @@ FAKE_HOST = textwrap.dedent("""
             else:
                 body = b"sharehost_session_resets_total{pipeline=\\"bench\\"} 0\\n"
             self.send_response(200); self.end_headers(); self.wfile.write(body)
+        def do_POST(self):
+            sent = self.rfile.read(int(self.headers["content-length"]))
+            body = f"{self.path} {self.headers['content-type']} ".encode() + sent
+            self.send_response(409); self.send_header("content-length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
     server = http.server.HTTPServer(("127.0.0.1", port), H)
     def term(*a):
         print("drained", flush=True)
@@ -85,6 +91,29 @@ class Parsers(unittest.TestCase):
             bench_host.cpu_ticks(2**22 + 7)
         with self.assertRaisesRegex(Die, "no VmNope in kB"):
             bench_host.status_kb(os.getpid(), "VmNope")
+
+    def test_a_process_gone_or_a_zombie_has_no_rss_when_asked_so(self):
+        self.assertEqual(bench_host.status_kb(2**22 + 7, "VmRSS", if_gone=""), "")
+        with self.assertRaisesRegex(Die, "is gone"):
+            bench_host.status_kb(2**22 + 7, "VmRSS")
+        child = subprocess.Popen(["true"])  # not reaped until wait(): a zombie once it ended
+        try:
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                self.assertLess(time.monotonic(), deadline, "the child never became a zombie")
+                time.sleep(0.01)
+            self.assertEqual(bench_host.status_kb(child.pid, "VmRSS", if_gone=""), "")
+            with self.assertRaisesRegex(Die, "no VmRSS in kB"):
+                bench_host.status_kb(child.pid, "VmRSS")
+        finally:
+            child.wait()
+
+    def test_topic_count_sums_the_end_offsets(self):
+        text = (DEV / "testdata" / "soak" / "offsets.txt").read_text()
+        self.assertEqual(bench_host.topic_count(text), 61000)
+        self.assertEqual(bench_host.topic_count("t:0:5\n[2026-12-04] WARN something (x)\nt:1:7\n"), 12)
+        self.assertEqual(bench_host.topic_count(""), 0)
+        self.assertEqual(bench_host.topic_count("soak-20261204-120000-out:3:1000\n"), 1000)  # names with colon-free chars
 
     def test_thread_cpu_of_this_process(self):
         comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
@@ -156,6 +185,10 @@ class Manifests(unittest.TestCase):
         self.assertIn('x = 1\n\n[[pipeline]]\nname = "p1"\ntopics = ["t-1"]\ngroup = "t-1-g"', text)
         self.assertTrue(text.endswith("x = 1\n"))
 
+    def test_no_client_id_leaves_the_host_s_default(self):
+        text = bench_host.manifest("127.0.0.1:9092", 39500, [], client_id=None)
+        self.assertEqual(text, '[cluster]\nbootstrap = "127.0.0.1:9092"\n\n[admin]\nlisten = "127.0.0.1:39500"\n')
+
     def test_strings_are_escaped(self):
         self.assertEqual(bench_host.toml_string('a"b\\c\n'), '"a\\"b\\\\c\\u000a"')
 
@@ -194,6 +227,15 @@ class Hosts(unittest.TestCase):
         self.assertEqual(h.stop(60), 0)
         self.assertIn("drained", (self.dir / "out").read_text())
         self.assertIsNone(h.judged())
+
+    def test_a_post_s_answer_is_read_whatever_its_status(self):
+        h = self.host()
+        h.wait_ready(60)
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/pipelines/p/swap", {"path": "/b.wasm"}),
+                         (409, b'/pipelines/p/swap application/json {"path": "/b.wasm"}'))
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/__reset"), (409, b"/__reset None "))
+        h.stop(60)
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/__reset", timeout=2), (None, b""))
 
     def test_under_usr_bin_time_the_host_gets_the_signal_and_the_report_is_written(self):
         if not os.access("/usr/bin/time", os.X_OK):
