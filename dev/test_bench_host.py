@@ -113,7 +113,8 @@ class Parsers(unittest.TestCase):
         self.assertEqual(bench_host.topic_count(text), 61000)
         self.assertEqual(bench_host.topic_count("t:0:5\n[2026-12-04] WARN something (x)\nt:1:7\n"), 12)
         self.assertEqual(bench_host.topic_count(""), 0)
-        self.assertEqual(bench_host.topic_count("soak-20261204-120000-out:3:1000\n"), 1000)  # names with colon-free chars
+        # a topic's name holds no colon, so the last two fields are the partition and the offset
+        self.assertEqual(bench_host.topic_count("soak-20261204-120000-out:3:1000\n"), 1000)
 
     def test_thread_cpu_of_this_process(self):
         comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
@@ -137,6 +138,14 @@ class Parsers(unittest.TestCase):
             bench_host.judged_counts([{"versions": {"a": {"accepted": 3}}}], "x.json")
         with self.assertRaisesRegex(Die, "not a list of pipelines"):
             bench_host.judged_counts({"error": "no"})
+
+    def test_judged_counts_of_a_real_host(self):
+        status = json.loads((DEV / "testdata" / "bench-http" / "pipelines.json").read_text())
+        self.assertEqual(bench_host.judged_counts(status), (1600, 0))
+
+    def test_a_real_host_s_time_report(self):
+        report = bench_host.TimeReport.read(DEV / "testdata" / "bench-http" / "sharehost.time")
+        self.assertEqual((f"{report.cpu_s:.2f}", report.rss_kb), ("0.58", 27428))
 
     def test_epoch_us_of_the_tools_dates(self):
         self.assertEqual(bench_host.epoch_us_of("2026-05-01 09:13:06.123+0000"), 1777626786123000)
