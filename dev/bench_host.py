@@ -16,6 +16,7 @@ Imported by the drivers (dev/bench.py, ...), never run. Standard library only. W
                  admin_get, admin_post and judged_counts are the same without a Host.
   Measuring      TimeReport (a /usr/bin/time -v report: CPU s, peak RSS), cpu_ticks/cpu_seconds and status_kb
                  (/proc of a live process), thread_cpu_seconds, children/descendants.
+  A driver's main  driver_main: the exit statuses and messages of a failure or an interruption, the clean-up.
   A run's notes  machine_lines, commit, changed_files, load_now, utc_stamp, now_us, epoch_us_of (the Kafka tools'
                  dates), bash_quote (a command line as the shell scripts printed it), port_in_use.
 
@@ -561,6 +562,37 @@ def share_group_lag(describe_output, group):
             total += int(words[4])
             rows += 1
     return total if rows else None
+
+
+# --- a driver's main -------------------------------------------------------------------------------------------------
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def driver_main(name, body):
+    """What every driver's main does around BODY(on_exit), whose return is the exit status: ON_EXIT(f) registers a
+    clean-up (stopping the hosts, the producer, a broker of its own) that runs on every way out, the last registered
+    first. A Die is "NAME: error: MSG" on stderr and exit status 1; SIGTERM ends the run as Ctrl-C does, "NAME:
+    interrupted" and 130; a Die while cleaning up is said ("NAME: error while stopping: MSG") and the rest still run."""
+    cleanups = []
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return body(cleanups.append)
+    except Die as e:
+        sys.stdout.flush()
+        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        for cleanup in reversed(cleanups):
+            try:
+                cleanup()
+            except Die as e:
+                print(f"{name}: error while stopping: {e}", file=sys.stderr, flush=True)
 
 
 # --- a run's bookkeeping ---------------------------------------------------------------------------------------------

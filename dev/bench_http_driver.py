@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -803,29 +802,18 @@ class Bench:
 
 
 def main(argv):
-    def terminate(signum, frame):
-        raise KeyboardInterrupt
+    if argv and argv[0] in ("help", "-h", "--help"):
+        print(__doc__)
+        return 0
 
-    bench = None
-    try:
-        if argv and argv[0] in ("help", "-h", "--help"):
-            print(__doc__)
-            return 0
+    def body(on_exit):
         if argv:
             raise Die(f"unknown argument: {argv[0]} (dev/bench-http help)")
-        settings = settings_from_env(os.environ)
-        signal.signal(signal.SIGTERM, terminate)
-        bench = Bench(settings)
+        bench = Bench(settings_from_env(os.environ))
+        on_exit(bench.cleanup)
         return bench.run()
-    except Die as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if bench is not None:
-            bench.cleanup()
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import csv
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -269,25 +268,17 @@ def run(environ):
             broker.close()
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv, environ=os.environ):
     if argv:
         sys.stdout.write(__doc__)
         return 0 if argv[0] in ("-h", "--help", "help") else 2
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
+
+    def body(on_exit):
         os.chdir(REPO)
         run(environ)
         return 0
-    except Die as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

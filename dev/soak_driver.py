@@ -93,7 +93,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -1161,31 +1160,20 @@ def ledger_main(args):
 
 
 def main(argv):
-    def terminate(signum, frame):
-        raise KeyboardInterrupt
+    if argv and argv[0] in ("help", "-h", "--help"):
+        print(__doc__)
+        return 0
 
-    soak = None
-    try:
-        if argv and argv[0] in ("help", "-h", "--help"):
-            print(__doc__)
-            return 0
+    def body(on_exit):
         if argv and argv[0] == "ledger":
             return ledger_main(argv[1:])
         if argv:
             raise Die(f"unknown argument: {argv[0]} (dev/soak help)")
-        settings = settings_from_env(os.environ)
-        signal.signal(signal.SIGTERM, terminate)
-        soak = Soak(settings)
+        soak = Soak(settings_from_env(os.environ))
+        on_exit(soak.cleanup)
         return soak.run()
-    except Die as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if soak is not None:
-            soak.cleanup()
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

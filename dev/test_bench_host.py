@@ -202,6 +202,56 @@ class Manifests(unittest.TestCase):
         self.assertEqual(bench_host.toml_string('a"b\\c\n'), '"a\\"b\\\\c\\u000a"')
 
 
+# A driver's main over driver_main: argv[1] says what its body does after registering two clean-ups (the first of
+# which fails): "ok" (exit 7), "die", or "wait" (say "ready", then sleep until a signal ends it).
+DRIVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import bench_host
+    def body(on_exit):
+        def failing():
+            raise bench_host.Die("broker still there")
+        on_exit(failing)
+        on_exit(lambda: print("second clean-up", flush=True))
+        if sys.argv[1] == "die":
+            raise bench_host.Die("no topic")
+        if sys.argv[1] == "wait":
+            print("ready", flush=True)
+            time.sleep(600)
+        return 7
+    sys.exit(bench_host.driver_main("dev/x", body))
+""")
+
+
+class DriverMain(unittest.TestCase):
+    def run_driver(self, what):
+        return subprocess.run([sys.executable, "-c", DRIVER, what, str(DEV)], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_the_body_s_status_and_every_clean_up_the_last_first(self):
+        run = self.run_driver("ok")
+        self.assertEqual((run.returncode, run.stdout, run.stderr),
+                         (7, "second clean-up\n", "dev/x: error while stopping: broker still there\n"))
+
+    def test_a_die_is_an_error_and_status_1(self):
+        run = self.run_driver("die")
+        self.assertEqual((run.returncode, run.stdout), (1, "second clean-up\n"))
+        self.assertEqual(run.stderr, "dev/x: error: no topic\ndev/x: error while stopping: broker still there\n")
+
+    def test_sigterm_ends_the_run_as_ctrl_c_does(self):
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, "wait", str(DEV)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(proc.stdout.readline(), "ready\n")  # the handler is set before the body runs
+            proc.terminate()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+        self.assertEqual((proc.returncode, out), (130, "second clean-up\n"))
+        self.assertEqual(err, "dev/x: interrupted\ndev/x: error while stopping: broker still there\n")
+
+
 class Hosts(unittest.TestCase):
     def setUp(self):
         self.dir = Path(tempfile.mkdtemp(prefix="bench-host-test."))
