@@ -90,7 +90,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -887,10 +886,6 @@ def retable(run_dir, docs):
         raise Die(str(e)) from None
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv, environ=os.environ):
     if argv and argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(__doc__)
@@ -899,31 +894,20 @@ def main(argv, environ=os.environ):
         print(f"{NAME}: error: dev/bench takes no arguments (settings are environment variables; dev/bench --help)",
               file=sys.stderr)
         return 2
-    bench = None
+
     # SIGTERM ends the run as Ctrl-C does: the consumers and an own broker are stopped on the way out.
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
+    def body(on_exit):
         os.chdir(REPO)
         if environ.get("BENCH_RETABLE"):
             retable(environ["BENCH_RETABLE"], env(environ, "BENCH_DOCS", "0") == "1")
             return 0
         cfg = config_from_env(environ)
         bench = Bench(cfg, environ)
+        on_exit(bench.cleanup)
         bench.run()
         return 0
-    except Die as e:
-        sys.stdout.flush()
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if bench is not None:
-            try:
-                bench.cleanup()
-            except Die as e:
-                print(f"{NAME}: error while stopping: {e}", file=sys.stderr, flush=True)
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

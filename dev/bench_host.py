@@ -7,15 +7,16 @@ Imported by the drivers (dev/bench.py, ...), never run. Standard library only. W
   Manifests      Pipeline, manifest(...): the TOML of one benchmark host (defaults everywhere but the essentials).
   The broker     Broker: this checkout's broker on the KAFKA_* ports used as it is, or one started (and stopped by
                  close()) through dev/kafka_harness.py; its pid and bootstrap, the Kafka tools' command lines
-                 (tool_cmd, tool), create_topic, share_earliest, delete_topic; share_group_lag parses
-                 ShareGroupCommand --describe.
+                 (tool_cmd, tool), create_topic, share_earliest, delete_topic; topic_count and share_group_lag
+                 parse GetOffsetShell's and ShareGroupCommand --describe's output.
   A host         Host: one process (`sharehost run`, pipeline_bench, ...) with its output in files, optionally
                  under /usr/bin/time -v; wait_ready() (its admin endpoint answers), judged() (GET /pipelines'
                  accepted + rejected), wait_judged(), save() (/pipelines and /metrics to files), stop() or
                  terminate() + wait_exit() (SIGTERM, wait for the drain), kill() (a run that failed half-way).
-                 admin_get and judged_counts are the same without a Host.
+                 admin_get, admin_post and judged_counts are the same without a Host.
   Measuring      TimeReport (a /usr/bin/time -v report: CPU s, peak RSS), cpu_ticks/cpu_seconds and status_kb
                  (/proc of a live process), thread_cpu_seconds, children/descendants.
+  A driver's main  driver_main: the exit statuses and messages of a failure or an interruption, the clean-up.
   A run's notes  machine_lines, commit, changed_files, load_now, utc_stamp, now_us, epoch_us_of (the Kafka tools'
                  dates), bash_quote (a command line as the shell scripts printed it), port_in_use.
 
@@ -84,13 +85,17 @@ def build_release(bins=("sharehost",), examples=()):
 
 
 def build_guests(log, names=()):
-    """Runs dev/build-guests with its output in LOG (shown on failure); returns {name: target/guests/NAME.wasm} for
-    NAMES, each of which must exist afterwards."""
-    with open(log, "wb") as out:
-        rc = subprocess.call([str(DEV / "build-guests")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
+    """Runs dev/build-guests with its output in LOG (shown on failure; None: on stderr); returns
+    {name: target/guests/NAME.wasm} for NAMES, each of which must exist afterwards."""
+    if log is None:
+        rc = subprocess.call([str(DEV / "build-guests")], cwd=REPO, stdout=sys.stderr, stdin=subprocess.DEVNULL)
+    else:
+        with open(log, "wb") as out:
+            rc = subprocess.call([str(DEV / "build-guests")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+        if rc != 0:
+            sys.stderr.write(Path(log).read_text(errors="replace"))
     if rc != 0:
-        sys.stderr.write(Path(log).read_text(errors="replace"))
         raise Die("dev/build-guests failed")
     paths = {n: GUESTS / f"{n}.wasm" for n in names}
     for path in paths.values():
@@ -122,11 +127,12 @@ class Pipeline:
 
 
 def manifest(bootstrap, admin_port, pipelines, client_id="sharehost-bench", before="", after_admin=""):
-    """The manifest of one benchmark host: [cluster] (BOOTSTRAP, CLIENT_ID), [admin] on 127.0.0.1:ADMIN_PORT, then
-    the PIPELINES, every other setting at its default. BEFORE is raw TOML put first (tables such as [trust] and
-    [fleet]); AFTER_ADMIN raw TOML between [admin] and the pipelines."""
+    """The manifest of one benchmark host: [cluster] (BOOTSTRAP, CLIENT_ID; None: no client_id, the host's default),
+    [admin] on 127.0.0.1:ADMIN_PORT, then the PIPELINES, every other setting at its default. BEFORE is raw TOML put
+    first (tables such as [trust] and [fleet]); AFTER_ADMIN raw TOML between [admin] and the pipelines."""
     parts = [before.rstrip("\n") + "\n\n"] if before.strip() else []
-    parts.append(f"[cluster]\nbootstrap = {toml_string(bootstrap)}\nclient_id = {toml_string(client_id)}\n\n"
+    client = "" if client_id is None else f"client_id = {toml_string(client_id)}\n"
+    parts.append(f"[cluster]\nbootstrap = {toml_string(bootstrap)}\n{client}\n"
                  f"[admin]\nlisten = {toml_string(f'127.0.0.1:{admin_port}')}\n\n")
     if after_admin.strip():
         parts.append(after_admin.rstrip("\n") + "\n\n")
@@ -147,14 +153,25 @@ def manifest(bootstrap, admin_port, pipelines, client_id="sharehost-bench", befo
 def admin_get(port, path, timeout=5):
     """GET PATH from the admin endpoint on 127.0.0.1:PORT: the body of a 200 answer, or None (no answer, refused,
     another status)."""
+    status, body = admin_request(port, "GET", path, timeout=timeout)
+    return body if status == 200 else None
+
+
+def admin_post(port, path, doc=None, timeout=5):
+    """POST PATH on 127.0.0.1:PORT with DOC as its JSON body (None: an empty body); (status, body), (None, b"") when
+    nothing answers. A swap's answer is read whatever its status: its body says why it failed."""
+    return admin_request(port, "POST", path, b"" if doc is None else json.dumps(doc).encode(),
+                         {} if doc is None else {"content-type": "application/json"}, timeout)
+
+
+def admin_request(port, method, path, body=None, headers=None, timeout=5):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request(method, path, body, headers or {})
         answer = conn.getresponse()
-        body = answer.read()
-        return body if answer.status == 200 else None
+        return answer.status, answer.read()
     except (OSError, http.client.HTTPException):
-        return None
+        return None, b""
     finally:
         conn.close()
 
@@ -225,13 +242,18 @@ def parse_status_kb(text, key, where):
     raise Die(f"{where}: no {key} in kB")
 
 
-def status_kb(pid, key):
-    """A kB field of /proc/PID/status: VmRSS (resident now), VmHWM (peak resident)."""
+def status_kb(pid, key, if_gone=None):
+    """A kB field of /proc/PID/status: VmRSS (resident now), VmHWM (peak resident). IF_GONE when the process is gone
+    or a zombie (which has no memory left to show; None: Die)."""
     where = f"/proc/{pid}/status"
     try:
         text = Path(where).read_text()
     except OSError:
+        if if_gone is not None:
+            return if_gone
         raise Die(f"process {pid} is gone (no {where})") from None
+    if if_gone is not None and re.search(r"^State:\s*Z", text, re.MULTILINE):
+        return if_gone
     return parse_status_kb(text, key, where)
 
 
@@ -517,6 +539,17 @@ class Broker:
             self.say(f"could not delete {topic} (harmless)")
 
 
+def topic_count(offsets_output):
+    """Records in a topic from GetOffsetShell's "topic:partition:offset" lines: the sum of the end offsets (the runs
+    delete no records). Lines of another shape (a warning) are left out."""
+    total = 0
+    for line in offsets_output.splitlines():
+        m = re.fullmatch(r".+:[0-9]+:([0-9]+)", line.strip())
+        if m:
+            total += int(m.group(1))
+    return total
+
+
 def share_group_lag(describe_output, group):
     """The sum of GROUP's per-partition lag in ShareGroupCommand --describe's output, or None when it shows no
     partition or a lag that is not a number (unknown)."""
@@ -529,6 +562,37 @@ def share_group_lag(describe_output, group):
             total += int(words[4])
             rows += 1
     return total if rows else None
+
+
+# --- a driver's main -------------------------------------------------------------------------------------------------
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def driver_main(name, body):
+    """What every driver's main does around BODY(on_exit), whose return is the exit status: ON_EXIT(f) registers a
+    clean-up (stopping the hosts, the producer, a broker of its own) that runs on every way out, the last registered
+    first. A Die is "NAME: error: MSG" on stderr and exit status 1; SIGTERM ends the run as Ctrl-C does, "NAME:
+    interrupted" and 130; a Die while cleaning up is said ("NAME: error while stopping: MSG") and the rest still run."""
+    cleanups = []
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return body(cleanups.append)
+    except Die as e:
+        sys.stdout.flush()
+        print(f"{name}: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        for cleanup in reversed(cleanups):
+            try:
+                cleanup()
+            except Die as e:
+                print(f"{name}: error while stopping: {e}", file=sys.stderr, flush=True)
 
 
 # --- a run's bookkeeping ---------------------------------------------------------------------------------------------

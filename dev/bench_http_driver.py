@@ -73,27 +73,20 @@ Standard library only; its tests are dev/test_bench_http_driver.py.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 DEV = Path(os.path.abspath(os.path.dirname(__file__)))
 REPO = DEV.parent
 sys.path.insert(0, str(DEV))
-import kafka_harness as kh  # noqa: E402
+import bench_host  # noqa: E402
 
 NAME = "bench-http"
-KAFKA = DEV / "kafka"
 PARTS = ("http", "emit", "languages")
 NATIVE_MODES = ("free", "batched", "nopool")
 ENRICHERS = ("enricher", "enricher_py", "enricher_js")
@@ -101,15 +94,17 @@ ENRICHERS = ("enricher", "enricher_py", "enricher_js")
 SERVER_START_S = 120
 
 
-class Die(Exception):
-    """A failure that ends the run: "bench-http: error: MSG" on stderr, exit status 1."""
+# A failure that ends the run: "bench-http: error: MSG" on stderr, exit status 1.
+Die = bench_host.Die
 
 
 def note(msg):
     print(f"{NAME}: {msg}", file=sys.stderr, flush=True)
 
 
-def now_us():
+def mono_us():
+    """Microseconds on the monotonic clock: a run's spans, which a step of the wall clock must not bend (bench_host's
+    now_us is the wall clock, for times compared with the Kafka tools' dates)."""
     return time.monotonic_ns() // 1000
 
 
@@ -270,40 +265,6 @@ def emit_payloads():
 # --- what the tools print ------------------------------------------------------------------------------------------
 
 
-def topic_count(offsets_output):
-    """Records in a topic from GetOffsetShell's "topic:partition:offset" lines: the sum of the end offsets."""
-    total = 0
-    for line in offsets_output.splitlines():
-        m = re.fullmatch(r".+:[0-9]+:([0-9]+)", line.strip())
-        if m:
-            total += int(m.group(1))
-    return total
-
-
-def judged(body):
-    """(accepted, rejected) summed over every pipeline version in a GET /pipelines answer, or None when it is not
-    JSON."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    sums = {"accepted": 0, "rejected": 0}
-
-    def walk(x):
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k in sums and isinstance(v, int) and not isinstance(v, bool):
-                    sums[k] += v
-                else:
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(doc)
-    return sums["accepted"], sums["rejected"]
-
-
 def server_fields(stats):
     """(max_in_flight, requests) from the server's `requests=N max_in_flight=M in_flight=K` ("?" when absent)."""
     smax = re.search(r"max_in_flight=([0-9?]*)", stats)
@@ -318,27 +279,6 @@ def native_result(line):
     if not rate or not ms or not rate.group(1) or not ms.group(1):
         raise Die(f"bench-http-native printed no steady rate: {line.strip()[:200]!r}")
     return rate.group(1), f"{float(ms.group(1)) / 1000:.3f}"
-
-
-@dataclass
-class TimeReport:
-    cpu_s: str  # user + sys, "%.2f"
-    rss_kb: str
-
-
-def time_report(text, where="/usr/bin/time report"):
-    user = re.search(r"User time \(seconds\): ([0-9.]+)", text)
-    system = re.search(r"System time \(seconds\): ([0-9.]+)", text)
-    rss = re.search(r"Maximum resident set size \(kbytes\): ([0-9]+)", text)
-    if not user or not system or not rss:
-        raise Die(f"{where}: no user/system time or maximum resident set size in it")
-    return TimeReport(f"{float(user.group(1)) + float(system.group(1)):.2f}", rss.group(1))
-
-
-def stat_ticks(stat_text):
-    """user + system clock ticks from /proc/PID/stat (fields 14 and 15, counted after the command's parenthesis)."""
-    fields = stat_text[stat_text.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def next_gap_us(count, acc, t, last_change, last_total):
@@ -471,35 +411,6 @@ def emit_table(rows):
 # --- processes -----------------------------------------------------------------------------------------------------
 
 
-def http(method, url, timeout=5):
-    req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (OSError, ValueError):
-        return None, ""
-
-
-def children(pid):
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def cpu_ticks(pid, if_gone=0):
-    try:
-        return stat_ticks(Path(f"/proc/{pid}/stat").read_text())
-    except (OSError, ValueError, IndexError):
-        return if_gone
-
-
-def load1():
-    return Path("/proc/loadavg").read_text().split()[0]
-
-
 @dataclass
 class HostRun:
     rate: str  # steady records/s, "%.1f"
@@ -513,98 +424,61 @@ class HostRun:
 class Bench:
     def __init__(self, settings):
         self.s = settings
-        self.out = REPO / "target" / "bench-http" / datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y%m%dT%H%M%SZ")
+        self.out = REPO / "target" / "bench-http" / bench_host.utc_stamp()
         self.out.mkdir(parents=True, exist_ok=True)
-        self.stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H%M%S")
-        self.target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+        self.stamp = bench_host.utc_stamp("%H%M%S")
+        self.target = bench_host.target_dir()
         self.sharehost = self.target / "release" / "sharehost"
         self.server_bin = self.target / "release" / "bench-http-server"
         self.native_bin = self.target / "release" / "bench-http-native"
-        self.guests = REPO / "target" / "guests"
-        self.harness = None
-        self.started_broker = False
+        self.guests = bench_host.GUESTS
+        self.broker = None
         self.server = None
         self.server_url = ""
-        self.child = None  # the /usr/bin/time process of the run in progress
-        self.clk_tck = os.sysconf("SC_CLK_TCK")
+        self.server_port = None
+        self.host = None  # the run in progress
 
     # --- broker and tools ---
-
-    def kafka(self, *args, log=None):
-        """dev/kafka ARGS, its output on stderr or into LOG; its exit status."""
-        if log is None:
-            return subprocess.call([str(KAFKA), *args], stdout=sys.stderr, stdin=subprocess.DEVNULL)
-        with open(log, "a") as f:
-            return subprocess.call([str(KAFKA), *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def attach_broker(self):
         """The broker this checkout runs is used as it is and never stopped; otherwise one is started here and
         removed at the end. A stopped broker's kept state, or a port held by something else, is refused."""
-        self.harness = kh.Harness()
-        if not self.harness.running_nodes():
-            if (self.harness.state / "server.properties").is_file():
-                raise Die("a stopped broker's state is kept in this checkout; resume it (dev/kafka start-broker) or "
-                          "remove it (dev/kafka down)")
-            for name, default in (("KAFKA_PORT", 9092), ("KAFKA_CONTROLLER_PORT", 9093),
-                                  ("KAFKA_SASL_SSL_PORT", 9094)):
-                port = kh.env_int(name, default)
-                if kh.port_in_use(port):
-                    raise Die(f"port {port} is taken by a broker that is not this checkout's; not touching it "
-                              "(see dev/bench)")
-            self.started_broker = True
-            if self.kafka("up") != 0:
-                raise Die("dev/kafka up failed")
-        else:
-            note("using this checkout's running broker")
-        self.harness.require_running()
-        self.harness.ensure_lib()
-        self.bootstrap = self.harness.shape.bootstrap()
-        self.kafka_version = self.harness.version
-
-    def tool(self, *args, **kw):
-        return subprocess.run(self.harness.java_cmd(*args), stdin=subprocess.DEVNULL, **kw)
+        self.broker = bench_host.Broker(say=note)
+        self.broker.attach(
+            busy_msg="port {port} is taken by a broker that is not this checkout's; not touching it (see dev/bench)",
+            stopped_msg="a stopped broker's state is kept in this checkout; resume it (dev/kafka start-broker) or "
+                        "remove it (dev/kafka down)")
+        self.bootstrap = self.broker.bootstrap
 
     def count(self, topic):
-        r = self.tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", self.bootstrap, "--topic", topic,
-                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
-        if r.returncode != 0:
-            sys.stderr.write(r.stdout)
+        rc, out = self.broker.tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", self.bootstrap,
+                                   "--topic", topic)
+        if rc != 0:
+            sys.stderr.write(out)
             raise Die(f"cannot read the end offsets of {topic}")
-        return topic_count(r.stdout)
+        return bench_host.topic_count(out)
 
     def create_topic(self, topic, partitions):
-        log = self.out / f"{topic}.create.log"
-        if self.kafka("create-topic", topic, str(partitions), log=log) != 0:
-            sys.stderr.write(log.read_text(errors="replace"))
-            raise Die(f"cannot create {topic}")
+        self.broker.create_topic(topic, partitions, log=self.out / f"{topic}.create.log")
 
     def delete_topic(self, topic):
-        with open(self.out / f"{topic}.create.log", "a") as f:
-            r = self.tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--delete",
-                          "--topic", topic, stdout=f, stderr=subprocess.STDOUT)
-        if r.returncode != 0:
-            note(f"could not delete {topic} (harmless)")
+        self.broker.delete_topic(topic, log=self.out / f"{topic}.create.log")
 
     def fresh_group(self, group):
         """share.auto.offset.reset=earliest, set before the first member joins."""
-        log = self.out / f"{group}.config.log"
-        if self.kafka("share-earliest", group, log=log) != 0:
-            sys.stderr.write(log.read_text(errors="replace"))
-            raise Die(f"cannot configure group {group}")
+        self.broker.share_earliest(group, log=self.out / f"{group}.config.log")
 
     def produce_payload(self, topic, partitions, count, payload):
         """A fresh topic of COUNT records, each value a line of the PAYLOAD file."""
         self.create_topic(topic, partitions)
-        log = self.out / f"{topic}.produce.log"
-        with open(log, "w") as f:
-            r = self.tool("org.apache.kafka.tools.ProducerPerformance", "--bootstrap-server", self.bootstrap,
-                          "--topic", topic, "--num-records", str(count), "--payload-file", str(payload),
-                          "--throughput", "-1", "--command-property", "acks=1", "linger.ms=5", "batch.size=262144",
-                          "partitioner.class=org.apache.kafka.clients.producer.RoundRobinPartitioner",
-                          stdout=f, stderr=subprocess.STDOUT)
-        if r.returncode != 0:
-            sys.stderr.write("".join(log.read_text(errors="replace").splitlines(True)[-20:]))
+        rc, out = self.broker.tool(
+            "org.apache.kafka.tools.ProducerPerformance", "--bootstrap-server", self.bootstrap, "--topic", topic,
+            "--num-records", count, "--payload-file", payload, "--throughput", "-1", "--command-property", "acks=1",
+            "linger.ms=5", "batch.size=262144",
+            "partitioner.class=org.apache.kafka.clients.producer.RoundRobinPartitioner",
+            log=self.out / f"{topic}.produce.log")
+        if rc != 0:
+            sys.stderr.write("".join(out.splitlines(True)[-20:]))
             raise Die(f"producing to {topic} failed")
         total = self.count(topic)
         if total != count:
@@ -618,16 +492,13 @@ class Bench:
             raise Die("/usr/bin/time is needed for CPU times (apt-get install time)")
         if self.s.build:
             note("building sharehost (release), bench/http (release) and the guests")
-            for cmd in (["cargo", "build", "--release", "--quiet", "-p", "sharehost", "--bin", "sharehost"],
-                        ["cargo", "build", "--release", "--quiet", "--manifest-path",
-                         str(REPO / "bench" / "http" / "Cargo.toml"), "--target-dir", str(self.target)]):
-                if subprocess.call(cmd, cwd=REPO) != 0:
-                    raise Die(f"{' '.join(cmd[:3])} failed")
-            log = self.out / "build-guests.log"
-            with open(log, "w") as f:
-                if subprocess.call([str(DEV / "build-guests")], stdout=f, stderr=subprocess.STDOUT, cwd=REPO) != 0:
-                    sys.stderr.write(log.read_text(errors="replace"))
-                    raise Die("dev/build-guests failed")
+            bench_host.build_release(("sharehost",))
+            # bench/http is a workspace of its own.
+            cmd = ["cargo", "build", "--release", "--quiet", "--manifest-path",
+                   str(REPO / "bench" / "http" / "Cargo.toml"), "--target-dir", str(self.target)]
+            if subprocess.call(cmd, cwd=REPO, stdin=subprocess.DEVNULL) != 0:
+                raise Die(f"{' '.join(cmd[:3])} failed")
+            bench_host.build_guests(self.out / "build-guests.log")
         for f in (self.sharehost, self.server_bin, self.native_bin):
             if not os.access(f, os.X_OK):
                 raise Die(f"no {f} (build it, or run with BENCH_HTTP_BUILD=1)")
@@ -636,25 +507,17 @@ class Bench:
                 raise Die(f"no target/guests/{g}.wasm (dev/build-guests)")
 
     def machine(self):
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", "host", "bench",
-                                "dev/bench-http", "dev/bench_http_driver.py"]).returncode != 0
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        model = re.search(r"^model name\s*: (.*)$", cpuinfo, re.MULTILINE)
-        mem = re.search(r"^MemTotal:\s+([0-9]+)", Path("/proc/meminfo").read_text(), re.MULTILINE)
+        dirty = bench_host.changed_files("host", "bench", "dev/bench-http", "dev/bench_http_driver.py")
         rustc = subprocess.run(["rustc", "--version"], capture_output=True, text=True).stdout.strip()
-        memory = f"{int(mem.group(1)) / 1048576:.1f} GiB" if mem else "?"
-        text = (
-            f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n"
-            f"commit: {commit}{' (host/, bench/ or dev/bench-http modified)' if dirty else ''}\n"
-            f"cpu: {os.cpu_count()} x {model.group(1) if model else '?'}\n"
-            f"memory: {memory}\n"
-            f"kernel: {os.uname().release}\n"
-            f"kafka: {self.kafka_version} at {self.bootstrap}\n"
-            f"rustc: {rustc}\n"
-            f"load at start: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}\n"
-        )
+        lines = [
+            f"date: {bench_host.utc_stamp('%Y-%m-%dT%H:%M:%SZ')}",
+            f"commit: {bench_host.commit()}{' (host/, bench/ or dev/bench-http modified)' if dirty else ''}",
+            *bench_host.machine_lines(),
+            f"kafka: {self.broker.version} at {self.bootstrap}",
+            f"rustc: {rustc}",
+            f"load at start: {bench_host.load_now(3)}",
+        ]
+        text = "".join(line + "\n" for line in lines)
         (self.out / "machine.txt").write_text(text)
         sys.stderr.write(text)
 
@@ -666,10 +529,10 @@ class Bench:
                                            stderr=e, stdin=subprocess.DEVNULL)
         t0 = time.monotonic()
         while True:
-            m = re.search(r"^listening on (http://127\.0\.0\.1:[0-9]+)$", out.read_text(errors="replace"),
+            m = re.search(r"^listening on (http://127\.0\.0\.1:([0-9]+))$", out.read_text(errors="replace"),
                           re.MULTILINE)
             if m:
-                self.server_url = m.group(1)
+                self.server_url, self.server_port = m.group(1), int(m.group(2))
                 break
             if self.server.poll() is not None:
                 sys.stderr.write(err.read_text(errors="replace"))
@@ -686,55 +549,50 @@ class Bench:
             self.server = None
 
     def server_stats(self):
-        code, body = http("GET", f"{self.server_url}/__stats")
-        return body.strip() if code == 200 else "requests=? max_in_flight=?"
+        body = bench_host.admin_get(self.server_port, "/__stats")
+        return body.decode(errors="replace").strip() if body is not None else "requests=? max_in_flight=?"
 
     def server_reset(self):
-        if http("POST", f"{self.server_url}/__reset")[0] != 200:
+        if bench_host.admin_post(self.server_port, "/__reset")[0] != 200:
             raise Die("the HTTP server does not answer")
 
     def run_sharehost(self, name, manifest, count):
         """`sharehost run MANIFEST` (under /usr/bin/time) until COUNT records are accepted, then SIGTERM (it
         drains)."""
         s = self.s
-        admin = f"http://127.0.0.1:{s.admin_port}"
-        if kh.port_in_use(s.admin_port):
+        if bench_host.port_in_use(s.admin_port):
             raise Die(f"admin port {s.admin_port} is taken (set BENCH_HTTP_ADMIN_PORT)")
-        out, err = self.out / f"{name}.out", self.out / f"{name}.err"
-        t0 = now_us()
-        with open(out, "w") as o, open(err, "w") as e:
-            self.child = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(self.out / f"{name}.time"),
-                                           str(self.sharehost), "run", str(manifest)], stdout=o, stderr=e,
-                                          stdin=subprocess.DEVNULL)
-        pid = self.child.pid
-        first_acc = first_t = host = None
+        err = self.out / f"{name}.err"
+        t0 = mono_us()
+        self.host = host = bench_host.Host([self.sharehost, "run", manifest], s.admin_port, self.out / f"{name}.out",
+                                           err, time_report=self.out / f"{name}.time")
+        first_acc = first_t = pid = None
         c0 = c1 = 0
         last_total, last_change, gap = 0, t0, 20000
         acc = None
         t = t0
         while True:
-            code, body = http("GET", f"{admin}/pipelines", timeout=5)
-            counts = judged(body) if code == 200 else None
-            t = now_us()
-            if counts is not None:
-                acc, rej = counts
+            status = host.status()
+            t = mono_us()
+            if status is not None:
+                acc, rej = bench_host.judged_counts(status, f"{name}: GET /pipelines")
                 if rej > 0:
-                    sys.stderr.write("".join(err.read_text(errors="replace").splitlines(True)[-5:]))
+                    host.tail(5)
                     raise Die(f"{name}: {rej} record(s) rejected (a refused or failed request?); see {err}")
                 if acc >= count:
-                    if host is not None:
-                        c1 = cpu_ticks(host)
+                    if pid is not None:
+                        c1 = bench_host.cpu_ticks(pid, if_gone=0)
                     break
                 if first_acc is None and acc > 0:
-                    kids = children(pid)
-                    host = kids[0] if len(kids) == 1 else None
-                    c0 = cpu_ticks(host) if host is not None else 0
+                    pids = host.host_pids()
+                    pid = pids[0] if len(pids) == 1 else None
+                    c0 = bench_host.cpu_ticks(pid, if_gone=0) if pid is not None else 0
                     first_acc, first_t, last_total, last_change = acc, t, acc, t
                 elif acc > last_total:
                     gap = next_gap_us(count, acc, t, last_change, last_total)
                     last_total, last_change = acc, t
-            if self.child.poll() is not None:
-                sys.stderr.write("".join(err.read_text(errors="replace").splitlines(True)[-20:]))
+            if not host.running():
+                host.tail(20)
                 raise Die(f"{name}: sharehost exited early")
             if t - last_change > s.idle_timeout * 1000000:
                 raise Die(f"{name}: no progress for {s.idle_timeout}s at {'?' if acc is None else acc} of {count} "
@@ -749,21 +607,14 @@ class Bench:
             judged=judged_n,
             secs=f"{secs:.3f}",
             wall=f"{(t - t0) / 1e6:.2f}",
-            steady_cpu=f"{(c1 - c0) / self.clk_tck if c1 > c0 else 0:.2f}",
+            steady_cpu=f"{(c1 - c0) / bench_host.CLK_TCK if c1 > c0 else 0:.2f}",
             cpu="",
         )
-        for path, what in ((f"{name}.metrics", "metrics"), (f"{name}.pipelines.json", "pipelines")):
-            code, body = http("GET", f"{admin}/{what}")
-            (self.out / path).write_text(body if code == 200 else "")
-        for kid in children(pid):
-            try:
-                os.kill(kid, signal.SIGTERM)
-            except OSError:
-                pass
-        if self.child.wait() != 0:
+        host.save(self.out / name)
+        if host.stop(what=name) != 0:
             raise Die(f"{name}: sharehost failed (see {err})")
-        self.child = None
-        run.cpu = time_report((self.out / f"{name}.time").read_text(errors="replace"), f"{name}.time").cpu_s
+        self.host = None
+        run.cpu = f"{bench_host.TimeReport.read(self.out / f'{name}.time').cpu_s:.2f}"
         return run
 
     def run_native(self, mode, url, m, k, b, name):
@@ -780,8 +631,7 @@ class Bench:
             sys.stderr.write(err.read_text(errors="replace"))
             raise Die(f"{name} failed")
         rate, secs = native_result(out.read_text(errors="replace"))
-        report = time_report((self.out / f"{name}.time").read_text(errors="replace"), f"{name}.time")
-        return rate, secs, report.cpu_s
+        return rate, secs, f"{bench_host.TimeReport.read(self.out / f'{name}.time').cpu_s:.2f}"
 
     # --- parts ---
 
@@ -801,7 +651,7 @@ class Bench:
                 for b in s.batches:
                     k = c * b
                     m = records_per_run(c, b, s.delay_ms, s.seconds, s.records)
-                    load = load1()
+                    load = bench_host.load_now()
                     group = f"bench-http-c{c}-b{b}-r{rep}-{self.stamp}"
                     self.fresh_group(group)
                     manifest = self.out / f"{group}.toml"
@@ -848,7 +698,7 @@ class Bench:
                 for b in s.lang_batches:
                     m = records_per_run(c, b, s.delay_ms, s.seconds, s.lang_records)
                     for e in ENRICHERS:
-                        load = load1()
+                        load = bench_host.load_now()
                         group = f"bench-http-{e}-c{c}-b{b}-r{rep}-{self.stamp}"
                         out_topic = f"{group}-out"
                         self.create_topic(out_topic, 1)
@@ -892,7 +742,7 @@ class Bench:
                 manifest = self.out / f"{group}.toml"
                 manifest.write_text(emit_manifest(self.bootstrap, s.admin_port, topic, group,
                                                   self.guests / "fixture_actor.wasm", out_topic, s.manifest_extra))
-                load = load1()
+                load = bench_host.load_now()
                 note(f"emit end to end: {kind} rep {rep}, {s.emit_records} records (load {load})")
                 run = self.run_sharehost(group, manifest, s.emit_records)
                 outputs = self.count(out_topic)
@@ -912,7 +762,7 @@ class Bench:
         s = self.s
         out = self.out
         with open(out / "machine.txt", "a") as f:
-            f.write(f"load at end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}\n")
+            f.write(f"load at end: {bench_host.load_now(3)}\n")
         text = "\n" + (out / "machine.txt").read_text()
         if (out / "table.md").is_file():
             text += (f"\nHTTP-bound pipeline (server delay {s.delay_ms} ms; per cell: repetitions separated by /):\n\n"
@@ -944,43 +794,26 @@ class Bench:
 
     def cleanup(self):
         """The run in progress and the server, then the broker if this run started it (dev/kafka down)."""
-        if self.child is not None and self.child.poll() is None:
-            for kid in children(self.child.pid):
-                try:
-                    os.kill(kid, signal.SIGTERM)
-                except OSError:
-                    pass
-            self.child.terminate()
-            self.child.wait()
+        if self.host is not None:
+            self.host.kill()
         self.stop_server()
-        if self.started_broker:
-            self.kafka("down")
+        if self.broker is not None:
+            self.broker.close()
 
 
 def main(argv):
-    def terminate(signum, frame):
-        raise KeyboardInterrupt
+    if argv and argv[0] in ("help", "-h", "--help"):
+        print(__doc__)
+        return 0
 
-    bench = None
-    try:
-        if argv and argv[0] in ("help", "-h", "--help"):
-            print(__doc__)
-            return 0
+    def body(on_exit):
         if argv:
             raise Die(f"unknown argument: {argv[0]} (dev/bench-http help)")
-        settings = settings_from_env(os.environ)
-        signal.signal(signal.SIGTERM, terminate)
-        bench = Bench(settings)
+        bench = Bench(settings_from_env(os.environ))
+        on_exit(bench.cleanup)
         return bench.run()
-    except (Die, kh.Die) as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if bench is not None:
-            bench.cleanup()
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

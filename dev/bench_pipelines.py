@@ -52,7 +52,6 @@ import csv
 import dataclasses
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -379,33 +378,19 @@ class Run:
             self.broker.close()
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv, environ=os.environ):
     if argv:
         sys.stdout.write(__doc__)
         return 0 if argv[0] in ("-h", "--help", "help") else 2
-    signal.signal(signal.SIGTERM, interrupted)
-    run = None
-    try:
+
+    def body(on_exit):
         os.chdir(REPO)
         run = Run(config_from_env(environ), environ)
+        on_exit(run.cleanup)
         run.run()
         return 0
-    except Die as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if run is not None:
-            try:
-                run.cleanup()
-            except Die as e:
-                print(f"{NAME}: error while stopping: {e}", file=sys.stderr, flush=True)
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

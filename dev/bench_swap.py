@@ -34,13 +34,10 @@ import csv
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +126,6 @@ class Swapper:
 
     def __init__(self, host, records):
         self.host = host
-        self.admin = f"http://127.0.0.1:{host.admin_port}"
         self.records = records
 
     def pipeline(self):
@@ -139,11 +135,13 @@ class Swapper:
         return status[0]
 
     def swap(self, path):
-        body = json.dumps({"path": str(path)}).encode()
-        req = urllib.request.Request(self.admin + "/pipelines/bench/swap", data=body,
-                                     headers={"content-type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return json.load(r)["active_version"]
+        """POST /pipelines/bench/swap to PATH: the new active version. OSError, ValueError or KeyError when the host
+        did not answer 200 with one."""
+        status, body = bench_host.admin_post(self.host.admin_port, "/pipelines/bench/swap", {"path": str(path)},
+                                             timeout=120)
+        if status != 200:
+            raise OSError(f"HTTP {status} {body.decode(errors='replace')[:200]}")
+        return json.loads(body)["active_version"]
 
     def run(self, plan, tsv_path):
         with open(tsv_path, "w") as tsv:
@@ -153,7 +151,7 @@ class Swapper:
                 t0 = time.monotonic()
                 try:
                     new = self.swap(path)
-                except (OSError, urllib.error.URLError, ValueError, KeyError) as e:
+                except (OSError, ValueError, KeyError) as e:
                     raise Die(f"swap {i} ({case}) to {path}: {e}") from None
                 took = (time.monotonic() - t0) * 1e3
                 # Until the new version judged its first batch.
@@ -270,25 +268,17 @@ def run(environ):
             broker.close()
 
 
-def interrupted(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv, environ=os.environ):
     if argv:
         sys.stdout.write(__doc__)
         return 0 if argv[0] in ("-h", "--help", "help") else 2
-    signal.signal(signal.SIGTERM, interrupted)
-    try:
+
+    def body(on_exit):
         os.chdir(REPO)
         run(environ)
         return 0
-    except Die as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

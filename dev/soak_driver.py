@@ -89,24 +89,21 @@ Standard library only (the plot runs in its own venv); its tests are dev/test_so
 from __future__ import annotations
 
 import csv
-import datetime
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 DEV = Path(os.path.abspath(os.path.dirname(__file__)))
 REPO = DEV.parent
 sys.path.insert(0, str(DEV))
+import bench_host  # noqa: E402
 import kafka_harness as kh  # noqa: E402
 
 NAME = "dev/soak"
@@ -123,9 +120,8 @@ PRODUCER_WAIT_S = 300
 RECOVERY_WAIT_S = 300
 POLL_S = 0.5
 
-
-class Die(Exception):
-    """A failure that ends the run: "dev/soak: error: MSG" on stderr, exit status 1."""
+# A failure that ends the run: "dev/soak: error: MSG" on stderr, exit status 1.
+Die = bench_host.Die
 
 
 def note(msg):
@@ -228,25 +224,12 @@ def settings_from_env(environ):
 
 def manifest_text(bootstrap, admin_port, topic, group, component, extra=""):
     """The soak's manifest: one pipeline "soak" reading TOPIC in GROUP, its emits to TOPIC-out, dead letters to
-    TOPIC-dlq; EXTRA is SOAK_MANIFEST_EXTRA, lines of the [[pipeline]] table."""
-    return f"""[cluster]
-bootstrap = "{bootstrap}"
-
-[admin]
-listen = "127.0.0.1:{admin_port}"
-
-[[pipeline]]
-name = "soak"
-topics = ["{topic}"]
-group = "{group}"
-component = "{component}"
-config = {{ emit-to = "ids" }}
-dead_letter_topic = "{topic}-dlq"
-{extra}
-
-[pipeline.outputs]
-ids = "{topic}-out"
-"""
+    TOPIC-dlq; EXTRA is SOAK_MANIFEST_EXTRA, lines of the [[pipeline]] table. No client_id: the host's default."""
+    q = bench_host.toml_string
+    lines = (f'config = {{ emit-to = "ids" }}\ndead_letter_topic = {q(topic + "-dlq")}\n{extra}\n\n'
+             f'[pipeline.outputs]\nids = {q(topic + "-out")}')
+    return bench_host.manifest(bootstrap, admin_port, [bench_host.Pipeline("soak", [topic], group, str(component),
+                                                                           lines)], client_id=None)
 
 
 def leb128(n):
@@ -272,17 +255,6 @@ def make_component_b(a_path, b_path):
 
 
 # --- what the tools and the host print -----------------------------------------------------------------------------
-
-
-def topic_count(offsets_output):
-    """Records in a topic from GetOffsetShell's "topic:partition:offset" lines: the sum of the end offsets (the soak
-    deletes nothing). Lines that are not of that shape (a warning) are left out."""
-    total = 0
-    for line in offsets_output.splitlines():
-        m = re.fullmatch(r".+:[0-9]+:([0-9]+)", line.strip())
-        if m:
-            total += int(m.group(1))
-    return total
 
 
 def producer_report(log_text):
@@ -321,12 +293,12 @@ def pipeline_status(body):
     try:
         p = json.loads(body)[0]
         return Status(
-            accepted=sum(int(v.get("accepted") or 0) for v in p["versions"].values()),
+            accepted=bench_host.judged_counts([p])[0],
             dead_lettered=int(p["dead_lettered"]),
             in_flight=int(p["in_flight"]),
             active_version=str(p["active_version"]),
         )
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, Die):
         return None
 
 
@@ -360,26 +332,7 @@ class DrainWatch:
         )
 
 
-# --- /proc ---------------------------------------------------------------------------------------------------------
-
-
-def vm_rss_kib(status_text):
-    m = re.search(r"^VmRSS:\s+([0-9]+)", status_text, re.MULTILINE)
-    return int(m.group(1)) if m else None
-
-
-def stat_ticks(stat_text):
-    """user + system clock ticks from /proc/PID/stat (fields 14 and 15; the command name in parentheses may hold
-    spaces, so the fields are counted after its closing parenthesis)."""
-    fields = stat_text[stat_text.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def proc_rss_kib(pid):
-    try:
-        return vm_rss_kib(Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return None
+# --- /proc (the rest is bench_host's) --------------------------------------------------------------------------
 
 
 def proc_fds(pid):
@@ -387,20 +340,6 @@ def proc_fds(pid):
         return len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-
-
-def proc_ticks(pid):
-    try:
-        return stat_ticks(Path(f"/proc/{pid}/stat").read_text())
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def load1():
-    try:
-        return Path("/proc/loadavg").read_text().split()[0]
-    except (OSError, IndexError):
-        return ""
 
 
 # --- the ledger ----------------------------------------------------------------------------------------------------
@@ -680,7 +619,7 @@ class Events:
 
     def __call__(self, text):
         with self.lock:
-            line = f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {text}"
+            line = f"{bench_host.utc_stamp('%H:%M:%S')} {text}"
             print(line, file=sys.stderr, flush=True)
             with open(self.log, "a") as f:
                 f.write(line + "\n")
@@ -701,81 +640,6 @@ class Events:
             return text
 
 
-# --- the host (build, start, poll, stop) ---------------------------------------------------------------------------
-
-
-def http(method, url, body=None, timeout=3):
-    """(status, body text) of one request; (None, "") when nothing answers."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("content-type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
-    except (OSError, ValueError):
-        return None, ""
-
-
-class Host:
-    """One `sharehost run` of the soak, with its admin endpoint."""
-
-    def __init__(self, binary, admin_port, state_dir):
-        self.binary = binary
-        self.admin = f"http://127.0.0.1:{admin_port}"
-        self.state_dir = state_dir
-        self.proc = None
-
-    @property
-    def pid(self):
-        return self.proc.pid if self.proc else None
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self, manifest, log):
-        """Starts the host and waits for its admin endpoint."""
-        env = dict(os.environ)
-        env["SHAREHOST_STATE_DIR"] = str(self.state_dir)
-        # Plugin log lines (the ledger logs every id it judges) are left out: warnings and errors stay.
-        env["SHAREHOST_LOG"] = os.environ.get("SHAREHOST_LOG") or "info,sharehost_runtime::log=warn"
-        with open(log, "w") as f:
-            self.proc = subprocess.Popen([str(self.binary), "run", str(manifest)], stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env)
-        t0 = time.monotonic()
-        while http("GET", f"{self.admin}/healthz", timeout=2)[0] != 200:
-            if not self.alive():
-                raise Die(f"the host exited at start (see {log})")
-            if time.monotonic() - t0 >= START_WAIT_S:
-                raise Die(f"the host's admin endpoint did not answer within {START_WAIT_S} s (see {log})")
-            time.sleep(0.2)
-
-    def status(self):
-        code, body = http("GET", f"{self.admin}/pipelines")
-        return pipeline_status(body) if code == 200 else None
-
-    def swap(self, component):
-        return http("POST", f"{self.admin}/pipelines/soak/swap", {"path": str(component)}, timeout=60)
-
-    def stop(self):
-        """SIGTERM (the host drains); whether it exited within STOP_WAIT_S (else it is killed)."""
-        if self.proc is None:
-            return True
-        ok = True
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                ok = False
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        return ok
-
-
 # --- the run -------------------------------------------------------------------------------------------------------
 
 
@@ -793,17 +657,15 @@ class Soak:
             kh.env_int(name, 0)  # a port that is not a number is refused here, naming it
         self.port = int(os.environ["KAFKA_PORT"])
         self.bootstrap = f"127.0.0.1:{self.port}"
-        self.target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
-        self.host_bin = self.target / "release" / "sharehost"
+        self.host_bin = None  # build() sets it
         self.venv = REPO / "target" / "soak-venv"
-        self.stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        self.stamp = bench_host.utc_stamp("%Y%m%d-%H%M%S")
         self.out = REPO / "target" / "soak" / self.stamp
         self.out.mkdir(parents=True, exist_ok=True)
         self.event = Events(self.out)
         self.failures = []
-        self.harness = None
-        self.started_broker = False
-        self.host = Host(self.host_bin, settings.admin_port, self.out / "state")
+        self.broker = None
+        self.host = None  # the bench_host.Host running now
         self.producer = None
         self.restart_thread = None
         self.restart_proc = None
@@ -811,38 +673,34 @@ class Soak:
 
     # --- tools ---
 
-    def kafka(self, *args, log=None):
-        """dev/kafka ARGS, its output on stderr (or appended to LOG: the restart's calls, which cleanup() may have to
-        stop); its exit status."""
-        if log is None:
-            return subprocess.call([str(KAFKA), *args], stdout=sys.stderr, stdin=subprocess.DEVNULL)
+    def kafka(self, *args, log):
+        """dev/kafka ARGS (the restart's stop-broker and start-broker, which cleanup() may have to stop), its output
+        appended to LOG; its exit status."""
         with open(log, "a") as f:
             self.restart_proc = subprocess.Popen([str(KAFKA), *args], stdout=f, stderr=subprocess.STDOUT,
                                                  stdin=subprocess.DEVNULL)
             return self.restart_proc.wait()
 
     def tool(self, *args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL):
-        return subprocess.run(self.harness.java_cmd(*args), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+        return subprocess.run(self.broker.tool_cmd(*args), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                               text=True, errors="replace")
 
     def topic_count(self, topic):
         out = self.tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", self.bootstrap, "--topic", topic)
-        return topic_count(out.stdout)
+        return bench_host.topic_count(out.stdout)
 
     def producer_cmd(self, topic, records, throughput):
-        return self.harness.java_cmd(
-            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
-            "--payload-monotonic", "--throughput", str(throughput), "--command-property",
+        return self.broker.tool_cmd(
+            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", records,
+            "--payload-monotonic", "--throughput", throughput, "--command-property",
             f"bootstrap.servers={self.bootstrap}", "acks=all", "enable.idempotence=true", "linger.ms=5",
             "delivery.timeout.ms=600000",
         )
 
     def make_topics(self, topic, group):
         for name, partitions in ((topic, self.s.partitions), (f"{topic}-out", self.s.partitions), (f"{topic}-dlq", 1)):
-            if self.kafka("create-topic", name, str(partitions)) != 0:
-                raise Die(f"cannot create topic {name}")
-        if self.kafka("share-earliest", group) != 0:
-            raise Die(f"cannot configure share group {group}")
+            self.broker.create_topic(name, partitions, log=None)
+        self.broker.share_earliest(group, log=None)
 
     def write_manifest(self, path, topic, group, component):
         path.write_text(manifest_text(self.bootstrap, self.s.admin_port, topic, group, component,
@@ -856,15 +714,11 @@ class Soak:
                 raise Die(f"{tool} is missing")
         note(f"output in {self.out}")
         note("building the release host and the guest components")
-        if subprocess.call(["cargo", "build", "--release", "-p", "sharehost", "--quiet"], cwd=REPO) != 0:
-            raise Die("cargo build --release -p sharehost failed")
+        self.host_bin = bench_host.build_release(("sharehost",))["sharehost"]
         # dev/build-guests always writes to target/guests of the checkout, whatever CARGO_TARGET_DIR says.
-        comp = REPO / "target" / "guests" / "fixture_ledger.wasm"
+        comp = bench_host.GUESTS / "fixture_ledger.wasm"
         if not comp.is_file():
-            if subprocess.call([str(DEV / "build-guests")], stdout=sys.stderr, cwd=REPO) != 0:
-                raise Die("dev/build-guests failed")
-            if not comp.is_file():
-                raise Die(f"no {comp} after dev/build-guests")
+            bench_host.build_guests(None, ("fixture_ledger",))
         self.ensure_venv()
         self.comp_a = self.out / "ledger-a.wasm"
         self.comp_b = self.out / "ledger-b.wasm"
@@ -890,27 +744,39 @@ class Soak:
     def attach_broker(self):
         """This checkout's running broker, or one started here (removed at the end). A stopped broker's kept state is
         refused (`up` would wipe it), and so is a port held by anything else."""
-        self.harness = kh.Harness()
-        if self.harness.running_nodes():
-            note(f"using this checkout's running broker ({self.harness.state}); it will be restarted half-way")
-        else:
-            if (self.harness.state / "server.properties").is_file():
-                raise Die(
-                    f"a stopped broker's state is kept in {self.harness.state}; resume it (dev/kafka start-broker) "
-                    "or remove it (dev/kafka down)"
-                )
-            for name in ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "KAFKA_SASL_SSL_PORT"):
-                port = int(os.environ[name])
-                if kh.port_in_use(port):
-                    raise Die(
-                        f"port {port} is in use by something this checkout does not run (the soak restarts its "
-                        "broker, so it needs its own)"
-                    )
-            self.started_broker = True
-            if self.kafka("up") != 0:
-                raise Die("dev/kafka up failed")
-        self.harness.require_running()
-        self.harness.ensure_lib()
+        self.broker = bench_host.Broker(say=note)
+        self.broker.attach(
+            busy_msg="port {port} is in use by something this checkout does not run (the soak restarts its broker, "
+                     "so it needs its own)",
+            running_note=f"using this checkout's running broker ({self.broker.harness.state}); it will be restarted "
+                         "half-way")
+
+    # --- the host ---
+
+    def start_host(self, manifest, log):
+        """`sharehost run MANIFEST`, its output in LOG, once its admin endpoint answers."""
+        env = {
+            "SHAREHOST_STATE_DIR": str(self.out / "state"),
+            # Plugin log lines (the ledger logs every id it judges) are left out: warnings and errors stay.
+            "SHAREHOST_LOG": os.environ.get("SHAREHOST_LOG") or "info,sharehost_runtime::log=warn",
+        }
+        self.host = bench_host.Host([self.host_bin, "run", manifest], self.s.admin_port, log, env=env)
+        self.host.wait_ready(START_WAIT_S)
+
+    def status(self):
+        body = bench_host.admin_get(self.s.admin_port, "/pipelines", timeout=3)
+        return None if body is None else pipeline_status(body)
+
+    def stop_host(self):
+        """SIGTERM (the host drains); whether it exited within STOP_WAIT_S (else it is killed)."""
+        host, self.host = self.host, None
+        if host is None:
+            return True
+        try:
+            host.stop(STOP_WAIT_S)
+        except Die:
+            return False
+        return True
 
     # --- phases ---
 
@@ -927,14 +793,14 @@ class Soak:
         manifest = self.out / "peak-manifest.toml"
         self.write_manifest(manifest, topic, topic, self.comp_a)
         log = self.out / "peak-host.log"
-        self.host.start(manifest, log)
+        self.start_host(manifest, log)
         first_ms = first_n = last_ms = None
         n = 0
         t0 = now_ms()
         while now_ms() - t0 < PEAK_WAIT_S * 1000:
-            if not self.host.alive():
+            if not self.host.running():
                 raise Die(f"the peak host exited (see {log})")
-            st = self.host.status()
+            st = self.status()
             n = st.accepted if st else n
             if first_ms is None and n > 0:
                 first_ms, first_n = now_ms(), n
@@ -942,7 +808,7 @@ class Soak:
                 last_ms = now_ms()
                 break
             time.sleep(POLL_S)
-        self.host.stop()
+        self.stop_host()
         peak = peak_rate(first_ms, first_n, last_ms, n)
         if peak is None:
             raise Die(f"the peak host did not read {s.peak_records} records in {PEAK_WAIT_S // 60} min (see {log})")
@@ -969,11 +835,11 @@ class Soak:
             return
         t_up = now_ms()
         self.event.mark("broker up")
-        st = self.host.status()
+        st = self.status()
         acc0 = st.accepted if st else 0
         self.event(f"broker: up again {t_up - t_stop} ms after the stop (accepted so far {acc0})")
         while now_ms() - t_up < RECOVERY_WAIT_S * 1000 and not self.stopping.is_set():
-            st = self.host.status()
+            st = self.status()
             if st and st.accepted > acc0:
                 t_first = now_ms()
                 (out / "restart.txt").write_text(
@@ -987,7 +853,9 @@ class Soak:
 
     def swap(self, component, label):
         t0 = now_ms()
-        code, body = self.host.swap(component)
+        code, body = bench_host.admin_post(self.s.admin_port, "/pipelines/soak/swap", {"path": str(component)},
+                                           timeout=60)
+        body = body.decode(errors="replace")
         self.swaps += 1
         try:
             ver = json.loads(body).get("active_version") or ""
@@ -1018,8 +886,8 @@ class Soak:
             if subprocess.call([str(self.host_bin), "check", str(self.out / "manifest-b.toml")],
                                stdout=sys.stderr) != 0:
                 raise Die("sharehost check of component B failed")
-        self.host.start(self.out / "manifest.toml", self.out / "host.log")
-        st = self.host.status()
+        self.start_host(self.out / "manifest.toml", self.out / "host.log")
+        st = self.status()
         if st is None:
             raise Die(f"the host does not answer GET /pipelines (see {self.out / 'host.log'})")
         self.version = st.active_version
@@ -1036,13 +904,12 @@ class Soak:
 
     def sample_loop(self, t0):
         s = self.s
-        clk_tck = os.sysconf("SC_CLK_TCK")
         pid = self.host.pid
         csv_path = self.out / "samples.csv"
         with open(csv_path, "w", newline="") as f:
             csv.writer(f).writerow(["t_s", "rss_kib", "fds", "in_flight", "accepted_total", "records_per_s",
                                     "host_cpu_pct", "load1", "event"])
-        prev_ms, prev_cpu = t0, proc_ticks(pid) or 0
+        prev_ms, prev_cpu = t0, max(bench_host.cpu_ticks(pid, if_gone=0), 0)
         prev_acc, prev_acc_ms = 0, t0
         swaps_due = s.swap_times()
         next_is_b = True
@@ -1051,26 +918,26 @@ class Soak:
             wait = t0 + k * s.sample_every * 1000 - now_ms()
             if wait > 0:
                 time.sleep(wait / 1000)
-            if not self.host.alive():
+            if not self.host.running():
                 self.failures.append(f"the host died at t={k * s.sample_every} s (see {self.out / 'host.log'})")
                 self.event("host died")
                 break
             now = now_ms()
-            rss = proc_rss_kib(pid)
+            rss = bench_host.status_kb(pid, "VmRSS", if_gone="")
             fds = proc_fds(pid)
-            st = self.host.status()
-            cpu = proc_ticks(pid)
+            st = self.status()
+            cpu = bench_host.cpu_ticks(pid, if_gone=-1)
             rps = ""
             if st:
                 rps = (st.accepted - prev_acc) * 1000 // max(now - prev_acc_ms, 1)
                 prev_acc, prev_acc_ms = st.accepted, now
             cpu_pct = ""
-            if cpu is not None:
-                cpu_pct = (cpu - prev_cpu) * 100 * 1000 // clk_tck // max(now - prev_ms, 1)
+            if cpu >= 0:
+                cpu_pct = (cpu - prev_cpu) * 100 * 1000 // bench_host.CLK_TCK // max(now - prev_ms, 1)
                 prev_cpu = cpu
             prev_ms = now
-            load = load1()
-            row = [(now - t0) // 1000, "" if rss is None else rss, "" if fds is None else fds,
+            load = bench_host.load_now()
+            row = [(now - t0) // 1000, rss, "" if fds is None else fds,
                    st.in_flight if st else "", st.accepted if st else "", rps, cpu_pct, load,
                    self.event.take_pending()]
             with open(csv_path, "a", newline="") as f:
@@ -1119,12 +986,12 @@ class Soak:
         st = None
         drained = False
         while now_ms() - t0 < s.drain_timeout * 1000:
-            cur = self.host.status()
+            cur = self.status()
             st = cur or st
             if watch.drained(cur, now_ms()):
                 drained = True
                 break
-            if not self.host.alive():
+            if not self.host.running():
                 break  # the sampling loop has said so already
             time.sleep(1)
         if st:
@@ -1135,11 +1002,9 @@ class Soak:
         if not drained:
             self.failures.append(
                 f"the host had not judged every produced record {s.drain_timeout} s after the producer ended")
-        code, body = http("GET", f"{self.host.admin}/pipelines")
-        (self.out / "final-pipelines.json").write_text(body if code == 200 else "")
-        code, body = http("GET", f"{self.host.admin}/metrics")
-        (self.out / "final-metrics.txt").write_text(body if code == 200 else "")
-        if not self.host.stop():
+        for path, name in (("/pipelines", "final-pipelines.json"), ("/metrics", "final-metrics.txt")):
+            (self.out / name).write_bytes(bench_host.admin_get(self.s.admin_port, path, timeout=3) or b"")
+        if not self.stop_host():
             self.failures.append(f"the host did not stop within {STOP_WAIT_S} s of SIGTERM")
         lines = (self.out / "host.log").read_text(errors="replace").splitlines()
         self.event(f"host stopped: {lines[-1] if lines else ''}")
@@ -1212,8 +1077,7 @@ class Soak:
     def summary(self, peak, rate, rows):
         s = self.s
         out = self.out
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
+        commit = bench_host.commit()
         uname = os.uname()
         lines = [
             f"{NAME} {self.stamp} (commit {commit}, {os.cpu_count()} cores, {uname.sysname} {uname.release})",
@@ -1274,9 +1138,9 @@ class Soak:
         if self.producer is not None and self.producer.poll() is None:
             self.producer.terminate()
             self.producer.wait()
-        self.host.stop()
-        if self.started_broker:
-            self.kafka("down")
+        self.stop_host()
+        if self.broker is not None:
+            self.broker.close()
 
 
 def ledger_main(args):
@@ -1296,31 +1160,20 @@ def ledger_main(args):
 
 
 def main(argv):
-    def terminate(signum, frame):
-        raise KeyboardInterrupt
+    if argv and argv[0] in ("help", "-h", "--help"):
+        print(__doc__)
+        return 0
 
-    soak = None
-    try:
-        if argv and argv[0] in ("help", "-h", "--help"):
-            print(__doc__)
-            return 0
+    def body(on_exit):
         if argv and argv[0] == "ledger":
             return ledger_main(argv[1:])
         if argv:
             raise Die(f"unknown argument: {argv[0]} (dev/soak help)")
-        settings = settings_from_env(os.environ)
-        signal.signal(signal.SIGTERM, terminate)
-        soak = Soak(settings)
+        soak = Soak(settings_from_env(os.environ))
+        on_exit(soak.cleanup)
         return soak.run()
-    except (Die, kh.Die) as e:
-        print(f"{NAME}: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{NAME}: interrupted", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        if soak is not None:
-            soak.cleanup()
+
+    return bench_host.driver_main(NAME, body)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from bench_host import Die  # noqa: E402
 FIXTURES = DEV / "testdata" / "bench-host"
 
 # A stand-in for `sharehost run`: an admin endpoint on argv[1] whose accepted counter grows by argv[2] per request
-# (after argv[3] requests that answer 503, as a host still starting does), a "drained" line on SIGTERM, exit argv[4].
+# (after argv[3] requests that answer 503, as a host still starting does), a "drained" line on SIGTERM, exit argv[4];
+# a POST answers 409 with what it was sent (its content type, then its body).
 FAKE_HOST = textwrap.dedent("""
     import http.server, json, signal, sys
     port, step, not_ready, code = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -44,6 +45,11 @@ FAKE_HOST = textwrap.dedent("""
             else:
                 body = b"sharehost_session_resets_total{pipeline=\\"bench\\"} 0\\n"
             self.send_response(200); self.end_headers(); self.wfile.write(body)
+        def do_POST(self):
+            sent = self.rfile.read(int(self.headers["content-length"]))
+            body = f"{self.path} {self.headers['content-type']} ".encode() + sent
+            self.send_response(409); self.send_header("content-length", str(len(body))); self.end_headers()
+            self.wfile.write(body)
     server = http.server.HTTPServer(("127.0.0.1", port), H)
     def term(*a):
         print("drained", flush=True)
@@ -86,6 +92,30 @@ class Parsers(unittest.TestCase):
         with self.assertRaisesRegex(Die, "no VmNope in kB"):
             bench_host.status_kb(os.getpid(), "VmNope")
 
+    def test_a_process_gone_or_a_zombie_has_no_rss_when_asked_so(self):
+        self.assertEqual(bench_host.status_kb(2**22 + 7, "VmRSS", if_gone=""), "")
+        with self.assertRaisesRegex(Die, "is gone"):
+            bench_host.status_kb(2**22 + 7, "VmRSS")
+        child = subprocess.Popen(["true"])  # not reaped until wait(): a zombie once it ended
+        try:
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                self.assertLess(time.monotonic(), deadline, "the child never became a zombie")
+                time.sleep(0.01)
+            self.assertEqual(bench_host.status_kb(child.pid, "VmRSS", if_gone=""), "")
+            with self.assertRaisesRegex(Die, "no VmRSS in kB"):
+                bench_host.status_kb(child.pid, "VmRSS")
+        finally:
+            child.wait()
+
+    def test_topic_count_sums_the_end_offsets(self):
+        text = (DEV / "testdata" / "soak" / "offsets.txt").read_text()
+        self.assertEqual(bench_host.topic_count(text), 61000)
+        self.assertEqual(bench_host.topic_count("t:0:5\n[2026-12-04] WARN something (x)\nt:1:7\n"), 12)
+        self.assertEqual(bench_host.topic_count(""), 0)
+        # a topic's name holds no colon, so the last two fields are the partition and the offset
+        self.assertEqual(bench_host.topic_count("soak-20261204-120000-out:3:1000\n"), 1000)
+
     def test_thread_cpu_of_this_process(self):
         comm = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
         main = bench_host.parse_stat(Path(f"/proc/{os.getpid()}/task/{os.getpid()}/stat").read_text(), "stat")
@@ -108,6 +138,14 @@ class Parsers(unittest.TestCase):
             bench_host.judged_counts([{"versions": {"a": {"accepted": 3}}}], "x.json")
         with self.assertRaisesRegex(Die, "not a list of pipelines"):
             bench_host.judged_counts({"error": "no"})
+
+    def test_judged_counts_of_a_real_host(self):
+        status = json.loads((DEV / "testdata" / "bench-http" / "pipelines.json").read_text())
+        self.assertEqual(bench_host.judged_counts(status), (1600, 0))
+
+    def test_a_real_host_s_time_report(self):
+        report = bench_host.TimeReport.read(DEV / "testdata" / "bench-http" / "sharehost.time")
+        self.assertEqual((f"{report.cpu_s:.2f}", report.rss_kb), ("0.58", 27428))
 
     def test_epoch_us_of_the_tools_dates(self):
         self.assertEqual(bench_host.epoch_us_of("2026-05-01 09:13:06.123+0000"), 1777626786123000)
@@ -156,8 +194,62 @@ class Manifests(unittest.TestCase):
         self.assertIn('x = 1\n\n[[pipeline]]\nname = "p1"\ntopics = ["t-1"]\ngroup = "t-1-g"', text)
         self.assertTrue(text.endswith("x = 1\n"))
 
+    def test_no_client_id_leaves_the_host_s_default(self):
+        text = bench_host.manifest("127.0.0.1:9092", 39500, [], client_id=None)
+        self.assertEqual(text, '[cluster]\nbootstrap = "127.0.0.1:9092"\n\n[admin]\nlisten = "127.0.0.1:39500"\n')
+
     def test_strings_are_escaped(self):
         self.assertEqual(bench_host.toml_string('a"b\\c\n'), '"a\\"b\\\\c\\u000a"')
+
+
+# A driver's main over driver_main: argv[1] says what its body does after registering two clean-ups (the first of
+# which fails): "ok" (exit 7), "die", or "wait" (say "ready", then sleep until a signal ends it).
+DRIVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import bench_host
+    def body(on_exit):
+        def failing():
+            raise bench_host.Die("broker still there")
+        on_exit(failing)
+        on_exit(lambda: print("second clean-up", flush=True))
+        if sys.argv[1] == "die":
+            raise bench_host.Die("no topic")
+        if sys.argv[1] == "wait":
+            print("ready", flush=True)
+            time.sleep(600)
+        return 7
+    sys.exit(bench_host.driver_main("dev/x", body))
+""")
+
+
+class DriverMain(unittest.TestCase):
+    def run_driver(self, what):
+        return subprocess.run([sys.executable, "-c", DRIVER, what, str(DEV)], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_the_body_s_status_and_every_clean_up_the_last_first(self):
+        run = self.run_driver("ok")
+        self.assertEqual((run.returncode, run.stdout, run.stderr),
+                         (7, "second clean-up\n", "dev/x: error while stopping: broker still there\n"))
+
+    def test_a_die_is_an_error_and_status_1(self):
+        run = self.run_driver("die")
+        self.assertEqual((run.returncode, run.stdout), (1, "second clean-up\n"))
+        self.assertEqual(run.stderr, "dev/x: error: no topic\ndev/x: error while stopping: broker still there\n")
+
+    def test_sigterm_ends_the_run_as_ctrl_c_does(self):
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, "wait", str(DEV)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(proc.stdout.readline(), "ready\n")  # the handler is set before the body runs
+            proc.terminate()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+        self.assertEqual((proc.returncode, out), (130, "second clean-up\n"))
+        self.assertEqual(err, "dev/x: interrupted\ndev/x: error while stopping: broker still there\n")
 
 
 class Hosts(unittest.TestCase):
@@ -194,6 +286,15 @@ class Hosts(unittest.TestCase):
         self.assertEqual(h.stop(60), 0)
         self.assertIn("drained", (self.dir / "out").read_text())
         self.assertIsNone(h.judged())
+
+    def test_a_post_s_answer_is_read_whatever_its_status(self):
+        h = self.host()
+        h.wait_ready(60)
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/pipelines/p/swap", {"path": "/b.wasm"}),
+                         (409, b'/pipelines/p/swap application/json {"path": "/b.wasm"}'))
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/__reset"), (409, b"/__reset None "))
+        h.stop(60)
+        self.assertEqual(bench_host.admin_post(h.admin_port, "/__reset", timeout=2), (None, b""))
 
     def test_under_usr_bin_time_the_host_gets_the_signal_and_the_report_is_written(self):
         if not os.access("/usr/bin/time", os.X_OK):

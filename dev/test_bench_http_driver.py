@@ -98,20 +98,6 @@ class Manifests(unittest.TestCase):
 
 
 class ToolOutput(unittest.TestCase):
-    def test_topic_count(self):
-        self.assertEqual(bh.topic_count("t:0:10\nt:1:15\n"), 25)
-        self.assertEqual(bh.topic_count("[x] WARN y (z)\nt-out:0:7\n"), 7)
-
-    def test_judged_of_a_real_host(self):
-        self.assertEqual(bh.judged((FIXTURES / "pipelines.json").read_text()), (1600, 0))
-
-    def test_judged_sums_every_version_of_every_pipeline(self):
-        body = ('[{"name":"p","versions":[{"accepted":10,"rejected":1},{"accepted":5,"rejected":0}]},'
-                '{"name":"q","versions":[{"accepted":2,"rejected":3}]}]')
-        self.assertEqual(bh.judged(body), (17, 4))
-        self.assertEqual(bh.judged("[]"), (0, 0))
-        self.assertIsNone(bh.judged("<html>"))
-
     def test_the_server_s_stats(self):
         self.assertEqual(bh.server_fields((FIXTURES / "server.txt").read_text()), ("8", "2000"))
         self.assertEqual(bh.server_fields("requests=400 max_in_flight=16 in_flight=0"), ("16", "400"))
@@ -124,22 +110,6 @@ class ToolOutput(unittest.TestCase):
         self.assertEqual(bh.native_result(line), ("799.8", "8.001"))
         with self.assertRaisesRegex(bh.Die, "no steady rate"):
             bh.native_result("error: connection refused")
-
-    def test_a_time_report(self):
-        report = bh.time_report((FIXTURES / "sharehost.time").read_text())
-        self.assertEqual((report.cpu_s, report.rss_kb), ("0.58", "27428"))
-        text = ("\tUser time (seconds): 1.25\n\tSystem time (seconds): 0.5\n"
-                "\tMaximum resident set size (kbytes): 24080\n")
-        self.assertEqual((bh.time_report(text).cpu_s, bh.time_report(text).rss_kb), ("1.75", "24080"))
-        with self.assertRaisesRegex(bh.Die, "x.time: no user/system time"):
-            bh.time_report("Command terminated by signal 9\n", "x.time")
-
-    def test_cpu_ticks_count_fields_after_the_command_name(self):
-        fields = " ".join(str(n) for n in range(3, 20))
-        self.assertEqual(bh.stat_ticks(f"9 (time) {fields}"), 29)
-        self.assertEqual(bh.stat_ticks(f"9 (a) (b) {fields}"), 29)
-        self.assertGreaterEqual(bh.cpu_ticks(os.getpid()), 0)
-        self.assertEqual(bh.cpu_ticks(2**22 + 1, if_gone=-1), -1)
 
     def test_the_poll_gap(self):
         # 1000 left at 100 per 10 ms: 100 ms to go, poll again in 50 ms
