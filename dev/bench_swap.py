@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_host  # noqa: E402
