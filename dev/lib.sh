@@ -19,6 +19,7 @@
 #   step MSG                       a "== MSG" heading on stdout (and a mark in SHAREHOST_TIMINGS when set)
 #   timing_mark MSG                the mark alone: MSG starts now in this script's lane ("-": the lane ends)
 #   require_cargo                  exit 1 with where to get Rust when cargo is missing
+#   clippy_while_building          clippy's driver as the workspace's compiler wrapper: the tests' build runs the lints
 #   header_help                    print the script's header comment (its --help), exit 0
 # Processes, ports and waits
 #   wait_until SECONDS PID CMD...  poll CMD until it succeeds; 2 as soon as PID is gone, 1 after SECONDS
@@ -64,6 +65,18 @@ timing_mark() {
 }
 require_cargo() {
   command -v cargo >/dev/null || { echo "error: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+}
+# clippy_while_building: exports clippy's driver as the workspace's compiler wrapper, so that a build of the tests
+# also runs the lints (dev/warnings.py fails it on a warning) and no `cargo clippy` checks every dependency again.
+# The wrapper is part of what cargo fingerprints: scripts that build the tests after dev/test (dev/kube-test) call
+# this too, or they build the workspace's crates a second time. Never for benchmarks: the driver turns MIR
+# optimisations off.
+clippy_while_building() {
+  local driver
+  driver=$(rustup which clippy-driver 2>/dev/null) || {
+    rustup component add clippy >&2 && driver=$(rustup which clippy-driver)
+  } || driver=$(command -v clippy-driver) || { echo "error: clippy-driver is missing: rustup component add clippy" >&2; exit 1; }
+  export RUSTC_WORKSPACE_WRAPPER=$driver
 }
 # header_help: the comment between the shebang and `set -euo pipefail` is the script's manual.
 header_help() {
