@@ -14,6 +14,7 @@ use sharehost::kafka::{
     Compression, ConnectionConfig, Header, KafkaClient, KafkaError, Mechanism, OffsetSpec,
     ProduceRecord, TlsSettings,
 };
+use sharehost_tests::proxy::Proxy;
 use sharehost_tests::{SaslSsl, bootstrap, client, init_logging, repo_root, unique};
 
 fn sample_records(n: usize, tag: &str) -> Vec<ProduceRecord> {
@@ -103,6 +104,87 @@ async fn fresh_topic(client: &KafkaClient, prefix: &str) -> String {
         Err(e) if is_topic_exists(&e) => topic,
         Err(e) => panic!("create topic {topic}: {e}"),
     }
+}
+
+/// A produce whose answer is lost (the broker appended the batch, the connection died before its
+/// reply reached the client) is retried by the client and lands once: the batch carries the
+/// client's producer id and sequence, and the broker answers the retry from what it appended.
+/// Without them, the retry is appended a second time.
+#[tokio::test]
+async fn a_produce_whose_answer_is_lost_is_retried_and_lands_once() {
+    init_logging();
+    let setup = client().await;
+    let topic = fresh_topic(&setup, "lost-answer").await;
+    let leader = setup.leader(&topic, 0).expect("the topic's leader");
+    let broker = setup.broker(leader).expect("the leader's address");
+    // A client whose connection to the leader goes through a proxy the test controls (the
+    // addresses metadata gives later are the broker's own: the retry goes straight there).
+    let proxy = Proxy::start("127.0.0.1:0", &broker.socket_addr_string()).await;
+    let client = KafkaClient::connect(&bootstrap(), ConnectionConfig::new("lost-answer"))
+        .await
+        .expect("connect");
+    client.learn_broker(leader, "127.0.0.1", proxy.addr().port());
+    // The first write asks for the producer id and opens the proxied connection.
+    let first = client
+        .produce(&topic, 0, &sample_records(1, "first"), Compression::None)
+        .await
+        .expect("first produce");
+    proxy.lose_next_answer();
+    let second = client
+        .produce(&topic, 0, &sample_records(3, "second"), Compression::None)
+        .await
+        .expect("the produce whose answer was lost, retried");
+    assert_eq!(proxy.lost_answers(), 1, "the broker's answer was dropped");
+    assert_eq!(
+        second,
+        first + 1,
+        "the retry was answered with the first append's offset"
+    );
+    let latest = setup
+        .list_offset(&topic, 0, OffsetSpec::Latest)
+        .await
+        .expect("latest offset");
+    assert_eq!(
+        latest,
+        first + 4,
+        "1 + 3 records in the log, the lost answer's batch once"
+    );
+}
+
+/// A write is never queued behind a long poll: a broker serves one connection's requests one
+/// after another, so produce requests go over connections of their own. A fetch that waits up to
+/// 20 s for records that do not come is still waiting when a produce to the same broker is
+/// answered (on a shared connection the produce would be answered only after the fetch).
+#[tokio::test]
+async fn a_produce_is_answered_while_a_long_poll_waits_on_the_same_broker() {
+    init_logging();
+    let client = client().await;
+    let quiet = fresh_topic(&client, "long-poll").await;
+    let written = fresh_topic(&client, "not-behind-it").await;
+    // Both on the same broker (the test broker is one node; the cluster tests cover more).
+    assert_eq!(client.leader(&quiet, 0), client.leader(&written, 0));
+    let end = client
+        .list_offset(&quiet, 0, OffsetSpec::Latest)
+        .await
+        .expect("latest offset");
+    let poll = client.fetch(&quiet, 0, end, Duration::from_secs(20));
+    tokio::pin!(poll);
+    let record = sample_records(1, "now");
+    let produce = client.produce(&written, 0, &record, Compression::None);
+    tokio::pin!(produce);
+    // Let the fetch go out first: whichever finishes, the test learns which came first.
+    let first = tokio::select! {
+        biased;
+        r = &mut poll => format!("the long poll ended first: {:?}", r.map(|f| f.records.len())),
+        r = &mut produce => {
+            r.expect("produce");
+            "the produce".to_owned()
+        }
+    };
+    assert_eq!(
+        first, "the produce",
+        "the produce was answered while the 20 s long poll still waited"
+    );
 }
 
 #[tokio::test]

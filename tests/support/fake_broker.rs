@@ -17,10 +17,11 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsResponse, BrokerId, FetchResponse, FindCoordinatorResponse,
-    MetadataResponse, ProduceResponse, ResponseHeader, TopicName,
-    api_versions_response::ApiVersion, fetch_response, find_coordinator_response::Coordinator,
-    metadata_response::MetadataResponseBroker, metadata_response::MetadataResponsePartition,
-    metadata_response::MetadataResponseTopic, produce_response,
+    InitProducerIdResponse, MetadataResponse, ProduceResponse, ProducerId, ResponseHeader,
+    TopicName, api_versions_response::ApiVersion, fetch_response,
+    find_coordinator_response::Coordinator, metadata_response::MetadataResponseBroker,
+    metadata_response::MetadataResponsePartition, metadata_response::MetadataResponseTopic,
+    produce_response,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use uuid::Uuid;
@@ -277,6 +278,7 @@ fn honest(api: ApiKey, version: i16, addr: SocketAddr) -> Option<Vec<u8>> {
                 (ApiKey::ListOffsets, 1, 10),
                 (ApiKey::Metadata, 10, 13),
                 (ApiKey::FindCoordinator, 4, 6),
+                (ApiKey::InitProducerId, 0, 5),
                 (ApiKey::ApiVersions, 0, 4),
                 (ApiKey::ShareGroupHeartbeat, 1, 1),
                 (ApiKey::ShareFetch, 1, 2),
@@ -324,6 +326,12 @@ fn honest(api: ApiKey, version: i16, addr: SocketAddr) -> Option<Vec<u8>> {
                     .with_host(host)
                     .with_port(port),
             ]);
+            encode(&resp, version)
+        }
+        ApiKey::InitProducerId => {
+            let resp = InitProducerIdResponse::default()
+                .with_producer_id(ProducerId(1))
+                .with_producer_epoch(0);
             encode(&resp, version)
         }
         ApiKey::Produce => {

@@ -229,6 +229,9 @@ const FIND_COORDINATOR: Struct = plain(&[
     since(4, Kind::Array(&COORDINATOR)),
 ]);
 
+// InitProducerId v0-5 (flexible from 2); v6's two-phase-commit fields are not asked for.
+const INIT_PRODUCER_ID: Struct = plain(&[all(I32), all(I16), all(I64), all(I16)]);
+
 // ShareGroupHeartbeat v1 (flexible).
 const SGH_TOPIC_PARTITIONS: Struct = plain(&[all(UUID), all(I32S)]);
 const SGH_ASSIGNMENT: Struct = plain(&[all(Kind::Array(&SGH_TOPIC_PARTITIONS))]);
@@ -400,6 +403,7 @@ fn schema(api: ApiKey) -> Option<Body> {
         ApiKey::FindCoordinator => body(0, 6, 3, &FIND_COORDINATOR),
         ApiKey::ShareGroupHeartbeat => body(1, 1, 0, &SHARE_GROUP_HEARTBEAT),
         ApiKey::Produce => body(3, 13, 9, &PRODUCE),
+        ApiKey::InitProducerId => body(0, 5, 2, &INIT_PRODUCER_ID),
         ApiKey::Fetch => body(4, 18, 12, &FETCH),
         ApiKey::ListOffsets => body(1, 10, 6, &LIST_OFFSETS),
         ApiKey::CreateTopics => body(2, 7, 5, &CREATE_TOPICS),
@@ -691,6 +695,12 @@ mod tests {
         ]);
         for v in 1..=10 {
             whole_passes_prefixes_fail(ApiKey::ListOffsets, v, &encode(&lo, v));
+        }
+        let ip = kafka_protocol::messages::InitProducerIdResponse::default()
+            .with_producer_id(kafka_protocol::messages::ProducerId(7))
+            .with_producer_epoch(3);
+        for v in 0..=5 {
+            whole_passes_prefixes_fail(ApiKey::InitProducerId, v, &encode(&ip, v));
         }
         for v in 2..=7 {
             let mut result = CreatableTopicResult::default()

@@ -19,8 +19,8 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
-    FetchRequest, FindCoordinatorRequest, IncrementalAlterConfigsRequest, ListOffsetsRequest,
-    MetadataRequest, MetadataResponse, ProduceRequest, TopicName,
+    FetchRequest, FindCoordinatorRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest,
+    ListOffsetsRequest, MetadataRequest, MetadataResponse, ProduceRequest, ProducerId, TopicName,
 };
 use kafka_protocol::protocol::{Request, StrBytes, VersionRange};
 use tokio::time::Instant;
@@ -30,10 +30,36 @@ use super::addr::{BrokerAddr, parse_bootstrap};
 use super::backoff::{Backoff, BackoffConfig};
 use super::connection::{BrokerConnection, ConnectionConfig};
 use super::error::{ErrorClass, KafkaError, Result};
-use super::records::{Compression, ConsumedRecord, ProduceRecord, decode_batches, encode_batch};
+use super::idempotence::{PartitionSequence, Plan, ProducerIdentity};
+use super::records::{Compression, ConsumedRecord, ProduceRecord, decode_batches, encode_batch_as};
+
+/// Which of the client's connection caches a request uses.
+#[derive(Debug, Clone, Copy)]
+enum Pool {
+    /// Metadata, fetches, admin calls: whatever is not a write.
+    Shared,
+    /// Produce requests alone, so that no long poll delays a write.
+    Writes,
+}
+
+/// Whether a produce error says the broker refused this producer's identity or sequence (so the
+/// batch was not appended and a new producer id may write it).
+fn refuses_producer(e: &KafkaError) -> bool {
+    matches!(
+        e.code(),
+        Some(
+            ResponseError::UnknownProducerId
+                | ResponseError::OutOfOrderSequenceNumber
+                | ResponseError::InvalidProducerEpoch
+                | ResponseError::InvalidProducerIdMapping
+        )
+    )
+}
 
 /// Produce up to v12 addresses topics by name; v13 switched to ids and gains us nothing here.
 const PRODUCE_VERSIONS: VersionRange = VersionRange { min: 3, max: 12 };
+/// InitProducerId: v0 suffices without a transactional id; v3+ would carry an id to bump.
+const INIT_PRODUCER_ID_VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 /// Fetch up to v12 addresses topics by name.
 const FETCH_VERSIONS: VersionRange = VersionRange { min: 4, max: 12 };
 /// FindCoordinator v4+ batches keys; share consumers use key type GROUP (0).
@@ -100,8 +126,20 @@ pub struct KafkaClient {
     bootstrap: Vec<BrokerAddr>,
     view: Mutex<ClusterView>,
     conns: tokio::sync::Mutex<HashMap<i32, Arc<BrokerConnection>>>,
+    /// Connections that carry produce requests and nothing else. A broker serves one connection's
+    /// requests one after another, so a write sent behind a long-polling fetch (the fleet
+    /// agent's, 500 ms) waited for it.
+    write_conns: tokio::sync::Mutex<HashMap<i32, Arc<BrokerConnection>>>,
     backoff: BackoffConfig,
+    /// Who the brokers know this client's writes as (InitProducerId, asked at the first produce).
+    producer: tokio::sync::Mutex<Option<ProducerIdentity>>,
+    /// Each partition's sequence, held for the whole of a produce call: one batch in flight per
+    /// partition, so that a retry is never overtaken by the next batch.
+    sequences: Mutex<HashMap<(String, i32), SequenceSlot>>,
 }
+
+/// One partition's sequence, locked for the length of a produce call.
+type SequenceSlot = Arc<tokio::sync::Mutex<PartitionSequence>>;
 
 impl std::fmt::Debug for KafkaClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -121,7 +159,10 @@ impl KafkaClient {
             bootstrap,
             view: Mutex::new(ClusterView::default()),
             conns: tokio::sync::Mutex::new(HashMap::new()),
+            write_conns: tokio::sync::Mutex::new(HashMap::new()),
             backoff: BackoffConfig::default(),
+            producer: tokio::sync::Mutex::new(None),
+            sequences: Mutex::new(HashMap::new()),
         };
         client.refresh_metadata(&[]).await?;
         Ok(client)
@@ -178,10 +219,21 @@ impl KafkaClient {
 
     /// The cached connection to broker `id`, connecting when there is none or it died.
     pub async fn connection(&self, id: i32) -> Result<Arc<BrokerConnection>> {
+        self.connection_in(Pool::Shared, id).await
+    }
+
+    fn pool(&self, pool: Pool) -> &tokio::sync::Mutex<HashMap<i32, Arc<BrokerConnection>>> {
+        match pool {
+            Pool::Shared => &self.conns,
+            Pool::Writes => &self.write_conns,
+        }
+    }
+
+    async fn connection_in(&self, pool: Pool, id: i32) -> Result<Arc<BrokerConnection>> {
         let addr = self.broker(id).ok_or_else(|| {
             KafkaError::Config(format!("broker {id} is not in the cluster metadata"))
         })?;
-        let mut conns = self.conns.lock().await;
+        let mut conns = self.pool(pool).lock().await;
         if let Some(c) = conns.get(&id)
             && !c.is_dead()
         {
@@ -203,7 +255,11 @@ impl KafkaClient {
 
     /// Forgets a connection after a failure, unless another caller already replaced it.
     pub async fn invalidate(&self, id: i32, conn: &Arc<BrokerConnection>) {
-        let mut conns = self.conns.lock().await;
+        self.invalidate_in(Pool::Shared, id, conn).await
+    }
+
+    async fn invalidate_in(&self, pool: Pool, id: i32, conn: &Arc<BrokerConnection>) {
+        let mut conns = self.pool(pool).lock().await;
         if conns.get(&id).is_some_and(|c| Arc::ptr_eq(c, conn)) {
             conns.remove(&id);
         }
@@ -211,9 +267,13 @@ impl KafkaClient {
 
     /// Any working connection: a known broker first, then the bootstrap list.
     async fn any_connection(&self) -> Result<(Option<i32>, Arc<BrokerConnection>)> {
+        self.any_connection_in(Pool::Shared).await
+    }
+
+    async fn any_connection_in(&self, pool: Pool) -> Result<(Option<i32>, Arc<BrokerConnection>)> {
         let mut errors = Vec::new();
         for id in self.broker_ids() {
-            match self.connection(id).await {
+            match self.connection_in(pool, id).await {
                 Ok(c) => return Ok((Some(id), c)),
                 Err(e) => errors.push(e),
             }
@@ -394,6 +454,7 @@ impl KafkaClient {
 
     async fn leader_connection(
         &self,
+        pool: Pool,
         topic: &str,
         partition: i32,
     ) -> Result<Arc<BrokerConnection>> {
@@ -410,12 +471,18 @@ impl KafkaClient {
                     .ok_or_else(|| KafkaError::UnknownTopic(format!("{topic}-{partition}")))?
             }
         };
-        self.connection(leader).await
+        self.connection_in(pool, leader).await
     }
 
     /// Runs `op` against the partition leader, refreshing metadata and reconnecting on
     /// retriable errors until the request timeout passes.
-    async fn with_leader<T, F, Fut>(&self, topic: &str, partition: i32, mut op: F) -> Result<T>
+    async fn with_leader<T, F, Fut>(
+        &self,
+        pool: Pool,
+        topic: &str,
+        partition: i32,
+        mut op: F,
+    ) -> Result<T>
     where
         F: FnMut(Arc<BrokerConnection>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -423,7 +490,7 @@ impl KafkaClient {
         let deadline = Instant::now() + self.config.request_timeout;
         let mut backoff = Backoff::with_deadline(self.backoff, deadline);
         loop {
-            let conn = match self.leader_connection(topic, partition).await {
+            let conn = match self.leader_connection(pool, topic, partition).await {
                 Ok(c) => c,
                 Err(e) if e.class() != ErrorClass::Fatal => {
                     // The cached leader cannot be reached (killed, not yet fenced by the
@@ -444,7 +511,7 @@ impl KafkaClient {
                     class => {
                         if class == ErrorClass::RefreshMetadata || conn.is_dead() {
                             if let Some(id) = conn.broker().id {
-                                self.invalidate(id, &conn).await;
+                                self.invalidate_in(pool, id, &conn).await;
                             }
                             let _ = self.refresh_metadata(&[topic.to_owned()]).await;
                         }
@@ -457,7 +524,12 @@ impl KafkaClient {
         }
     }
 
-    /// Produces `records` as one batch to a partition (acks=all) and returns the base offset.
+    /// Produces `records` as one batch to a partition (acks=all) and returns the base offset
+    /// (-1 when the broker answered that it had the batch already).
+    ///
+    /// Idempotent: the batch carries this client's producer id and the partition's next sequence,
+    /// and every retry the same, so a batch whose answer was lost lands once (see
+    /// [`crate::idempotence`]). Calls for one partition run one at a time.
     pub async fn produce(
         &self,
         topic: &str,
@@ -465,11 +537,151 @@ impl KafkaClient {
         records: &[ProduceRecord],
         compression: Compression,
     ) -> Result<i64> {
-        let batch = encode_batch(records, compression).map_err(|e| KafkaError::Encode {
+        let encode_error = |reason: String| KafkaError::Encode {
             api: ApiKey::Produce,
             version: 0,
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let count = i32::try_from(records.len())
+            .map_err(|_| encode_error(format!("{} records in one batch", records.len())))?;
+        if count == 0 {
+            return Ok(-1);
+        }
+        let slot = {
+            let mut sequences = self.sequences.lock().unwrap_or_else(|p| p.into_inner());
+            sequences
+                .entry((topic.to_owned(), partition))
+                .or_default()
+                .clone()
+        };
+        let mut sequence = slot.lock().await;
+        let mut renewed = 0;
+        loop {
+            let identity = self.producer_identity().await?;
+            let base_sequence = match sequence.plan(identity, count) {
+                Plan::Send { base_sequence, .. } => base_sequence,
+                Plan::Bump { stale } => {
+                    self.bump_identity(stale).await?;
+                    continue;
+                }
+            };
+            let batch = encode_batch_as(records, compression, Some((identity, base_sequence)))
+                .map_err(|e| encode_error(e.to_string()))?;
+            match self.send_batch(topic, partition, batch).await {
+                Ok(offset) => {
+                    sequence.landed(identity, base_sequence, count);
+                    return Ok(offset);
+                }
+                Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {
+                    sequence.landed(identity, base_sequence, count);
+                    return Ok(-1);
+                }
+                // The broker has no state for this producer any more (its records expired), or
+                // refuses its epoch or sequence: nothing of the batch was appended. A new id
+                // starts every partition again; a few times, not forever.
+                Err(e) if refuses_producer(&e) && renewed < 3 => {
+                    renewed += 1;
+                    self.renew_identity(identity).await?;
+                }
+                Err(e) => {
+                    // Whether an attempt landed is unknown (a refusal on the last attempt may
+                    // follow a timeout on an earlier one): the next batch starts a new epoch.
+                    sequence.in_doubt(identity);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// This client's producer identity, asked for once.
+    async fn producer_identity(&self) -> Result<ProducerIdentity> {
+        let mut producer = self.producer.lock().await;
+        if let Some(identity) = *producer {
+            return Ok(identity);
+        }
+        let identity = self.init_producer_id().await?;
+        *producer = Some(identity);
+        Ok(identity)
+    }
+
+    /// The next epoch of `stale`, unless another call moved on already; a new id when the epoch
+    /// is exhausted.
+    async fn bump_identity(&self, stale: ProducerIdentity) -> Result<()> {
+        let mut producer = self.producer.lock().await;
+        if *producer != Some(stale) {
+            return Ok(());
+        }
+        *producer = Some(match stale.bumped() {
+            Some(next) => next,
+            None => self.init_producer_id().await?,
+        });
+        Ok(())
+    }
+
+    /// A new producer id instead of `stale`, unless another call got one already.
+    async fn renew_identity(&self, stale: ProducerIdentity) -> Result<()> {
+        let mut producer = self.producer.lock().await;
+        if *producer != Some(stale) {
+            return Ok(());
+        }
+        *producer = Some(self.init_producer_id().await?);
+        Ok(())
+    }
+
+    /// InitProducerId without a transactional id: any broker gives an idempotent producer id.
+    async fn init_producer_id(&self) -> Result<ProducerIdentity> {
+        let req = InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(-1)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+        let deadline = Instant::now() + self.config.request_timeout;
+        let mut backoff = Backoff::with_deadline(self.backoff, deadline);
+        loop {
+            // (over the writes' connections: the first write waits for this answer)
+            let (id, conn) = self.any_connection_in(Pool::Writes).await?;
+            let sent = match conn.version_for(ApiKey::InitProducerId, INIT_PRODUCER_ID_VERSIONS) {
+                Ok(version) => conn
+                    .send_version(&req, version, self.config.request_timeout)
+                    .await
+                    .map(|resp| (version, resp)),
+                Err(e) => Err(e),
+            };
+            let (version, resp) = match sent {
+                Ok(answer) => answer,
+                Err(e) if e.class() != ErrorClass::Fatal => {
+                    if let Some(id) = id {
+                        self.invalidate_in(Pool::Writes, id, &conn).await;
+                    }
+                    if !backoff.wait().await {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match KafkaError::from_code(
+                conn.broker(),
+                ApiKey::InitProducerId,
+                version,
+                resp.error_code,
+                None,
+            ) {
+                None => {
+                    return Ok(ProducerIdentity {
+                        id: resp.producer_id.0,
+                        epoch: resp.producer_epoch,
+                    });
+                }
+                Some(e) if e.class() != ErrorClass::Fatal && backoff.wait().await => {}
+                Some(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends one encoded batch to the partition's leader (acks=all), retrying what is retriable
+    /// with the same bytes until the request timeout passes.
+    async fn send_batch(&self, topic: &str, partition: i32, batch: bytes::Bytes) -> Result<i64> {
         let req = ProduceRequest::default()
             .with_acks(-1)
             .with_timeout_ms(30_000)
@@ -483,7 +695,7 @@ impl KafkaClient {
                     ]),
             ]);
         let timeout = self.config.request_timeout;
-        self.with_leader(topic, partition, |conn| {
+        self.with_leader(Pool::Writes, topic, partition, |conn| {
             let req = req.clone();
             async move {
                 let version = conn.version_for(ApiKey::Produce, PRODUCE_VERSIONS)?;
@@ -545,7 +757,7 @@ impl KafkaClient {
                     ]),
             ]);
         let timeout = self.config.request_timeout + max_wait;
-        self.with_leader(topic, partition, |conn| {
+        self.with_leader(Pool::Shared, topic, partition, |conn| {
             let req = req.clone();
             async move {
                 let version = conn.version_for(ApiKey::Fetch, FETCH_VERSIONS)?;
@@ -611,7 +823,7 @@ impl KafkaClient {
                             .with_timestamp(ts),
                     ]),
             ]);
-        self.with_leader(topic, partition, |conn| {
+        self.with_leader(Pool::Shared, topic, partition, |conn| {
             let req = req.clone();
             async move {
                 let resp = conn.send(&req).await?;

@@ -11,6 +11,7 @@
 //! - [`tls`], [`sasl`]: transport security and authentication.
 //! - [`client`]: the cluster: metadata, cached connections, coordinator lookup, produce/fetch/admin.
 //! - [`records`]: record batches in every compression.
+//! - [`idempotence`]: the idempotent producer's sequence numbers (a retried batch lands once).
 //! - [`error`], [`backoff`]: typed errors with their one classification, and the one backoff.
 //! - [`protocol`]: the messages kafka-protocol does not cover (ShareFetch and ShareAcknowledge
 //!   v1-v2, DescribeShareGroupOffsets v0-1), on its public traits.
@@ -23,6 +24,7 @@ pub mod client;
 pub mod connection;
 pub mod error;
 pub mod frame;
+pub mod idempotence;
 pub mod messenger;
 pub mod partitioner;
 pub mod protocol;

@@ -1,6 +1,7 @@
 //! Records as sharehost sees them, and their conversion to and from Kafka record batches
 //! (kafka-protocol does the batch format and every compression codec).
 
+use crate::idempotence::ProducerIdentity;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::compression::{self as codec, Decompressor};
 use kafka_protocol::indexmap::IndexMap;
@@ -65,11 +66,26 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Encodes records as one v2 record batch with `compression`.
+/// Encodes records as one v2 record batch with `compression`, from no producer in particular
+/// (no idempotence: tests and tools that write a batch by hand).
 pub fn encode_batch(
     records: &[ProduceRecord],
     compression: Compression,
 ) -> Result<Bytes, RecordsError> {
+    encode_batch_as(records, compression, None)
+}
+
+/// Encodes records as one v2 record batch with `compression`, carrying `producer`'s identity and
+/// the batch's base sequence when given, which is what lets the broker drop a retried copy.
+pub fn encode_batch_as(
+    records: &[ProduceRecord],
+    compression: Compression,
+    producer: Option<(ProducerIdentity, i32)>,
+) -> Result<Bytes, RecordsError> {
+    let (producer_id, producer_epoch, base_sequence) = match producer {
+        Some((identity, base)) => (identity.id, identity.epoch, base),
+        None => (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE),
+    };
     let now = i64::try_from(now_ms()).unwrap_or(i64::MAX);
     let converted: Vec<Record> = records
         .iter()
@@ -79,13 +95,14 @@ pub fn encode_batch(
             control: false,
             delete_horizon: false,
             partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
-            producer_id: NO_PRODUCER_ID,
-            producer_epoch: NO_PRODUCER_EPOCH,
+            producer_id,
+            producer_epoch,
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
             // The encoder starts a new batch whenever offset - sequence changes; keeping it
-            // constant with a base sequence of -1 (no idempotence) yields one batch.
-            sequence: NO_SEQUENCE.wrapping_add(i as i32),
+            // constant (the base sequence, or -1 without idempotence, plus the offset) yields
+            // one batch. The caller keeps base + count within i32 (see idempotence.rs).
+            sequence: base_sequence.wrapping_add(i as i32),
             timestamp: r.timestamp.unwrap_or(now),
             key: r.key.clone(),
             value: r.value.clone(),
