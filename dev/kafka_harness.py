@@ -612,6 +612,7 @@ class Harness:
                           Every node also has a PROXIED listener bound on its client port + 6 that advertises client
                           port + 5, where the fault tests run a loopback proxy to it (node 1's pair: {self.state}/proxied.env).
                           No-op if already running; fails if running in another shape (nodes, SASL_SSL).
+  fetch                   only fetch the jars into the cache (what `up` does first), e.g. while something builds
   down                    stop every node and delete the state dir (all data)
   status                  print whether it runs; exit 0 if every node runs, 3 if none, 4 if only some
   stop-broker [N]         SIGTERM node N (default 1) and wait (SIGKILL after KAFKA_STOP_TIMEOUT), keep data and config
@@ -982,6 +983,13 @@ env: KAFKA_VERSION ({self.version}), KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SA
 
     # --- commands ---
 
+    def cmd_fetch(self, args):
+        """Only the jars into the cache: dev/test fetches them while it builds, so that `up` finds them."""
+        if args:
+            raise Die(f"fetch takes no arguments (got {' '.join(args)})")
+        self.ensure_lib()
+        return 0
+
     def cmd_up(self, args):
         want, sasl = parse_up_args(args)
         self.require_java()
@@ -1271,6 +1279,7 @@ def main(argv):
     try:
         h = Harness()
         commands = {
+            "fetch": h.cmd_fetch,
             "up": h.cmd_up,
             "down": h.cmd_down,
             "status": h.cmd_status,

@@ -328,6 +328,7 @@ class CommandLine(Scratch):
         for args, msg in (
             (["up", "--brokers", "x"], "--brokers takes a node count from 1 to 9 (got 'x')"),
             (["tool"], "usage: dev/kafka tool CLASS [ARGS...]"),
+            (["fetch", "now"], "fetch takes no arguments (got now)"),
             (["create-topic"], "usage: dev/kafka create-topic NAME [PARTITIONS]"),
             (["share-earliest"], "usage: dev/kafka share-earliest GROUP"),
             (["leader", "t"], "usage: dev/kafka leader TOPIC PARTITION"),
