@@ -175,6 +175,43 @@ impl Scenario {
 }
 
 /// Runs blocking process work (start, wait, kill) off the async runtime.
+/// The sum of every sample of a metric family whose labels hold `label` (all when empty).
+fn metric_sum(metrics: &str, family: &str, label: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{'))
+        })
+        .filter(|l| {
+            l.split('}')
+                .next()
+                .is_some_and(|labels| labels.contains(label))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// Reports, beside the scenario's ledger, what the host's engine says the duplicates were:
+/// verdicts waiting when a session ended (`unsent`), verdicts made after it had (`late`), and
+/// how many sessions ended. Read before the host stops (a drain adds nothing to them).
+fn report_lost_verdicts(scenario: &str, host: &HostProcess) {
+    let (_, m) = host.http("GET", "/metrics", "");
+    report(&format!(
+        "engine {scenario}: verdicts lost {} unsent + {} late, acknowledgements failed {}, replayed without a plugin call {}, session resets {}",
+        metric_sum(&m, "sharehost_verdicts_lost_total", "when=\"unsent\""),
+        metric_sum(&m, "sharehost_verdicts_lost_total", "when=\"late\""),
+        metric_sum(
+            &m,
+            "sharehost_acknowledged_offsets_total",
+            "result=\"failed\""
+        ),
+        metric_sum(&m, "sharehost_verdicts_replayed_total", ""),
+        metric_sum(&m, "sharehost_session_resets_total", ""),
+    ));
+}
+
 fn faults_of(status: &serde_json::Value) -> u64 {
     status[0]["versions"]
         .as_object()
@@ -395,6 +432,9 @@ async fn cut_connections_between_host_and_broker_lose_nothing() {
     }
     let h = host.clone();
     blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    report_lost_verdicts(s.name, &host);
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     let (_, seen) = blocking(move || host.stop()).await;
     s.ledger(&[seen]).await;
@@ -427,6 +467,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     // until the broker has nothing left for the group, as every other scenario's does.
     let group = s.group.clone();
     blocking(move || wait_until_drained(&group)).await;
+    report_lost_verdicts(s.name, &host);
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
     let (_, seen) = blocking(move || host.stop()).await;
     s.ledger(&[seen]).await;

@@ -385,9 +385,11 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
     let unjudged_count = unjudged.len();
     assert_eq!(c.retain_held(&mut unjudged), 0, "all held before the cut");
     c.disconnect_for_testing();
+    let judged_before: HashSet<(i32, i64)> = values.keys().copied().collect();
     // A record counts as accepted only when the broker confirmed its Accept: verdicts that
-    // were pending when the session died come back as failed outcomes, and their records are
-    // redelivered and judged again.
+    // were pending when the session died come back as failed outcomes; their records are
+    // redelivered, and the engine settles them with those verdicts without handing them over.
+    let mut delivered_again = Vec::new();
     let mut confirmed = HashSet::new();
     let mut failed_outcomes = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -400,7 +402,11 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
         );
         if let Some(d) = c.poll(Duration::from_millis(300)).await.expect("poll") {
             for r in &d.records {
-                values.insert((r.partition.partition, r.record.offset), value(r));
+                let key = (r.partition.partition, r.record.offset);
+                if judged_before.contains(&key) {
+                    delivered_again.push(key);
+                }
+                values.insert(key, value(r));
                 c.acknowledge(r, AckKind::Accept).expect("ack");
             }
         }
@@ -435,6 +441,18 @@ async fn a_cut_connection_reopens_the_session_and_loses_nothing() {
     assert!(
         failed_outcomes >= 1,
         "the verdicts lost with the session were reported, not swallowed"
+    );
+    assert_eq!(
+        delivered_again,
+        Vec::<(i32, i64)>::new(),
+        "a record judged before the cut is not handed over again"
+    );
+    assert!(
+        stats
+            .verdicts_replayed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1,
+        "the lost verdicts were applied when their records came back"
     );
     c.close(Duration::from_secs(30)).await;
     assert_eq!(confirmed, ids);

@@ -89,6 +89,14 @@ pub struct Metrics {
     pub writes_waiting: Family<Labels, Gauge>,
     /// Records released because the pipeline stopped before their writes landed.
     pub released_unwritten: Family<Labels, Counter>,
+    /// Accepts and rejects the broker never got (`when`: `unsent`, waiting in the engine when
+    /// the session ended or the leadership moved; `late`, made after their record's session
+    /// had ended): each such record is delivered and judged again, so at-least-once's
+    /// duplicates are counted here as they happen.
+    pub verdicts_lost: Family<Labels, Counter>,
+    /// Records delivered again after their verdict was lost, settled with that verdict without
+    /// a second plugin call (the duplicates the engine spared).
+    pub verdicts_replayed: Family<Labels, Counter>,
     /// Dead letters written without the record's key, value and headers (the whole record
     /// was larger than the dead-letter topic accepts).
     pub dead_letters_shrunk: Family<Labels, Counter>,
@@ -162,6 +170,8 @@ impl Metrics {
             write_failures: Family::default(),
             writes_waiting: Family::default(),
             released_unwritten: Family::default(),
+            verdicts_lost: Family::default(),
+            verdicts_replayed: Family::default(),
             dead_letters_shrunk: Family::default(),
             fleet_records_skipped: Family::default(),
             fleet_actions: Family::default(),
@@ -271,6 +281,16 @@ impl Metrics {
             "released_unwritten",
             "Records released because the pipeline stopped before their writes landed",
             m.released_unwritten.clone(),
+        );
+        registry.register(
+            "verdicts_lost",
+            "Accepts and rejects the broker never got, by when (unsent: waiting when the session ended; late: made after it ended); each record comes again",
+            m.verdicts_lost.clone(),
+        );
+        registry.register(
+            "verdicts_replayed",
+            "Records delivered again after their verdict was lost, settled with that verdict without calling the plugin again",
+            m.verdicts_replayed.clone(),
         );
         registry.register(
             "dead_letters_shrunk",

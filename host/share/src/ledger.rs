@@ -57,6 +57,18 @@ impl AckKind {
             AckKind::Renew => ack_type::RENEW,
         }
     }
+
+    /// The verdict of a wire code, or `None` for a code this engine never sends.
+    pub fn from_code(code: i8) -> Option<AckKind> {
+        match code {
+            ack_type::GAP => Some(AckKind::Gap),
+            ack_type::ACCEPT => Some(AckKind::Accept),
+            ack_type::RELEASE => Some(AckKind::Release),
+            ack_type::REJECT => Some(AckKind::Reject),
+            ack_type::RENEW => Some(AckKind::Renew),
+            _ => None,
+        }
+    }
 }
 
 /// Why a verdict could not be recorded.

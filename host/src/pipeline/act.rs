@@ -242,6 +242,7 @@ impl Pipeline {
         let (mut accepted, mut released, mut rejected, mut renewed, mut retried) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
         let mut unwritten = 0u64;
+        let mut late = 0u64;
         for (d, result) in decisions.iter().zip(consumer.settle(&to_engine)) {
             match (result, d.cause, d.settle) {
                 (Settled::Taken, Cause::Unwritten, _) => unwritten += 1,
@@ -251,13 +252,23 @@ impl Pipeline {
                 (Settled::Taken, _, _) | (Settled::RenewsSpent, _, _) => released += 1,
                 (Settled::Renewed, _, _) => renewed += 1,
                 (Settled::Held(_), _, _) => retried += 1,
-                (Settled::Moot, _, _) => {
+                (Settled::Moot, _, settle) => {
+                    if matches!(settle, Settle::Final(AckKind::Accept | AckKind::Reject)) {
+                        late += 1;
+                    }
                     tracing::debug!(pipeline = %self.spec.name, offset = d.record.record.offset, "verdict for a released record dropped")
                 }
                 (Settled::Refused(e), _, _) => {
                     tracing::error!(pipeline = %self.spec.name, offset = d.record.record.offset, "verdict refused: {e}")
                 }
             }
+        }
+        if late > 0 {
+            let l: crate::metrics::Labels = vec![("pipeline", self.spec.name.clone())];
+            self.metrics
+                .verdicts_lost
+                .get_or_create(&super::counters::lost_labels(&l, "late"))
+                .inc_by(late);
         }
         if unwritten > 0 {
             self.counters

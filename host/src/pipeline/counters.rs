@@ -23,8 +23,9 @@ use crate::share::consumer::ShareConsumer;
 #[derive(Debug, Default)]
 pub(super) struct EngineCounts {
     /// The engine's totals last published as counters (session resets, rebalances, released
-    /// by the broker, acks ok, acks failed).
-    published: Mutex<[u64; 6]>,
+    /// by the broker, acks ok, acks failed, released at the delivery limit, verdicts unsent,
+    /// verdicts replayed).
+    published: Mutex<[u64; 8]>,
     pub(super) peak: AtomicU64,
     pub(super) limit: AtomicU64,
     pub(super) fetches: AtomicU64,
@@ -140,6 +141,10 @@ impl Counters {
         let _ = m.released_at_delivery_limit.get_or_create(&l);
         let _ = m.writes_waiting.get_or_create(&l);
         let _ = m.released_unwritten.get_or_create(&l);
+        let _ = m.verdicts_replayed.get_or_create(&l);
+        for when in ["unsent", "late"] {
+            let _ = m.verdicts_lost.get_or_create(&lost_labels(&l, when));
+        }
         let _ = m.dead_letters_shrunk.get_or_create(&l);
         let _ = m.pipeline_up.get_or_create(&l);
         let _ = m.delivery_count.get_or_create(&l);
@@ -263,6 +268,16 @@ impl Counters {
             &m.released_at_delivery_limit.get_or_create(&l),
             &s.released_at_limit,
         );
+        advance(
+            6,
+            &m.verdicts_lost.get_or_create(&lost_labels(&l, "unsent")),
+            &s.verdicts_unsent,
+        );
+        advance(
+            7,
+            &m.verdicts_replayed.get_or_create(&l),
+            &s.verdicts_replayed,
+        );
         drop(last);
         if let Some(http) = http {
             let c = http.stats().snapshot();
@@ -376,6 +391,13 @@ impl SwapStall {
         self.last = Some(stall);
         Some(stall)
     }
+}
+
+/// The pipeline's labels with the `when` of a lost verdict.
+pub(super) fn lost_labels(pipeline: &Labels, when: &'static str) -> Labels {
+    let mut l = pipeline.clone();
+    l.push(("when", when.into()));
+    l
 }
 
 #[cfg(test)]

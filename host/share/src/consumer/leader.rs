@@ -557,12 +557,15 @@ impl LeaderWorker {
     ) {
         let e = err.unwrap_or(ResponseError::NetworkException);
         for (tp, batches) in acks {
-            self.shared.push_outcome(AckOutcome {
-                topic: self.shared.topic_name(tp),
-                partition: tp.partition,
-                batches: batches.clone(),
-                error: Some((e, msg.unwrap_or("").to_owned())),
-            });
+            self.shared.push_outcome(
+                *tp,
+                AckOutcome {
+                    topic: self.shared.topic_name(tp),
+                    partition: tp.partition,
+                    batches: batches.clone(),
+                    error: Some((e, msg.unwrap_or("").to_owned())),
+                },
+            );
         }
     }
 
@@ -654,6 +657,7 @@ impl LeaderWorker {
                     .acquired_split
                     .fetch_add(split as u64, Ordering::Relaxed);
                 let mut ledger = self.shared.ledger.lock();
+                let mut remembered = self.shared.remembered.lock();
                 for a in &p.acquired {
                     ledger.acquired(tp, a.first_offset, a.last_offset);
                 }
@@ -683,6 +687,18 @@ impl LeaderWorker {
                             record: rec,
                             session: st.session,
                         };
+                        // Delivered here again after its verdict was lost with a session:
+                        // settled with that verdict, never handed to the caller twice (should
+                        // the ledger refuse it, the record is handed over as any other).
+                        if let Some(kind) = remembered.take(tp, o)
+                            && ledger.record(tp, o, kind).is_ok()
+                        {
+                            self.shared
+                                .stats
+                                .verdicts_replayed
+                                .fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         let poison = cap.is_some_and(|c| a.delivery_count >= c);
                         if poison {
                             self.shared.stats.poison.fetch_add(1, Ordering::Relaxed);
@@ -844,12 +860,15 @@ impl LeaderWorker {
                     )),
                 },
             };
-            self.shared.push_outcome(AckOutcome {
-                topic: self.shared.topic_name(tp),
-                partition: tp.partition,
-                batches: batches.clone(),
-                error,
-            });
+            self.shared.push_outcome(
+                *tp,
+                AckOutcome {
+                    topic: self.shared.topic_name(tp),
+                    partition: tp.partition,
+                    batches: batches.clone(),
+                    error,
+                },
+            );
         }
     }
 

@@ -18,6 +18,8 @@
 //!   renewing, releasing due holds and closing the session.
 //! - `shared`: what the caller and the tasks share: the ledger, the per-leader records held
 //!   (lock time, deliveries, renewals, release time), the in-flight count, pacing, outcomes.
+//! - `remembered`: final verdicts the broker never applied, kept (bounded) for the records'
+//!   next delivery here, so a cut connection does not make the caller judge them twice.
 //! - `decisions`: pure decisions with their tests: what a fetch asks for, which acquired offsets
 //!   without a record are Gap or released, which partitions a leader serves, what moved.
 //! - `count_guard`: the guard that brings a raised count back down however its scope ends.
@@ -28,6 +30,7 @@ mod count_guard;
 mod decisions;
 mod heartbeat;
 mod leader;
+mod remembered;
 mod share_consumer;
 mod shared;
 mod supervisor;

@@ -199,8 +199,10 @@ impl ShareConsumer {
 
     /// Drops the records whose share session has ended since they were delivered (the broker
     /// released them and will deliver them again), so a caller about to hand a batch to slow or
-    /// costly work does not judge records whose verdicts could no longer land. Returns how many
-    /// were dropped. One pass under the engine's locks for the whole batch.
+    /// costly work does not judge records whose verdicts could no longer land; and settles, with
+    /// it, each record whose verdict was lost with an earlier session (made while the record was
+    /// already back here). Returns how many were dropped either way. One pass under the
+    /// engine's locks for the whole batch.
     pub fn retain_held(&self, records: &mut Vec<ShareRecord>) -> usize {
         let before = records.len();
         // Never both locks at once: every other path takes them one at a time.
@@ -220,6 +222,48 @@ impl ShareConsumer {
                 .and_then(|l| leaders.get(&l))
                 .is_some_and(|st| st.session == r.session && st.outstanding.contains_key(&r.key()))
         });
+        drop(leaders);
+        let replay: Vec<(usize, AckKind)> = {
+            let mut remembered = self.shared.remembered.lock();
+            if remembered.is_empty() {
+                Vec::new()
+            } else {
+                records
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| {
+                        remembered
+                            .take(r.partition, r.record.offset)
+                            .map(|k| (i, k))
+                    })
+                    .collect()
+            }
+        };
+        if !replay.is_empty() {
+            let decisions: Vec<(&ShareRecord, Settle)> = replay
+                .iter()
+                .map(|(i, kind)| (&records[*i], Settle::Final(*kind)))
+                .collect();
+            let taken = self
+                .settle(&decisions)
+                .iter()
+                .filter(|r| matches!(r, Settled::Taken))
+                .count();
+            self.shared
+                .stats
+                .verdicts_replayed
+                .fetch_add(taken as u64, Ordering::Relaxed);
+            let mut settled = replay.iter().map(|(i, _)| *i).peekable();
+            let mut i = 0;
+            records.retain(|_| {
+                let keep = settled.peek() != Some(&i);
+                if !keep {
+                    settled.next();
+                }
+                i += 1;
+                keep
+            });
+        }
         before - records.len()
     }
 
@@ -323,8 +367,9 @@ impl ShareConsumer {
         let archive_at = self.shared.config.archive_at;
         let now = Instant::now();
         let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
+        let mut replayed = 0u64;
         let mut again = Vec::new();
-        let results = {
+        let results: Vec<Settled> = {
             let mut leaders = self.shared.leaders.lock();
             let mut ledger = self.shared.ledger.lock();
             decisions
@@ -334,10 +379,25 @@ impl ShareConsumer {
                     let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
                         return Settled::Moot;
                     };
+                    let key = record.key();
                     if st.session != record.session {
+                        // The broker released the record with its session and this member has
+                        // it again, not settled yet: the verdict, made and acted on, applies
+                        // to that delivery (which then is never judged).
+                        if let Settle::Final(kind @ (AckKind::Accept | AckKind::Reject)) = decision
+                            && st.outstanding.contains_key(&key)
+                            && ledger
+                                .record(record.partition, record.record.offset, *kind)
+                                .is_ok()
+                        {
+                            st.outstanding.remove(&key);
+                            recorded = true;
+                            finals += 1;
+                            replayed += 1;
+                            return Settled::Taken;
+                        }
                         return Settled::Moot;
                     }
-                    let key = record.key();
                     let Some(held) = st.outstanding.get(&key).copied() else {
                         return Settled::Moot;
                     };
@@ -404,6 +464,23 @@ impl ShareConsumer {
                 .collect()
         };
         self.shared.counted_finals(finals, at_limit);
+        if replayed > 0 {
+            self.shared
+                .stats
+                .verdicts_replayed
+                .fetch_add(replayed, Ordering::Relaxed);
+        }
+        // A verdict for a record whose session ended (or that moved away) comes too late for
+        // the broker, but its effects happened: kept for the record's next delivery here.
+        let mut remembered = None;
+        for ((record, decision), result) in decisions.iter().zip(&results) {
+            if let (Settled::Moot, Settle::Final(kind)) = (result, decision) {
+                remembered
+                    .get_or_insert_with(|| self.shared.remembered.lock())
+                    .keep(record.partition, record.record.offset, *kind);
+            }
+        }
+        drop(remembered);
         if !again.is_empty() {
             self.shared.again.lock().extend(again);
             self.shared.again_ready.notify_waiters();

@@ -19,11 +19,13 @@ use kafka_protocol::ResponseError;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use sharehost_kafka::protocol::share::{AckBatch, ack_type};
 use sharehost_kafka::{BrokerConnection, KafkaClient};
 
 use super::decisions::{Route, paced_limit};
+use super::remembered::{REMEMBERED_MAX, Remembered};
 use super::types::{AckOutcome, ConsumerStats, ShareConsumerConfig, ShareRecord};
-use crate::ledger::{AckLedger, TopicIdPartition};
+use crate::ledger::{AckKind, AckLedger, TopicIdPartition};
 
 /// Most outcomes kept for the caller; older ones are dropped (and counted) if nobody reads them.
 const MAX_OUTCOMES: usize = 100_000;
@@ -178,6 +180,8 @@ pub(super) struct Shared {
     pub(super) again_ready: Notify,
     pub(super) fatal: Mutex<Option<String>>,
     pub(super) stats: ConsumerStats,
+    /// Final verdicts the broker never applied, for the records' next delivery here.
+    pub(super) remembered: Mutex<Remembered>,
     /// The "no v2 here" warning is said once per consumer, not once per reconnect.
     pub(super) v1_warned: std::sync::Once,
 }
@@ -249,6 +253,7 @@ impl Shared {
             again_ready: Notify::new(),
             fatal: Mutex::new(None),
             stats: ConsumerStats::default(),
+            remembered: Mutex::new(Remembered::with_capacity(REMEMBERED_MAX)),
             v1_warned: std::sync::Once::new(),
         }
     }
@@ -311,12 +316,21 @@ impl Shared {
         self.fatal.lock().clone()
     }
 
-    pub(super) fn push_outcome(&self, o: AckOutcome) {
+    pub(super) fn push_outcome(&self, tp: TopicIdPartition, o: AckOutcome) {
         let n = o.offsets();
         match &o.error {
             None => self.stats.acks_ok.fetch_add(n, Ordering::Relaxed),
             Some((e, msg)) => {
                 tracing::warn!(group = %self.config.group, topic = %o.topic, partition = o.partition, offsets = n, "acknowledgement refused: {e:?} {msg}");
+                // Not applied (or, with no answer, not known to be): the records may come back,
+                // and then they are settled with these verdicts, not judged again.
+                let mut remembered = self.remembered.lock();
+                for b in &o.batches {
+                    for (offset, kind) in batch_verdicts(b) {
+                        remembered.keep(tp, offset, kind);
+                    }
+                }
+                drop(remembered);
                 self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
             }
         };
@@ -353,16 +367,23 @@ impl Shared {
             .flat_map(|(_, b)| b.iter())
             .map(|b| (b.last_offset - b.first_offset + 1) as usize)
             .sum();
+        let unsent = final_effects(&dropped);
+        self.stats
+            .verdicts_unsent
+            .fetch_add(unsent, Ordering::Relaxed);
         for (tp, batches) in dropped {
-            self.push_outcome(AckOutcome {
-                topic: self.topic_name(&tp),
-                partition: tp.partition,
-                batches,
-                error: Some((
-                    ResponseError::NetworkException,
-                    format!("share session ended before the acknowledgement was sent ({why})"),
-                )),
-            });
+            self.push_outcome(
+                tp,
+                AckOutcome {
+                    topic: self.topic_name(&tp),
+                    partition: tp.partition,
+                    batches,
+                    error: Some((
+                        ResponseError::NetworkException,
+                        format!("share session ended before the acknowledgement was sent ({why})"),
+                    )),
+                },
+            );
         }
         let outstanding = {
             let mut leaders = self.leaders.lock();
@@ -380,6 +401,7 @@ impl Shared {
         tracing::warn!(
             leader,
             released,
+            unsent_verdicts = unsent,
             "share session ended ({why}); the broker releases what it held"
         );
         self.wake.notify_waiters();
@@ -400,13 +422,16 @@ impl Shared {
             .map_or(0, |st| st.release(partitions));
         self.out_of_flight(outstanding);
         let dropped = self.ledger.lock().take(|tp| partitions.contains(tp), true);
+        self.stats
+            .verdicts_unsent
+            .fetch_add(final_effects(&dropped), Ordering::Relaxed);
         let mut dropped_verdicts = 0;
         for (tp, batches) in dropped {
             dropped_verdicts += batches
                 .iter()
                 .map(|b| (b.last_offset - b.first_offset + 1) as usize)
                 .sum::<usize>();
-            self.push_outcome(AckOutcome {
+            self.push_outcome(tp, AckOutcome {
                 topic: self.topic_name(&tp),
                 partition: tp.partition,
                 batches,
@@ -435,6 +460,41 @@ impl Shared {
     }
 }
 
+/// Each offset of an acknowledgement batch with its verdict (a batch carries one type for the
+/// whole range or one per offset); a type the ledger does not know is left out.
+fn batch_verdicts(b: &AckBatch) -> impl Iterator<Item = (i64, AckKind)> + '_ {
+    (b.first_offset..=b.last_offset)
+        .enumerate()
+        .filter_map(|(i, offset)| {
+            let code = match b.types.as_slice() {
+                [one] => *one,
+                many => *many.get(i)?,
+            };
+            AckKind::from_code(code).map(|kind| (offset, kind))
+        })
+}
+
+/// How many of these acknowledgements are accepts or rejects: a verdict with an effect that the
+/// record's next delivery makes again (a release or a renew that never arrives changes nothing).
+fn final_effects(acks: &[(TopicIdPartition, Vec<AckBatch>)]) -> u64 {
+    let is_final = |t: i8| t == ack_type::ACCEPT || t == ack_type::REJECT;
+    let mut n = 0u64;
+    for batch in acks.iter().flat_map(|(_, b)| b) {
+        let span = u64::try_from(batch.last_offset - batch.first_offset + 1).unwrap_or(0);
+        n += match batch.types.as_slice() {
+            [one] => {
+                if is_final(*one) {
+                    span
+                } else {
+                    0
+                }
+            }
+            many => many.iter().filter(|t| is_final(**t)).count() as u64,
+        };
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +508,39 @@ mod tests {
 
     fn set(ps: &[i32]) -> BTreeSet<TopicIdPartition> {
         ps.iter().map(|p| tp(*p)).collect()
+    }
+
+    #[test]
+    fn only_accepts_and_rejects_count_as_unsent_effects() {
+        let batch = |first, last, types: &[i8]| AckBatch {
+            first_offset: first,
+            last_offset: last,
+            types: types.to_vec(),
+        };
+        let acks = vec![
+            (
+                tp(0),
+                vec![
+                    batch(0, 9, &[ack_type::ACCEPT]),
+                    batch(10, 14, &[ack_type::RELEASE]),
+                ],
+            ),
+            (
+                tp(1),
+                vec![batch(
+                    3,
+                    6,
+                    &[
+                        ack_type::REJECT,
+                        ack_type::RENEW,
+                        ack_type::ACCEPT,
+                        ack_type::GAP,
+                    ],
+                )],
+            ),
+        ];
+        assert_eq!(final_effects(&acks), 10 + 2);
+        assert_eq!(final_effects(&[]), 0);
     }
 
     #[test]

@@ -238,6 +238,14 @@ pub struct ConsumerStats {
     pub poison: AtomicU64,
     /// Records the broker released because their session ended before a verdict went out.
     pub released_by_broker: AtomicU64,
+    /// Accepts and rejects the broker never got: their session ended, or their partition's
+    /// leadership moved, while they waited for a request to carry them. Their records come
+    /// again and are judged again, so these are the duplicates the engine's own waiting made.
+    pub verdicts_unsent: AtomicU64,
+    /// Records delivered again after their accept or reject was lost (unsent, unanswered, or
+    /// made after their session ended), settled with that verdict instead of being handed to
+    /// the caller: the duplicates the engine spared.
+    pub verdicts_replayed: AtomicU64,
     /// Share sessions re-opened after errors or lost connections.
     pub session_resets: AtomicU64,
     /// Offsets whose acknowledgement the broker confirmed.
