@@ -20,6 +20,10 @@ set to start from the earliest offset, or a fresh classic group):
   wasm-fleet  `sharehost run` as wasm, but a fleet host (docs/fleet.md): the component signed with a key made for the
            run, `[trust]` and `[fleet]` in the manifest (the fleet's topics made at start, a status record every
            status interval, the deployments topic followed): wasm-fleet/wasm is what fleet mode costs the data path;
+  wasm-splitter, wasm-fleet-splitter  a plugin that writes: target/guests/splitter.wasm, one output per record (two
+           output topics made per run, BENCH_PARTITIONS each), on a plain host and on a fleet host; their rows add
+           the mean time of an output write (write_ms, from the hosts' sharehost_write_seconds): a fleet host's writes
+           must not wait behind its agent's long polls;
   wasm-reader, native-reader        the same with target/guests/value_reader.wasm (reads every byte; rejects values
            not starting with `{` and ~1/16 by checksum) and its native twin (PIPELINE_BENCH_HANDLER=value-reader);
   wasm-validator, native-validator  the same with target/guests/order_validator.wasm (parses the JSON order) and its
@@ -53,7 +57,7 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_SIZES ("100 1024")  value sizes in bytes (at least 80: a JSON order has to fit)
      BENCH_PARTITIONS (6)      partitions per topic (6: 2 per process with 3 processes, all on one leader)
      BENCH_KINDS ("classic java krafka rdkafka wasm native wasm-reader native-reader wasm-validator native-validator")
-                               consumer kinds, of those (and wasm-fleet)
+                               consumer kinds, of those (and wasm-fleet, wasm-splitter, wasm-fleet-splitter)
      BENCH_PROCESSES ("1 3")   process counts of java, wasm, wasm-fleet and native
      BENCH_PEER_PROCESSES ("1")   process counts of classic, krafka and rdkafka
      BENCH_PLUGIN_PROCESSES ("1") process counts of the plugin work rows (wasm-reader ... native-validator)
@@ -102,7 +106,11 @@ from bench_host import REPO, Die, Host, now_us  # noqa: E402
 
 NAME = "bench"
 KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-reader", "native-reader",
-         "wasm-validator", "native-validator")
+         "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter")
+# The kinds whose hosts are fleet hosts (a signed component, [trust] and [fleet] in the manifest).
+FLEET_KINDS = ("wasm-fleet", "wasm-fleet-splitter")
+# The splitter's outputs (examples/splitter): each run writes them to topics of its own, named after its group.
+SPLITTER_OUTPUTS = ("urgent", "normal")
 DEFAULT_KINDS = "classic java krafka rdkafka wasm native wasm-reader native-reader wasm-validator native-validator"
 # The most records one process of the tools and peers reads past its quota in its last poll (max.poll.records: the
 # default of ShareConsumerPerformance, ConsumerPerformance and krafka; librdkafka's share consumer returns at most as
@@ -398,6 +406,19 @@ def krafka_version(lock_text):
     return "?"
 
 
+def output_topic(group, name):
+    """The topic of the splitter's output NAME in a run of GROUP."""
+    return f"{group}-{name}"
+
+
+def splitter_outputs(extra, group):
+    """EXTRA (the pipeline's raw TOML lines) followed by the splitter's [pipeline.outputs], each to a topic of GROUP's
+    own (a subtable: after every plain key of the pipeline)."""
+    lines = [extra.rstrip("\n"), "[pipeline.outputs]"] if extra.strip() else ["[pipeline.outputs]"]
+    lines += [f"{name} = {bench_host.toml_string(output_topic(group, name))}" for name in SPLITTER_OUTPUTS]
+    return "\n".join(lines) + "\n"
+
+
 def fleet_manifest_head(key, host_id, group):
     """The [trust] and [fleet] tables of a fleet host of the run's own fleet."""
     return (f"[trust]\nkeys = [{bench_host.toml_string(key)}]\n\n[fleet]\nname = \"bench\"\n"
@@ -444,9 +465,15 @@ def sharehost_extra(poll_cpu, rejected, metrics):
     """The diagnostics of a sharehost row: what polling cost, records rejected, and from the hosts' final /metrics
     the acknowledgements refused, records released by the broker and share sessions reset."""
     acks_failed = metric_sum(metrics, "sharehost_acknowledged_offsets_total", 'result="failed"')
-    return (f"poller_cpu_s={poll_cpu:.2f} rejected={rejected} acks_failed={number_text(acks_failed)}"
+    text = (f"poller_cpu_s={poll_cpu:.2f} rejected={rejected} acks_failed={number_text(acks_failed)}"
             f" released_by_broker={number_text(metric_sum(metrics, 'sharehost_released_by_broker_total'))}"
             f" session_resets={number_text(metric_sum(metrics, 'sharehost_session_resets_total'))}")
+    writes = metric_sum(metrics, "sharehost_write_seconds_count", 'kind="output"')
+    if writes > 0:
+        # The mean time of an output write (a produce request and its answer), over every host of the run.
+        mean_ms = 1000 * metric_sum(metrics, "sharehost_write_seconds_sum", 'kind="output"') / writes
+        text += f" writes={number_text(writes)} write_ms={mean_ms:.2f}"
+    return text
 
 
 def row_status(kind, group, lag, records, read, failed):
@@ -487,14 +514,17 @@ class Bench:
         built = bench_host.build_release(bins=("sharehost",), examples=("pipeline_bench",))
         self.sharehost, self.pipeline_bench = built["sharehost"], built["pipeline_bench"]
         self.guests = bench_host.build_guests(self.out / "build-guests.log",
-                                              ("accept_all", "value_reader", "order_validator"))
-        self.fleet_component = self.out / "accept_all.fleet.wasm"
-        if cfg.has("wasm-fleet"):
-            # A key of this run's own signs the fleet host's component, as an operator's would.
+                                              ("accept_all", "value_reader", "order_validator", "splitter"))
+        self.fleet_components = {}
+        if any(cfg.has(k) for k in FLEET_KINDS):
+            # A key of this run's own signs the fleet host's components, as an operator's would.
             self.quiet([self.sharehost, "fleet", "keygen", self.out / "fleet-key"], "sharehost fleet keygen failed")
-            shutil.copy(self.guests["accept_all"], self.fleet_component)
-            self.quiet([self.sharehost, "fleet", "sign", self.fleet_component, "--key",
-                        self.out / "fleet-key" / "operator.key"], "sharehost fleet sign failed")
+            for name in ("accept_all", "splitter"):
+                signed = self.out / f"{name}.fleet.wasm"
+                shutil.copy(self.guests[name], signed)
+                self.quiet([self.sharehost, "fleet", "sign", signed, "--key",
+                            self.out / "fleet-key" / "operator.key"], "sharehost fleet sign failed")
+                self.fleet_components[name] = signed
             pub = (self.out / "fleet-key" / "operator.pub").read_text().splitlines()
             if not pub:
                 raise Die(f"{self.out}/fleet-key/operator.pub is empty")
@@ -633,8 +663,15 @@ class Bench:
         """wasm* = `sharehost run` with the kind's component, native* = pipeline_bench with the kind's native twin;
         the same manifest. Polls the counters until every record is judged, then SIGTERMs them all (they drain)."""
         cfg, out = self.cfg, self.out
+        extra = cfg.manifest_extra
         if kind == "wasm-fleet":
-            component, handler = self.fleet_component, "accept-all"
+            component, handler = self.fleet_components["accept_all"], "accept-all"
+        elif kind.endswith("splitter"):
+            fleet = kind in FLEET_KINDS
+            component, handler = (self.fleet_components if fleet else self.guests)["splitter"], "splitter"
+            extra = splitter_outputs(extra, group)
+            for name in SPLITTER_OUTPUTS:
+                self.broker.create_topic(output_topic(group, name), cfg.partitions, out / f"{group}.topics.log")
         elif kind.endswith("-reader"):
             component, handler = self.guests["value_reader"], "value-reader"
         elif kind.endswith("-validator"):
@@ -646,9 +683,9 @@ class Bench:
         for i, port in enumerate(ports):
             if bench_host.port_in_use(port):
                 raise Die(f"admin port {port} is taken (set BENCH_ADMIN_PORT)")
-            head = fleet_manifest_head(self.fleet_key, f"bench-{i}", group) if kind == "wasm-fleet" else ""
+            head = fleet_manifest_head(self.fleet_key, f"bench-{i}", group) if kind in FLEET_KINDS else ""
             text = bench_host.manifest(self.broker.bootstrap, port, [bench_host.Pipeline(
-                "bench", [topic], group, str(component), cfg.manifest_extra)], before=head)
+                "bench", [topic], group, str(component), extra)], before=head)
             (out / f"{group}.{i}.toml").write_text(text)
         r = Reading(t0=now_us())
         hosts = []

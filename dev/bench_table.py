@@ -29,7 +29,7 @@ import tempfile
 
 # The table's row order within a size and process count, and each kind's name in the table.
 KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-reader", "native-reader",
-         "wasm-validator", "native-validator")
+         "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter")
 NAMES = {
     "wasm": "sharehost, Wasm accept-all",
     "wasm-fleet": "sharehost, Wasm accept-all, fleet host",
@@ -38,6 +38,8 @@ NAMES = {
     "native-reader": "sharehost, native value-reader",
     "wasm-validator": "sharehost, Wasm order-validator",
     "native-validator": "sharehost, native order-validator",
+    "wasm-splitter": "sharehost, Wasm splitter (one output per record)",
+    "wasm-fleet-splitter": "sharehost, Wasm splitter, fleet host",
     "java": "Apache ShareConsumerPerformance",
     "classic": "Apache classic ConsumerPerformance (ceiling)",
     "krafka": "krafka 0.28.1 share consumer",
@@ -92,6 +94,16 @@ class Row:
         self.cpu = f"{number('cpu_s') / per_million:.2f}" if self.records > 0 else "-"
         self.broker = f"{number('broker_cpu_s') / per_million:.2f}" if self.records > 0 else "-"
         self.rss_mib = number("rss_kb") / 1024
+        # The diagnostics after the columns: words KEY=VALUE (dev/bench's sharehost_extra).
+        extra = fields[len(COLUMNS)] if len(fields) > len(COLUMNS) else ""
+        self.extra = dict(w.split("=", 1) for w in extra.split() if "=" in w)
+
+    def write_ms(self):
+        """The mean time of an output write in ms, or None when the run wrote nothing (or did not say)."""
+        try:
+            return float(self.extra["write_ms"])
+        except (KeyError, ValueError):
+            return None
 
 
 def read_rows(path):
@@ -251,6 +263,22 @@ def render_body(rows):
     if lo is not None:
         out.append(goal("fleet host ≥ 0.9× plain host steady (Wasm accept-all), every pair", lo >= 0.9,
                         f"lowest {lo:.2f} ({'; '.join(detail)})"))
+    # 6. A fleet host's output writes take no longer than a plain host's (within 1.2×), every splitter pair: its
+    #    writes do not wait behind the fleet agent's long polls.
+    hi, detail = None, []
+    for r in rows:
+        if r.kind != "wasm-fleet-splitter":
+            continue
+        fleet, plain = by_key[r.key], by_key.get((r.size, r.procs, "wasm-splitter"))
+        if plain is None or not plain.ok or not fleet.ok or fleet.write_ms() is None or plain.write_ms() is None:
+            continue
+        x = div(fleet.write_ms(), plain.write_ms())
+        detail.append(f"{x:.2f} ({fleet.write_ms():.2f} ms against {plain.write_ms():.2f} ms, {size_name(r.size)} "
+                      f"{r.procs}p)")
+        hi = x if hi is None or x > hi else hi
+    if hi is not None:
+        out.append(goal("fleet host's output write ≤ 1.2× a plain host's (Wasm splitter), every pair", hi <= 1.2,
+                        f"highest {hi:.2f}: {'; '.join(detail)}"))
     return out
 
 

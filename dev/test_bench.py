@@ -89,6 +89,7 @@ class Settings(unittest.TestCase):
         self.assertEqual(cfg.kind_processes("wasm-fleet"), [1, 3])
         self.assertEqual(cfg.kind_processes("rdkafka"), [2])
         self.assertEqual(cfg.kind_processes("native-validator"), [1])
+        self.assertEqual(cfg.kind_processes("wasm-fleet-splitter"), [1])
         self.assertEqual(cfg.all_processes(), [1, 2, 3])
 
     def test_quotas(self):
@@ -220,6 +221,16 @@ class ToolOutput(unittest.TestCase):
         self.assertEqual(bench.number_text(bench.metric_sum(sample, "sharehost_session_resets_total")), "1.5")
         self.assertEqual(bench.number_text(bench.metric_sum(sample, "sharehost_released_by_broker_total")), "0")
 
+    def test_the_mean_output_write_of_a_run_that_writes(self):
+        # Two hosts' histograms: the mean is over every write of both; dead letters are another kind.
+        sample = ('sharehost_write_seconds_sum{pipeline="bench",kind="output"} 0.3\n'
+                  'sharehost_write_seconds_count{pipeline="bench",kind="output"} 100\n'
+                  'sharehost_write_seconds_sum{pipeline="bench",kind="output"} 0.1\n'
+                  'sharehost_write_seconds_count{pipeline="bench",kind="output"} 100\n'
+                  'sharehost_write_seconds_sum{pipeline="bench",kind="dead_letter"} 50\n'
+                  'sharehost_write_seconds_count{pipeline="bench",kind="dead_letter"} 1\n')
+        self.assertTrue(bench.sharehost_extra(0, 0, sample).endswith(" writes=200 write_ms=2.00"))
+
     def test_krafka_version_from_the_lock(self):
         self.assertEqual(bench.krafka_version((bench.KRAFKA_PEER / "Cargo.lock").read_text()), "0.28.1")
         self.assertEqual(bench.krafka_version("nothing"), "?")
@@ -246,6 +257,11 @@ class Rows(unittest.TestCase):
         head = bench.fleet_manifest_head("ed25519:abc", "bench-0", "g")
         self.assertEqual(head, '[trust]\nkeys = ["ed25519:abc"]\n\n[fleet]\nname = "bench"\nhost_id = "bench-0"\n'
                                'topic_prefix = "g."\n')
+
+    def test_splitter_outputs_follow_the_pipelines_own_keys(self):
+        self.assertEqual(bench.splitter_outputs("max_in_flight = 3000\n", "g"),
+                         'max_in_flight = 3000\n[pipeline.outputs]\nurgent = "g-urgent"\nnormal = "g-normal"\n')
+        self.assertEqual(bench.splitter_outputs("", "g"), '[pipeline.outputs]\nurgent = "g-urgent"\nnormal = "g-normal"\n')
 
 
 class FakeBroker:

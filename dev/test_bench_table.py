@@ -63,6 +63,27 @@ class BenchTable(unittest.TestCase):
         # The 1 KiB classic row is missing, so nothing at 1 KiB is given as a ratio of it.
         self.assertIn("- steady ≥ 1.0× classic at 1 KiB: no comparable rows", table)
 
+    def test_a_fleet_hosts_output_writes_are_held_to_a_plain_hosts_within_1_2x(self):
+        head = (FIXTURES / "short" / "results.tsv").read_text().splitlines()[0]
+        row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t3000000\t4.00\t30000\t3.00\t2.00\t0\tok\t"
+               "poller_cpu_s=0.10 rejected=0 writes=120 write_ms={ms}")
+        for fleet_ms, verdict, ratio in (("3.30", "met", "1.10"), ("452.00", "not met", "150.67")):
+            with self.subTest(fleet_ms=fleet_ms):
+                run_dir = self.scratch / f"writes-{verdict.replace(' ', '-')}"
+                run_dir.mkdir()
+                shutil.copy(FIXTURES / "short" / "machine.txt", run_dir / "machine.txt")
+                (run_dir / "results.tsv").write_text("\n".join(
+                    [head, row.format(kind="wasm-splitter", ms="3.00"),
+                     row.format(kind="wasm-fleet-splitter", ms=fleet_ms)]) + "\n")
+                done = run("render", run_dir)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                table = (run_dir / "table.md").read_text()
+                self.assertIn("| sharehost, Wasm splitter (one output per record) |", table)
+                self.assertIn("| sharehost, Wasm splitter, fleet host |", table)
+                self.assertIn(f"- fleet host's output write ≤ 1.2× a plain host's (Wasm splitter), every pair: "
+                              f"**{verdict}**: highest {ratio}: {ratio} ({fleet_ms} ms against 3.00 ms, 100 B 1p)",
+                              table)
+
     def test_docs_replaces_exactly_the_text_between_the_markers(self):
         before = (FIXTURES / "docs-before.md").read_text()
         for case in ("full", "short"):
