@@ -463,7 +463,8 @@ def read_json(path):
 
 def sharehost_extra(poll_cpu, rejected, metrics):
     """The diagnostics of a sharehost row: what polling cost, records rejected, and from the hosts' final /metrics
-    the acknowledgements refused, records released by the broker and share sessions reset."""
+    the acknowledgements refused, records released by the broker, share sessions reset and, for a run that wrote
+    outputs, their produce requests and the mean time of one (writes=, write_ms=)."""
     acks_failed = metric_sum(metrics, "sharehost_acknowledged_offsets_total", 'result="failed"')
     text = (f"poller_cpu_s={poll_cpu:.2f} rejected={rejected} acks_failed={number_text(acks_failed)}"
             f" released_by_broker={number_text(metric_sum(metrics, 'sharehost_released_by_broker_total'))}"
@@ -733,6 +734,10 @@ class Bench:
                 raise Die(f"a {kind} process of {group} failed (see {out}/{group}.*.err)")
         self.live = []
         add_times(r, [out / f"{group}.{i}.time" for i in range(procs)])
+        if kind.endswith("splitter"):
+            # The outputs are the run's own: the broker's disk does not keep a copy of every run.
+            for name in SPLITTER_OUTPUTS:
+                self.broker.delete_topic(output_topic(group, name), out / f"{group}.topics.log")
         rejected = 0
         metrics = ""
         for i in range(procs):
