@@ -8,16 +8,29 @@
 //! dead letters) happened: judging them again would only repeat those effects. A record at a
 //! partition and offset never changes, so the verdict stays right for its next delivery.
 //!
-//! Bounded: at most `capacity` verdicts, the oldest forgotten first (a record that went to
-//! another member never comes back here; forgetting it costs at most a second judging).
+//! Bounded: at most four times the consumer's in-flight bound (1,024 to 65,536), the oldest
+//! forgotten first (a record that went to another member never comes back here; forgetting it
+//! costs at most a second judging).
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::ledger::{AckKind, TopicIdPartition};
 
-/// How many lost verdicts a consumer keeps by default: several times any in-flight bound a
-/// pipeline uses, in a few MB.
+/// The most lost verdicts one consumer keeps (about 6 MB with the queue), whatever its bound.
 pub(super) const REMEMBERED_MAX: usize = 65_536;
+
+/// The fewest kept, so a consumer with a small bound still covers a few lost sessions.
+const REMEMBERED_MIN: usize = 1_024;
+
+/// How many lost verdicts a consumer with `max_in_flight` keeps: a session takes at most what
+/// the consumer holds with it (plus the verdicts in the request it had in flight), so four
+/// times the bound covers several sessions lost before their records come back, and a host of
+/// many pipelines keeps memory in proportion to what each may hold.
+pub(super) fn remembered_capacity(max_in_flight: usize) -> usize {
+    max_in_flight
+        .saturating_mul(4)
+        .clamp(REMEMBERED_MIN, REMEMBERED_MAX)
+}
 
 type Key = (TopicIdPartition, i64);
 
@@ -103,6 +116,13 @@ mod tests {
             topic_id: uuid::Uuid::from_u128(9),
             partition,
         }
+    }
+
+    #[test]
+    fn the_capacity_follows_the_in_flight_bound_within_limits() {
+        assert_eq!(remembered_capacity(0), REMEMBERED_MIN);
+        assert_eq!(remembered_capacity(1000), 4000);
+        assert_eq!(remembered_capacity(usize::MAX), REMEMBERED_MAX);
     }
 
     #[test]

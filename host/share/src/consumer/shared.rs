@@ -23,7 +23,7 @@ use sharehost_kafka::protocol::share::{AckBatch, ack_type};
 use sharehost_kafka::{BrokerConnection, KafkaClient};
 
 use super::decisions::{Route, paced_limit};
-use super::remembered::{REMEMBERED_MAX, Remembered};
+use super::remembered::{Remembered, remembered_capacity};
 use super::types::{AckOutcome, ConsumerStats, ShareConsumerConfig, ShareRecord};
 use crate::ledger::{AckKind, AckLedger, TopicIdPartition};
 
@@ -228,6 +228,9 @@ impl Shared {
         config: ShareConsumerConfig,
         member_id: String,
     ) -> Self {
+        let remembered = Mutex::new(Remembered::with_capacity(remembered_capacity(
+            config.max_in_flight,
+        )));
         Shared {
             client,
             member_id,
@@ -253,7 +256,7 @@ impl Shared {
             again_ready: Notify::new(),
             fatal: Mutex::new(None),
             stats: ConsumerStats::default(),
-            remembered: Mutex::new(Remembered::with_capacity(REMEMBERED_MAX)),
+            remembered,
             v1_warned: std::sync::Once::new(),
         }
     }
