@@ -174,7 +174,6 @@ impl Scenario {
     }
 }
 
-/// Runs blocking process work (start, wait, kill) off the async runtime.
 /// The sum of every sample of a metric family whose labels hold `label` (all when empty).
 fn metric_sum(metrics: &str, family: &str, label: &str) -> u64 {
     metrics
@@ -193,9 +192,10 @@ fn metric_sum(metrics: &str, family: &str, label: &str) -> u64 {
         .sum()
 }
 
-/// Reports, beside the scenario's ledger, what the host's engine says the duplicates were:
-/// verdicts waiting when a session ended (`unsent`), verdicts made after it had (`late`), and
-/// how many sessions ended. Read before the host stops (a drain adds nothing to them).
+/// Reports, beside the scenario's ledger, what the host's engine says of its duplicates:
+/// verdicts waiting when a session ended (`unsent`) or made after it had (`late`), failed
+/// acknowledgements, the lost verdicts applied to their records' next delivery without a plugin
+/// call, and how many sessions ended. Read before the host stops (a drain adds nothing to them).
 fn report_lost_verdicts(scenario: &str, host: &HostProcess) {
     let (_, m) = host.http("GET", "/metrics", "");
     report(&format!(
@@ -212,6 +212,7 @@ fn report_lost_verdicts(scenario: &str, host: &HostProcess) {
     ));
 }
 
+/// The plugin faults of the first pipeline of a `/pipelines` status, summed over its versions.
 fn faults_of(status: &serde_json::Value) -> u64 {
     status[0]["versions"]
         .as_object()
