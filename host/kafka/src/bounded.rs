@@ -232,6 +232,17 @@ const FIND_COORDINATOR: Struct = plain(&[
 // InitProducerId v0-5 (flexible from 2); v6's two-phase-commit fields are not asked for.
 const INIT_PRODUCER_ID: Struct = plain(&[all(I32), all(I16), all(I64), all(I16)]);
 
+// AddPartitionsToTxn v0-3 (flexible from 3), the client's form; v4-5 (the brokers' own, a
+// result per transaction) are not asked for.
+const ADD_PARTITIONS_RESULT: Struct = plain(&[all(I32), all(I16)]);
+const ADD_PARTITIONS_TOPIC: Struct =
+    plain(&[all(Kind::Str), all(Kind::Array(&ADD_PARTITIONS_RESULT))]);
+const ADD_PARTITIONS_TO_TXN: Struct =
+    plain(&[all(I32), within(0, 3, Kind::Array(&ADD_PARTITIONS_TOPIC))]);
+
+// EndTxn v0-5 (flexible from 3); v5 answers with the producer's next id and epoch.
+const END_TXN: Struct = plain(&[all(I32), all(I16), since(5, I64), since(5, I16)]);
+
 // ShareGroupHeartbeat v1 (flexible).
 const SGH_TOPIC_PARTITIONS: Struct = plain(&[all(UUID), all(I32S)]);
 const SGH_ASSIGNMENT: Struct = plain(&[all(Kind::Array(&SGH_TOPIC_PARTITIONS))]);
@@ -404,6 +415,8 @@ fn schema(api: ApiKey) -> Option<Body> {
         ApiKey::ShareGroupHeartbeat => body(1, 1, 0, &SHARE_GROUP_HEARTBEAT),
         ApiKey::Produce => body(3, 13, 9, &PRODUCE),
         ApiKey::InitProducerId => body(0, 5, 2, &INIT_PRODUCER_ID),
+        ApiKey::AddPartitionsToTxn => body(0, 3, 3, &ADD_PARTITIONS_TO_TXN),
+        ApiKey::EndTxn => body(0, 5, 3, &END_TXN),
         ApiKey::Fetch => body(4, 18, 12, &FETCH),
         ApiKey::ListOffsets => body(1, 10, 6, &LIST_OFFSETS),
         ApiKey::CreateTopics => body(2, 7, 5, &CREATE_TOPICS),
@@ -701,6 +714,31 @@ mod tests {
             .with_producer_epoch(3);
         for v in 0..=5 {
             whole_passes_prefixes_fail(ApiKey::InitProducerId, v, &encode(&ip, v));
+        }
+        use kafka_protocol::messages::add_partitions_to_txn_response::{
+            AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+        };
+        let apt = kafka_protocol::messages::AddPartitionsToTxnResponse::default()
+            .with_results_by_topic_v3_and_below(vec![
+                AddPartitionsToTxnTopicResult::default()
+                    .with_name(kafka_protocol::messages::TopicName(
+                        StrBytes::from_static_str("outputs"),
+                    ))
+                    .with_results_by_partition(vec![
+                        AddPartitionsToTxnPartitionResult::default()
+                            .with_partition_index(2)
+                            .with_partition_error_code(51),
+                    ]),
+            ]);
+        for v in 0..=3 {
+            whole_passes_prefixes_fail(ApiKey::AddPartitionsToTxn, v, &encode(&apt, v));
+        }
+        let et = kafka_protocol::messages::EndTxnResponse::default()
+            .with_error_code(90)
+            .with_producer_id(kafka_protocol::messages::ProducerId(7))
+            .with_producer_epoch(2);
+        for v in 0..=5 {
+            whole_passes_prefixes_fail(ApiKey::EndTxn, v, &encode(&et, v));
         }
         for v in 2..=7 {
             let mut result = CreatableTopicResult::default()

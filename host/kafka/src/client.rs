@@ -21,6 +21,7 @@ use kafka_protocol::messages::{
     ApiKey, BrokerId, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, FindCoordinatorRequest, IncrementalAlterConfigsRequest, InitProducerIdRequest,
     ListOffsetsRequest, MetadataRequest, MetadataResponse, ProduceRequest, ProducerId, TopicName,
+    TransactionalId,
 };
 use kafka_protocol::protocol::{Request, StrBytes, VersionRange};
 use tokio::time::Instant;
@@ -31,7 +32,10 @@ use super::backoff::{Backoff, BackoffConfig};
 use super::connection::{BrokerConnection, ConnectionConfig};
 use super::error::{ErrorClass, KafkaError, Result};
 use super::idempotence::{PartitionSequence, Plan, ProducerIdentity};
-use super::records::{Compression, ConsumedRecord, ProduceRecord, decode_batches, encode_batch_as};
+use super::records::{
+    AbortedTransaction, Compression, ConsumedRecord, ProduceRecord, decode_committed,
+    encode_batch_as,
+};
 
 /// Which of the client's connection caches a request uses.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +62,8 @@ fn refuses_producer(e: &KafkaError) -> bool {
 
 /// Produce up to v12 addresses topics by name; v13 switched to ids and gains us nothing here.
 const PRODUCE_VERSIONS: VersionRange = VersionRange { min: 3, max: 12 };
+/// A transaction's batches: v11 at most, see [`KafkaClient::send_transactional_batch`].
+const TRANSACTIONAL_PRODUCE_VERSIONS: VersionRange = VersionRange { min: 3, max: 11 };
 /// InitProducerId: v0 suffices without a transactional id; v3+ would carry an id to bump.
 const INIT_PRODUCER_ID_VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 /// Fetch up to v12 addresses topics by name.
@@ -107,8 +113,44 @@ struct ClusterView {
 pub struct FetchedPartition {
     /// Records from the requested offset on, control records dropped.
     pub records: Vec<ConsumedRecord>,
+    /// Where the next read starts: past every record and transaction marker seen.
+    pub next_offset: i64,
     /// The partition's high watermark.
     pub high_watermark: i64,
+}
+
+/// What a `read_committed` Fetch returned for one partition.
+#[derive(Debug, Clone)]
+pub struct CommittedPartition {
+    /// Committed records from the requested offset on.
+    pub records: Vec<ConsumedRecord>,
+    /// Where the next read starts: past every record, marker and aborted record seen.
+    pub next_offset: i64,
+    /// The partition's last stable offset: every transaction below it is decided.
+    pub last_stable_offset: i64,
+    /// The partition's high watermark.
+    pub high_watermark: i64,
+}
+
+/// One partition's answer to a Fetch, before its records are decoded.
+struct RawFetch {
+    broker: BrokerAddr,
+    version: i16,
+    data: bytes::Bytes,
+    high_watermark: i64,
+    last_stable_offset: i64,
+    aborted: Vec<AbortedTransaction>,
+}
+
+impl RawFetch {
+    fn decode_error(&self, reason: String) -> KafkaError {
+        KafkaError::Decode {
+            broker: self.broker.clone(),
+            api: ApiKey::Fetch,
+            version: self.version,
+            reason,
+        }
+    }
 }
 
 /// Which offset ListOffsets should return.
@@ -406,9 +448,19 @@ impl KafkaClient {
     /// Finds the group coordinator (key type GROUP, as the Java share consumer does), retrying
     /// while the coordinator is loading or unavailable.
     pub async fn find_coordinator(&self, group: &str) -> Result<i32> {
+        self.find_coordinator_of(0, group).await
+    }
+
+    /// Finds the transaction coordinator of `transactional_id` (key type TRANSACTION), retrying
+    /// while it is loading or unavailable.
+    pub async fn find_transaction_coordinator(&self, transactional_id: &str) -> Result<i32> {
+        self.find_coordinator_of(1, transactional_id).await
+    }
+
+    async fn find_coordinator_of(&self, key_type: i8, key: &str) -> Result<i32> {
         let req = FindCoordinatorRequest::default()
-            .with_key_type(0)
-            .with_coordinator_keys(vec![StrBytes::from_string(group.to_owned())]);
+            .with_key_type(key_type)
+            .with_coordinator_keys(vec![StrBytes::from_string(key.to_owned())]);
         let deadline = Instant::now() + self.config.request_timeout;
         let mut backoff = Backoff::with_deadline(self.backoff, deadline);
         loop {
@@ -682,7 +734,43 @@ impl KafkaClient {
     /// Sends one encoded batch to the partition's leader (acks=all), retrying what is retriable
     /// with the same bytes until the request timeout passes.
     async fn send_batch(&self, topic: &str, partition: i32, batch: bytes::Bytes) -> Result<i64> {
+        self.send_batch_within(topic, partition, batch, None, PRODUCE_VERSIONS)
+            .await
+    }
+
+    /// [`KafkaClient::send_batch`] for a batch of `transactional_id`'s open transaction, at a
+    /// version that leaves adding the partition to the transaction to the producer
+    /// (AddPartitionsToTxn before the first batch; v12 would have the broker do it, which only
+    /// a coordinator on transaction version 2 understands).
+    pub(crate) async fn send_transactional_batch(
+        &self,
+        transactional_id: &str,
+        topic: &str,
+        partition: i32,
+        batch: bytes::Bytes,
+    ) -> Result<i64> {
+        self.send_batch_within(
+            topic,
+            partition,
+            batch,
+            Some(transactional_id),
+            TRANSACTIONAL_PRODUCE_VERSIONS,
+        )
+        .await
+    }
+
+    async fn send_batch_within(
+        &self,
+        topic: &str,
+        partition: i32,
+        batch: bytes::Bytes,
+        transactional_id: Option<&str>,
+        versions: VersionRange,
+    ) -> Result<i64> {
         let req = ProduceRequest::default()
+            .with_transactional_id(
+                transactional_id.map(|t| TransactionalId(StrBytes::from_string(t.to_owned()))),
+            )
             .with_acks(-1)
             .with_timeout_ms(30_000)
             .with_topic_data(vec![
@@ -698,7 +786,7 @@ impl KafkaClient {
         self.with_leader(Pool::Writes, topic, partition, |conn| {
             let req = req.clone();
             async move {
-                let version = conn.version_for(ApiKey::Produce, PRODUCE_VERSIONS)?;
+                let version = conn.version_for(ApiKey::Produce, versions)?;
                 let resp = conn.send_version(&req, version, timeout).await?;
                 let p = resp
                     .responses
@@ -735,12 +823,60 @@ impl KafkaClient {
         offset: i64,
         max_wait: Duration,
     ) -> Result<FetchedPartition> {
+        let raw = self
+            .fetch_raw(topic, partition, offset, max_wait, false)
+            .await?;
+        // Every record but the markers, aborted ones included (read_uncommitted).
+        let read =
+            decode_committed(raw.data.clone(), &[]).map_err(|e| raw.decode_error(e.to_string()))?;
+        Ok(FetchedPartition {
+            records: read
+                .records
+                .into_iter()
+                .filter(|r| r.offset >= offset)
+                .collect(),
+            next_offset: read.next_offset.unwrap_or(offset).max(offset),
+            high_watermark: raw.high_watermark,
+        })
+    }
+
+    /// Reads the committed records of one partition from `offset` (Fetch, read_committed: up
+    /// to the last stable offset, aborted transactions dropped), waiting up to `max_wait`.
+    pub async fn fetch_committed(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_wait: Duration,
+    ) -> Result<CommittedPartition> {
+        let raw = self
+            .fetch_raw(topic, partition, offset, max_wait, true)
+            .await?;
+        let mut read = decode_committed(raw.data.clone(), &raw.aborted)
+            .map_err(|e| raw.decode_error(e.to_string()))?;
+        read.records.retain(|r| r.offset >= offset);
+        Ok(CommittedPartition {
+            records: read.records,
+            next_offset: read.next_offset.unwrap_or(offset).max(offset),
+            last_stable_offset: raw.last_stable_offset,
+            high_watermark: raw.high_watermark,
+        })
+    }
+
+    async fn fetch_raw(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_wait: Duration,
+        committed: bool,
+    ) -> Result<RawFetch> {
         let req = FetchRequest::default()
             .with_replica_id(BrokerId(-1))
             .with_max_wait_ms(max_wait.as_millis().min(i32::MAX as u128) as i32)
             .with_min_bytes(1)
             .with_max_bytes(16 * 1024 * 1024)
-            .with_isolation_level(0)
+            .with_isolation_level(i8::from(committed))
             .with_session_id(0)
             .with_session_epoch(-1)
             .with_topics(vec![
@@ -787,18 +923,21 @@ impl KafkaClient {
                 {
                     return Err(e);
                 }
-                let records =
-                    decode_batches(p.records.clone().unwrap_or_default()).map_err(|e| {
-                        KafkaError::Decode {
-                            broker: conn.broker().clone(),
-                            api: ApiKey::Fetch,
-                            version,
-                            reason: e.to_string(),
-                        }
-                    })?;
-                Ok(FetchedPartition {
-                    records: records.into_iter().filter(|r| r.offset >= offset).collect(),
+                Ok(RawFetch {
+                    broker: conn.broker().clone(),
+                    version,
+                    data: p.records.clone().unwrap_or_default(),
                     high_watermark: p.high_watermark,
+                    last_stable_offset: p.last_stable_offset,
+                    aborted: p
+                        .aborted_transactions
+                        .iter()
+                        .flatten()
+                        .map(|a| AbortedTransaction {
+                            producer_id: a.producer_id.0,
+                            first_offset: a.first_offset,
+                        })
+                        .collect(),
                 })
             }
         })

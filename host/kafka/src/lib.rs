@@ -12,6 +12,7 @@
 //! - [`client`]: the cluster: metadata, cached connections, coordinator lookup, produce/fetch/admin.
 //! - [`records`]: record batches in every compression.
 //! - [`idempotence`]: the idempotent producer's sequence numbers (a retried batch lands once).
+//! - [`transaction`]: the transactional producer (writes to many partitions visible together).
 //! - [`error`], [`backoff`]: typed errors with their one classification, and the one backoff.
 //! - [`protocol`]: the messages kafka-protocol does not cover (ShareFetch and ShareAcknowledge
 //!   v1-v2, DescribeShareGroupOffsets v0-1), on its public traits.
@@ -31,12 +32,14 @@ pub mod protocol;
 pub mod records;
 pub mod sasl;
 pub mod tls;
+pub mod transaction;
 pub mod versions;
 
 pub use addr::{AddrError, BrokerAddr, parse_bootstrap};
-pub use client::{KafkaClient, OffsetSpec, TopicMeta};
+pub use client::{CommittedPartition, KafkaClient, OffsetSpec, TopicMeta};
 pub use connection::{BrokerConnection, ConnectionConfig};
 pub use error::{ErrorClass, KafkaError, classify};
 pub use records::{Compression, ConsumedRecord, Header, ProduceRecord, now_ms};
 pub use sasl::{Mechanism, SaslSettings, Secret};
 pub use tls::TlsSettings;
+pub use transaction::{Transaction, TransactionalProducer, TxnError};

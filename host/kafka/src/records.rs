@@ -82,6 +82,26 @@ pub fn encode_batch_as(
     compression: Compression,
     producer: Option<(ProducerIdentity, i32)>,
 ) -> Result<Bytes, RecordsError> {
+    encode(records, compression, producer, false)
+}
+
+/// Encodes records as one batch of `producer`'s open transaction (the batch's transactional
+/// flag set): a `read_committed` reader sees it only once the transaction commits.
+pub fn encode_transactional_batch(
+    records: &[ProduceRecord],
+    compression: Compression,
+    producer: ProducerIdentity,
+    base_sequence: i32,
+) -> Result<Bytes, RecordsError> {
+    encode(records, compression, Some((producer, base_sequence)), true)
+}
+
+fn encode(
+    records: &[ProduceRecord],
+    compression: Compression,
+    producer: Option<(ProducerIdentity, i32)>,
+    transactional: bool,
+) -> Result<Bytes, RecordsError> {
     let (producer_id, producer_epoch, base_sequence) = match producer {
         Some((identity, base)) => (identity.id, identity.epoch, base),
         None => (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE),
@@ -91,7 +111,7 @@ pub fn encode_batch_as(
         .iter()
         .enumerate()
         .map(|(i, r)| Record {
-            transactional: false,
+            transactional,
             control: false,
             delete_horizon: false,
             partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
@@ -130,8 +150,95 @@ pub fn encode_batch_as(
 ///
 /// A trailing partial batch (brokers may cut the last batch at the byte limit) is ignored, as
 /// the Java client does.
-pub fn decode_batches(mut data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsError> {
+pub fn decode_batches(data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsError> {
     let mut out = Vec::new();
+    decode_each(data, |r| {
+        if !r.control {
+            out.push(consumed(r));
+        }
+    })?;
+    Ok(out)
+}
+
+/// A transaction the broker reports aborted in a `read_committed` fetch: its producer's
+/// transactional records from `first_offset` on belong to it, up to its abort marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortedTransaction {
+    /// The producer that aborted.
+    pub producer_id: i64,
+    /// The first offset of the aborted transaction in this partition.
+    pub first_offset: i64,
+}
+
+/// What a `read_committed` fetch of one partition holds: its committed records and how far
+/// it read.
+#[derive(Debug, Clone, Default)]
+pub struct CommittedRecords {
+    /// Records of committed transactions and plain records, markers and aborted ones dropped.
+    pub records: Vec<ConsumedRecord>,
+    /// One past the last offset seen, markers and aborted records included (the next fetch's
+    /// offset); `None` when the data held no complete batch.
+    pub next_offset: Option<i64>,
+}
+
+/// Decodes a `read_committed` fetch's data: drops control records and the records of the
+/// `aborted` transactions, as the Java consumer does (a producer's transactional records from
+/// an aborted transaction's first offset up to its abort marker are skipped). A broker's
+/// `read_committed` answer ends at the last stable offset, so every transaction in it is
+/// decided.
+pub fn decode_committed(
+    data: Bytes,
+    aborted: &[AbortedTransaction],
+) -> Result<CommittedRecords, RecordsError> {
+    let mut pending: Vec<AbortedTransaction> = aborted.to_vec();
+    pending.sort_by_key(|a| std::cmp::Reverse(a.first_offset));
+    let mut aborting: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    let mut out = CommittedRecords::default();
+    decode_each(data, |r| {
+        out.next_offset = Some(
+            out.next_offset
+                .unwrap_or(i64::MIN)
+                .max(r.offset.saturating_add(1)),
+        );
+        while pending.last().is_some_and(|a| a.first_offset <= r.offset) {
+            if let Some(a) = pending.pop() {
+                aborting.insert(a.producer_id);
+            }
+        }
+        if r.control {
+            // A marker's key: version (2 bytes), then its type, 0 for abort and 1 for commit;
+            // either way the producer's transaction ends here.
+            aborting.remove(&r.producer_id);
+            return;
+        }
+        if r.transactional && aborting.contains(&r.producer_id) {
+            return;
+        }
+        out.records.push(consumed(r));
+    })?;
+    Ok(out)
+}
+
+fn consumed(r: Record) -> ConsumedRecord {
+    ConsumedRecord {
+        offset: r.offset,
+        timestamp: r.timestamp,
+        key: r.key,
+        value: r.value,
+        headers: r
+            .headers
+            .into_iter()
+            .map(|(k, v)| Header {
+                key: k.as_str().to_owned(),
+                value: v,
+            })
+            .collect(),
+    }
+}
+
+/// Decodes every complete batch in `data` and hands each record, control records included, to
+/// `each` in log order.
+fn decode_each(mut data: Bytes, mut each: impl FnMut(Record)) -> Result<(), RecordsError> {
     while data.len() >= 12 {
         // Batch header: base offset (8) then batch length (4) counting the bytes after it.
         let batch_len = i32::from_be_bytes([data[8], data[9], data[10], data[11]]);
@@ -162,26 +269,10 @@ pub fn decode_batches(mut data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsErr
         )
         .map_err(|e| RecordsError(format!("cannot decode record batch: {e}")))?;
         for r in set.records {
-            if r.control {
-                continue;
-            }
-            out.push(ConsumedRecord {
-                offset: r.offset,
-                timestamp: r.timestamp,
-                key: r.key,
-                value: r.value,
-                headers: r
-                    .headers
-                    .into_iter()
-                    .map(|(k, v)| Header {
-                        key: k.as_str().to_owned(),
-                        value: v,
-                    })
-                    .collect(),
-            });
+            each(r);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The offsets the complete batches in `data` cover, one `(base offset, last offset)` per batch
@@ -526,6 +617,70 @@ mod tests {
             err.to_string().contains("offset delta 1 overflows"),
             "{err}"
         );
+    }
+
+    /// One batch at `offset`: `producer`'s records, transactional or not, or its marker
+    /// (`marker`: Some(commit)).
+    fn raw_batch(
+        offset: i64,
+        producer: i64,
+        transactional: bool,
+        marker: Option<bool>,
+        n: usize,
+    ) -> Bytes {
+        let records: Vec<Record> = (0..n)
+            .map(|i| Record {
+                transactional,
+                control: marker.is_some(),
+                delete_horizon: false,
+                partition_leader_epoch: NO_PARTITION_LEADER_EPOCH,
+                producer_id: producer,
+                producer_epoch: 0,
+                timestamp_type: TimestampType::Creation,
+                offset: offset + i as i64,
+                sequence: i as i32,
+                timestamp: 0,
+                // A marker's key: version 0, then its type (0 abort, 1 commit).
+                key: marker.map(|commit| Bytes::from(vec![0, 0, 0, u8::from(commit)])),
+                value: Some(Bytes::from(format!("{}", offset + i as i64))),
+                headers: IndexMap::new(),
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .expect("encodes");
+        buf.freeze()
+    }
+
+    #[test]
+    fn a_committed_read_drops_aborted_transactions_and_markers_and_reads_past_them() {
+        let mut data = BytesMut::new();
+        // Producer 7 aborts offsets 0-1 (marker at 2); producer 8 commits 3 (marker at 4); a
+        // plain record at 5; producer 7 again, committed this time, at 6 (marker at 7).
+        data.extend_from_slice(&raw_batch(0, 7, true, None, 2));
+        data.extend_from_slice(&raw_batch(2, 7, true, Some(false), 1));
+        data.extend_from_slice(&raw_batch(3, 8, true, None, 1));
+        data.extend_from_slice(&raw_batch(4, 8, true, Some(true), 1));
+        data.extend_from_slice(&raw_batch(5, -1, false, None, 1));
+        data.extend_from_slice(&raw_batch(6, 7, true, None, 1));
+        data.extend_from_slice(&raw_batch(7, 7, true, Some(true), 1));
+        let aborted = [AbortedTransaction {
+            producer_id: 7,
+            first_offset: 0,
+        }];
+        let read = decode_committed(data.freeze(), &aborted).expect("decodes");
+        let offsets: Vec<i64> = read.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![3, 5, 6]);
+        assert_eq!(read.next_offset, Some(8), "past the last marker");
+        let empty = decode_committed(Bytes::new(), &aborted).expect("decodes");
+        assert_eq!(empty.next_offset, None);
     }
 
     #[test]

@@ -1,0 +1,526 @@
+//! A transactional producer: records written to many partitions become visible to
+//! `read_committed` readers together, or not at all.
+//!
+//! The protocol, as Kafka's own producer speaks it with a coordinator on either transaction
+//! version (the explicit form: the client adds each partition before its first batch):
+//!
+//! 1. FindCoordinator (key type TRANSACTION) for the transactional id, then InitProducerId with
+//!    it. The coordinator aborts whatever transaction the id's previous holder left open and
+//!    bumps the epoch, so that holder is fenced: none of its requests is accepted any more.
+//! 2. Per transaction: AddPartitionsToTxn for each partition before its first batch; Produce
+//!    with the transactional flag and the id's sequence numbers; EndTxn to commit or abort. The
+//!    coordinator writes the markers that make the batches visible (or drop them).
+//!
+//! A transaction whose outcome a failure leaves unknown is aborted, and the next one starts
+//! from a new InitProducerId (a new epoch: every partition's sequence starts again), which is
+//! also what Kafka's producer does after an abortable error.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+use kafka_protocol::messages::{
+    AddPartitionsToTxnRequest, ApiKey, EndTxnRequest, InitProducerIdRequest, ProducerId, TopicName,
+    TransactionalId,
+};
+use kafka_protocol::protocol::{StrBytes, VersionRange};
+use tokio::time::Instant;
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::client::KafkaClient;
+use crate::error::{ErrorClass, KafkaError};
+use crate::idempotence::{PartitionSequence, Plan, ProducerIdentity};
+use crate::records::{Compression, ProduceRecord, RecordsError, encode_transactional_batch};
+
+/// InitProducerId: every version takes a transactional id.
+const INIT_VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
+/// AddPartitionsToTxn as a client sends it (v4 and up are the brokers' own form).
+const ADD_VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
+/// EndTxn up to v4: v5 belongs to transaction version 2, where every commit bumps the epoch.
+const END_VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
+
+/// What can go wrong with a transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    /// Another producer took the transactional id (a newer epoch), or the coordinator ended
+    /// this transaction itself (it ran past its timeout): nothing of it commits, and this
+    /// producer must start again with a new InitProducerId.
+    #[error("transactional id {id}: fenced or ended by the coordinator: {source}")]
+    Fenced {
+        /// The transactional id.
+        id: String,
+        /// What the coordinator or a partition leader said.
+        source: KafkaError,
+    },
+    /// A request failed; the transaction is not committed (and is aborted, or will be by the
+    /// coordinator's timeout).
+    #[error("transactional id {id}: {source}")]
+    Kafka {
+        /// The transactional id.
+        id: String,
+        /// The failure.
+        source: KafkaError,
+    },
+    /// A batch could not be encoded.
+    #[error("transactional id {id}: {source}")]
+    Encode {
+        /// The transactional id.
+        id: String,
+        /// Why.
+        source: RecordsError,
+    },
+    /// The commit was sent but its answer never came: the transaction may be committed or
+    /// not. A reader finds out once the coordinator decided (the last stable offset moves past
+    /// it).
+    #[error("transactional id {id}: the commit's outcome is unknown: {source}")]
+    CommitUnknown {
+        /// The transactional id.
+        id: String,
+        /// The last failure.
+        source: KafkaError,
+    },
+}
+
+/// Whether an error means this producer's epoch is no longer the id's (or its transaction was
+/// ended for it).
+fn fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.code(),
+        Some(
+            ResponseError::ProducerFenced
+                | ResponseError::InvalidProducerEpoch
+                | ResponseError::InvalidTxnState
+                | ResponseError::TransactionalIdAuthorizationFailed
+                | ResponseError::InvalidProducerIdMapping
+        )
+    )
+}
+
+/// A producer with a transactional id; one transaction at a time (a caller's transactions
+/// queue on [`TransactionalProducer::begin`]).
+pub struct TransactionalProducer {
+    client: Arc<KafkaClient>,
+    id: String,
+    timeout: Duration,
+    state: tokio::sync::Mutex<State>,
+}
+
+impl std::fmt::Debug for TransactionalProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalProducer")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The id and epoch InitProducerId gave; `None` until the first transaction, and again
+    /// after one failed (the next InitProducerId bumps the epoch).
+    identity: Option<ProducerIdentity>,
+    coordinator: Option<i32>,
+    sequences: HashMap<(String, i32), PartitionSequence>,
+}
+
+/// One open transaction; ends with [`Transaction::commit`] or [`Transaction::abort`]. Dropped
+/// without either, it is left to the next [`TransactionalProducer::begin`], which starts over
+/// with a new epoch (the coordinator aborts what was left open).
+pub struct Transaction<'a> {
+    producer: &'a TransactionalProducer,
+    state: tokio::sync::MutexGuard<'a, State>,
+    identity: ProducerIdentity,
+    added: BTreeSet<(String, i32)>,
+    ended: bool,
+}
+
+impl TransactionalProducer {
+    /// A producer for `transactional_id`; `timeout` is the transaction timeout the coordinator
+    /// enforces (it aborts a transaction open longer, and fences its producer).
+    pub fn new(
+        client: Arc<KafkaClient>,
+        transactional_id: &str,
+        timeout: Duration,
+    ) -> TransactionalProducer {
+        TransactionalProducer {
+            client,
+            id: transactional_id.to_owned(),
+            timeout,
+            state: tokio::sync::Mutex::new(State::default()),
+        }
+    }
+
+    /// The transactional id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Starts a transaction once the one before it has ended; the first (and the first after a
+    /// failure) asks the coordinator for the id's producer id and epoch first, fencing any
+    /// earlier holder of the id and aborting what it left open.
+    pub async fn begin(&self) -> Result<Transaction<'_>, TxnError> {
+        let mut state = self.state.lock().await;
+        let identity = match state.identity {
+            Some(i) => i,
+            None => {
+                let i = self.init(&mut state).await?;
+                state.identity = Some(i);
+                state.sequences.clear();
+                i
+            }
+        };
+        Ok(Transaction {
+            producer: self,
+            state,
+            identity,
+            added: BTreeSet::new(),
+            ended: false,
+        })
+    }
+
+    fn kafka(&self, source: KafkaError) -> TxnError {
+        if fenced(&source) {
+            TxnError::Fenced {
+                id: self.id.clone(),
+                source,
+            }
+        } else {
+            TxnError::Kafka {
+                id: self.id.clone(),
+                source,
+            }
+        }
+    }
+
+    /// Sends `op` to the id's coordinator until it succeeds, fails for good or the request
+    /// timeout passes; a moved or loading coordinator is found again, a busy one (still ending
+    /// the transaction before) asked again.
+    async fn to_coordinator<T, F, Fut>(&self, state: &mut State, mut op: F) -> Result<T, TxnError>
+    where
+        F: FnMut(Arc<crate::BrokerConnection>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, KafkaError>>,
+    {
+        let client = &self.client;
+        let deadline = Instant::now() + client.config().request_timeout;
+        let mut backoff = Backoff::with_deadline(BackoffConfig::default(), deadline);
+        loop {
+            let coordinator = match state.coordinator {
+                Some(c) => c,
+                None => match client.find_transaction_coordinator(&self.id).await {
+                    Ok(c) => {
+                        state.coordinator = Some(c);
+                        c
+                    }
+                    Err(e) if e.class() != ErrorClass::Fatal && backoff.wait().await => continue,
+                    Err(e) => return Err(self.kafka(e)),
+                },
+            };
+            let result = match client.connection(coordinator).await {
+                Ok(conn) => op(conn).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(v) => return Ok(v),
+                Err(e) if fenced(&e) => return Err(self.kafka(e)),
+                Err(e) if e.class() != ErrorClass::Fatal => {
+                    if matches!(
+                        e.code(),
+                        Some(
+                            ResponseError::NotCoordinator | ResponseError::CoordinatorNotAvailable
+                        )
+                    ) || e.code().is_none()
+                    {
+                        state.coordinator = None;
+                    }
+                    if !backoff.wait().await {
+                        return Err(self.kafka(e));
+                    }
+                }
+                Err(e) => return Err(self.kafka(e)),
+            }
+        }
+    }
+
+    async fn init(&self, state: &mut State) -> Result<ProducerIdentity, TxnError> {
+        let timeout_ms = i32::try_from(self.timeout.as_millis()).unwrap_or(i32::MAX);
+        let id = self.id.clone();
+        let request_timeout = self.client.config().request_timeout;
+        self.to_coordinator(state, |conn| {
+            // As a new producer (id and epoch -1): the coordinator aborts what the id left
+            // open (answering CONCURRENT_TRANSACTIONS until it has, which is retried) and
+            // bumps its epoch, whoever held it before.
+            let req = InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(StrBytes::from_string(id.clone()))))
+                .with_transaction_timeout_ms(timeout_ms)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1);
+            async move {
+                let version = conn.version_for(ApiKey::InitProducerId, INIT_VERSIONS)?;
+                let resp = conn.send_version(&req, version, request_timeout).await?;
+                if let Some(e) = KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::InitProducerId,
+                    version,
+                    resp.error_code,
+                    None,
+                ) {
+                    return Err(e);
+                }
+                Ok(ProducerIdentity {
+                    id: resp.producer_id.0,
+                    epoch: resp.producer_epoch,
+                })
+            }
+        })
+        .await
+    }
+}
+
+impl Transaction<'_> {
+    /// The producer id and epoch this transaction writes as.
+    pub fn identity(&self) -> ProducerIdentity {
+        self.identity
+    }
+
+    /// Writes `records` as one batch to a partition inside the transaction (adding the
+    /// partition to it first when this is its first batch).
+    pub async fn send(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        records: &[ProduceRecord],
+        compression: Compression,
+    ) -> Result<(), TxnError> {
+        let count = i32::try_from(records.len()).unwrap_or(i32::MAX);
+        if count == 0 {
+            return Ok(());
+        }
+        let key = (topic.to_owned(), partition);
+        if !self.added.contains(&key) {
+            self.add(std::slice::from_ref(&key)).await?;
+        }
+        let identity = self.identity;
+        let base = match self
+            .state
+            .sequences
+            .entry(key.clone())
+            .or_default()
+            .plan(identity, count)
+        {
+            Plan::Send { base_sequence, .. } => base_sequence,
+            // A transactional producer cannot bump its own epoch: the transaction fails, and
+            // the next starts from InitProducerId.
+            Plan::Bump { .. } => {
+                return Err(self.failed(KafkaError::Encode {
+                    api: ApiKey::Produce,
+                    version: 0,
+                    reason: format!("{topic}-{partition}: sequence in doubt"),
+                }));
+            }
+        };
+        let batch =
+            encode_transactional_batch(records, compression, identity, base).map_err(|source| {
+                TxnError::Encode {
+                    id: self.producer.id.clone(),
+                    source,
+                }
+            })?;
+        match self
+            .producer
+            .client
+            .send_transactional_batch(&self.producer.id, topic, partition, batch)
+            .await
+        {
+            Ok(_) => {
+                if let Some(s) = self.state.sequences.get_mut(&key) {
+                    s.landed(identity, base, count);
+                }
+                Ok(())
+            }
+            Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {
+                if let Some(s) = self.state.sequences.get_mut(&key) {
+                    s.landed(identity, base, count);
+                }
+                Ok(())
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    /// Adds partitions to the transaction (AddPartitionsToTxn), each once.
+    pub async fn add(&mut self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
+        let new: Vec<&(String, i32)> = partitions
+            .iter()
+            .filter(|p| !self.added.contains(*p))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+        for (topic, partition) in &new {
+            match topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+                Some(t) => t.partitions.push(*partition),
+                None => topics.push(
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(topic.clone())))
+                        .with_partitions(vec![*partition]),
+                ),
+            }
+        }
+        let identity = self.identity;
+        let id = self.producer.id.clone();
+        let request_timeout = self.producer.client.config().request_timeout;
+        let result = self
+            .producer
+            .to_coordinator(&mut self.state, |conn| {
+                let req = AddPartitionsToTxnRequest::default()
+                    .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(
+                        id.clone(),
+                    )))
+                    .with_v3_and_below_producer_id(ProducerId(identity.id))
+                    .with_v3_and_below_producer_epoch(identity.epoch)
+                    .with_v3_and_below_topics(topics.clone());
+                async move {
+                    let version = conn.version_for(ApiKey::AddPartitionsToTxn, ADD_VERSIONS)?;
+                    let resp = conn.send_version(&req, version, request_timeout).await?;
+                    // The first error of any partition (they succeed or fail together; the
+                    // others then say OPERATION_NOT_ATTEMPTED).
+                    let worst = resp
+                        .results_by_topic_v3_and_below
+                        .iter()
+                        .flat_map(|t| t.results_by_partition.iter())
+                        .map(|p| p.partition_error_code)
+                        .find(|c| *c != 0 && *c != ResponseError::OperationNotAttempted.code())
+                        .unwrap_or(0);
+                    match KafkaError::from_code(
+                        conn.broker(),
+                        ApiKey::AddPartitionsToTxn,
+                        version,
+                        worst,
+                        None,
+                    ) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => {
+                self.added.extend(new.into_iter().cloned());
+                Ok(())
+            }
+            Err(e) => {
+                self.forget();
+                Err(e)
+            }
+        }
+    }
+
+    /// Commits: every batch sent becomes visible to `read_committed` readers. On an error the
+    /// transaction is not committed, except [`TxnError::CommitUnknown`], whose outcome only the
+    /// coordinator knows.
+    pub async fn commit(mut self) -> Result<(), TxnError> {
+        self.end(true).await
+    }
+
+    /// Aborts: nothing sent in the transaction becomes visible. The next transaction starts
+    /// with a new epoch.
+    pub async fn abort(mut self) -> Result<(), TxnError> {
+        let result = self.end(false).await;
+        // Sequences of an aborted transaction's partitions are the broker's to reset: start
+        // the next one from InitProducerId.
+        self.forget();
+        result
+    }
+
+    async fn end(&mut self, commit: bool) -> Result<(), TxnError> {
+        self.ended = true;
+        if self.added.is_empty() {
+            return Ok(());
+        }
+        let identity = self.identity;
+        let id = self.producer.id.clone();
+        let request_timeout = self.producer.client.config().request_timeout;
+        let result = self
+            .producer
+            .to_coordinator(&mut self.state, |conn| {
+                let req = EndTxnRequest::default()
+                    .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+                    .with_producer_id(ProducerId(identity.id))
+                    .with_producer_epoch(identity.epoch)
+                    .with_committed(commit);
+                async move {
+                    let version = conn.version_for(ApiKey::EndTxn, END_VERSIONS)?;
+                    let resp = conn.send_version(&req, version, request_timeout).await?;
+                    match KafkaError::from_code(
+                        conn.broker(),
+                        ApiKey::EndTxn,
+                        version,
+                        resp.error_code,
+                        None,
+                    ) {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.forget();
+                Err(match e {
+                    TxnError::Kafka { id, source } if commit => {
+                        TxnError::CommitUnknown { id, source }
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// After a failure: the next transaction asks for a new epoch first.
+    fn forget(&mut self) {
+        self.state.identity = None;
+        self.state.sequences.clear();
+    }
+
+    fn failed(&mut self, source: KafkaError) -> TxnError {
+        self.forget();
+        self.producer.kafka(source)
+    }
+}
+
+impl Drop for Transaction<'_> {
+    fn drop(&mut self) {
+        if !self.ended && !self.added.is_empty() {
+            // Left open (a cancelled caller): the coordinator aborts it when the next
+            // InitProducerId comes, or at its timeout.
+            self.forget();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fencing_error_is_told_apart_from_a_retriable_one() {
+        let broker = crate::BrokerAddr {
+            host: "127.0.0.1".into(),
+            port: 9092,
+            id: Some(1),
+        };
+        let err = |code: ResponseError| {
+            KafkaError::from_code(&broker, ApiKey::EndTxn, 3, code.code(), None).expect("an error")
+        };
+        assert!(fenced(&err(ResponseError::ProducerFenced)));
+        assert!(fenced(&err(ResponseError::InvalidProducerEpoch)));
+        assert!(fenced(&err(ResponseError::InvalidTxnState)));
+        assert!(!fenced(&err(ResponseError::ConcurrentTransactions)));
+        assert!(!fenced(&err(ResponseError::NotCoordinator)));
+    }
+}
