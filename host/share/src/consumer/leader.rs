@@ -450,7 +450,7 @@ impl LeaderWorker {
                     .flat_map(|t| t.partitions.iter())
                     .all(|p| p.acquired.is_empty());
                 self.dry_since = (prefetch && nothing).then(Instant::now);
-                self.on_fetch_response(session, &part.wanted, &acks, resp)
+                self.on_fetch_response(session, &part.wanted, &acks, resp, started)
                     .await
             }
         };
@@ -470,6 +470,7 @@ impl LeaderWorker {
         wanted: &BTreeSet<TopicIdPartition>,
         acks: &[(TopicIdPartition, Vec<AckBatch>)],
         resp: ShareFetchResponse,
+        sent: Instant,
     ) -> Step {
         let top = ResponseError::try_from_code(resp.error_code);
         if session.on_response(top, false, Some(wanted)) == SessionOutcome::Reset {
@@ -518,7 +519,7 @@ impl LeaderWorker {
             },
         );
         self.report_results(acks, None, None, &results);
-        let delivery = self.collect(&resp);
+        let delivery = self.collect(&resp, sent);
         if (!delivery.records.is_empty() || !delivery.poison.is_empty())
             && self.tx.send(delivery).await.is_err()
         {
@@ -569,11 +570,14 @@ impl LeaderWorker {
         }
     }
 
-    /// Turns acquired ranges into deliveries, Gap acknowledgements and poison.
-    fn collect(&self, resp: &ShareFetchResponse) -> Delivery {
+    /// Turns acquired ranges into deliveries, Gap acknowledgements and poison. Their locks are
+    /// taken to start when the request was `sent`: the broker acquired them between then and
+    /// its answer, so the time left on a lock is never overstated (a transaction that must
+    /// commit within it relies on that).
+    fn collect(&self, resp: &ShareFetchResponse, sent: Instant) -> Delivery {
         let mut delivery = Delivery::default();
         let cap = self.shared.config.delivery_count_limit;
-        let now = Instant::now();
+        let now = sent;
         for t in &resp.responses {
             for p in &t.partitions {
                 let tp = TopicIdPartition {

@@ -161,6 +161,29 @@ impl ShareConsumer {
         st.hold_limit(held, self.shared.config.auto_renew_after.is_some())
     }
 
+    /// The time left on `record`'s lock as this member can prove it: counted from when the
+    /// request that acquired it was sent, so never more than the broker granted, and blind to
+    /// renewals (a renewal is counted when recorded, before the broker confirms it, and a host
+    /// resumed after a pause past its lock would record one for a record already gone); zero
+    /// when the lock time is unknown or the record is no longer held. Work that must finish
+    /// while the record is certainly this member's (a transaction's commit) checks it last.
+    pub fn lock_left(&self, record: &ShareRecord) -> Duration {
+        let leader = self.shared.route.lock().get(&record.partition).copied();
+        let leaders = self.shared.leaders.lock();
+        let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
+            return Duration::ZERO;
+        };
+        match (
+            st.lock_timeout,
+            st.outstanding
+                .get(&record.key())
+                .filter(|_| st.session == record.session),
+        ) {
+            (Some(lock), Some(held)) => lock.saturating_sub(held.acquired.elapsed()),
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.
     ///
     /// # Cancel safety

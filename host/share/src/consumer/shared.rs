@@ -121,7 +121,12 @@ pub(super) type RecordKey = (TopicIdPartition, i64);
 /// to be released. One place for all three, so no caller keeps maps of its own beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Held {
+    /// When its lock last (re)started as far as this member knows: a renewal moves it when
+    /// recorded, before the broker confirmed it.
     pub(super) since: Instant,
+    /// When the request that acquired it was sent: the start of the one lock this member can
+    /// prove it holds (renewals leave it alone).
+    pub(super) acquired: Instant,
     /// Its delivery count (a release at the group's delivery limit archives it).
     pub(super) deliveries: i16,
     pub(super) renewals: u32,
@@ -132,6 +137,7 @@ impl Held {
     pub(super) fn new(now: Instant, deliveries: i16) -> Self {
         Held {
             since: now,
+            acquired: now,
             deliveries,
             renewals: 0,
             release_at: None,
