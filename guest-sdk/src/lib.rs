@@ -241,6 +241,14 @@ impl<'a> Record<'a> {
         self
     }
 
+    /// A name for this record that is the same at every delivery of it, `TOPIC/PARTITION/OFFSET`:
+    /// hand it to a service the plugin calls (as an `Idempotency-Key` header, say) so that a
+    /// call made again after a redelivery does its work once. The host cannot undo a call
+    /// outside Kafka, even in an exactly-once pipeline; the service can, with this key.
+    pub fn idempotency_key(&self) -> String {
+        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+
     /// The value as UTF-8 text, if present and valid.
     pub fn value_str(&self) -> Option<&'a str> {
         self.value.and_then(|v| std::str::from_utf8(v).ok())
@@ -791,5 +799,9 @@ mod tests {
         assert_eq!(r.header("n"), Some(None));
         assert_eq!(r.header("missing"), None);
         assert_eq!(r.delivery_count, 3);
+        assert_eq!(
+            r.idempotency_key(),
+            format!("{}/{}/{}", r.topic, r.partition, r.offset)
+        );
     }
 }

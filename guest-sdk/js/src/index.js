@@ -406,6 +406,17 @@ export class Record {
   }
 
   /**
+   * A name for this record that is the same at every delivery, `TOPIC/PARTITION/OFFSET`: hand it
+   * to a service the plugin calls (an `Idempotency-Key` header) so that a call made again after
+   * a redelivery does its work once. The host cannot undo a call outside Kafka, even in an
+   * exactly-once pipeline; the service can, with this key.
+   * @returns {string}
+   */
+  get idempotencyKey() {
+    return `${this.topic}/${this.partition}/${this.offsetBigInt}`;
+  }
+
+  /**
    * The key bytes, or `null` for a null key.
    * @returns {Uint8Array | null}
    */

@@ -26,6 +26,7 @@ test('records decode spans lazily, null distinct from empty, as views into the b
   assert.equal(a.offsetBigInt, 41n);
   assert.equal(a.timestamp, 1700000000123);
   assert.equal(a.deliveryCount, 2);
+  assert.equal(a.idempotencyKey, 'orders/3/41');
   assert.deepEqual(a.headers.map((h) => [h.key, text(h.value)]), [['h', 'x'], ['n', null], ['h', 'y']]);
   assert.equal(a.headerText('h'), 'x', 'first header of a name');
   assert.equal(a.header('n'), null, 'present with a null value');

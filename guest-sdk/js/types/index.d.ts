@@ -221,6 +221,14 @@ export declare class Record {
     /** How many times the broker has delivered this record, including now (1 = first time). */
     get deliveryCount(): any;
     /**
+     * A name for this record that is the same at every delivery, `TOPIC/PARTITION/OFFSET`: hand it
+     * to a service the plugin calls (an `Idempotency-Key` header) so that a call made again after
+     * a redelivery does its work once. The host cannot undo a call outside Kafka, even in an
+     * exactly-once pipeline; the service can, with this key.
+     * @returns {string}
+     */
+    get idempotencyKey(): string;
+    /**
      * The key bytes, or `null` for a null key.
      * @returns {Uint8Array | null}
      */

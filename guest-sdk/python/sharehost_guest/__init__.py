@@ -312,6 +312,14 @@ class Record:
         return self._b.delivery_counts[self.index]
 
     @property
+    def idempotency_key(self) -> str:
+        """A name for this record that is the same at every delivery, ``TOPIC/PARTITION/OFFSET``:
+        hand it to a service the plugin calls (an ``Idempotency-Key`` header) so that a call
+        made again after a redelivery does its work once. The host cannot undo a call outside
+        Kafka, even in an exactly-once pipeline; the service can, with this key."""
+        return f"{self.topic}/{self.partition}/{self.offset}"
+
+    @property
     def key(self) -> Optional[bytes]:
         """The key; None is a null key, distinct from an empty one."""
         if self._key is _UNREAD:

@@ -83,6 +83,8 @@ def test_records_decode_spans_nulls_and_headers_from_one_buffer():
     assert b.headers == []
     assert c.value_str() == "h\u00e9" and c.key == b"" and c.key_str() == ""
     assert c.header("a") == b"1" and c.offset == 2
+    # The same at every delivery: topic, partition and offset.
+    assert (a.idempotency_key, b.idempotency_key) == ("test/0/7", "other/3/1")
     # The columns really are spans into one buffer with 0xffffffff for null.
     cols = a._b
     assert cols.value_spans[0] == sg.NULL_SPAN and cols.key_spans[2] == sg.NULL_SPAN
