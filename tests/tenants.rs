@@ -319,6 +319,7 @@ async fn every_metric_family_is_there_from_the_start_and_cumulative_counts_are_c
         "sharehost_verdicts_lost_total{pipeline=\"ledger\",when=\"unsent\"} 0",
         "sharehost_verdicts_lost_total{pipeline=\"ledger\",when=\"late\"} 0",
         "sharehost_verdicts_replayed_total{pipeline=\"ledger\"} 0",
+        "sharehost_settled_earlier_total{pipeline=\"ledger\"} 0",
         "sharehost_dead_letters_shrunk_total{pipeline=\"ledger\"} 0",
         "sharehost_writes_waiting{pipeline=\"ledger\"} 0",
         "sharehost_pipeline_up{pipeline=\"ledger\"}",

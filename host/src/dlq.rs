@@ -800,10 +800,18 @@ where
         let end = latest.min(range.end);
         let mut empty_fetches = 0;
         while next < end {
+            // Committed dead letters only: an exactly-once pipeline's aborted transactions may
+            // hold dead letters that never counted (for another topic it reads the same).
             let fetched = client
-                .fetch(&dlq, p, next, Duration::from_millis(500))
+                .fetch_committed(&dlq, p, next, Duration::from_millis(500))
                 .await
                 .with_context(|| format!("fetching {dlq}/{p} at offset {next}"))?;
+            let past = fetched.next_offset;
+            if fetched.records.is_empty() && past > next {
+                // Transaction markers or aborted records only.
+                next = past;
+                continue;
+            }
             if fetched.records.is_empty() {
                 // Only control records (or nothing yet) at this offset: give up after a few.
                 empty_fetches += 1;
@@ -1146,7 +1154,7 @@ impl Replayer<'_> {
             while next < end {
                 let fetched = self
                     .client
-                    .fetch(&p.topic, p.partition, next, Duration::from_millis(500))
+                    .fetch_committed(&p.topic, p.partition, next, Duration::from_millis(500))
                     .await
                     .with_context(|| {
                         format!(
@@ -1154,6 +1162,10 @@ impl Replayer<'_> {
                             p.topic, p.partition
                         )
                     })?;
+                if fetched.records.is_empty() && fetched.next_offset > next {
+                    next = fetched.next_offset;
+                    continue;
+                }
                 if fetched.records.is_empty() {
                     empty_fetches += 1;
                     if empty_fetches >= 3 {

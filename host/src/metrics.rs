@@ -97,6 +97,9 @@ pub struct Metrics {
     /// Records delivered again after their verdict was lost, settled with that verdict without
     /// a second plugin call (the duplicates the engine spared).
     pub verdicts_replayed: Family<Labels, Counter>,
+    /// Records delivered again that the settled log showed committed (an exactly-once
+    /// pipeline): acknowledged as then, without a second plugin call or write.
+    pub settled_earlier: Family<Labels, Counter>,
     /// Dead letters written without the record's key, value and headers (the whole record
     /// was larger than the dead-letter topic accepts).
     pub dead_letters_shrunk: Family<Labels, Counter>,
@@ -172,6 +175,7 @@ impl Metrics {
             released_unwritten: Family::default(),
             verdicts_lost: Family::default(),
             verdicts_replayed: Family::default(),
+            settled_earlier: Family::default(),
             dead_letters_shrunk: Family::default(),
             fleet_records_skipped: Family::default(),
             fleet_actions: Family::default(),
@@ -291,6 +295,11 @@ impl Metrics {
             "verdicts_replayed",
             "Records delivered again after their verdict was lost, settled with that verdict without calling the plugin again",
             m.verdicts_replayed.clone(),
+        );
+        registry.register(
+            "settled_earlier",
+            "Records delivered again that a committed transaction had settled (exactly-once), acknowledged without calling the plugin or writing again",
+            m.settled_earlier.clone(),
         );
         registry.register(
             "dead_letters_shrunk",

@@ -54,7 +54,8 @@ pub enum PartitionBy {
 }
 
 impl PartitionBy {
-    fn partition(self, key: Option<&[u8]>, partitions: usize) -> i32 {
+    /// The partition of a record with `key` in a topic of `partitions` partitions.
+    pub fn partition(self, key: Option<&[u8]>, partitions: usize) -> i32 {
         match self {
             PartitionBy::KeyOrSource(s) => partitioner::by_key_or(key, s, partitions),
             PartitionBy::Source(s) => partitioner::by_key_or(None, s, partitions),

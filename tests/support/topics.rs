@@ -121,6 +121,48 @@ pub async fn topic_values(client: &KafkaClient, topic: &str, partitions: i32) ->
         .collect()
 }
 
+/// The committed records of `topic` (partitions `0..partitions`) up to its current end, with
+/// their partitions, read `read_committed` as a downstream consumer of an exactly-once
+/// pipeline's outputs does: aborted transactions' records are not among them. Waits (a hang
+/// guard of PATIENCE) for transactions still open at the end, which their coordinator decides.
+pub async fn committed_records(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
+    use sharehost::kafka::OffsetSpec;
+    let mut records = Vec::new();
+    for p in 0..partitions {
+        let end = client
+            .list_offset(topic, p, OffsetSpec::Latest)
+            .await
+            .unwrap_or_else(|e| panic!("end offset of {topic}-{p}: {e}"));
+        let mut next = 0;
+        let mut progress = std::time::Instant::now();
+        while next < end {
+            let f = client
+                .fetch_committed(topic, p, next, Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next} read_committed: {e}"));
+            records.extend(f.records.into_iter().map(|r| (p, r)));
+            if f.next_offset > next {
+                next = f.next_offset;
+                progress = std::time::Instant::now();
+            } else {
+                // A transaction still open holds the last stable offset back: Kafka tells no
+                // one when its coordinator decides it, so ask again.
+                assert!(
+                    progress.elapsed() < crate::host::PATIENCE,
+                    "{topic}-{p}: the last stable offset stayed at {} below {end}",
+                    f.last_stable_offset
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    records
+}
+
 /// Every record in `topic` (partitions `0..partitions`) up to its current end, with its
 /// partition, read with plain Fetch (no group): how tests read output and dead-letter topics.
 pub async fn topic_records(
@@ -141,10 +183,9 @@ pub async fn topic_records(
                 .fetch(topic, p, next, Duration::from_millis(500))
                 .await
                 .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
-            for r in f.records {
-                next = next.max(r.offset + 1);
-                records.push((p, r));
-            }
+            // (past transaction markers too, which are no records)
+            next = next.max(f.next_offset);
+            records.extend(f.records.into_iter().map(|r| (p, r)));
         }
     }
     records

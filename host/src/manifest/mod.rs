@@ -44,7 +44,9 @@ pub use admin::AdminSpec;
 pub use cluster::{ClusterSpec, SaslSpec};
 pub use error::ManifestError;
 pub use fleet::FleetSpec;
-pub use pipeline::{FaultPolicy, InstanceModeSpec, PipelineSpec, ShadowSpec, StartPosition};
+pub use pipeline::{
+    FaultPolicy, Guarantee, InstanceModeSpec, PipelineSpec, ShadowSpec, StartPosition,
+};
 pub use runtime::RuntimeSpec;
 pub use secret::SecretSource;
 

@@ -29,6 +29,18 @@ pub enum FaultPolicy {
     Reject,
 }
 
+/// What a pipeline promises about its records' effects (`guarantee`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarantee {
+    /// Every record is judged at least once; after a lost acknowledgement (a cut connection,
+    /// a restarted broker or host) it may be judged again and its outputs written again.
+    AtLeastOnce,
+    /// Each record's outputs and dead letter are written once: in one Kafka transaction with
+    /// the record of what the batch settles, committed before the acknowledgement, and a
+    /// record delivered again is looked up there before it is judged.
+    ExactlyOnce,
+}
+
 /// Instance reuse, as written in the manifest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceModeSpec {
@@ -59,6 +71,8 @@ pub struct PipelineSpec {
     pub delivery_cap: Option<i16>,
     /// Verdict for the records of a faulted batch.
     pub fault_policy: FaultPolicy,
+    /// At-least-once (the default) or exactly-once effects (`guarantee`).
+    pub guarantee: Guarantee,
     /// CPU deadline of one plugin call.
     pub cpu_deadline: Duration,
     /// Memory cap of one plugin instance.
@@ -226,6 +240,27 @@ fn validate(
         ],
         FaultPolicy::Release,
     )?;
+    let guarantee = cx.choice(
+        &p.guarantee,
+        &f("guarantee"),
+        &[
+            ("at-least-once", Guarantee::AtLeastOnce),
+            ("exactly-once", Guarantee::ExactlyOnce),
+        ],
+        Guarantee::AtLeastOnce,
+    )?;
+    if guarantee == Guarantee::ExactlyOnce
+        && crate::pipeline::settled_topic(p.group.get_ref()).is_none()
+    {
+        return Err(cx.err(
+            Some(p.group.span()),
+            f("group"),
+            format!(
+                "{:?} cannot name its settled log's topic (sharehost-settled.<group>), which guarantee = \"exactly-once\" needs: use letters, digits, '.', '_' and '-' only, at most 231 of them",
+                p.group.get_ref()
+            ),
+        ));
+    }
     let instance_mode = cx.choice(
         &p.instance_mode,
         &f("instance_mode"),
@@ -294,6 +329,7 @@ fn validate(
         max_in_flight,
         delivery_cap,
         fault_policy,
+        guarantee,
         cpu_deadline: Duration::from_millis(cpu_ms),
         memory_limit: mem_mib << 20,
         instance_mode,

@@ -144,6 +144,8 @@ pub(super) struct RawPipeline {
     #[serde(default)]
     pub(super) fault_policy: Option<Spanned<String>>,
     #[serde(default)]
+    pub(super) guarantee: Option<Spanned<String>>,
+    #[serde(default)]
     pub(super) cpu_deadline_ms: Option<Spanned<i64>>,
     #[serde(default)]
     pub(super) memory_limit_mib: Option<Spanned<i64>>,

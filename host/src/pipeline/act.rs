@@ -35,11 +35,13 @@ pub(super) struct BatchContext {
     pub(super) client: Arc<KafkaClient>,
     /// The pipeline is stopping: writes stop retrying and release their records.
     pub(super) stop: CancellationToken,
+    /// An exactly-once pipeline's transactional producer and settled log.
+    pub(super) exactly_once: Option<Arc<super::transact::ExactlyOnce>>,
 }
 
 /// What a settled record is counted as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cause {
+pub(super) enum Cause {
     /// The plugin's verdict (or the host's reject of what the plugin did wrong).
     Verdict,
     /// A reject whose dead letter landed. On a group whose broker dead-letters Rejects
@@ -51,14 +53,14 @@ enum Cause {
 }
 
 /// One record's settlement, as the pipeline hands it to the engine.
-struct Decision<'r> {
-    record: &'r ShareRecord,
-    settle: Settle,
-    cause: Cause,
+pub(super) struct Decision<'r> {
+    pub(super) record: &'r ShareRecord,
+    pub(super) settle: Settle,
+    pub(super) cause: Cause,
 }
 
 impl<'r> Decision<'r> {
-    fn new(record: &'r ShareRecord, settle: Settle, cause: Cause) -> Self {
+    pub(super) fn new(record: &'r ShareRecord, settle: Settle, cause: Cause) -> Self {
         Decision {
             record,
             settle,
@@ -196,6 +198,11 @@ impl Pipeline {
             self.settle(&ctx.consumer, &now, hash);
             return;
         }
+        if let Some(eo) = &ctx.exactly_once {
+            self.transact(ctx, eo, now, producing, rejects, hash, permit)
+                .await;
+            return;
+        }
         let acting = Acting {
             pipeline: self,
             consumer: &ctx.consumer,
@@ -222,7 +229,7 @@ impl Pipeline {
 
     /// Hands `decisions` to the engine in one call and counts what it took, once per kind (not
     /// once per record: each count costs label allocations and locks).
-    fn settle(&self, consumer: &ShareConsumer, decisions: &[Decision<'_>], hash: &str) {
+    pub(super) fn settle(&self, consumer: &ShareConsumer, decisions: &[Decision<'_>], hash: &str) {
         if decisions.is_empty() {
             return;
         }
@@ -471,7 +478,7 @@ impl Pipeline {
 
     /// The component path and signer of the version with `hash` (active, canary or kept), for
     /// dead-letter provenance: a record the canary rejected names the canary.
-    fn identity(&self, hash: &str) -> (String, Option<String>) {
+    pub(super) fn identity(&self, hash: &str) -> (String, Option<String>) {
         if let Some(c) = self.rollouts.canary_version(hash) {
             return (c.path.display().to_string(), c.signer());
         }
@@ -484,7 +491,7 @@ impl Pipeline {
     /// The dead letter of `r`: its key, value and headers (`whole`; without them when the whole
     /// record is larger than the dead-letter topic accepts, with their size instead), then
     /// its provenance and the reason it was rejected.
-    fn dead_letter(
+    pub(super) fn dead_letter(
         &self,
         r: &ShareRecord,
         reason: &str,
@@ -598,7 +605,7 @@ pub(super) fn release_all<'r>(
 
 /// An emit as the record produced to its output topic: the plugin's key, value and headers,
 /// then the provenance headers a downstream consumer de-duplicates by.
-fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
+pub(super) fn output_record(source: &ShareRecord, e: &Emit) -> ProduceRecord {
     let h = |k: &str, v: String| Header {
         key: k.to_owned(),
         value: Some(Bytes::from(v)),

@@ -142,6 +142,7 @@ impl Counters {
         let _ = m.writes_waiting.get_or_create(&l);
         let _ = m.released_unwritten.get_or_create(&l);
         let _ = m.verdicts_replayed.get_or_create(&l);
+        let _ = m.settled_earlier.get_or_create(&l);
         for when in ["unsent", "late"] {
             let _ = m.verdicts_lost.get_or_create(&lost_labels(&l, when));
         }

@@ -24,6 +24,11 @@
 //!   by side, and each verdict handed to the engine in the one `settle` call of the moment it
 //!   became final (with no writes, one call per batch); `release_all`, the one way records go
 //!   back unjudged.
+//! - `transact`: the exactly-once form of `act`: a batch's outputs, dead letters and settled
+//!   record in one Kafka transaction, committed while the batch's locks certainly hold, then
+//!   acknowledged; and the lookup of a record delivered again.
+//! - `settled`: the settled log of an exactly-once pipeline (a topic per share group) and the
+//!   bounded index a host reads it into.
 //! - `run_loop`: the run loop: checks before joining, fetching and dispatching batches, the
 //!   drain.
 //! - `counters`: `Counters`, what the pipeline counts (per version, engine, writes, swap stall,
@@ -42,7 +47,9 @@ mod judge;
 mod plan;
 mod rollouts;
 mod run_loop;
+pub mod settled;
 mod status;
+mod transact;
 mod versions;
 
 use std::sync::Arc;
@@ -54,6 +61,7 @@ use crate::kafka::KafkaClient;
 
 pub use handle::Pipeline;
 pub use handler::NativeHandler;
+pub use settled::settled_topic;
 pub use sharehost_api::{
     GrantsStatus, PipelineStatus, VersionCounters, VersionInfo, VersionsStatus,
 };

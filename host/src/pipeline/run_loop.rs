@@ -78,6 +78,7 @@ impl Pipeline {
         let delivery_limit = self.delivery_limit(&client).await?;
         self.broker_dead_letters(&client).await?;
         self.start_position(&client).await?;
+        let settled = self.settled_log(&client).await?;
         let spec = &self.spec;
         let mut cfg = ShareConsumerConfig::new(
             &spec.group,
@@ -110,6 +111,18 @@ impl Pipeline {
                 .await
                 .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
         );
+        let exactly_once = settled.map(|(topic, lock)| {
+            let eo = super::transact::exactly_once(
+                &client,
+                &spec.group,
+                &spec.topics,
+                consumer.member_id(),
+                &topic,
+                lock,
+            );
+            tracing::info!(pipeline = %spec.name, settled_log = %topic, transactional_id = eo.producer.id(), "exactly-once: each batch's writes commit in one transaction with what it settles");
+            Arc::new(eo)
+        });
         self.set_state("running");
         *self.last_error.lock() = None;
         tracing::info!(pipeline = %spec.name, group = %spec.group, topics = ?spec.topics, member = consumer.member_id(), "pipeline running");
@@ -122,6 +135,7 @@ impl Pipeline {
             consumer: consumer.clone(),
             client: client.clone(),
             stop: shutdown.clone(),
+            exactly_once,
         };
         let lag_watch = {
             let (this, client, stop) = (self.clone(), client.clone(), shutdown.clone());
@@ -355,6 +369,78 @@ impl Pipeline {
         Ok(())
     }
 
+    /// For an exactly-once pipeline: the settled log's topic (created with its configs, or
+    /// refused naming the one that is wrong), the group set to read committed records only (so
+    /// a pipeline reading another's outputs never sees an aborted one), and the lock duration
+    /// the transactions are timed by. `None` for an at-least-once pipeline.
+    async fn settled_log(
+        &self,
+        client: &KafkaClient,
+    ) -> Result<Option<(String, Duration)>, String> {
+        let spec = &self.spec;
+        if spec.guarantee != crate::manifest::Guarantee::ExactlyOnce {
+            return Ok(None);
+        }
+        let fail = |m: String| format!("pipeline {}: guarantee = \"exactly-once\": {m}", spec.name);
+        let topic = super::settled_topic(&spec.group).ok_or_else(|| {
+            fail(format!(
+                "group {:?} cannot name the settled log's topic",
+                spec.group
+            ))
+        })?;
+        let retention = super::settled::SETTLED_RETENTION.as_millis().to_string();
+        match client
+            .create_topic(
+                &topic,
+                1,
+                -1,
+                &[("cleanup.policy", "delete"), ("retention.ms", &retention)],
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pipeline = %spec.name, %topic, "created the settled log's topic");
+            }
+            Err(e) if crate::kafka::client::is_topic_exists(&e) => {
+                let policy = client
+                    .topic_config(&topic, "cleanup.policy")
+                    .await
+                    .map_err(|e| fail(format!("cannot read {topic}'s cleanup.policy: {e}")))?;
+                if policy.as_deref() != Some("delete") {
+                    return Err(fail(format!(
+                        "topic {topic} has cleanup.policy {policy:?}; the settled log needs \"delete\" (compaction would drop what a transaction settled)"
+                    )));
+                }
+            }
+            Err(e) => return Err(fail(format!("cannot create topic {topic}: {e}"))),
+        }
+        const ISOLATION: &str = "share.isolation.level";
+        let now = client
+            .group_config(&spec.group, ISOLATION)
+            .await
+            .ok()
+            .flatten();
+        if now.as_deref() != Some("read_committed") {
+            client
+                .alter_group_configs(&spec.group, &[(ISOLATION, "read_committed")])
+                .await
+                .map_err(|e| {
+                    fail(format!(
+                        "cannot set group {}'s {ISOLATION} to read_committed: {e}",
+                        spec.group
+                    ))
+                })?;
+        }
+        let lock = client
+            .group_config(&spec.group, "share.record.lock.duration.ms")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(Duration::from_secs(30), Duration::from_millis);
+        Ok(Some((topic, lock)))
+    }
+
     /// Sets the group's `share.auto.offset.reset` to the manifest's `start` before the join
     /// (the broker reads it when it first initialises a partition's share state), or only
     /// reads it when the manifest leaves it out; either way it is shown in `/pipelines`. A
@@ -463,6 +549,14 @@ impl Pipeline {
         batch: Vec<ShareRecord>,
         permit: OwnedSemaphorePermit,
     ) {
+        // Exactly-once: what a committed transaction settled before is acknowledged as then.
+        let batch = match &ctx.exactly_once {
+            Some(eo) => self.settled_earlier(ctx, eo, batch).await,
+            None => batch,
+        };
+        if batch.is_empty() {
+            return;
+        }
         let records: Arc<[Record]> = batch.iter().map(plugin_record).collect();
         let Some(j) = self.judge(&batch, &records).await else {
             release_all(&ctx.consumer, &batch);

@@ -1,0 +1,259 @@
+//! `guarantee = "exactly-once"` against the faults that make an at-least-once pipeline write
+//! twice: a host killed mid-batch and restarted (three times), its connections cut, and a host
+//! paused past its locks while another takes its records.
+//!
+//! The ledger is kept outside the host: the ids produced, against the output topic and the
+//! dead-letter topic read `read_committed` as a downstream consumer reads them (aborted
+//! transactions' records are not there), and the broker must end with nothing left for the
+//! group. Every id must be in exactly one of them exactly once: an accepted id's output, a
+//! rejected id's dead letter. Each scenario prints `exactly-once NAME: ...` with what the plugin
+//! judged more than once (allowed: a judging whose transaction never committed).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sharehost::kafka::KafkaClient;
+use sharehost_tests::host::{HostProcess, Seen};
+use sharehost_tests::ledger::report;
+use sharehost_tests::proxy::Proxy;
+use sharehost_tests::sharehost_bin;
+use sharehost_tests::{
+    blocking, bootstrap, client, committed_records, fresh_group_with, guest, ledger_manifest,
+    produce_ids, proxied_listener, topic_with_dead_letters, unique, wait_until_drained,
+};
+
+const PARTITIONS: i32 = 3;
+
+/// One scenario: a source topic of ids, its dead-letter and output topics, and a group.
+struct Scenario {
+    name: &'static str,
+    client: Arc<KafkaClient>,
+    topic: String,
+    dlq: String,
+    output: String,
+    group: String,
+    dir: PathBuf,
+    ids: Vec<String>,
+}
+
+impl Scenario {
+    /// `records` ids and a group with a `lock_ms` record lock and a 6 s member session.
+    async fn new(name: &'static str, records: u64, lock_ms: u32) -> Scenario {
+        let client = Arc::new(client().await);
+        let (topic, dlq) = topic_with_dead_letters(&client, name, PARTITIONS, 1).await;
+        let output = format!("{topic}-out");
+        client
+            .create_topic(&output, PARTITIONS, 1, &[])
+            .await
+            .expect("create output topic");
+        let group = fresh_group_with(
+            &client,
+            Some(lock_ms),
+            &[("share.session.timeout.ms", "6000")],
+        )
+        .await;
+        let ids = produce_ids(&client, &topic, PARTITIONS, 0..records).await;
+        let dir = std::env::temp_dir().join(unique("sharehost-exactly-once"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Scenario {
+            name,
+            client,
+            topic,
+            dlq,
+            output,
+            group,
+            dir,
+            ids,
+        }
+    }
+
+    /// An exactly-once pipeline of the ledger plugin: every id emitted to the output, every
+    /// 7th rejected and dead-lettered, each plugin call `pause_ms` long; `file` names the
+    /// manifest (a host's state, its member id among it, lives beside it).
+    fn manifest(&self, bootstrap: &str, pause_ms: u32, file: &str) -> PathBuf {
+        let text = ledger_manifest(
+            bootstrap,
+            &self.topic,
+            &self.group,
+            &guest("fixture_ledger"),
+            &format!(r#"reject-every = "7", emit-to = "out", pause-ms = "{pause_ms}""#),
+            &format!(
+                "batch_size = 50\nmax_in_flight = 500\nconcurrency = 2\nguarantee = \"exactly-once\"\ndead_letter_topic = \"{}\"\noutputs = {{ out = \"{}\" }}\n",
+                self.dlq, self.output
+            ),
+        );
+        let dir = self.dir.join(file);
+        std::fs::create_dir_all(&dir).expect("manifest dir");
+        let path = dir.join("sharehost.toml");
+        std::fs::write(&path, text).expect("write manifest");
+        path
+    }
+
+    /// Waits until the broker has nothing left for the group, reads the output and dead-letter
+    /// topics `read_committed`, and fails unless every id is in exactly one of them once.
+    async fn ledger(&self, seen: &[Seen]) {
+        let group = self.group.clone();
+        blocking(move || wait_until_drained(&group)).await;
+        let mut count: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+        for (_, r) in committed_records(&self.client, &self.output, PARTITIONS).await {
+            let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+            count.entry(id).or_default().0 += 1;
+        }
+        for (_, r) in committed_records(&self.client, &self.dlq, 1).await {
+            let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+            count.entry(id).or_default().1 += 1;
+        }
+        let lost: Vec<&String> = self
+            .ids
+            .iter()
+            .filter(|id| !count.contains_key(*id))
+            .collect();
+        let twice: Vec<(&String, &(u32, u32))> =
+            count.iter().filter(|(_, (o, d))| o + d > 1).collect();
+        let unknown: Vec<&String> = count.keys().filter(|id| !self.ids.contains(id)).collect();
+        let judged: usize = seen.iter().map(Seen::judged).sum();
+        let outputs: u32 = count.values().map(|c| c.0).sum();
+        let dead: u32 = count.values().map(|c| c.1).sum();
+        report(&format!(
+            "exactly-once {}: produced {}, outputs {outputs}, dead letters {dead}, lost {}, written twice {}, judged {judged} ({} more than once, their transactions aborted)",
+            self.name,
+            self.ids.len(),
+            lost.len(),
+            twice.len(),
+            judged.saturating_sub(self.ids.len()),
+        ));
+        assert!(lost.is_empty(), "{}: ids lost: {lost:?}", self.name);
+        assert!(
+            twice.is_empty(),
+            "{}: ids written more than once (outputs, dead letters): {twice:?}",
+            self.name
+        );
+        assert!(
+            unknown.is_empty(),
+            "{}: unknown ids: {unknown:?}",
+            self.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_killed_three_times_mid_batch_writes_each_output_once() {
+    let s = Scenario::new("killed-three-times", 3000, 3000).await;
+    let manifest = s.manifest(&bootstrap(), 50, "host");
+    let mut seen = Vec::new();
+    for kill in 0..3 {
+        let m = manifest.clone();
+        let killed = blocking(move || {
+            let host = HostProcess::start(sharehost_bin!(), &m, &format!("run-{kill}"));
+            // In its fourth plugin call's pause: batches are judged, written and committed
+            // beside it, so the kill lands among transactions at every stage.
+            host.wait_for("four plugin calls begun", |s| s.calls >= 4);
+            host.kill()
+        })
+        .await;
+        seen.push(killed);
+    }
+    let (m, n, before) = (manifest.clone(), s.ids.len(), seen.clone());
+    let last = blocking(move || {
+        let host = HostProcess::start(sharehost_bin!(), &m, "last");
+        host.wait_for("every id judged across the runs", |now| {
+            let mut all = now.distinct();
+            for b in &before {
+                all.extend(b.distinct());
+            }
+            all.len() >= n
+        });
+        host
+    })
+    .await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let (_, last_seen) = blocking(move || last.stop()).await;
+    seen.push(last_seen);
+    s.ledger(&seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_connections_write_each_output_once() {
+    let s = Scenario::new("cut-connections", 3000, 30_000).await;
+    let (listen, target) = proxied_listener();
+    let proxy = Proxy::start(&listen, &target).await;
+    let manifest = s.manifest(&listen, 20, "host");
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
+    let n = s.ids.len();
+    let mut cut = 0;
+    for part in [4, 2] {
+        let h = host.clone();
+        blocking(move || h.wait_for("records judged", |seen| seen.judged() >= n / part)).await;
+        cut += proxy.cut_all();
+    }
+    let h = host.clone();
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+    assert!(cut >= 2, "connections were open when cut ({cut})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_paused_past_its_locks_never_commits_what_another_took() {
+    // A 6 s lock and plugin calls of 1.5 s: a batch commits well within its lock, and a host
+    // stopped in a call stays stopped far past it.
+    let s = Scenario::new("paused-host", 600, 6000).await;
+    let first = s.manifest(&bootstrap(), 1500, "first");
+    let second = s.manifest(&bootstrap(), 0, "second");
+    let paused = blocking(move || {
+        let host = HostProcess::start(sharehost_bin!(), &first, "paused");
+        // Stopped in its third call's pause, holding that batch (and the next) under lock.
+        host.wait_for("three plugin calls begun", |s| s.calls >= 3);
+        signal(host.pid(), "-STOP");
+        host
+    })
+    .await;
+    let taken_before = paused.seen();
+    let (n, before) = (s.ids.len(), taken_before.clone());
+    let other = blocking(move || {
+        let host = HostProcess::start(sharehost_bin!(), &second, "other");
+        // Everything, the paused host's batches among it once their locks ran out.
+        host.wait_for("every id judged by the two", |now| {
+            let mut all = now.distinct();
+            all.extend(before.distinct());
+            all.len() >= n
+        });
+        host
+    })
+    .await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    // The paused host resumes with a judged batch whose locks ran out long ago: it must abort.
+    signal(paused.pid(), "-CONT");
+    let log = blocking(move || {
+        let line = paused.wait_for_log("did not commit");
+        (line, paused)
+    })
+    .await;
+    let (lines, paused) = log;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("a lock would run out")
+                || l.contains("records go back to the broker")),
+        "the resumed host gave its batch back: {lines:?}"
+    );
+    let (_, paused_seen) = blocking(move || paused.stop()).await;
+    let (_, other_seen) = blocking(move || other.stop()).await;
+    s.ledger(&[paused_seen, other_seen]).await;
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to a process with kill(1).
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
