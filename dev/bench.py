@@ -24,6 +24,9 @@ set to start from the earliest offset, or a fresh classic group):
            output topics made per run, BENCH_PARTITIONS each), on a plain host and on a fleet host; their rows add
            the mean time of an output write (write_ms, from the hosts' sharehost_write_seconds): a fleet host's writes
            must not wait behind its agent's long polls;
+  wasm-eo-splitter  the splitter on a plain host with guarantee = "exactly-once": each batch's outputs and its
+           settled record in one transaction (the group's settled log made and deleted per run): wasm-eo-splitter /
+           wasm-splitter is what exactly-once costs;
   wasm-reader, native-reader        the same with target/guests/value_reader.wasm (reads every byte; rejects values
            not starting with `{` and ~1/16 by checksum) and its native twin (PIPELINE_BENCH_HANDLER=value-reader);
   wasm-validator, native-validator  the same with target/guests/order_validator.wasm (parses the JSON order) and its
@@ -106,7 +109,8 @@ from bench_host import REPO, Die, Host, now_us  # noqa: E402
 
 NAME = "bench"
 KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-reader", "native-reader",
-         "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter")
+         "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter",
+         "wasm-eo-splitter")
 # The kinds whose hosts are fleet hosts (a signed component, [trust] and [fleet] in the manifest).
 FLEET_KINDS = ("wasm-fleet", "wasm-fleet-splitter")
 # The splitter's outputs (examples/splitter): each run writes them to topics of its own, named after its group.
@@ -670,6 +674,8 @@ class Bench:
         elif kind.endswith("splitter"):
             fleet = kind in FLEET_KINDS
             component, handler = (self.fleet_components if fleet else self.guests)["splitter"], "splitter"
+            if kind == "wasm-eo-splitter":
+                extra = f'{extra.rstrip(chr(10))}\nguarantee = "exactly-once"\n'.lstrip("\n")
             extra = splitter_outputs(extra, group)
             for name in SPLITTER_OUTPUTS:
                 self.broker.create_topic(output_topic(group, name), cfg.partitions, out / f"{group}.topics.log")
@@ -738,6 +744,8 @@ class Bench:
             # The outputs are the run's own: the broker's disk does not keep a copy of every run.
             for name in SPLITTER_OUTPUTS:
                 self.broker.delete_topic(output_topic(group, name), out / f"{group}.topics.log")
+            if kind == "wasm-eo-splitter":
+                self.broker.delete_topic(f"sharehost-settled.{group}", out / f"{group}.topics.log")
         rejected = 0
         metrics = ""
         for i in range(procs):

@@ -84,6 +84,25 @@ class BenchTable(unittest.TestCase):
                               f"**{verdict}**: highest {ratio}: {ratio} ({fleet_ms} ms against 3.00 ms, 100 B 1p)",
                               table)
 
+    def test_exactly_once_is_held_to_four_fifths_of_at_least_once(self):
+        head = (FIXTURES / "short" / "results.tsv").read_text().splitlines()[0]
+        row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t{steady}\t4.00\t30000\t3.00\t2.00\t0\tok\t"
+               "poller_cpu_s=0.10 rejected=0 writes=120 write_ms=3.00")
+        for eo_steady, verdict, ratio in (("3111111", "met", "0.90"), ("4000000", "not met", "0.50")):
+            with self.subTest(eo=eo_steady):
+                run_dir = self.scratch / f"eo-{verdict.replace(' ', '-')}"
+                run_dir.mkdir()
+                shutil.copy(FIXTURES / "short" / "machine.txt", run_dir / "machine.txt")
+                (run_dir / "results.tsv").write_text("\n".join(
+                    [head, row.format(kind="wasm-splitter", steady="3000000"),
+                     row.format(kind="wasm-eo-splitter", steady=eo_steady)]) + "\n")
+                done = run("render", run_dir)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                table = (run_dir / "table.md").read_text()
+                self.assertIn("| sharehost, Wasm splitter, exactly-once |", table)
+                self.assertIn(f"- exactly-once ≥ 0.8× at-least-once steady (Wasm splitter), every pair: "
+                              f"**{verdict}**: lowest {ratio}", table)
+
     def test_docs_replaces_exactly_the_text_between_the_markers(self):
         before = (FIXTURES / "docs-before.md").read_text()
         for case in ("full", "short"):
