@@ -249,6 +249,57 @@ async fn a_host_paused_past_its_locks_never_commits_what_another_took() {
     s.ledger(&[paused_seen, other_seen]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_log_that_refuses_writes_degrades_the_pipeline_and_loses_or_doubles_nothing() {
+    // No record yet: they come once the settled log refuses writes, so every batch meets it.
+    let mut s = Scenario::new("settled-unwritable", 0, 30_000).await;
+    let manifest = s.manifest(&bootstrap(), 20, "host");
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
+    let h = host.clone();
+    blocking(move || h.wait_for_log("exactly-once: each batch's writes commit")).await;
+    // The host made the settled log at its start; now it refuses every settled record: 120
+    // bytes per batch, which a transaction marker (78 bytes) still fits and a settled record
+    // never does. (A topic that refuses even a marker leaves Kafka's transaction coordinator
+    // unable to end the transaction: the transactional id stays wedged until the broker
+    // restarts.)
+    let settled = sharehost::pipeline::settled_topic(&s.group).expect("a settled topic");
+    s.client
+        .alter_topic_configs(&settled, &[("max.message.bytes", Some("120"))])
+        .await
+        .expect("make the settled log refuse every record");
+    s.ids = produce_ids(&s.client, &s.topic, PARTITIONS, 0..1000).await;
+    let h = host.clone();
+    let status = blocking(move || {
+        let deadline = std::time::Instant::now() + sharehost_tests::host::PATIENCE;
+        loop {
+            // Polled: the status is the operator's view, and it has no push.
+            let status = h.status();
+            if status[0]["writes_waiting"].as_u64().unwrap_or(0) > 0 {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pipeline never showed its transactions waiting: {status}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    })
+    .await;
+    assert_eq!(status[0]["state"], "degraded", "{status}");
+    s.client
+        .alter_topic_configs(&settled, &[("max.message.bytes", None)])
+        .await
+        .expect("let the settled log take records again");
+    let (h, n) = (host.clone(), s.ids.len());
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    s.ledger(&[seen]).await;
+}
+
 /// Sends `sig` (`-STOP`, `-CONT`) to a process with kill(1).
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")

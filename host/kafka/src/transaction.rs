@@ -348,6 +348,70 @@ impl Transaction<'_> {
         }
     }
 
+    /// Writes each `(topic, partition, records)` as one batch inside the transaction: the new
+    /// partitions added in one AddPartitionsToTxn, then every batch sent at once (a partition's
+    /// batches in order on its leader's connection, with consecutive sequences). Fails as a
+    /// whole on the first failure (the transaction is then not to be committed).
+    pub async fn send_all(
+        &mut self,
+        batches: &[(String, i32, Vec<ProduceRecord>)],
+        compression: Compression,
+    ) -> Result<(), TxnError> {
+        let partitions: Vec<(String, i32)> = batches
+            .iter()
+            .filter(|(_, _, r)| !r.is_empty())
+            .map(|(t, p, _)| (t.clone(), *p))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        self.add(&partitions).await?;
+        let identity = self.identity;
+        let mut planned = Vec::with_capacity(batches.len());
+        for (topic, partition, records) in batches.iter().filter(|(_, _, r)| !r.is_empty()) {
+            let count = i32::try_from(records.len()).unwrap_or(i32::MAX);
+            let seq = self
+                .state
+                .sequences
+                .entry((topic.clone(), *partition))
+                .or_default();
+            let base = match seq.plan(identity, count) {
+                Plan::Send { base_sequence, .. } => base_sequence,
+                Plan::Bump { .. } => {
+                    return Err(self.failed(KafkaError::Encode {
+                        api: ApiKey::Produce,
+                        version: 0,
+                        reason: format!("{topic}-{partition}: sequence in doubt"),
+                    }));
+                }
+            };
+            // Counted as sent now, so the partition's next batch takes the next sequence; a
+            // failure below ends the transaction and the producer's sequences with it.
+            seq.landed(identity, base, count);
+            let batch = encode_transactional_batch(records, compression, identity, base).map_err(
+                |source| TxnError::Encode {
+                    id: self.producer.id.clone(),
+                    source,
+                },
+            )?;
+            planned.push((topic.as_str(), *partition, batch));
+        }
+        let client = &self.producer.client;
+        let id = self.producer.id.as_str();
+        let sent =
+            futures::future::join_all(planned.into_iter().map(|(topic, partition, batch)| {
+                client.send_transactional_batch(id, topic, partition, batch)
+            }))
+            .await;
+        for r in sent {
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {}
+                Err(e) => return Err(self.failed(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Adds partitions to the transaction (AddPartitionsToTxn), each once.
     pub async fn add(&mut self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
         let new: Vec<&(String, i32)> = partitions

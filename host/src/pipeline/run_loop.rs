@@ -114,6 +114,7 @@ impl Pipeline {
         let exactly_once = settled.map(|(topic, lock)| {
             let eo = super::transact::exactly_once(
                 &client,
+                &consumer,
                 &spec.group,
                 &spec.topics,
                 consumer.member_id(),

@@ -25,33 +25,200 @@ use super::act::{BatchContext, Cause, Decision, output_record, release_all};
 use super::handle::Pipeline;
 use super::settled::{SettledIndex, settled_records};
 use crate::kafka::backoff::Backoff;
-use crate::kafka::{ProduceRecord, TransactionalProducer, TxnError};
+use crate::kafka::{KafkaClient, ProduceRecord, TransactionalProducer, TxnError};
 use crate::runtime::Emit;
-use crate::share::consumer::{LOCK_MARGIN, Settle, ShareRecord};
+use crate::share::consumer::{LOCK_MARGIN, Settle, ShareConsumer, ShareRecord};
 use crate::share::ledger::AckKind;
 use crate::writes::{
     MAX_WRITE_BATCH_BYTES, PartitionBy, WRITE_BACKOFF, WRITE_COMPRESSION, record_bytes,
 };
 
-/// What an exactly-once pipeline's run holds: its transactional producer and the settled
-/// log's index.
-#[derive(Debug)]
+/// What an exactly-once pipeline's run holds: its transactional producer, the settled log's
+/// index, and the batches waiting to commit.
+///
+/// **Group commit.** A transaction costs the same few round trips whatever it carries
+/// (AddPartitionsToTxn, the produces side by side, EndTxn), and a transactional id has one open
+/// at a time. So batches do not queue for it one by one: each puts its writes in `pending`, and
+/// whichever batch gets `committing` next writes and commits everything pending in one
+/// transaction, then tells each batch its outcome.
 pub(super) struct ExactlyOnce {
     pub(super) producer: TransactionalProducer,
     pub(super) index: SettledIndex,
     /// The settled log's topic.
     pub(super) topic: String,
+    consumer: Arc<ShareConsumer>,
+    client: Arc<KafkaClient>,
+    pending: parking_lot::Mutex<Vec<Job>>,
+    committing: tokio::sync::Mutex<()>,
 }
 
-/// Why a transaction did not commit.
+impl std::fmt::Debug for ExactlyOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExactlyOnce")
+            .field("producer", &self.producer)
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One batch's share of a transaction.
+struct Job {
+    writes: Vec<(String, PartitionBy, ProduceRecord)>,
+    records: Vec<ShareRecord>,
+    done: tokio::sync::oneshot::Sender<Result<(), NotCommitted>>,
+}
+
+/// Why a batch's writes did not commit.
+#[derive(Debug, Clone)]
 enum NotCommitted {
     /// A lock would run out: aborted, the records go back.
     LocksShort,
     /// The commit's answer never came: only a lookup can tell, so the records go back and
     /// their redelivery is looked up.
-    Unknown(TxnError),
+    Unknown(String),
     /// Failed before the commit: aborted, may be tried again.
-    Failed(TxnError),
+    Failed(String),
+}
+
+impl ExactlyOnce {
+    /// The time left on the shortest lock of `records` (see [`ShareConsumer::lock_left`]).
+    fn lock_left(&self, records: &[ShareRecord]) -> Duration {
+        records
+            .iter()
+            .map(|r| self.consumer.lock_left(r))
+            .min()
+            .unwrap_or_default()
+    }
+
+    /// Commits `writes` for `records` in the next transaction, with whatever other batches
+    /// have pending by then.
+    async fn commit(
+        &self,
+        writes: Vec<(String, PartitionBy, ProduceRecord)>,
+        records: Vec<ShareRecord>,
+    ) -> Result<(), NotCommitted> {
+        let (done, mut outcome) = tokio::sync::oneshot::channel();
+        self.pending.lock().push(Job {
+            writes,
+            records,
+            done,
+        });
+        loop {
+            let turn = tokio::select! {
+                biased;
+                r = &mut outcome => {
+                    return r.unwrap_or_else(|_| Err(NotCommitted::Failed("the batch committing it stopped".into())));
+                }
+                turn = self.committing.lock() => turn,
+            };
+            let jobs = std::mem::take(&mut *self.pending.lock());
+            if !jobs.is_empty() {
+                self.run(jobs).await;
+            }
+            drop(turn);
+        }
+    }
+
+    /// One transaction for `jobs`: begin, write everything, check every lock, commit; each job
+    /// is told how it ended.
+    async fn run(&self, jobs: Vec<Job>) {
+        // A batch whose locks are nearly out does not join: it goes back now.
+        let (jobs, short): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|j| self.lock_left(&j.records) > LOCK_MARGIN * 2);
+        for j in short {
+            let _ = j.done.send(Err(NotCommitted::LocksShort));
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        let result = self.one_transaction(&jobs).await;
+        for (i, j) in jobs.into_iter().enumerate() {
+            let r = match &result {
+                Ok(()) => Ok(()),
+                Err((short, _)) if short.contains(&i) => Err(NotCommitted::LocksShort),
+                Err((_, e)) => Err(e.clone()),
+            };
+            let _ = j.done.send(r);
+        }
+    }
+
+    /// The transaction itself; on failure, the jobs (by index) whose locks ran short, and what
+    /// the others are told.
+    async fn one_transaction(&self, jobs: &[Job]) -> Result<(), (Vec<usize>, NotCommitted)> {
+        let failed = |e: String| (Vec::new(), NotCommitted::Failed(e));
+        // Each write's partition, as the plain write path places it.
+        let mut placed: BTreeMap<(String, i32), Vec<ProduceRecord>> = BTreeMap::new();
+        for (topic, by, record) in jobs.iter().flat_map(|j| j.writes.iter()) {
+            let n = match self.client.topic(topic) {
+                Some(t) if !t.partitions.is_empty() => t.partitions.len(),
+                _ => {
+                    let _ = self
+                        .client
+                        .refresh_metadata(std::slice::from_ref(topic))
+                        .await;
+                    self.client.topic(topic).map_or(0, |t| t.partitions.len())
+                }
+            };
+            if n == 0 {
+                return Err(failed(format!(
+                    "topic {topic} is not in the cluster's metadata"
+                )));
+            }
+            let p = by.partition(record.key.as_deref(), n);
+            placed
+                .entry((topic.clone(), p))
+                .or_default()
+                .push(record.clone());
+        }
+        // Batches under the byte bound the plain writes keep.
+        let mut batches: Vec<(String, i32, Vec<ProduceRecord>)> = Vec::new();
+        for ((topic, partition), records) in placed {
+            let mut batch: Vec<ProduceRecord> = Vec::new();
+            let mut bytes = 0;
+            for r in records {
+                let size = record_bytes(&r);
+                if !batch.is_empty() && bytes + size > MAX_WRITE_BATCH_BYTES {
+                    batches.push((topic.clone(), partition, std::mem::take(&mut batch)));
+                    bytes = 0;
+                }
+                bytes += size;
+                batch.push(r);
+            }
+            batches.push((topic, partition, batch));
+        }
+        let mut txn = self
+            .producer
+            .begin()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        txn.send_all(&batches, WRITE_COMPRESSION)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        // Every write has landed: the commit goes out only while every lock certainly holds.
+        let short: Vec<usize> = (0..jobs.len())
+            .filter(|&i| self.lock_left(&jobs[i].records) <= LOCK_MARGIN)
+            .collect();
+        if !short.is_empty() {
+            if let Err(e) = txn.abort().await {
+                tracing::debug!(
+                    transactional_id = self.producer.id(),
+                    "abort after a short lock: {e}"
+                );
+            }
+            return Err((
+                short,
+                NotCommitted::Failed("aborted with a batch whose lock ran short".into()),
+            ));
+        }
+        match txn.commit().await {
+            Ok(()) => Ok(()),
+            Err(e @ TxnError::CommitUnknown { .. }) => {
+                Err((Vec::new(), NotCommitted::Unknown(e.to_string())))
+            }
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
 }
 
 impl Pipeline {
@@ -137,7 +304,6 @@ impl Pipeline {
         permit: OwnedSemaphorePermit,
     ) {
         self.settle(&ctx.consumer, &now, hash);
-        let mut permit = Some(permit);
         let (plugin, signer) = self.identity(hash);
         let mut writes: Vec<(String, PartitionBy, ProduceRecord)> = Vec::new();
         let mut decisions: Vec<Decision<'r>> = Vec::new();
@@ -198,11 +364,15 @@ impl Pipeline {
             writes.push((eo.topic.clone(), PartitionBy::Source(0), s.produce()));
         }
         let records: Vec<&ShareRecord> = decisions.iter().map(|d| d.record).collect();
+        let owned: Vec<ShareRecord> = records.iter().map(|r| (*r).clone()).collect();
+        // The batch waits for its commit without its permit: the batches judged meanwhile join
+        // the next transaction (the engine's in-flight bound holds them all the same).
+        drop(permit);
         let mut backoff = Backoff::new(WRITE_BACKOFF);
         let mut waiting = false;
         let labels = vec![("pipeline", self.spec.name.clone())];
         let outcome = loop {
-            match self.one_transaction(ctx, eo, &writes, &records).await {
+            match eo.commit(writes.clone(), owned.clone()).await {
                 Ok(()) => break Ok(()),
                 Err(NotCommitted::Failed(e)) => {
                     self.counters
@@ -221,7 +391,6 @@ impl Pipeline {
                     tracing::warn!(pipeline = %self.spec.name, records = records.len(), "a batch's transaction failed and is tried again while its locks allow: {e}");
                     if !waiting {
                         waiting = true;
-                        permit.take();
                         self.counters
                             .writes
                             .waiting
@@ -245,7 +414,7 @@ impl Pipeline {
                 Err(NotCommitted::LocksShort) => {
                     break Err("a lock would run out before the commit: aborted".to_owned());
                 }
-                Err(NotCommitted::Unknown(e)) => break Err(e.to_string()),
+                Err(NotCommitted::Unknown(e)) => break Err(e),
             }
         };
         if waiting {
@@ -255,7 +424,6 @@ impl Pipeline {
                 .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
             self.metrics.writes_waiting.get_or_create(&labels).dec();
         }
-        drop(permit);
         match outcome {
             Ok(()) => {
                 if emitted > 0 {
@@ -285,79 +453,6 @@ impl Pipeline {
             }
         }
     }
-
-    /// One try: begin, add every partition, write, check the locks, commit.
-    async fn one_transaction(
-        &self,
-        ctx: &BatchContext,
-        eo: &ExactlyOnce,
-        writes: &[(String, PartitionBy, ProduceRecord)],
-        records: &[&ShareRecord],
-    ) -> Result<(), NotCommitted> {
-        // Each write's partition, as the plain write path places it.
-        let mut placed: BTreeMap<(String, i32), Vec<ProduceRecord>> = BTreeMap::new();
-        for (topic, by, record) in writes {
-            let n = match ctx.client.topic(topic) {
-                Some(t) if !t.partitions.is_empty() => t.partitions.len(),
-                _ => {
-                    let _ = ctx
-                        .client
-                        .refresh_metadata(std::slice::from_ref(topic))
-                        .await;
-                    ctx.client.topic(topic).map_or(0, |t| t.partitions.len())
-                }
-            };
-            if n == 0 {
-                return Err(NotCommitted::Failed(TxnError::Kafka {
-                    id: eo.producer.id().to_owned(),
-                    source: crate::kafka::KafkaError::UnknownTopic(topic.clone()),
-                }));
-            }
-            let p = by.partition(record.key.as_deref(), n);
-            placed
-                .entry((topic.clone(), p))
-                .or_default()
-                .push(record.clone());
-        }
-        let mut txn = eo.producer.begin().await.map_err(NotCommitted::Failed)?;
-        let partitions: Vec<(String, i32)> = placed.keys().cloned().collect();
-        txn.add(&partitions).await.map_err(NotCommitted::Failed)?;
-        for ((topic, partition), records) in &placed {
-            // Batches under the byte bound the plain writes keep.
-            let mut start = 0;
-            while start < records.len() {
-                let mut end = start;
-                let mut bytes = 0;
-                while end < records.len()
-                    && (end == start
-                        || bytes + record_bytes(&records[end]) <= MAX_WRITE_BATCH_BYTES)
-                {
-                    bytes += record_bytes(&records[end]);
-                    end += 1;
-                }
-                txn.send(topic, *partition, &records[start..end], WRITE_COMPRESSION)
-                    .await
-                    .map_err(NotCommitted::Failed)?;
-                start = end;
-            }
-        }
-        let left = records
-            .iter()
-            .map(|r| ctx.consumer.lock_left(r))
-            .min()
-            .unwrap_or_default();
-        if left <= LOCK_MARGIN {
-            if let Err(e) = txn.abort().await {
-                tracing::debug!(pipeline = %self.spec.name, "abort after a short lock: {e}");
-            }
-            return Err(NotCommitted::LocksShort);
-        }
-        match txn.commit().await {
-            Ok(()) => Ok(()),
-            Err(e @ TxnError::CommitUnknown { .. }) => Err(NotCommitted::Unknown(e)),
-            Err(e) => Err(NotCommitted::Failed(e)),
-        }
-    }
 }
 
 /// The transactional id of a pipeline's member: stable across restarts as long as the member
@@ -375,7 +470,8 @@ pub(super) fn lookup_patience(transaction_timeout: Duration) -> Duration {
 
 /// Builds what an exactly-once run needs.
 pub(super) fn exactly_once(
-    client: &Arc<crate::kafka::KafkaClient>,
+    client: &Arc<KafkaClient>,
+    consumer: &Arc<ShareConsumer>,
     group: &str,
     sources: &[String],
     member: &str,
@@ -383,6 +479,10 @@ pub(super) fn exactly_once(
     transaction_timeout: Duration,
 ) -> ExactlyOnce {
     ExactlyOnce {
+        consumer: consumer.clone(),
+        client: client.clone(),
+        pending: parking_lot::Mutex::new(Vec::new()),
+        committing: tokio::sync::Mutex::new(()),
         producer: TransactionalProducer::new(
             client.clone(),
             &transactional_id(group, member),
