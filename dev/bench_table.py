@@ -251,17 +251,7 @@ def render_body(rows):
     else:
         out.append(goal("Wasm ≥ 0.9× native steady, every pair", lo >= 0.9, f"lowest {lo:.2f} ({'; '.join(detail)})"))
     # 5. A fleet host judges as fast as a plain one (within the runs' noise, taken as 10 %), every pair.
-    lo, detail = None, []
-    for r in rows:
-        if r.kind != "wasm-fleet":
-            continue
-        fleet, plain = by_key[r.key], by_key.get((r.size, r.procs, "wasm"))
-        if plain is None or not plain.ok or not fleet.ok:
-            continue
-        x = div(fleet.steady, plain.steady)
-        cpu = div(float(fleet.cpu), float(plain.cpu))
-        detail.append(f"{x:.2f} steady, {cpu:.2f} CPU, {size_name(r.size)} {r.procs}p")
-        lo = x if lo is None or x < lo else lo
+    lo, detail = steady_pairs(rows, by_key, "wasm-fleet", "wasm", "CPU")
     if lo is not None:
         out.append(goal("fleet host ≥ 0.9× plain host steady (Wasm accept-all), every pair", lo >= 0.9,
                         f"lowest {lo:.2f} ({'; '.join(detail)})"))
@@ -282,22 +272,29 @@ def render_body(rows):
         out.append(goal("fleet host's output write ≤ 1.2× a plain host's (Wasm splitter), every pair", hi <= 1.2,
                         f"highest {hi:.2f}: {'; '.join(detail)}"))
     # 7. Exactly-once costs at most a fifth of at-least-once's rate with a plugin that writes, every pair: the
-    #    transactions (one per batch) and the settled records ride on the writes the batch makes anyway.
-    lo, detail = None, []
-    for r in rows:
-        if r.kind != "wasm-eo-splitter":
-            continue
-        eo, plain = by_key[r.key], by_key.get((r.size, r.procs, "wasm-splitter"))
-        if plain is None or not plain.ok or not eo.ok:
-            continue
-        x = div(eo.steady, plain.steady)
-        cpu = div(float(eo.cpu), float(plain.cpu))
-        detail.append(f"{x:.2f} steady, {cpu:.2f} host CPU, {size_name(r.size)} {r.procs}p")
-        lo = x if lo is None or x < lo else lo
+    #    transactions and the settled records ride on the writes the batches make anyway.
+    lo, detail = steady_pairs(rows, by_key, "wasm-eo-splitter", "wasm-splitter", "host CPU")
     if lo is not None:
         out.append(goal("exactly-once ≥ 0.8× at-least-once steady (Wasm splitter), every pair", lo >= 0.8,
                         f"lowest {lo:.2f} ({'; '.join(detail)})"))
     return out
+
+
+def steady_pairs(rows, by_key, kind, base, cpu_name):
+    """The lowest steady rate of KIND over BASE at the same size and process count, and one line per pair (the
+    ratio, and CPU_NAME's ratio beside it); (None, []) when no pair of good rows exists."""
+    lo, detail = None, []
+    for r in rows:
+        if r.kind != kind:
+            continue
+        this, other = by_key[r.key], by_key.get((r.size, r.procs, base))
+        if other is None or not other.ok or not this.ok:
+            continue
+        x = div(this.steady, other.steady)
+        cpu = div(float(this.cpu), float(other.cpu))
+        detail.append(f"{x:.2f} steady, {cpu:.2f} {cpu_name}, {size_name(r.size)} {r.procs}p")
+        lo = x if lo is None or x < lo else lo
+    return lo, detail
 
 
 def indent(text):

@@ -63,21 +63,25 @@ class BenchTable(unittest.TestCase):
         # The 1 KiB classic row is missing, so nothing at 1 KiB is given as a ratio of it.
         self.assertIn("- steady ≥ 1.0× classic at 1 KiB: no comparable rows", table)
 
-    def test_a_fleet_hosts_output_writes_are_held_to_a_plain_hosts_within_1_2x(self):
+    def render_rows(self, name, rows):
+        """The table rendered from the short fixture's header, machine and ROWS (results.tsv lines)."""
         head = (FIXTURES / "short" / "results.tsv").read_text().splitlines()[0]
+        run_dir = self.scratch / name
+        run_dir.mkdir()
+        shutil.copy(FIXTURES / "short" / "machine.txt", run_dir / "machine.txt")
+        (run_dir / "results.tsv").write_text("\n".join([head] + rows) + "\n")
+        done = run("render", run_dir)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return (run_dir / "table.md").read_text()
+
+    def test_a_fleet_hosts_output_writes_are_held_to_a_plain_hosts_within_1_2x(self):
         row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t3000000\t4.00\t30000\t3.00\t2.00\t0\tok\t"
                "poller_cpu_s=0.10 rejected=0 writes=120 write_ms={ms}")
         for fleet_ms, verdict, ratio in (("3.30", "met", "1.10"), ("452.00", "not met", "150.67")):
             with self.subTest(fleet_ms=fleet_ms):
-                run_dir = self.scratch / f"writes-{verdict.replace(' ', '-')}"
-                run_dir.mkdir()
-                shutil.copy(FIXTURES / "short" / "machine.txt", run_dir / "machine.txt")
-                (run_dir / "results.tsv").write_text("\n".join(
-                    [head, row.format(kind="wasm-splitter", ms="3.00"),
-                     row.format(kind="wasm-fleet-splitter", ms=fleet_ms)]) + "\n")
-                done = run("render", run_dir)
-                self.assertEqual(done.returncode, 0, done.stderr)
-                table = (run_dir / "table.md").read_text()
+                table = self.render_rows(f"writes-{verdict.replace(' ', '-')}",
+                                         [row.format(kind="wasm-splitter", ms="3.00"),
+                                          row.format(kind="wasm-fleet-splitter", ms=fleet_ms)])
                 self.assertIn("| sharehost, Wasm splitter (one output per record) |", table)
                 self.assertIn("| sharehost, Wasm splitter, fleet host |", table)
                 self.assertIn(f"- fleet host's output write ≤ 1.2× a plain host's (Wasm splitter), every pair: "
@@ -85,20 +89,13 @@ class BenchTable(unittest.TestCase):
                               table)
 
     def test_exactly_once_is_held_to_four_fifths_of_at_least_once(self):
-        head = (FIXTURES / "short" / "results.tsv").read_text().splitlines()[0]
         row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t{steady}\t4.00\t30000\t3.00\t2.00\t0\tok\t"
                "poller_cpu_s=0.10 rejected=0 writes=120 write_ms=3.00")
         for eo_steady, verdict, ratio in (("3111111", "met", "0.90"), ("4000000", "not met", "0.50")):
             with self.subTest(eo=eo_steady):
-                run_dir = self.scratch / f"eo-{verdict.replace(' ', '-')}"
-                run_dir.mkdir()
-                shutil.copy(FIXTURES / "short" / "machine.txt", run_dir / "machine.txt")
-                (run_dir / "results.tsv").write_text("\n".join(
-                    [head, row.format(kind="wasm-splitter", steady="3000000"),
-                     row.format(kind="wasm-eo-splitter", steady=eo_steady)]) + "\n")
-                done = run("render", run_dir)
-                self.assertEqual(done.returncode, 0, done.stderr)
-                table = (run_dir / "table.md").read_text()
+                table = self.render_rows(f"eo-{verdict.replace(' ', '-')}",
+                                         [row.format(kind="wasm-splitter", steady="3000000"),
+                                          row.format(kind="wasm-eo-splitter", steady=eo_steady)])
                 self.assertIn("| sharehost, Wasm splitter, exactly-once |", table)
                 self.assertIn(f"- exactly-once ≥ 0.8× at-least-once steady (Wasm splitter), every pair: "
                               f"**{verdict}**: lowest {ratio}", table)

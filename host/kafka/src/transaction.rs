@@ -292,60 +292,11 @@ impl Transaction<'_> {
         records: &[ProduceRecord],
         compression: Compression,
     ) -> Result<(), TxnError> {
-        let count = i32::try_from(records.len()).unwrap_or(i32::MAX);
-        if count == 0 {
-            return Ok(());
-        }
-        let key = (topic.to_owned(), partition);
-        if !self.added.contains(&key) {
-            self.add(std::slice::from_ref(&key)).await?;
-        }
-        let identity = self.identity;
-        let base = match self
-            .state
-            .sequences
-            .entry(key.clone())
-            .or_default()
-            .plan(identity, count)
-        {
-            Plan::Send { base_sequence, .. } => base_sequence,
-            // A transactional producer cannot bump its own epoch: the transaction fails, and
-            // the next starts from InitProducerId.
-            Plan::Bump { .. } => {
-                return Err(self.failed(KafkaError::Encode {
-                    api: ApiKey::Produce,
-                    version: 0,
-                    reason: format!("{topic}-{partition}: sequence in doubt"),
-                }));
-            }
-        };
-        let batch =
-            encode_transactional_batch(records, compression, identity, base).map_err(|source| {
-                TxnError::Encode {
-                    id: self.producer.id.clone(),
-                    source,
-                }
-            })?;
-        match self
-            .producer
-            .client
-            .send_transactional_batch(&self.producer.id, topic, partition, batch)
-            .await
-        {
-            Ok(_) => {
-                if let Some(s) = self.state.sequences.get_mut(&key) {
-                    s.landed(identity, base, count);
-                }
-                Ok(())
-            }
-            Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {
-                if let Some(s) = self.state.sequences.get_mut(&key) {
-                    s.landed(identity, base, count);
-                }
-                Ok(())
-            }
-            Err(e) => Err(self.failed(e)),
-        }
+        self.send_all(
+            &[(topic.to_owned(), partition, records.to_vec())],
+            compression,
+        )
+        .await
     }
 
     /// Writes each `(topic, partition, records)` as one batch inside the transaction: the new

@@ -216,12 +216,21 @@ impl SettledIndex {
         let mut st = self.state.lock().await;
         // The start offsets first: what is below them is done and never asked for again. A
         // group the coordinator has no state for has no floor yet.
-        let offsets = match share_group_offsets(client, &self.group).await {
-            Ok(o) => o,
-            Err(e) if e.code() == Some(kafka_protocol::ResponseError::GroupIdNotFound) => {
-                Vec::new()
+        // A coordinator still loading (a broker just started) is asked again within the
+        // lookup's patience.
+        let mut backoff = crate::kafka::backoff::Backoff::with_deadline(
+            crate::kafka::backoff::BackoffConfig::default(),
+            Instant::now() + self.patience,
+        );
+        let offsets = loop {
+            match share_group_offsets(client, &self.group).await {
+                Ok(o) => break o,
+                Err(e) if e.code() == Some(kafka_protocol::ResponseError::GroupIdNotFound) => {
+                    break Vec::new();
+                }
+                Err(e) if e.class() != crate::kafka::ErrorClass::Fatal && backoff.wait().await => {}
+                Err(e) => return Err(self.kafka(e)),
             }
-            Err(e) => return Err(self.kafka(e)),
         };
         for (topic, count) in st.partitions.iter_mut() {
             if let Some(meta) = client.topic(topic) {
