@@ -15,7 +15,7 @@
 //! from a new InitProducerId (a new epoch: every partition's sequence starts again), which is
 //! also what Kafka's producer does after an abortable error.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -346,19 +346,36 @@ impl Transaction<'_> {
             )?;
             planned.push((topic.as_str(), *partition, batch));
         }
+        // Partitions side by side; one partition's batches one after another, so that the
+        // broker sees its sequences in order (a batch that overtook the one before it would be
+        // refused as out of order).
+        let mut by_partition: BTreeMap<(&str, i32), Vec<bytes::Bytes>> = BTreeMap::new();
+        for (topic, partition, batch) in planned {
+            by_partition
+                .entry((topic, partition))
+                .or_default()
+                .push(batch);
+        }
         let client = &self.producer.client;
         let id = self.producer.id.as_str();
-        let sent =
-            futures::future::join_all(planned.into_iter().map(|(topic, partition, batch)| {
-                client.send_transactional_batch(id, topic, partition, batch)
-            }))
-            .await;
-        for r in sent {
-            match r {
-                Ok(_) => {}
-                Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {}
-                Err(e) => return Err(self.failed(e)),
-            }
+        let sent = futures::future::join_all(by_partition.into_iter().map(
+            |((topic, partition), batches)| async move {
+                for batch in batches {
+                    match client
+                        .send_transactional_batch(id, topic, partition, batch)
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            },
+        ))
+        .await;
+        if let Some(e) = sent.into_iter().find_map(Result::err) {
+            return Err(self.failed(e));
         }
         Ok(())
     }

@@ -269,11 +269,22 @@ impl Pipeline {
             return batch;
         }
         tracing::info!(pipeline = %self.spec.name, records = settled.len(), "records delivered again were settled by a committed transaction: acknowledged as then, not judged or written again");
-        let decisions: Vec<Decision<'_>> = settled
+        // Straight to the engine: the verdicts were counted when they were made. A reject the
+        // host dead-lettered goes to a broker that dead-letters rejects itself as done, as it
+        // did then.
+        let broker_dlq = self.broker_dlq.load(std::sync::atomic::Ordering::Relaxed)
+            && self.spec.dead_letter_topic.is_some();
+        let decisions: Vec<(&ShareRecord, Settle)> = settled
             .iter()
-            .map(|&(i, kind)| Decision::new(&batch[i], Settle::Final(kind), Cause::Verdict))
+            .map(|&(i, kind)| {
+                let kind = match kind {
+                    AckKind::Reject if broker_dlq => AckKind::Accept,
+                    other => other,
+                };
+                (&batch[i], Settle::Final(kind))
+            })
             .collect();
-        self.settle(&ctx.consumer, &decisions, &self.active_hash());
+        ctx.consumer.settle(&decisions);
         self.metrics
             .settled_earlier
             .get_or_create(&vec![("pipeline", self.spec.name.clone())])
