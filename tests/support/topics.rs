@@ -130,6 +130,27 @@ pub async fn committed_records(
     topic: &str,
     partitions: i32,
 ) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
+    read_to_end(client, topic, partitions, true).await
+}
+
+/// Every record in `topic` (partitions `0..partitions`) up to its current end, with its
+/// partition, read with plain Fetch (no group): how tests read output and dead-letter topics.
+pub async fn topic_records(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
+    read_to_end(client, topic, partitions, false).await
+}
+
+/// Each partition of `topic` read from 0 to the end it has now (`committed`: read_committed),
+/// past transaction markers.
+async fn read_to_end(
+    client: &KafkaClient,
+    topic: &str,
+    partitions: i32,
+    committed: bool,
+) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
     use sharehost::kafka::OffsetSpec;
     let mut records = Vec::new();
     for p in 0..partitions {
@@ -140,52 +161,32 @@ pub async fn committed_records(
         let mut next = 0;
         let mut progress = std::time::Instant::now();
         while next < end {
-            let f = client
-                .fetch_committed(topic, p, next, Duration::ZERO)
-                .await
-                .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next} read_committed: {e}"));
-            records.extend(f.records.into_iter().map(|r| (p, r)));
-            if f.next_offset > next {
-                next = f.next_offset;
+            let (read, past, lso) = if committed {
+                let f = client
+                    .fetch_committed(topic, p, next, Duration::ZERO)
+                    .await
+                    .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next} read_committed: {e}"));
+                (f.records, f.next_offset, f.last_stable_offset)
+            } else {
+                let f = client
+                    .fetch(topic, p, next, Duration::from_millis(500))
+                    .await
+                    .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
+                (f.records, f.next_offset, f.high_watermark)
+            };
+            records.extend(read.into_iter().map(|r| (p, r)));
+            if past > next {
+                next = past;
                 progress = std::time::Instant::now();
             } else {
                 // A transaction still open holds the last stable offset back: Kafka tells no
                 // one when its coordinator decides it, so ask again.
                 assert!(
                     progress.elapsed() < crate::host::PATIENCE,
-                    "{topic}-{p}: the last stable offset stayed at {} below {end}",
-                    f.last_stable_offset
+                    "{topic}-{p}: reading stayed at {next} below {end} (last stable offset {lso})"
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        }
-    }
-    records
-}
-
-/// Every record in `topic` (partitions `0..partitions`) up to its current end, with its
-/// partition, read with plain Fetch (no group): how tests read output and dead-letter topics.
-pub async fn topic_records(
-    client: &KafkaClient,
-    topic: &str,
-    partitions: i32,
-) -> Vec<(i32, sharehost::kafka::ConsumedRecord)> {
-    use sharehost::kafka::OffsetSpec;
-    let mut records = Vec::new();
-    for p in 0..partitions {
-        let end = client
-            .list_offset(topic, p, OffsetSpec::Latest)
-            .await
-            .unwrap_or_else(|e| panic!("end offset of {topic}-{p}: {e}"));
-        let mut next = 0;
-        while next < end {
-            let f = client
-                .fetch(topic, p, next, Duration::from_millis(500))
-                .await
-                .unwrap_or_else(|e| panic!("fetch {topic}-{p} at {next}: {e}"));
-            // (past transaction markers too, which are no records)
-            next = next.max(f.next_offset);
-            records.extend(f.records.into_iter().map(|r| (p, r)));
         }
     }
     records
