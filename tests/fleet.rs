@@ -21,7 +21,9 @@ use sharehost::fleet::desired::Desired;
 use sharehost::fleet::records::{Action, Change, SignedAction, action_key};
 use sharehost::fleet::sign;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
-use sharehost_tests::fleet::{FleetKit, hash, poll_all, poll_fleet, wait_judged, wait_judged_with};
+use sharehost_tests::fleet::{
+    FleetKit, explain_duplicates, hash, poll_all, poll_fleet, wait_judged, wait_judged_with,
+};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
@@ -381,11 +383,18 @@ async fn a_fleet_canary_is_rolled_back_everywhere_on_one_hosts_faults_and_a_good
         "{view:#}"
     );
     wait_judged(&refs, f.ids.len());
-    let mut seen = Vec::new();
+    let mut stopped = Vec::new();
     for h in hosts {
-        seen.push(blocking(move || h.stop().1).await);
+        stopped.push(blocking(move || h.stop_with_log()).await);
     }
+    let seen: Vec<Seen> = stopped.iter().map(|(_, s, _)| s.clone()).collect();
     let ledger = f.ledger(&seen).await;
+    let named: Vec<(&str, &Seen, &[String])> = ["a", "b", "c"]
+        .iter()
+        .zip(&stopped)
+        .map(|(n, (_, s, l))| (*n, s, l.as_slice()))
+        .collect();
+    explain_duplicates(&ledger, &named);
     assert_eq!(ledger.duplicates(), 0, "no record judged by both versions");
 }
 

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::host::{HostProcess, PATIENCE, Seen};
+use crate::ledger::Ledger;
 use crate::signing::Signer;
 use crate::{guest, new_version, unique};
 
@@ -207,5 +208,39 @@ pub fn wait_judged_with(hosts: &[&HostProcess], before: &[Seen], n: usize) {
             judged.len()
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Prints, for a ledger with duplicates, which hosts judged the first duplicated ids and each
+/// host's warnings and errors: a duplicate on a busy CI machine is then explained by its own
+/// run's output (the planned traps of a canary left out).
+pub fn explain_duplicates(ledger: &Ledger, hosts: &[(&str, &Seen, &[String])]) {
+    if ledger.duplicates() == 0 {
+        return;
+    }
+    for (id, times) in ledger.duplicated_ids(10) {
+        let by: Vec<String> = hosts
+            .iter()
+            .map(|(name, seen, _)| {
+                let n = seen
+                    .accepted
+                    .iter()
+                    .chain(&seen.rejected)
+                    .filter(|i| *i == id)
+                    .count();
+                format!("{name}×{n}")
+            })
+            .collect();
+        println!("duplicate {id}: judged {times} times ({})", by.join(", "));
+    }
+    for (name, _, lines) in hosts {
+        for line in lines
+            .iter()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .filter(|l| !l.contains("planned trap") && !l.contains("sharehost_runtime::log"))
+            .take(40)
+        {
+            println!("[{name}] {line}");
+        }
     }
 }

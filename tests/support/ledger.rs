@@ -93,6 +93,16 @@ impl Ledger {
         verdicts + copies
     }
 
+    /// The first `n` ids judged more than once (accepted or rejected), with how often: what a
+    /// failing duplicates check prints so that a run on another machine says which records.
+    pub fn duplicated_ids(&self, n: usize) -> Vec<(&str, u32)> {
+        let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+        for (id, k) in self.accepted.iter().chain(&self.rejected) {
+            *counts.entry(id.as_str()).or_default() += k;
+        }
+        counts.into_iter().filter(|&(_, k)| k > 1).take(n).collect()
+    }
+
     /// Distinct ids accepted.
     pub fn accepted_ids(&self) -> usize {
         self.accepted.len()
