@@ -28,8 +28,13 @@
 //! every host's log, and the dead-letter topic). It fails when a record was lost or when the
 //! group does not drain (ShareGroupCommand lag 0) once everything is healed. The same seed gives
 //! the same schedule, so a failure can be replayed:
-//! `CHAOS_SEED=S CHAOS_SECONDS=N cargo test -p sharehost --test chaos -- --nocapture`
+//! `CHAOS_SEED=S CHAOS_SECONDS=N cargo test -p sharehost --test chaos -- --nocapture loses_nothing`
 //! (what `dev/chaos --seed S` runs, on a cluster of its own).
+//!
+//! The same schedule runs a second time with the pipeline's `guarantee = "exactly-once"` and
+//! every id emitted to an output topic (`... writes_each_output_once`, `dev/chaos --guarantee
+//! exactly-once`): then the output and dead-letter topics, read `read_committed`, must also
+//! hold every id exactly once.
 //!
 //! Env: `CHAOS_SECONDS` (default 60: the test command's short run), `CHAOS_SEED` (default a fresh
 //! random seed, printed), `CHAOS_RATE` (ids produced per second, default 100; at most
@@ -56,7 +61,7 @@ use sharehost_tests::cluster::{
 };
 use sharehost_tests::fleet::{FleetKit, hash};
 use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
-use sharehost_tests::ledger::Ledger;
+use sharehost_tests::ledger::{Ledger, Written, check_exactly_once};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
@@ -589,6 +594,25 @@ impl Drop for Nemesis {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing() {
+    chaos(Guarantee::AtLeastOnce).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_writes_each_output_once() {
+    chaos(Guarantee::ExactlyOnce).await;
+}
+
+/// The pipeline's guarantee in a chaos run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guarantee {
+    /// The default: the ledger plugin's log and the dead-letter topic must hold every id.
+    AtLeastOnce,
+    /// `guarantee = "exactly-once"`, every id emitted to an output: also the output and
+    /// dead-letter topics, read `read_committed`, must hold every id exactly once.
+    ExactlyOnce,
+}
+
+async fn chaos(guarantee: Guarantee) {
     let _cluster = CLUSTER.lock().await;
     let seconds = env_u64("CHAOS_SECONDS").unwrap_or(60);
     let rate = env_u64("CHAOS_RATE").unwrap_or(100).max(1);
@@ -601,7 +625,11 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         counts_line(&plan)
     );
     println!(
-        "chaos: replay with CHAOS_SEED={seed} CHAOS_SECONDS={seconds} CHAOS_RATE={rate} cargo test -p sharehost --test chaos -- --nocapture"
+        "chaos: replay with CHAOS_SEED={seed} CHAOS_SECONDS={seconds} CHAOS_RATE={rate} cargo test -p sharehost --test chaos -- --nocapture {}",
+        match guarantee {
+            Guarantee::AtLeastOnce => "loses_nothing",
+            Guarantee::ExactlyOnce => "writes_each_output_once",
+        }
     );
     for s in &plan {
         println!("chaos: plan +{:>7.1}s  {}", s.at.as_secs_f64(), s.action);
@@ -611,10 +639,17 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
     let client = Arc::new(cluster_client().await);
     let topic = unique("chaos");
     let dlq = format!("{topic}-dlq");
+    let output = format!("{topic}-out");
     client
         .create_topic(&topic, PARTITIONS, 3, &[])
         .await
         .expect("create topic");
+    if guarantee == Guarantee::ExactlyOnce {
+        client
+            .create_topic(&output, PARTITIONS, 3, &[])
+            .await
+            .expect("create output topic");
+    }
     client
         .create_topic(&dlq, 1, 3, &[])
         .await
@@ -660,8 +695,20 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
                 &topic,
                 &group,
                 &versions[0],
-                r#"reject-every = "7", pause-ms = "10""#,
-                &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
+                match guarantee {
+                    Guarantee::AtLeastOnce => r#"reject-every = "7", pause-ms = "10""#,
+                    Guarantee::ExactlyOnce => {
+                        r#"reject-every = "7", pause-ms = "10", emit-to = "out""#
+                    }
+                },
+                &match guarantee {
+                    Guarantee::AtLeastOnce => {
+                        format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n")
+                    }
+                    Guarantee::ExactlyOnce => format!(
+                        "{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\nguarantee = \"exactly-once\"\noutputs = {{ out = \"{output}\" }}\n"
+                    ),
+                },
             ),
         )
     };
@@ -827,6 +874,21 @@ async fn a_random_fault_schedule_on_three_brokers_and_three_hosts_loses_nothing(
         proxies.iter().map(|p| p.accepted()).sum::<usize>() > 0,
         "the hosts connected through the proxies"
     );
+    if guarantee == Guarantee::ExactlyOnce {
+        let written = Written {
+            output: (&output, PARTITIONS),
+            dead_letters: (&dlq, 1),
+        };
+        let judged = seen.iter().map(Seen::judged).sum();
+        check_exactly_once(
+            &format!("chaos seed {seed}"),
+            &client,
+            &ids,
+            written,
+            judged,
+        )
+        .await;
+    }
 }
 
 #[test]

@@ -141,6 +141,61 @@ impl Ledger {
     }
 }
 
+/// Where an exactly-once pipeline writes: its output topic and its dead-letter topic, with
+/// their partition counts.
+#[derive(Debug, Clone)]
+pub struct Written<'a> {
+    /// The output topic and its partitions.
+    pub output: (&'a str, i32),
+    /// The dead-letter topic and its partitions.
+    pub dead_letters: (&'a str, i32),
+}
+
+/// The exactly-once ledger: reads the output and dead-letter topics `read_committed` (as a
+/// downstream consumer does: aborted transactions' records are not there), prints a line
+/// `exactly-once NAME: ...` (kept in `target/ledgers.txt`) and fails unless every produced id
+/// is in exactly one of them exactly once. `judged` (what the plugins logged) says how many
+/// judgings never committed. The caller first waits until the broker has nothing left for the
+/// group.
+pub async fn check_exactly_once(
+    name: &str,
+    client: &sharehost::kafka::KafkaClient,
+    ids: &[String],
+    written: Written<'_>,
+    judged: usize,
+) {
+    let mut count: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    let (output, out_partitions) = written.output;
+    for (_, r) in crate::committed_records(client, output, out_partitions).await {
+        let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+        count.entry(id).or_default().0 += 1;
+    }
+    let (dlq, dlq_partitions) = written.dead_letters;
+    for (_, r) in crate::committed_records(client, dlq, dlq_partitions).await {
+        let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+        count.entry(id).or_default().1 += 1;
+    }
+    let produced: BTreeSet<&String> = ids.iter().collect();
+    let lost: Vec<&String> = ids.iter().filter(|id| !count.contains_key(*id)).collect();
+    let twice: Vec<(&String, &(u32, u32))> = count.iter().filter(|(_, (o, d))| o + d > 1).collect();
+    let unknown: Vec<&String> = count.keys().filter(|id| !produced.contains(id)).collect();
+    let outputs: u32 = count.values().map(|c| c.0).sum();
+    let dead: u32 = count.values().map(|c| c.1).sum();
+    report(&format!(
+        "exactly-once {name}: produced {}, outputs {outputs}, dead letters {dead}, lost {}, written twice {}, judged {judged} ({} more than once, their transactions aborted)",
+        ids.len(),
+        lost.len(),
+        twice.len(),
+        judged.saturating_sub(ids.len()),
+    ));
+    assert!(lost.is_empty(), "{name}: ids lost: {lost:?}");
+    assert!(
+        twice.is_empty(),
+        "{name}: ids written more than once (outputs, dead letters): {twice:?}"
+    );
+    assert!(unknown.is_empty(), "{name}: unknown ids: {unknown:?}");
+}
+
 /// Appends a passing ledger line to `target/ledgers.txt`: the test harness hides a passing
 /// test's output, and dev/test prints that file at the end.
 fn keep(line: &str) {

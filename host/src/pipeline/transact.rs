@@ -3,17 +3,20 @@
 //! transaction, and the records are acknowledged only once it committed. A record delivered
 //! again is looked up in the settled log before it is judged (see [`super::settled`]).
 //!
-//! **A host that lost its locks never commits.** The commit is sent only if, after every write
-//! of the transaction was acknowledged (acks=all), each of the batch's records still has time
-//! left on the lock this host can prove ([`ShareConsumer::lock_left`], counted from when the
-//! acquiring request was sent, renewals ignored). Then every write, the settled record
-//! included, reached the log before any lock ran out, so before any other member could acquire
-//! one of the records; that member's lookup starts after that, so it sees the settled record
-//! below the high watermark it waits for, and waits until this transaction is decided: if it
-//! commits (however late), the record is found settled and nothing is written again; if the
-//! coordinator aborts it (its timeout, or this host's next InitProducerId), this host's late
-//! commit is refused as fenced. A host that finds a lock short aborts instead and releases the
-//! batch, and a pause after the check only delays a decision the other member waits for.
+//! **A host that lost its locks never commits.** Once every write of the transaction was
+//! acknowledged (acks=all), the settled record included, the host checks the time left on each
+//! record's lock as it can prove it ([`ShareConsumer::lock_left`], counted from when the
+//! acquiring request was sent: a short one aborts at once, with no round trip), and then asks
+//! the broker to renew every record's lock and waits for its answer
+//! ([`ShareConsumer::confirm_held`]). The broker renews only a record this member still holds,
+//! so when it does, no other member has held the record since this host acquired it, and any
+//! member that acquires it later does so after the settled record reached the log: that
+//! member's lookup waits for a high watermark above it and then for this transaction's
+//! decision. Committed (however late), the record is found settled and nothing is written
+//! again; aborted (the coordinator's timeout, or this host's next InitProducerId), this host's
+//! late commit is refused as fenced. A renewal refused or unanswered (the session ended, also
+//! one the broker ended unseen, when a connection is cut on its side only: the broker released
+//! the records with it) aborts the transaction, and the batch goes back.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -76,15 +79,18 @@ enum NotCommitted {
     /// The commit's answer never came: only a lookup can tell, so the records go back and
     /// their redelivery is looked up.
     Unknown(String),
+    /// The broker did not confirm the records are still this member's: aborted, the records go
+    /// back (another member may hold them already).
+    NotHeld(String),
     /// Failed before the commit: aborted, may be tried again.
     Failed(String),
 }
 
 impl ExactlyOnce {
     /// The time left on the shortest lock of `records` (see [`ShareConsumer::lock_left`]).
-    fn lock_left(&self, records: &[ShareRecord]) -> Duration {
+    fn lock_left<'a>(&self, records: impl IntoIterator<Item = &'a ShareRecord>) -> Duration {
         records
-            .iter()
+            .into_iter()
             .map(|r| self.consumer.lock_left(r))
             .min()
             .unwrap_or_default()
@@ -210,6 +216,31 @@ impl ExactlyOnce {
                 short,
                 NotCommitted::Failed("aborted with a batch whose lock ran short".into()),
             ));
+        }
+        // Then the broker itself says every record is still this member's: the local clock
+        // cannot see a session the broker ended (a connection cut on its side only), after
+        // which another member may take the records before this host notices.
+        let records: Vec<&ShareRecord> = jobs.iter().flat_map(|j| &j.records).collect();
+        let wait = self.lock_left(records.iter().copied());
+        let held = self
+            .consumer
+            .confirm_held(&records, wait.saturating_sub(LOCK_MARGIN))
+            .await;
+        if !matches!(held, Ok(true)) {
+            if let Err(e) = txn.abort().await {
+                tracing::debug!(
+                    transactional_id = self.producer.id(),
+                    "abort after an unconfirmed hold: {e}"
+                );
+            }
+            let why = match held {
+                Err(e) => format!("the broker cannot confirm the records are still held: {e}"),
+                Ok(_) => {
+                    "the broker did not confirm that every record is still this host's: aborted"
+                        .to_owned()
+                }
+            };
+            return Err((Vec::new(), NotCommitted::NotHeld(why)));
         }
         match txn.commit().await {
             Ok(()) => Ok(()),
@@ -425,7 +456,7 @@ impl Pipeline {
                 Err(NotCommitted::LocksShort) => {
                     break Err("a lock would run out before the commit: aborted".to_owned());
                 }
-                Err(NotCommitted::Unknown(e)) => break Err(e),
+                Err(NotCommitted::Unknown(e) | NotCommitted::NotHeld(e)) => break Err(e),
             }
         };
         if waiting {

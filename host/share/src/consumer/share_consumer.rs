@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use sharehost_kafka::{KafkaClient, KafkaError};
 
 use super::heartbeat::heartbeat_loop;
-use super::shared::Shared;
+use super::shared::{Confirmation, Shared};
 use super::supervisor::fetch_supervisor;
 use super::types::{
     AckOutcome, ConsumerStats, Delivery, LOCK_MARGIN, Settle, Settled, ShareConsumerConfig,
@@ -182,6 +182,62 @@ impl ShareConsumer {
             (Some(lock), Some(held)) => lock.saturating_sub(held.acquired.elapsed()),
             _ => Duration::ZERO,
         }
+    }
+
+    /// Renews `records`' locks now and waits (at most `timeout`) for the broker's answer:
+    /// `Ok(true)` only when the broker applied every renewal, so each record was still this
+    /// member's when the broker read the request (no other member held it in between: a record
+    /// it held, or settled, is not this member's to renew) and its lock runs a full duration
+    /// from then. Work that may only be done while the records are certainly this member's (a
+    /// transaction's commit) asks this last: a session the broker ended unseen (a connection
+    /// cut on its side only) answers `Ok(false)` here, where the local clock of
+    /// [`ShareConsumer::lock_left`] still shows time left. An error when the broker cannot
+    /// renew (Kafka before 4.2).
+    pub async fn confirm_held(
+        &self,
+        records: &[&ShareRecord],
+        timeout: Duration,
+    ) -> Result<bool, ShareError> {
+        if records.is_empty() {
+            return Ok(true);
+        }
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let id = self
+            .shared
+            .next_confirmation
+            .fetch_add(1, Ordering::Relaxed);
+        let wants = records.iter().map(|r| r.key()).collect();
+        // Registered before the renewals are recorded: an answer cannot come before it.
+        self.shared.confirmations.lock().push((
+            id,
+            Confirmation {
+                wants,
+                done: Some(done),
+            },
+        ));
+        let forget = || self.shared.confirmations.lock().retain(|(i, _)| *i != id);
+        let renewals: Vec<(&ShareRecord, AckKind)> =
+            records.iter().map(|r| (*r, AckKind::Renew)).collect();
+        for recorded in self.acknowledge_all(&renewals) {
+            match recorded {
+                Ok(true) => {}
+                Ok(false) => {
+                    forget();
+                    return Ok(false);
+                }
+                Err(e) => {
+                    forget();
+                    return Err(e);
+                }
+            }
+        }
+        let held = tokio::time::timeout(timeout, answer)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(false);
+        forget();
+        Ok(held)
     }
 
     /// Waits up to `timeout` for the next delivery; `None` when nothing arrived.

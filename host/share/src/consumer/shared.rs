@@ -190,6 +190,41 @@ pub(super) struct Shared {
     pub(super) remembered: Mutex<Remembered>,
     /// The "no v2 here" warning is said once per consumer, not once per reconnect.
     pub(super) v1_warned: std::sync::Once,
+    /// Callers waiting for the broker to confirm renewals, by id.
+    pub(super) confirmations: Mutex<Vec<(u64, Confirmation)>>,
+    pub(super) next_confirmation: AtomicU64,
+}
+
+/// Renewals a caller waits to see applied ([`ShareConsumer::confirm_held`](super::ShareConsumer::confirm_held)).
+#[derive(Debug)]
+pub(super) struct Confirmation {
+    /// The records whose renewal has not been answered yet.
+    pub(super) wants: std::collections::HashSet<(TopicIdPartition, i64)>,
+    /// Told `true` once every renewal was applied, `false` at the first one refused or lost.
+    pub(super) done: Option<tokio::sync::oneshot::Sender<bool>>,
+}
+
+impl Confirmation {
+    /// Whether it is settled after `o` (a renewal of one of its records answered).
+    fn answered(&mut self, tp: TopicIdPartition, o: &AckOutcome) -> bool {
+        for (offset, kind) in o.batches.iter().flat_map(batch_verdicts) {
+            if kind == AckKind::Renew && self.wants.remove(&(tp, offset)) && o.error.is_some() {
+                self.finish(false);
+                return true;
+            }
+        }
+        if self.wants.is_empty() {
+            self.finish(true);
+            return true;
+        }
+        false
+    }
+
+    fn finish(&mut self, held: bool) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(held);
+        }
+    }
 }
 
 /// The caller's judging rate, measured over windows of at least [`PACE_WINDOW`].
@@ -264,6 +299,8 @@ impl Shared {
             stats: ConsumerStats::default(),
             remembered,
             v1_warned: std::sync::Once::new(),
+            confirmations: Mutex::new(Vec::new()),
+            next_confirmation: AtomicU64::new(0),
         }
     }
 
@@ -343,6 +380,12 @@ impl Shared {
                 self.stats.acks_failed.fetch_add(n, Ordering::Relaxed)
             }
         };
+        {
+            let mut waiting = self.confirmations.lock();
+            if !waiting.is_empty() {
+                waiting.retain_mut(|(_, c)| !c.answered(tp, &o));
+            }
+        }
         let mut q = self.outcomes.lock();
         if q.len() >= MAX_OUTCOMES {
             q.pop_front();

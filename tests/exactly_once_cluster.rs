@@ -1,0 +1,129 @@
+//! `guarantee = "exactly-once"` on the three-node cluster of `dev/kafka up --brokers 3`: the
+//! node that coordinates the pipeline's transactions killed (SIGKILL) while it commits, then a
+//! source partition's leadership moved, and every output and dead letter is still written
+//! exactly once. Its own test binary because it stops the cluster's nodes: it runs in the
+//! cluster's test group, one at a time with the other cluster tests.
+//!
+//! The ledger is kept outside the host, as in `tests/exactly_once.rs`: the ids produced, against
+//! the output and dead-letter topics read `read_committed`, once the broker has nothing left for
+//! the group.
+
+use std::sync::Arc;
+
+use sharehost_tests::cluster::{NodeDown, cluster_bootstrap, cluster_client, cluster_harness};
+use sharehost_tests::host::{HostProcess, Seen};
+use sharehost_tests::ledger::{Written, check_exactly_once, report};
+use sharehost_tests::sharehost_bin;
+use sharehost_tests::{
+    blocking, fresh_group_with, guest, ledger_manifest, produce_ids, unique, wait_until_drained_at,
+};
+
+const PARTITIONS: i32 = 3;
+const RECORDS: u64 = 3000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_each_output_once() {
+    let bootstrap = cluster_bootstrap();
+    let client = Arc::new(cluster_client().await);
+    let topic = unique("eo-cluster");
+    let (output, dlq) = (format!("{topic}-out"), format!("{topic}-dlq"));
+    for (t, p) in [(&topic, PARTITIONS), (&output, PARTITIONS), (&dlq, 1)] {
+        client
+            .create_topic(t, p, 3, &[])
+            .await
+            .unwrap_or_else(|e| panic!("create {t} with replication 3: {e}"));
+    }
+    // A member session of 10 s: a host whose connections died with the node is back in the
+    // group soon after the node is.
+    let group = fresh_group_with(&client, None, &[("share.session.timeout.ms", "10000")]).await;
+    let ids = produce_ids(&client, &topic, PARTITIONS, 0..RECORDS).await;
+    let dir = std::env::temp_dir().join(unique("sharehost-eo-cluster"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let manifest = dir.join("sharehost.toml");
+    std::fs::write(
+        &manifest,
+        ledger_manifest(
+            &bootstrap,
+            &topic,
+            &group,
+            &guest("fixture_ledger"),
+            r#"reject-every = "7", emit-to = "out", pause-ms = "20""#,
+            &format!(
+                "batch_size = 50\nmax_in_flight = 500\nconcurrency = 2\nguarantee = \"exactly-once\"\ndead_letter_topic = \"{dlq}\"\noutputs = {{ out = \"{output}\" }}\n"
+            ),
+        ),
+    )
+    .expect("write manifest");
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
+
+    // The node coordinating the pipeline's transactional id (`sharehost.<group>.<member>`).
+    let h = host.clone();
+    let lines = blocking(move || h.wait_for_log("pipeline running")).await;
+    let member = lines
+        .iter()
+        .find(|l| l.contains("pipeline running"))
+        .and_then(|l| l.split("member=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .expect("the member id in the log")
+        .to_owned();
+    let transactional_id = format!("sharehost.{group}.{member}");
+    let n = ids.len();
+    let h = host.clone();
+    blocking(move || h.wait_for("a quarter judged", |seen| seen.judged() >= n / 4)).await;
+    let coordinator = client
+        .find_transaction_coordinator(&transactional_id)
+        .await
+        .expect("find the transaction coordinator");
+    // Killed while batches are being written and committed (their calls take 20 ms each, so
+    // a transaction is always under way).
+    let down = NodeDown::take("kill-broker", coordinator).await;
+    let h = host.clone();
+    blocking(move || {
+        h.wait_for("half judged with the coordinator's node down", |seen| {
+            seen.judged() >= n / 2
+        })
+    })
+    .await;
+    down.restart(&bootstrap).await;
+
+    // Then partition 0 is led by another node.
+    client
+        .refresh_metadata(std::slice::from_ref(&topic))
+        .await
+        .expect("metadata");
+    let from = client
+        .leader(&topic, 0)
+        .unwrap_or_else(|| panic!("partition 0 of {topic} has no leader"));
+    let to = from % 3 + 1;
+    let t = topic.clone();
+    blocking(move || {
+        cluster_harness(&["move-leader", &t, "0", &to.to_string()]);
+    })
+    .await;
+    let h = host.clone();
+    blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
+    let (b, g) = (bootstrap.clone(), group.clone());
+    blocking(move || wait_until_drained_at(&b, &g)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen, lines) = blocking(move || host.stop_with_log()).await;
+    let failed = lines
+        .iter()
+        .filter(|l| l.contains("transaction failed") || l.contains("did not commit"))
+        .count();
+    report(&format!(
+        "exactly-once coordinator-killed: node {coordinator} (the transaction coordinator) killed, partition 0 moved from node {from} to {to}; transactions failed or not committed: {failed}"
+    ));
+    let written = Written {
+        output: (&output, PARTITIONS),
+        dead_letters: (&dlq, 1),
+    };
+    check_exactly_once(
+        "coordinator-killed",
+        &client,
+        &ids,
+        written,
+        Seen::judged(&seen),
+    )
+    .await;
+}
