@@ -1,7 +1,7 @@
 //! `guarantee = "exactly-once"` on the three-node cluster of `dev/kafka up --brokers 3`: the
-//! node that coordinates the pipeline's transactions killed (SIGKILL) while it commits, then a
-//! source partition's leadership moved, and every output and dead letter is still written
-//! exactly once. Its own test binary because it stops the cluster's nodes: it runs in the
+//! source partitions led by the node that coordinates the pipeline's transactions move to
+//! another node (leader moves), then that node is killed (SIGKILL) while the pipeline commits,
+//! and every output and dead letter is still written exactly once. Its own test binary because it stops the cluster's nodes: it runs in the
 //! cluster's test group, one at a time with the other cluster tests.
 //!
 //! The ledger is kept outside the host, as in `tests/exactly_once.rs`: the ids produced, against
@@ -75,32 +75,41 @@ async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_e
         .find_transaction_coordinator(&transactional_id)
         .await
         .expect("find the transaction coordinator");
-    // Killed while batches are being written and committed (their calls take 20 ms each, so
-    // a transaction is always under way).
-    let down = NodeDown::take("kill-broker", coordinator).await;
-    let h = host.clone();
-    blocking(move || {
-        h.wait_for("half judged with the coordinator's node down", |seen| {
-            seen.judged() >= n / 2
-        })
-    })
-    .await;
-    down.restart(&bootstrap).await;
-
-    // Then partition 0 is led by another node.
+    // First the source partitions the coordinator's node leads move to another node, mid-stream
+    // (a leader move); then that node, which now leads no source partition, is killed while
+    // batches are being written and committed (their calls take 20 ms each, so a transaction
+    // is always under way): what fails is the transactions, not the share sessions.
     client
         .refresh_metadata(std::slice::from_ref(&topic))
         .await
         .expect("metadata");
-    let from = client
-        .leader(&topic, 0)
-        .unwrap_or_else(|| panic!("partition 0 of {topic} has no leader"));
-    let to = from % 3 + 1;
-    let t = topic.clone();
+    let mut moved = Vec::new();
+    for p in 0..PARTITIONS {
+        let from = client
+            .leader(&topic, p)
+            .unwrap_or_else(|| panic!("partition {p} of {topic} has no leader"));
+        if from == coordinator {
+            let to = from % 3 + 1;
+            let t = topic.clone();
+            blocking(move || {
+                cluster_harness(&["move-leader", &t, &p.to_string(), &to.to_string()])
+            })
+            .await;
+            moved.push(format!("partition {p} from node {from} to {to}"));
+        }
+    }
+    let h = host.clone();
+    blocking(move || h.wait_for("a third judged", |seen| seen.judged() >= n / 3)).await;
+    let down = NodeDown::take("kill-broker", coordinator).await;
+    let h = host.clone();
     blocking(move || {
-        cluster_harness(&["move-leader", &t, "0", &to.to_string()]);
+        h.wait_for(
+            "two thirds judged with the coordinator's node down",
+            |seen| seen.judged() >= 2 * n / 3,
+        )
     })
     .await;
+    down.restart(&bootstrap).await;
     let h = host.clone();
     blocking(move || h.wait_for("every id judged", |seen| seen.distinct().len() >= n)).await;
     let (b, g) = (bootstrap.clone(), group.clone());
@@ -112,7 +121,7 @@ async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_e
         .filter(|l| l.contains("transaction failed") || l.contains("did not commit"))
         .count();
     report(&format!(
-        "exactly-once coordinator-killed: node {coordinator} (the transaction coordinator) killed, partition 0 moved from node {from} to {to}; transactions failed or not committed: {failed}"
+        "exactly-once coordinator-killed: moved {moved:?}, then node {coordinator} (the transaction coordinator) killed; transactions failed or not committed: {failed}"
     ));
     let written = Written {
         output: (&output, PARTITIONS),

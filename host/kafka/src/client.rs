@@ -863,6 +863,25 @@ impl KafkaClient {
         })
     }
 
+    /// Looks for the end of `producer_id`'s transaction above `after` in one partition (Fetch,
+    /// read_uncommitted, from `from`): its marker if the data read holds it, and the offset to
+    /// read from next. How a transactional producer checks that its commit reached the log.
+    pub async fn transaction_end(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        producer_id: i64,
+        after: i64,
+    ) -> Result<(Option<crate::records::TxnMarker>, i64)> {
+        let raw = self
+            .fetch_raw(topic, partition, from, Duration::ZERO, false)
+            .await?;
+        let (marker, next) = crate::records::find_marker(raw.data.clone(), producer_id, after)
+            .map_err(|e| raw.decode_error(e.to_string()))?;
+        Ok((marker, next.unwrap_or(from).max(from)))
+    }
+
     async fn fetch_raw(
         &self,
         topic: &str,

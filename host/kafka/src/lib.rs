@@ -42,4 +42,4 @@ pub use error::{ErrorClass, KafkaError, classify};
 pub use records::{Compression, ConsumedRecord, Header, ProduceRecord, now_ms};
 pub use sasl::{Mechanism, SaslSettings, Secret};
 pub use tls::TlsSettings;
-pub use transaction::{Transaction, TransactionalProducer, TxnError};
+pub use transaction::{Landed, Transaction, TransactionalProducer, TxnError};

@@ -219,6 +219,45 @@ pub fn decode_committed(
     Ok(out)
 }
 
+/// Where a producer's transaction ended in a partition's log: its marker's offset, and
+/// whether it committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnMarker {
+    /// The marker's offset.
+    pub offset: i64,
+    /// COMMIT (`true`) or ABORT.
+    pub commit: bool,
+}
+
+/// The first transaction marker of `producer_id` above `after` in a `read_uncommitted` fetch's
+/// `data`, and one past the last offset the data held (`None`: no complete batch). A producer
+/// has one transaction open at a time, so the first of its markers after one of its records
+/// ends the transaction that record belongs to.
+pub fn find_marker(
+    data: Bytes,
+    producer_id: i64,
+    after: i64,
+) -> Result<(Option<TxnMarker>, Option<i64>), RecordsError> {
+    let mut found: Option<TxnMarker> = None;
+    let mut next: Option<i64> = None;
+    decode_each(data, |r| {
+        next = Some(next.unwrap_or(i64::MIN).max(r.offset.saturating_add(1)));
+        if found.is_none() && r.control && r.producer_id == producer_id && r.offset > after {
+            // A marker's key: version (2 bytes), then its type (2 bytes): 0 abort, 1 commit.
+            let commit = r
+                .key
+                .as_ref()
+                .and_then(|k| k.get(2..4))
+                .is_some_and(|t| i16::from_be_bytes([t[0], t[1]]) == 1);
+            found = Some(TxnMarker {
+                offset: r.offset,
+                commit,
+            });
+        }
+    })?;
+    Ok((found, next))
+}
+
 fn consumed(r: Record) -> ConsumedRecord {
     ConsumedRecord {
         offset: r.offset,
@@ -681,6 +720,42 @@ mod tests {
         assert_eq!(read.next_offset, Some(8), "past the last marker");
         let empty = decode_committed(Bytes::new(), &aborted).expect("decodes");
         assert_eq!(empty.next_offset, None);
+    }
+
+    #[test]
+    fn a_producers_marker_is_found_after_its_records_and_tells_commit_from_abort() {
+        let mut data = BytesMut::new();
+        // Producer 7's records at 0-1, producer 8's commit at 2-3, producer 7's abort at 4,
+        // then producer 7 again with a commit at 6.
+        data.extend_from_slice(&raw_batch(0, 7, true, None, 2));
+        data.extend_from_slice(&raw_batch(2, 8, true, None, 1));
+        data.extend_from_slice(&raw_batch(3, 8, true, Some(true), 1));
+        data.extend_from_slice(&raw_batch(4, 7, true, Some(false), 1));
+        data.extend_from_slice(&raw_batch(5, 7, true, None, 1));
+        data.extend_from_slice(&raw_batch(6, 7, true, Some(true), 1));
+        let data = data.freeze();
+        let (m, next) = find_marker(data.clone(), 7, 0).expect("decodes");
+        assert_eq!(
+            m,
+            Some(TxnMarker {
+                offset: 4,
+                commit: false
+            })
+        );
+        assert_eq!(next, Some(7));
+        let (m, _) = find_marker(data.clone(), 7, 5).expect("decodes");
+        assert_eq!(
+            m,
+            Some(TxnMarker {
+                offset: 6,
+                commit: true
+            })
+        );
+        // Another producer's marker is not this one's; none after the last offset read.
+        let (m, _) = find_marker(data.clone(), 9, 0).expect("decodes");
+        assert_eq!(m, None);
+        let (m, next) = find_marker(data.slice(0..0), 7, 0).expect("decodes");
+        assert_eq!((m, next), (None, None));
     }
 
     #[test]

@@ -132,7 +132,20 @@ pub struct Transaction<'a> {
     state: tokio::sync::MutexGuard<'a, State>,
     identity: ProducerIdentity,
     added: BTreeSet<(String, i32)>,
+    /// Per partition, the base offset of the last batch written (for [`TransactionalProducer::landed`]).
+    written: BTreeMap<(String, i32), i64>,
     ended: bool,
+}
+
+/// How a committed transaction shows in a partition's log ([`TransactionalProducer::landed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Landed {
+    /// Its COMMIT marker is there: `read_committed` readers see what it wrote.
+    Committed,
+    /// An ABORT marker ended it instead.
+    Aborted,
+    /// No marker of this producer after its records yet.
+    Open,
 }
 
 impl TransactionalProducer {
@@ -175,8 +188,72 @@ impl TransactionalProducer {
             state,
             identity,
             added: BTreeSet::new(),
+            written: BTreeMap::new(),
             ended: false,
         })
+    }
+
+    /// Looks, until `patience` has passed, for the marker that ended this producer's
+    /// transaction (as `identity`) whose last batch in `topic`'s `partition` begins at `offset`.
+    /// A commit the coordinator confirmed is normally there within milliseconds; until the
+    /// coordinator has written it, a `read_committed` reader sees nothing of the transaction
+    /// (and a broker that lost it, as a single-node Kafka 4.4 was seen to on a controlled
+    /// shutdown, leaves the records to the producer's next marker: see
+    /// [`TransactionalProducer::recommit`]).
+    pub async fn landed(
+        &self,
+        identity: ProducerIdentity,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        patience: Duration,
+    ) -> Result<Landed, TxnError> {
+        let deadline = Instant::now() + patience;
+        let mut backoff = Backoff::with_deadline(
+            BackoffConfig {
+                initial: Duration::from_millis(2),
+                max: Duration::from_millis(200),
+                factor: 2.0,
+            },
+            deadline,
+        );
+        let mut from = offset;
+        loop {
+            match self
+                .client
+                .transaction_end(topic, partition, from, identity.id, offset)
+                .await
+            {
+                Ok((Some(m), _)) => {
+                    return Ok(if m.commit {
+                        Landed::Committed
+                    } else {
+                        Landed::Aborted
+                    });
+                }
+                Ok((None, next)) => {
+                    if next > from {
+                        from = next;
+                        continue;
+                    }
+                }
+                Err(e) if e.class() == ErrorClass::Fatal => return Err(self.kafka(e)),
+                Err(_) => {}
+            }
+            if !backoff.wait().await {
+                return Ok(Landed::Open);
+            }
+        }
+    }
+
+    /// Commits an empty transaction over `partitions`: the coordinator writes a COMMIT marker
+    /// to each, which ends what this producer left there without a marker. For a transaction the
+    /// coordinator confirmed committed whose markers the log does not hold: its records become
+    /// committed, as confirmed.
+    pub async fn recommit(&self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
+        let mut txn = self.begin().await?;
+        txn.add(partitions).await?;
+        txn.commit().await
     }
 
     fn kafka(&self, source: KafkaError) -> TxnError {
@@ -283,6 +360,17 @@ impl Transaction<'_> {
         self.identity
     }
 
+    /// The partitions added to it so far.
+    pub fn partitions(&self) -> Vec<(String, i32)> {
+        self.added.iter().cloned().collect()
+    }
+
+    /// Where its last batch in `topic`'s `partition` began (`None`: it wrote none there, or the
+    /// broker had it already).
+    pub fn written_at(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.written.get(&(topic.to_owned(), partition)).copied()
+    }
+
     /// Writes `records` as one batch to a partition inside the transaction (adding the
     /// partition to it first when this is its first batch).
     pub async fn send(
@@ -360,21 +448,33 @@ impl Transaction<'_> {
         let id = self.producer.id.as_str();
         let sent = futures::future::join_all(by_partition.into_iter().map(
             |((topic, partition), batches)| async move {
+                let mut last = None;
                 for batch in batches {
                     match client
                         .send_transactional_batch(id, topic, partition, batch)
                         .await
                     {
-                        Ok(_) => {}
+                        Ok(offset) => last = Some(offset),
                         Err(e) if e.code() == Some(ResponseError::DuplicateSequenceNumber) => {}
                         Err(e) => return Err(e),
                     }
                 }
-                Ok(())
+                Ok(((topic.to_owned(), partition), last))
             },
         ))
         .await;
-        if let Some(e) = sent.into_iter().find_map(Result::err) {
+        let mut failure = None;
+        for r in sent {
+            match r {
+                Ok((key, Some(offset))) => {
+                    let at = self.written.entry(key).or_insert(offset);
+                    *at = (*at).max(offset);
+                }
+                Ok((_, None)) => {}
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
             return Err(self.failed(e));
         }
         Ok(())

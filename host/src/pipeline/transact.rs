@@ -53,7 +53,24 @@ pub(super) struct ExactlyOnce {
     client: Arc<KafkaClient>,
     pending: parking_lot::Mutex<Vec<Job>>,
     committing: tokio::sync::Mutex<()>,
+    /// A commit the coordinator confirmed whose marker the settled log did not show: the
+    /// partitions to commit again before the next transaction (see [`ExactlyOnce::in_the_log`]).
+    unlanded: parking_lot::Mutex<Option<Unlanded>>,
 }
+
+/// A confirmed commit not seen in the log yet.
+#[derive(Debug, Clone)]
+struct Unlanded {
+    identity: crate::kafka::idempotence::ProducerIdentity,
+    /// Where its settled record's batch began.
+    offset: i64,
+    partitions: Vec<(String, i32)>,
+}
+
+/// How long a confirmed commit's marker may take to show in the settled log before the
+/// partitions are committed again: the coordinator writes it right after its answer, so
+/// anything beyond a few seconds means a broker stopped in between.
+const MARKER_PATIENCE: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for ExactlyOnce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -94,6 +111,71 @@ impl ExactlyOnce {
             .map(|r| self.consumer.lock_left(r))
             .min()
             .unwrap_or_default()
+    }
+
+    /// Acknowledges nothing of a commit until it is in the log: the coordinator's answer says it
+    /// decided, and its COMMIT marker in the settled log says `read_committed` readers, the
+    /// lookup among them, will see it. A single-node Kafka 4.4 stopped right after confirming a
+    /// commit was seen to come back with the transaction complete in its own log and no marker
+    /// in any of its partitions, so that the producer's next marker (an abort) took the records
+    /// with it. A marker that does not show within [`MARKER_PATIENCE`] is written again: an
+    /// empty transaction over the same partitions, whose COMMIT markers end what was left
+    /// open, as the coordinator confirmed. Until that succeeds the batches are not
+    /// acknowledged (their records come back and are looked up) and no other transaction
+    /// starts.
+    async fn in_the_log(&self, u: Unlanded) -> Result<(), NotCommitted> {
+        match self
+            .producer
+            .landed(u.identity, &self.topic, 0, u.offset, MARKER_PATIENCE)
+            .await
+        {
+            Ok(crate::kafka::Landed::Committed) => Ok(()),
+            Ok(crate::kafka::Landed::Aborted) => Err(NotCommitted::Failed(
+                "the coordinator confirmed the commit, yet the settled log holds an abort marker for it".into(),
+            )),
+            Ok(crate::kafka::Landed::Open) | Err(_) => {
+                tracing::warn!(
+                    transactional_id = self.producer.id(),
+                    partitions = u.partitions.len(),
+                    "a commit the coordinator confirmed is not in the settled log after {MARKER_PATIENCE:?}: its partitions are committed again"
+                );
+                *self.unlanded.lock() = Some(u);
+                self.land_earlier()
+                    .await
+                    .map_err(|e| NotCommitted::Unknown(format!("a confirmed commit is not in the log yet: {e}")))
+            }
+        }
+    }
+
+    /// Commits again the partitions of a confirmed commit the log did not show (see
+    /// [`ExactlyOnce::in_the_log`]), unless its marker has come since.
+    async fn land_earlier(&self) -> Result<(), String> {
+        let Some(u) = self.unlanded.lock().clone() else {
+            return Ok(());
+        };
+        let landed = self
+            .producer
+            .landed(u.identity, &self.topic, 0, u.offset, Duration::ZERO)
+            .await;
+        if !matches!(
+            landed,
+            Ok(crate::kafka::Landed::Committed | crate::kafka::Landed::Aborted)
+        ) {
+            self.producer
+                .recommit(&u.partitions)
+                .await
+                .map_err(|e| e.to_string())?;
+            match self
+                .producer
+                .landed(u.identity, &self.topic, 0, u.offset, MARKER_PATIENCE)
+                .await
+            {
+                Ok(crate::kafka::Landed::Committed) => {}
+                other => return Err(format!("committed again, and still no marker: {other:?}")),
+            }
+        }
+        *self.unlanded.lock() = None;
+        Ok(())
     }
 
     /// Commits `writes` for `records` in the next transaction, with whatever other batches
@@ -193,6 +275,9 @@ impl ExactlyOnce {
             }
             batches.push((topic, partition, batch));
         }
+        self.land_earlier()
+            .await
+            .map_err(|e| failed(format!("an earlier commit is not in the log yet: {e}")))?;
         let mut txn = self
             .producer
             .begin()
@@ -242,8 +327,21 @@ impl ExactlyOnce {
             };
             return Err((Vec::new(), NotCommitted::NotHeld(why)));
         }
+        let identity = txn.identity();
+        let settled_at = txn.written_at(&self.topic, 0);
+        let partitions = txn.partitions();
         match txn.commit().await {
-            Ok(()) => Ok(()),
+            Ok(()) => match settled_at {
+                Some(offset) => self
+                    .in_the_log(Unlanded {
+                        identity,
+                        offset,
+                        partitions,
+                    })
+                    .await
+                    .map_err(|e| (Vec::new(), e)),
+                None => Ok(()),
+            },
             Err(e @ TxnError::CommitUnknown { .. }) => {
                 Err((Vec::new(), NotCommitted::Unknown(e.to_string())))
             }
@@ -525,6 +623,7 @@ pub(super) fn exactly_once(
         client: client.clone(),
         pending: parking_lot::Mutex::new(Vec::new()),
         committing: tokio::sync::Mutex::new(()),
+        unlanded: parking_lot::Mutex::new(None),
         producer: TransactionalProducer::new(
             client.clone(),
             &transactional_id(group, member),
