@@ -102,14 +102,31 @@ impl Scenario {
     /// 7th rejected and dead-lettered, each plugin call `pause_ms` long; `file` names the
     /// manifest (a host's state, its member id among it, lives beside it).
     fn manifest(&self, bootstrap: &str, pause_ms: u32, file: &str) -> PathBuf {
+        self.manifest_with(
+            bootstrap,
+            &format!(r#"reject-every = "7", emit-to = "out", pause-ms = "{pause_ms}""#),
+            "",
+            file,
+        )
+    }
+
+    /// [`Scenario::manifest`] with the ledger plugin configured by `plugin_config` and more
+    /// pipeline settings.
+    fn manifest_with(
+        &self,
+        bootstrap: &str,
+        plugin_config: &str,
+        settings: &str,
+        file: &str,
+    ) -> PathBuf {
         let text = ledger_manifest(
             bootstrap,
             &self.topic,
             &self.group,
             &guest("fixture_ledger"),
-            &format!(r#"reject-every = "7", emit-to = "out", pause-ms = "{pause_ms}""#),
+            plugin_config,
             &format!(
-                "batch_size = 50\nmax_in_flight = 500\nconcurrency = 2\nguarantee = \"exactly-once\"\ndead_letter_topic = \"{}\"\noutputs = {{ out = \"{}\" }}\n",
+                "batch_size = 50\nmax_in_flight = 500\nconcurrency = 2\nguarantee = \"exactly-once\"\ndead_letter_topic = \"{}\"\noutputs = {{ out = \"{}\" }}\n{settings}",
                 self.dlq, self.output
             ),
         );
@@ -380,6 +397,49 @@ async fn a_producer_fenced_mid_stream_writes_each_output_once() {
         "exactly-once fenced: the host's transactions refused as fenced: {fenced}"
     ));
     assert!(fenced > 0, "the host met the fence: {lines:#?}");
+    s.ledger(&[seen]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_at_the_delivery_cap_are_dead_lettered_once_each_in_a_transaction() {
+    // Every plugin call traps: each record is released, comes back, and at its second delivery
+    // (the cap) is dead-lettered by the host without a plugin call. The connections are cut
+    // twice meanwhile, so some dead letters commit and their acknowledgements are lost: the
+    // records come a third time, and the settled log must keep them from a second dead letter.
+    let s = Scenario::new("delivery-cap", 600, 30_000).await;
+    let (listen, target) = proxied_listener();
+    let proxy = Proxy::start(&listen, &target).await;
+    let manifest = s.manifest_with(&listen, r#"trap-every = "1""#, "delivery_cap = 2\n", "host");
+    let host =
+        Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
+    let group = s.group.clone();
+    for traps in [1, 20] {
+        let h = host.clone();
+        blocking(move || {
+            // Traps end a call before the plugin logs anything: count them in the host's log.
+            let deadline = std::time::Instant::now() + sharehost_tests::host::PATIENCE;
+            while h
+                .log_lines()
+                .iter()
+                .filter(|l| l.contains("planned trap"))
+                .count()
+                < traps
+            {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "fewer than {traps} planned traps"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await;
+        proxy.cut_all();
+    }
+    blocking(move || wait_until_drained(&group)).await;
+    let host = Arc::try_unwrap(host).ok().expect("sole owner");
+    let (_, seen) = blocking(move || host.stop()).await;
+    // Nothing judged: every id must be in the dead-letter topic, once.
+    assert_eq!(seen.judged(), 0, "the plugin never returned a verdict");
     s.ledger(&[seen]).await;
 }
 

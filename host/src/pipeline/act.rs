@@ -199,7 +199,7 @@ impl Pipeline {
             return;
         }
         if let Some(eo) = &ctx.exactly_once {
-            self.transact(ctx, eo, now, producing, rejects, hash, permit)
+            self.transact(ctx, eo, now, producing, rejects, hash, Some(permit))
                 .await;
             return;
         }
@@ -536,13 +536,8 @@ impl Pipeline {
     }
 
     /// Records at the delivery cap: dead-letter (when configured) then Reject.
-    pub(super) async fn handle_poison(
-        &self,
-        consumer: &ShareConsumer,
-        client: &KafkaClient,
-        poison: Vec<ShareRecord>,
-        stop: &CancellationToken,
-    ) {
+    pub(super) async fn handle_poison(&self, ctx: &BatchContext, poison: Vec<ShareRecord>) {
+        let (consumer, client, stop) = (&*ctx.consumer, &*ctx.client, &ctx.stop);
         let hash = self.active_hash();
         if self.spec.dead_letter_topic.is_none() {
             // The engine already rejected them.
@@ -570,6 +565,28 @@ impl Pipeline {
                 })
                 .collect()
         };
+        if let Some(eo) = &ctx.exactly_once {
+            // A record at its cap was delivered before: a dead letter an earlier transaction
+            // committed for it (whose acknowledgement was lost) is not written again, and a
+            // new one commits with what it settles, like any reject.
+            let left = self.settled_earlier(ctx, eo, poison.clone()).await;
+            let rejects: Vec<(&ShareRecord, String)> = left
+                .iter()
+                .filter_map(|r| {
+                    reasons
+                        .iter()
+                        .find(|(p, _)| {
+                            p.partition == r.partition && p.record.offset == r.record.offset
+                        })
+                        .map(|(_, why)| (r, why.clone()))
+                })
+                .collect();
+            if !rejects.is_empty() {
+                self.transact(ctx, eo, Vec::new(), Vec::new(), rejects, &hash, None)
+                    .await;
+            }
+            return;
+        }
         let acting = Acting {
             pipeline: self,
             consumer,

@@ -150,9 +150,8 @@ impl Pipeline {
                     r = consumer.poll(Duration::from_millis(500)) => match r {
                         Ok(Some(d)) => {
                             if !d.poison.is_empty() {
-                                let this = self.clone();
-                                let (c, k, stop) = (consumer.clone(), client.clone(), shutdown.clone());
-                                running.spawn(async move { this.handle_poison(&c, &k, d.poison, &stop).await });
+                                let (this, ctx) = (self.clone(), ctx.clone());
+                                running.spawn(async move { this.handle_poison(&ctx, d.poison).await });
                             }
                             backlog.extend(d.records);
                         }
@@ -188,15 +187,8 @@ impl Pipeline {
                 // Deliveries already acquired (or renewed) and queued in the engine.
                 while let Ok(Some(d)) = consumer.poll(Duration::ZERO).await {
                     if !d.poison.is_empty() {
-                        let (this, c, k, stop) = (
-                            self.clone(),
-                            consumer.clone(),
-                            client.clone(),
-                            shutdown.clone(),
-                        );
-                        running.spawn(
-                            async move { this.handle_poison(&c, &k, d.poison, &stop).await },
-                        );
+                        let (this, ctx) = (self.clone(), ctx.clone());
+                        running.spawn(async move { this.handle_poison(&ctx, d.poison).await });
                     }
                     backlog.extend(d.records);
                 }

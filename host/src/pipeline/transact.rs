@@ -441,7 +441,7 @@ impl Pipeline {
         producing: Vec<(&'r ShareRecord, Vec<Emit>)>,
         rejects: Vec<(&'r ShareRecord, String)>,
         hash: &str,
-        permit: OwnedSemaphorePermit,
+        permit: Option<OwnedSemaphorePermit>,
     ) {
         self.settle(&ctx.consumer, &now, hash);
         let (plugin, signer) = self.identity(hash);
