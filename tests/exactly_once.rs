@@ -376,14 +376,20 @@ async fn a_producer_fenced_mid_stream_writes_each_output_once() {
         // the host's next InitProducerId aborts.
         let thief = TransactionalProducer::new(s.client.clone(), &id, Duration::from_secs(30));
         let mut txn = thief.begin().await.expect("take the transactional id");
-        txn.send(
-            &s.output,
-            0,
-            &plain_records(&["not-an-id"]),
-            Compression::None,
-        )
-        .await
-        .expect("a write of the thief's");
+        // The host may take the id back first (its next InitProducerId fences this one): then
+        // the write is refused, and the fence has happened all the same.
+        match txn
+            .send(
+                &s.output,
+                0,
+                &plain_records(&["not-an-id"]),
+                Compression::None,
+            )
+            .await
+        {
+            Ok(()) | Err(TxnError::Fenced { .. }) => {}
+            Err(e) => panic!("a write of the thief's: {e}"),
+        }
         drop(txn); // left open
     }
     let h = host.clone();
@@ -401,11 +407,11 @@ async fn a_producer_fenced_mid_stream_writes_each_output_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_at_the_delivery_cap_are_dead_lettered_once_each_in_a_transaction() {
+async fn records_at_the_delivery_cap_are_dead_lettered_and_none_is_lost() {
     // Every plugin call traps: each record is released, comes back, and at its second delivery
-    // (the cap) is dead-lettered by the host without a plugin call. The connections are cut
-    // twice meanwhile, so some dead letters commit and their acknowledgements are lost: the
-    // records come a third time, and the settled log must keep them from a second dead letter.
+    // (the cap) is dead-lettered by the host without a plugin call, through the plain write
+    // path (at least once: the ledger allows such a dead letter twice, and counts it). The
+    // connections are cut twice meanwhile.
     let s = Scenario::new("delivery-cap", 600, 30_000).await;
     let (listen, target) = proxied_listener();
     let proxy = Proxy::start(&listen, &target).await;

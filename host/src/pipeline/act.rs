@@ -565,28 +565,12 @@ impl Pipeline {
                 })
                 .collect()
         };
-        if let Some(eo) = &ctx.exactly_once {
-            // A record at its cap was delivered before: a dead letter an earlier transaction
-            // committed for it (whose acknowledgement was lost) is not written again, and a
-            // new one commits with what it settles, like any reject.
-            let left = self.settled_earlier(ctx, eo, poison.clone()).await;
-            let rejects: Vec<(&ShareRecord, String)> = left
-                .iter()
-                .filter_map(|r| {
-                    reasons
-                        .iter()
-                        .find(|(p, _)| {
-                            p.partition == r.partition && p.record.offset == r.record.offset
-                        })
-                        .map(|(_, why)| (r, why.clone()))
-                })
-                .collect();
-            if !rejects.is_empty() {
-                self.transact(ctx, eo, Vec::new(), Vec::new(), rejects, &hash, None)
-                    .await;
-            }
-            return;
-        }
+        // Also in an exactly-once pipeline, through the plain write path, which holds the
+        // records and tries again until the dead letter lands: a dead letter at the cap may be
+        // written twice (its acknowledgement lost, the record comes again), never lost. In a
+        // transaction it was lost under faults: a transaction that cannot commit gives its
+        // records back, each time a delivery, and past the group's limit the broker archives
+        // them without a dead letter.
         let acting = Acting {
             pipeline: self,
             consumer,

@@ -537,14 +537,30 @@ impl Pipeline {
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         self.metrics.writes_waiting.get_or_create(&labels).inc();
                     }
-                    let pause = backoff.next_delay().unwrap_or(WRITE_BACKOFF.max);
-                    let left = records
-                        .iter()
-                        .map(|r| ctx.consumer.lock_left(r))
-                        .min()
-                        .unwrap_or_default();
-                    if left <= pause + LOCK_MARGIN {
-                        break Err(format!("the locks run out before the next try: {e}"));
+                    let mut pause = backoff.next_delay().unwrap_or(WRITE_BACKOFF.max);
+                    let lock_left = || {
+                        records
+                            .iter()
+                            .map(|r| ctx.consumer.lock_left(r))
+                            .min()
+                            .unwrap_or_default()
+                    };
+                    let mut left = lock_left();
+                    if left <= pause + LOCK_MARGIN * 2 {
+                        // The records are held through the outage, as an at-least-once
+                        // pipeline's are: a renewal the broker confirms restarts their locks
+                        // (and proves no other member took them meanwhile).
+                        let renewed = ctx
+                            .consumer
+                            .confirm_held(&records, left.saturating_sub(LOCK_MARGIN))
+                            .await;
+                        left = lock_left();
+                        if !matches!(renewed, Ok(true)) || left <= LOCK_MARGIN * 2 {
+                            break Err(format!("the locks run out before the next try: {e}"));
+                        }
+                        // The next try joins a transaction only with more than two margins
+                        // left: it waits at most half of what lies above them.
+                        pause = pause.min((left - LOCK_MARGIN * 2) / 2);
                     }
                     tokio::select! {
                         _ = ctx.stop.cancelled() => break Err(format!("the pipeline stops: {e}")),

@@ -162,9 +162,10 @@ impl ShareConsumer {
     }
 
     /// The time left on `record`'s lock as this member can prove it: counted from when the
-    /// request that acquired it was sent, so never more than the broker granted, and blind to
-    /// renewals (a renewal is counted when recorded, before the broker confirms it, and a host
-    /// resumed after a pause past its lock would record one for a record already gone); zero
+    /// request that acquired it was sent, or from when a renewal the broker confirmed was asked
+    /// for ([`ShareConsumer::confirm_held`]), so never more than the broker granted; other
+    /// renewals do not count (one is counted when recorded, before the broker confirms it, and
+    /// a host resumed after a pause past its lock would record one for a record already gone); zero
     /// when the lock time is unknown or the record is no longer held. Work that must finish
     /// while the record is certainly this member's (a transaction's commit) checks it last.
     pub fn lock_left(&self, record: &ShareRecord) -> Duration {
@@ -216,6 +217,9 @@ impl ShareConsumer {
             },
         ));
         let forget = || self.shared.confirmations.lock().retain(|(i, _)| *i != id);
+        // The broker renews after it reads the request, so a lock it confirms runs at least
+        // from here.
+        let asked = Instant::now();
         let renewals: Vec<(&ShareRecord, AckKind)> =
             records.iter().map(|r| (*r, AckKind::Renew)).collect();
         for recorded in self.acknowledge_all(&renewals) {
@@ -237,6 +241,19 @@ impl ShareConsumer {
             .and_then(Result::ok)
             .unwrap_or(false);
         forget();
+        if held {
+            // Proven: their locks restart from when the renewal was asked for.
+            let route = self.shared.route.lock();
+            let mut leaders = self.shared.leaders.lock();
+            for r in records {
+                if let Some(st) = route.get(&r.partition).and_then(|l| leaders.get_mut(l))
+                    && st.session == r.session
+                    && let Some(h) = st.outstanding.get_mut(&r.key())
+                {
+                    h.acquired = h.acquired.max(asked);
+                }
+            }
+        }
         Ok(held)
     }
 

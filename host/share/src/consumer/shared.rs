@@ -124,8 +124,10 @@ pub(super) struct Held {
     /// When its lock last (re)started as far as this member knows: a renewal moves it when
     /// recorded, before the broker confirmed it.
     pub(super) since: Instant,
-    /// When the request that acquired it was sent: the start of the one lock this member can
-    /// prove it holds (renewals leave it alone).
+    /// When the request that acquired it was sent, or, after a renewal the broker confirmed
+    /// ([`ShareConsumer::confirm_held`](super::ShareConsumer::confirm_held)), when that renewal
+    /// was asked for: the start of the one lock this member can prove it holds (renewals not
+    /// confirmed leave it alone).
     pub(super) acquired: Instant,
     /// Its delivery count (a release at the group's delivery limit archives it).
     pub(super) deliveries: i16,
