@@ -33,8 +33,8 @@ use sharehost_tests::ledger::{Written, check_exactly_once, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    blocking, bootstrap, client, committed_records, fresh_group_with, guest, harness,
-    ledger_manifest, produce_ids, proxied_listener, topic_records, topic_with_dead_letters, unique,
+    blocking, bootstrap, client, committed_records, fresh_group_with, guest, ledger_manifest,
+    produce_ids, proxied_listener, topic_records, topic_with_dead_letters, unique,
     wait_until_drained,
 };
 
@@ -137,6 +137,22 @@ impl Scenario {
         path
     }
 
+    /// Starts host "other" on `manifest` and waits until it and a stopped host (which judged
+    /// `before`) have judged every id between them.
+    async fn take_over(&self, manifest: PathBuf, before: Seen) -> HostProcess {
+        let n = self.ids.len();
+        blocking(move || {
+            let host = HostProcess::start(sharehost_bin!(), &manifest, "other");
+            host.wait_for("every id judged by the two", |now| {
+                let mut all = now.distinct();
+                all.extend(before.distinct());
+                all.len() >= n
+            });
+            host
+        })
+        .await
+    }
+
     /// Waits until the broker has nothing left for the group, then the exactly-once ledger
     /// ([`check_exactly_once`]).
     async fn ledger(&self, seen: &[Seen]) {
@@ -228,19 +244,8 @@ async fn a_host_paused_past_its_locks_never_commits_what_another_took() {
         host
     })
     .await;
-    let taken_before = paused.seen();
-    let (n, before) = (s.ids.len(), taken_before.clone());
-    let other = blocking(move || {
-        let host = HostProcess::start(sharehost_bin!(), &second, "other");
-        // Everything, the paused host's batches among it once their locks ran out.
-        host.wait_for("every id judged by the two", |now| {
-            let mut all = now.distinct();
-            all.extend(before.distinct());
-            all.len() >= n
-        });
-        host
-    })
-    .await;
+    // Everything, the paused host's batches among it once their locks ran out.
+    let other = s.take_over(second, paused.seen()).await;
     let group = s.group.clone();
     blocking(move || wait_until_drained(&group)).await;
     // The paused host resumes with a judged batch whose locks ran out long ago: it must abort.
@@ -285,17 +290,7 @@ async fn a_host_whose_session_the_broker_ended_unseen_never_commits_what_another
     // end of the connection stays open and silent.
     let stranded_sessions = proxy.strand_share_sessions();
     assert!(stranded_sessions >= 1, "a share session to strand");
-    let (n, before) = (s.ids.len(), stranded.seen());
-    let other = blocking(move || {
-        let host = HostProcess::start(sharehost_bin!(), &second, "other");
-        host.wait_for("every id judged by the two", |now| {
-            let mut all = now.distinct();
-            all.extend(before.distinct());
-            all.len() >= n
-        });
-        host
-    })
-    .await;
+    let other = s.take_over(second, stranded.seen()).await;
     let group = s.group.clone();
     blocking(move || wait_until_drained(&group)).await;
     // Resumed, the host writes its judged batch in a transaction and asks the broker to confirm
@@ -334,15 +329,7 @@ async fn a_broker_restart_mid_stream_writes_each_output_once() {
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || {
-        h.wait_for("a quarter judged", |seen| seen.judged() >= n / 4);
-        harness("stop-broker");
-        harness("start-broker");
-        h.wait_for("every id judged after the restart", |seen| {
-            seen.distinct().len() >= n
-        });
-    })
-    .await;
+    blocking(move || h.restart_broker_mid_stream(n)).await;
     let group = s.group.clone();
     blocking(move || wait_until_drained(&group)).await;
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
@@ -358,14 +345,7 @@ async fn a_producer_fenced_mid_stream_writes_each_output_once() {
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     // The pipeline's transactional id, from its member id as the host logs it.
     let h = host.clone();
-    let lines = blocking(move || h.wait_for_log("pipeline running")).await;
-    let member = lines
-        .iter()
-        .find(|l| l.contains("pipeline running"))
-        .and_then(|l| l.split("member=\"").nth(1))
-        .and_then(|rest| rest.split('"').next())
-        .expect("the member id in the log")
-        .to_owned();
+    let member = blocking(move || h.member_id()).await;
     let id = format!("sharehost.{}.{member}", s.group);
     let n = s.ids.len();
     for part in [4, 2] {

@@ -59,14 +59,7 @@ async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_e
 
     // The node coordinating the pipeline's transactional id (`sharehost.<group>.<member>`).
     let h = host.clone();
-    let lines = blocking(move || h.wait_for_log("pipeline running")).await;
-    let member = lines
-        .iter()
-        .find(|l| l.contains("pipeline running"))
-        .and_then(|l| l.split("member=\"").nth(1))
-        .and_then(|rest| rest.split('"').next())
-        .expect("the member id in the log")
-        .to_owned();
+    let member = blocking(move || h.member_id()).await;
     let transactional_id = format!("sharehost.{group}.{member}");
     let n = ids.len();
     let h = host.clone();

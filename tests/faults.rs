@@ -22,7 +22,7 @@ use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, harness, ledger_manifest,
+    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
     new_version, produce_ids, proxied_listener, topic_records, topic_values,
     topic_with_dead_letters, unique, wait_until_drained,
 };
@@ -455,15 +455,7 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
     let (h, n) = (host.clone(), s.ids.len());
-    blocking(move || {
-        h.wait_for("a quarter judged", |seen| seen.judged() >= n / 4);
-        harness("stop-broker");
-        harness("start-broker");
-        h.wait_for("every id judged after the restart", |seen| {
-            seen.distinct().len() >= n
-        });
-    })
-    .await;
+    blocking(move || h.restart_broker_mid_stream(n)).await;
     // A verdict whose acknowledgement the restart cut off is delivered again: the host runs
     // until the broker has nothing left for the group, as every other scenario's does.
     let group = s.group.clone();

@@ -415,6 +415,30 @@ impl HostProcess {
         lock(&self.log).clone()
     }
 
+    /// The member id its pipeline logs when it starts running (`member="..."`), once logged:
+    /// an exactly-once pipeline's transactional id is `sharehost.<group>.<member id>`.
+    pub fn member_id(&self) -> String {
+        self.wait_for_log("pipeline running")
+            .iter()
+            .find(|l| l.contains("pipeline running"))
+            .and_then(|l| l.split("member=\"").nth(1))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("{}: no member id in the log", self.name))
+            .to_owned()
+    }
+
+    /// Stops the broker of the default harness (`dev/kafka stop-broker`) once this host has
+    /// judged a quarter of `n` ids, starts it again, and waits until the host has judged all
+    /// `n` after it.
+    pub fn restart_broker_mid_stream(&self, n: usize) {
+        self.wait_for("a quarter judged", |seen| seen.judged() >= n / 4);
+        crate::harness("stop-broker");
+        crate::harness("start-broker");
+        self.wait_for("every id judged after the restart", |seen| {
+            seen.distinct().len() >= n
+        });
+    }
+
     /// Waits until a log line contains `text` (at most [`PATIENCE`], then fails the test with
     /// the log), and returns the lines read so far.
     pub fn wait_for_log(&self, text: &str) -> Vec<String> {
