@@ -546,6 +546,16 @@ impl Pipeline {
             self.counters.count(&hash, |c| c.rejected += n);
             return;
         }
+        // In an exactly-once pipeline a record at its cap may have been settled by a committed
+        // transaction whose acknowledgement was lost: acknowledged as then, it gets no dead
+        // letter beside its outputs.
+        let poison = match &ctx.exactly_once {
+            Some(eo) => self.settled_earlier(ctx, eo, poison, true).await,
+            None => poison,
+        };
+        if poison.is_empty() {
+            return;
+        }
         let reasons: Vec<(&ShareRecord, String)> = {
             let mut last = self.counters.last_faults.lock();
             poison

@@ -544,7 +544,7 @@ impl Pipeline {
     ) {
         // Exactly-once: what a committed transaction settled before is acknowledged as then.
         let batch = match &ctx.exactly_once {
-            Some(eo) => self.settled_earlier(ctx, eo, batch).await,
+            Some(eo) => self.settled_earlier(ctx, eo, batch, false).await,
             None => batch,
         };
         if batch.is_empty() {

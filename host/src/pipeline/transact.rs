@@ -354,12 +354,15 @@ impl Pipeline {
     /// Looks up the records of `batch` delivered before (delivery count above 1) in the settled
     /// log: each one a committed transaction settled is acknowledged as it was then, without
     /// judging or writing; returns the others. Records whose lookup fails go back to the broker
-    /// (judging them might write twice).
+    /// (judging them might write twice), unless `at_cap`: records at the delivery cap are
+    /// returned all the same (they are dead-lettered next, at least once; given back, they
+    /// would spend the group's last deliveries and be archived without a dead letter).
     pub(super) async fn settled_earlier(
         &self,
         ctx: &BatchContext,
         eo: &ExactlyOnce,
         batch: Vec<ShareRecord>,
+        at_cap: bool,
     ) -> Vec<ShareRecord> {
         let again: Vec<usize> = (0..batch.len())
             .filter(|&i| batch[i].delivery_count > 1)
@@ -376,6 +379,10 @@ impl Pipeline {
             .collect();
         let found = match eo.index.lookup(&ctx.client, &keys).await {
             Ok(found) => found,
+            Err(e) if at_cap => {
+                tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records at the delivery cap are dead-lettered without knowing whether a transaction settled them: {e}");
+                return batch;
+            }
             Err(e) => {
                 tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records delivered again go back unjudged: {e}");
                 let back: Vec<&ShareRecord> = again.iter().map(|&i| &batch[i]).collect();
