@@ -242,11 +242,18 @@ impl ShareConsumer {
             .unwrap_or(false);
         forget();
         if held {
-            // Proven: their locks restart from when the renewal was asked for.
-            let route = self.shared.route.lock();
+            // Proven: their locks restart from when the renewal was asked for. (The route and
+            // the leaders are locked one after the other, never together, as everywhere.)
+            let leaders_of: Vec<Option<i32>> = {
+                let route = self.shared.route.lock();
+                records
+                    .iter()
+                    .map(|r| route.get(&r.partition).copied())
+                    .collect()
+            };
             let mut leaders = self.shared.leaders.lock();
-            for r in records {
-                if let Some(st) = route.get(&r.partition).and_then(|l| leaders.get_mut(l))
+            for (r, leader) in records.iter().zip(leaders_of) {
+                if let Some(st) = leader.and_then(|l| leaders.get_mut(&l))
                     && st.session == r.session
                     && let Some(h) = st.outstanding.get_mut(&r.key())
                 {
