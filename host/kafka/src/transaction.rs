@@ -300,6 +300,12 @@ impl TransactionalProducer {
             match result {
                 Ok(v) => return Ok(v),
                 Err(e) if fenced(&e) => return Err(self.kafka(e)),
+                // About a partition (a topic deleted), not the coordinator: asking again for the
+                // rest of the request timeout would outlast the caller's record locks, and the
+                // caller tries the whole transaction again on its own terms.
+                Err(e) if e.code() == Some(ResponseError::UnknownTopicOrPartition) => {
+                    return Err(self.kafka(e));
+                }
                 Err(e) if e.class() != ErrorClass::Fatal => {
                     if matches!(
                         e.code(),
