@@ -380,6 +380,36 @@ async fn attempt(
 /// Bytes a batch of one record adds around the record (batch header, record framing).
 const ONE_RECORD_BATCH_OVERHEAD: usize = 128;
 
+/// The most bytes a record's framing adds inside a batch: its length, attributes, timestamp
+/// and offset deltas, key and value lengths and header count as varints, and two lengths per
+/// header.
+pub fn record_framing(p: &ProduceRecord) -> usize {
+    36 + 10 * p.headers.len()
+}
+
+/// Whether `record` alone, compressed as every write is, fits a topic whose
+/// `max.message.bytes` is `limit`. Exact near the limit (the one-record batch is encoded):
+/// lz4 may take a compressible record under it, or grow an incompressible one past it. Used
+/// where a refused write cannot be split and tried again alone (a transaction's).
+pub fn fits_alone(record: &ProduceRecord, limit: usize) -> bool {
+    let raw = record_bytes(record) + record_framing(record);
+    if raw + raw / 64 + ONE_RECORD_BATCH_OVERHEAD <= limit {
+        return true;
+    }
+    crate::kafka::records::encode_batch(std::slice::from_ref(record), WRITE_COMPRESSION)
+        .is_ok_and(|b| b.len() <= limit)
+}
+
+/// The most bytes (records and their framing, uncompressed) a batch of several records may
+/// carry to a topic whose `max.message.bytes` is `limit` (`None`: unknown, the broker's
+/// default assumed), whatever lz4 then does to them: at worst it adds a 64th.
+pub fn batch_budget(limit: Option<usize>) -> usize {
+    match limit {
+        None => MAX_WRITE_BATCH_BYTES,
+        Some(l) => MAX_WRITE_BATCH_BYTES.min(l.saturating_sub(ONE_RECORD_BATCH_OVERHEAD) * 63 / 64),
+    }
+}
+
 /// Which form of a record its topic's `max.message.bytes` (its own or the broker's) takes
 /// now, read after the topic refused the whole record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -492,6 +522,96 @@ mod tests {
         assert_eq!(fits_under(Some(1 << 20), 2_000, 300), Fits::Whole);
         assert_eq!(fits_under(Some(1 << 20), 2 << 20, 300), Fits::Smaller);
         assert_eq!(fits_under(None, 2 << 20, 300), Fits::Smaller);
+    }
+
+    /// `n` bytes that lz4 cannot shrink (a xorshift stream).
+    fn noise(n: usize, seed: u64) -> Bytes {
+        let mut x = seed | 1;
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v.truncate(n);
+        Bytes::from(v)
+    }
+
+    fn with_headers(value: Bytes) -> ProduceRecord {
+        ProduceRecord {
+            key: Some(Bytes::from_static(b"k-1")),
+            value: Some(value),
+            headers: (0..4)
+                .map(|i| crate::kafka::Header {
+                    key: format!("sharehost.h{i}"),
+                    value: Some(Bytes::from(i.to_string())),
+                })
+                .collect(),
+            timestamp: Some(1_700_000_000_000),
+        }
+    }
+
+    fn encoded(records: &[ProduceRecord]) -> usize {
+        crate::kafka::records::encode_batch(records, WRITE_COMPRESSION)
+            .expect("encode")
+            .len()
+    }
+
+    #[test]
+    fn a_record_fits_alone_exactly_when_its_compressed_batch_is_within_the_limit() {
+        let limit = 8192;
+        let mut seen = (0, 0);
+        for n in (0..20_000).step_by(211) {
+            let r = with_headers(noise(n, n as u64));
+            let fits = fits_alone(&r, limit);
+            assert_eq!(
+                fits,
+                encoded(std::slice::from_ref(&r)) <= limit,
+                "{n} bytes"
+            );
+            if fits { seen.0 += 1 } else { seen.1 += 1 }
+        }
+        assert!(seen.0 > 0 && seen.1 > 0, "{seen:?}");
+        // Compressible: 20 KB of one byte is written under an 8 KiB limit.
+        assert!(fits_alone(
+            &with_headers(Bytes::from(vec![b'0'; 20_000])),
+            limit
+        ));
+    }
+
+    #[test]
+    fn records_under_the_batch_budget_fit_the_limit_as_one_batch_whatever_they_hold() {
+        for limit in [300, 8192, 100_000, 1_048_588] {
+            let budget = batch_budget(Some(limit));
+            for size in [1, 10, 100, 1000] {
+                let mut batch = Vec::new();
+                let mut bytes = 0;
+                loop {
+                    let r = with_headers(noise(size, (bytes + size) as u64));
+                    let cost = record_bytes(&r) + record_framing(&r);
+                    if bytes + cost > budget {
+                        break;
+                    }
+                    bytes += cost;
+                    batch.push(r);
+                }
+                if !batch.is_empty() {
+                    let n = encoded(&batch);
+                    assert!(
+                        n <= limit,
+                        "{} records of {size} B: {n} > {limit}",
+                        batch.len()
+                    );
+                }
+            }
+        }
+        assert_eq!(batch_budget(None), MAX_WRITE_BATCH_BYTES);
+        assert_eq!(
+            batch_budget(Some(10)),
+            0,
+            "a limit below a batch's header takes nothing"
+        );
     }
 
     #[test]

@@ -133,13 +133,7 @@ impl WriteObserver for WriteWatch<'_, '_, '_> {
     }
 
     fn shrunk(&self, topic: &str) {
-        let p = self.acting.pipeline;
-        p.counters.writes.shrunk.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(pipeline = %p.spec.name, topic, "a record larger than the dead-letter topic accepts was dead-lettered without its key, value and headers");
-        p.metrics
-            .dead_letters_shrunk
-            .get_or_create(&vec![("pipeline", p.spec.name.clone())])
-            .inc();
+        self.acting.pipeline.count_shrunk(topic, 1);
     }
 
     fn waiting(&self, waiting: bool) {
@@ -159,6 +153,17 @@ impl WriteObserver for WriteWatch<'_, '_, '_> {
 }
 
 impl Pipeline {
+    /// Counts `n` dead letters written to `topic` without their record's key, value and
+    /// headers (too large for it whole).
+    pub(super) fn count_shrunk(&self, topic: &str, n: u64) {
+        self.counters.writes.shrunk.fetch_add(n, Ordering::Relaxed);
+        tracing::warn!(pipeline = %self.spec.name, topic, dead_letters = n, "a record larger than the dead-letter topic accepts was dead-lettered without its key, value and headers");
+        self.metrics
+            .dead_letters_shrunk
+            .get_or_create(&vec![("pipeline", self.spec.name.clone())])
+            .inc_by(n);
+    }
+
     /// Executes `plan` for `batch`, judged by version `hash`. `permit` (one of the pipeline's
     /// `concurrency`) is held until the writes are first tried; a batch whose writes wait for a
     /// retry gives it back, so the pipeline judges on meanwhile.

@@ -18,9 +18,9 @@
 //! one the broker ended unseen, when a connection is cut on its side only: the broker released
 //! the records with it) aborts the transaction, and the batch goes back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -33,7 +33,8 @@ use crate::runtime::Emit;
 use crate::share::consumer::{LOCK_MARGIN, Settle, ShareConsumer, ShareRecord};
 use crate::share::ledger::AckKind;
 use crate::writes::{
-    MAX_WRITE_BATCH_BYTES, PartitionBy, WRITE_BACKOFF, WRITE_COMPRESSION, record_bytes,
+    PartitionBy, WRITE_BACKOFF, WRITE_COMPRESSION, batch_budget, fits_alone, record_bytes,
+    record_framing,
 };
 
 /// What an exactly-once pipeline's run holds: its transactional producer, the settled log's
@@ -56,7 +57,14 @@ pub(super) struct ExactlyOnce {
     /// A commit the coordinator confirmed whose marker the settled log did not show: the
     /// partitions to commit again before the next transaction (see [`ExactlyOnce::in_the_log`]).
     unlanded: parking_lot::Mutex<Option<Unlanded>>,
+    /// Each written topic's `max.message.bytes` as last read, and when (see
+    /// [`ExactlyOnce::limit`]).
+    limits: parking_lot::Mutex<HashMap<String, (Option<usize>, Instant)>>,
 }
+
+/// How long a topic's `max.message.bytes` is trusted before it is read again (a failed
+/// transaction reads every limit again at once).
+const LIMIT_TTL: Duration = Duration::from_secs(60);
 
 /// A confirmed commit not seen in the log yet.
 #[derive(Debug, Clone)]
@@ -85,6 +93,9 @@ impl std::fmt::Debug for ExactlyOnce {
 struct Job {
     writes: Vec<(String, PartitionBy, ProduceRecord)>,
     records: Vec<ShareRecord>,
+    /// In a transaction of its own: a job tried again after a failure does not fail the fresh
+    /// batches of a group commit with it.
+    alone: bool,
     done: tokio::sync::oneshot::Sender<Result<(), NotCommitted>>,
 }
 
@@ -104,6 +115,38 @@ enum NotCommitted {
 }
 
 impl ExactlyOnce {
+    /// The `max.message.bytes` of `topic` (its own or the broker's; `None` when it cannot be
+    /// read). A transaction's refused produce cannot be split and tried again alone, as a
+    /// plain write's is: it fails the whole transaction, every batch that joined it, and again
+    /// on every try. So a transaction's writes are sized by the limit before they are sent.
+    async fn limit(&self, topic: &str) -> Option<usize> {
+        if let Some((limit, at)) = self.limits.lock().get(topic)
+            && at.elapsed() < LIMIT_TTL
+        {
+            return *limit;
+        }
+        let limit = match self.client.topic_config(topic, "max.message.bytes").await {
+            Ok(Some(v)) => v.parse::<usize>().ok(),
+            Ok(None) | Err(_) => None,
+        };
+        self.limits
+            .lock()
+            .insert(topic.to_owned(), (limit, Instant::now()));
+        limit
+    }
+
+    /// [`ExactlyOnce::limit`] of each of `topics`.
+    async fn limits(&self, topics: &[String]) -> HashMap<String, Option<usize>> {
+        let mut out = HashMap::new();
+        for t in topics {
+            if !out.contains_key(t) {
+                let limit = self.limit(t).await;
+                out.insert(t.clone(), limit);
+            }
+        }
+        out
+    }
+
     /// The time left on the shortest lock of `records` (see [`ShareConsumer::lock_left`]).
     fn lock_left<'a>(&self, records: impl IntoIterator<Item = &'a ShareRecord>) -> Duration {
         records
@@ -179,16 +222,18 @@ impl ExactlyOnce {
     }
 
     /// Commits `writes` for `records` in the next transaction, with whatever other batches
-    /// have pending by then.
+    /// have pending by then, unless `alone`.
     async fn commit(
         &self,
         writes: Vec<(String, PartitionBy, ProduceRecord)>,
         records: Vec<ShareRecord>,
+        alone: bool,
     ) -> Result<(), NotCommitted> {
         let (done, mut outcome) = tokio::sync::oneshot::channel();
         self.pending.lock().push(Job {
             writes,
             records,
+            alone,
             done,
         });
         loop {
@@ -200,8 +245,12 @@ impl ExactlyOnce {
                 turn = self.committing.lock() => turn,
             };
             let jobs = std::mem::take(&mut *self.pending.lock());
-            if !jobs.is_empty() {
-                self.run(jobs).await;
+            let (alone, together): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.alone);
+            if !together.is_empty() {
+                self.run(together).await;
+            }
+            for job in alone {
+                self.run(vec![job]).await;
             }
             drop(turn);
         }
@@ -221,6 +270,10 @@ impl ExactlyOnce {
             return;
         }
         let result = self.one_transaction(&jobs).await;
+        if result.is_err() {
+            // A limit lowered since it was read fails transactions until it is read again.
+            self.limits.lock().clear();
+        }
         for (i, j) in jobs.into_iter().enumerate() {
             let r = match &result {
                 Ok(()) => Ok(()),
@@ -259,14 +312,16 @@ impl ExactlyOnce {
                 .or_default()
                 .push(record.clone());
         }
-        // Batches under the byte bound the plain writes keep.
+        // Batches under the byte bound the plain writes keep and the topic's own limit (a
+        // record checked to fit alone but not under the budget goes alone).
         let mut batches: Vec<(String, i32, Vec<ProduceRecord>)> = Vec::new();
         for ((topic, partition), records) in placed {
+            let budget = batch_budget(self.limit(&topic).await);
             let mut batch: Vec<ProduceRecord> = Vec::new();
             let mut bytes = 0;
             for r in records {
-                let size = record_bytes(&r);
-                if !batch.is_empty() && bytes + size > MAX_WRITE_BATCH_BYTES {
+                let size = record_bytes(&r) + record_framing(&r);
+                if !batch.is_empty() && bytes + size > budget {
                     batches.push((topic.clone(), partition, std::mem::take(&mut batch)));
                     bytes = 0;
                 }
@@ -438,7 +493,9 @@ impl Pipeline {
     /// `producing` (accepted records and their emits) and `rejects` (rejected records and their
     /// reasons; dead-lettered where the pipeline has a topic for it). `now` (verdicts that owe
     /// no write) are settled at once. A failed transaction is tried again while the locks
-    /// allow; what cannot be committed in time goes back to the broker.
+    /// allow, split by the topics its records write to, so that a topic that refuses writes
+    /// holds only the records that owe it one (as a plain pipeline's separate writes do);
+    /// what cannot be committed in time goes back to the broker.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn transact<'r>(
         &self,
@@ -451,52 +508,377 @@ impl Pipeline {
         permit: Option<OwnedSemaphorePermit>,
     ) {
         self.settle(&ctx.consumer, &now, hash);
+        let parts = self.parts(eo, producing, rejects, hash).await;
+        // The batch waits for its commit without its permit: the batches judged meanwhile join
+        // the next transaction (the engine's in-flight bound holds them all the same).
+        drop(permit);
+        // A part with a write its topic cannot take now is never sent (see `Part::attempt`):
+        // it waits on its own from the start.
+        let mut fit: Vec<&Part<'r>> = Vec::new();
+        let mut waiting: Vec<(&Part<'r>, String)> = Vec::new();
+        let mut writes = Vec::new();
+        for part in &parts {
+            match part.attempt(eo).await {
+                Ok(w) => {
+                    writes.extend(w);
+                    fit.push(part);
+                }
+                Err(why) => waiting.push((part, why)),
+            }
+        }
+        if !fit.is_empty() {
+            let records = eo.settled_writes(&fit, &mut writes);
+            match eo.commit(writes, records, false).await {
+                Ok(()) => {
+                    // The usual batch: acknowledged in one crossing.
+                    let mut all = Vec::new();
+                    for part in &fit {
+                        self.count_committed(part, hash);
+                        all.extend(
+                            part.decisions
+                                .iter()
+                                .map(|d| Decision::new(d.record, d.settle, d.cause)),
+                        );
+                    }
+                    self.settle(&ctx.consumer, &all, hash);
+                }
+                Err(NotCommitted::Failed(e)) => {
+                    waiting.extend(fit.iter().map(|p| (*p, e.clone())));
+                }
+                Err(other) => {
+                    let why = match other {
+                        NotCommitted::Unknown(e) | NotCommitted::NotHeld(e) => e,
+                        _ => "a lock would run out before the commit: aborted".to_owned(),
+                    };
+                    for part in parts.iter() {
+                        self.settle_part(ctx, part, Err(why.clone()), hash);
+                    }
+                    return;
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        let labels = vec![("pipeline", self.spec.name.clone())];
+        self.counters
+            .writes
+            .waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.writes_waiting.get_or_create(&labels).inc();
+        // Each part settles as soon as its own transaction ends.
+        let tries = waiting.into_iter().map(|(part, e)| async move {
+            self.count_failed_transaction(eo, &e);
+            let outcome = self.commit_held(ctx, eo, part, e).await;
+            self.settle_part(ctx, part, outcome, hash);
+        });
+        futures::future::join_all(tries).await;
+        self.counters
+            .writes
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.writes_waiting.get_or_create(&labels).dec();
+    }
+
+    /// A batch's records grouped by the topics they write to, each with what it writes and how
+    /// it is settled once that committed. An output its topic cannot take even alone rejects
+    /// its record now, as a plain pipeline's does once the broker refused it (see
+    /// `ExactlyOnce::limit`).
+    async fn parts<'r>(
+        &self,
+        eo: &ExactlyOnce,
+        producing: Vec<(&'r ShareRecord, Vec<Emit>)>,
+        rejects: Vec<(&'r ShareRecord, String)>,
+        hash: &str,
+    ) -> Vec<Part<'r>> {
         let (plugin, signer) = self.identity(hash);
-        let mut writes: Vec<(String, PartitionBy, ProduceRecord)> = Vec::new();
-        let mut decisions: Vec<Decision<'r>> = Vec::new();
-        let mut emitted = 0u64;
-        for (r, emits) in &producing {
+        let outputs: Vec<String> = self.spec.outputs.values().cloned().collect();
+        let limits = eo.limits(&outputs).await;
+        let mut parts: BTreeMap<Vec<String>, Part<'r>> = BTreeMap::new();
+        let mut rejects = rejects;
+        let mut unwritable = 0u64;
+        'records: for (r, emits) in &producing {
+            let mut mine = Vec::with_capacity(emits.len());
             for e in emits {
                 if let Some(topic) = self.spec.outputs.get(&*e.output) {
-                    emitted += 1;
-                    writes.push((
-                        topic.clone(),
-                        PartitionBy::KeyOrSource(r.partition.partition),
-                        output_record(r, e),
-                    ));
+                    let record = output_record(r, e);
+                    let limit = limits.get(topic).copied().flatten();
+                    if let Some(limit) = limit.filter(|&l| !fits_alone(&record, l)) {
+                        let why = format!(
+                            "output not writable: a record larger than topic {topic} accepts (max.message.bytes {limit})"
+                        );
+                        tracing::error!(pipeline = %self.spec.name, topic = %r.topic, partition = r.partition.partition, offset = r.record.offset, "an output of an accepted record can never be written; the record is rejected: {why}");
+                        unwritable += emits.len() as u64;
+                        rejects.push((r, why));
+                        continue 'records;
+                    }
+                    mine.push(PartWrite {
+                        topic: topic.clone(),
+                        by: PartitionBy::KeyOrSource(r.partition.partition),
+                        record,
+                        smaller: None,
+                    });
                 }
             }
-            decisions.push(Decision::new(
-                r,
-                Settle::Final(AckKind::Accept),
-                Cause::Verdict,
-            ));
+            let emitted = mine.len() as u64;
+            Part::add(
+                &mut parts,
+                Decision::new(r, Settle::Final(AckKind::Accept), Cause::Verdict),
+                mine,
+            )
+            .emitted += emitted;
         }
-        let mut dead_lettered = 0u64;
-        for (r, reason) in &rejects {
-            match &self.spec.dead_letter_topic {
-                Some(dlq) => {
-                    dead_lettered += 1;
-                    writes.push((
-                        dlq.clone(),
-                        PartitionBy::Source(r.partition.partition),
-                        self.dead_letter(r, reason, &plugin, hash, signer.as_deref(), true),
-                    ));
-                    decisions.push(Decision::new(
-                        r,
-                        Settle::Final(AckKind::Reject),
-                        Cause::DeadLettered,
-                    ));
-                }
-                None => decisions.push(Decision::new(
+        if unwritable > 0 {
+            self.counters.count_emits(hash, "failed", unwritable);
+        }
+        for (r, reason) in rejects {
+            let Some(dlq) = &self.spec.dead_letter_topic else {
+                Part::add(
+                    &mut parts,
+                    Decision::new(r, Settle::Final(AckKind::Reject), Cause::Verdict),
+                    Vec::new(),
+                );
+                continue;
+            };
+            let write = PartWrite {
+                topic: dlq.clone(),
+                by: PartitionBy::Source(r.partition.partition),
+                record: self.dead_letter(r, &reason, &plugin, hash, signer.as_deref(), true),
+                smaller: Some(self.dead_letter(
                     r,
-                    Settle::Final(AckKind::Reject),
-                    Cause::Verdict,
+                    &reason,
+                    &plugin,
+                    hash,
+                    signer.as_deref(),
+                    false,
                 )),
+            };
+            Part::add(
+                &mut parts,
+                Decision::new(r, Settle::Final(AckKind::Reject), Cause::DeadLettered),
+                vec![write],
+            )
+            .dead_lettered += 1;
+        }
+        parts.into_values().collect()
+    }
+
+    /// Counts a failed transaction of the pipeline's, as a failed write.
+    fn count_failed_transaction(&self, eo: &ExactlyOnce, e: &str) {
+        self.counters
+            .writes
+            .failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.metrics
+            .write_failures
+            .get_or_create(&vec![
+                ("pipeline", self.spec.name.clone()),
+                ("kind", "transaction".to_owned()),
+                ("topic", eo.topic.clone()),
+                ("error", "transaction".to_owned()),
+            ])
+            .inc();
+        tracing::warn!(pipeline = %self.spec.name, "a transaction failed and is tried again while its records' locks allow: {e}");
+    }
+
+    /// Tries `part`'s transaction again, alone, after its first try failed with `error`:
+    /// with backoff, holding its records through the outage (a renewal the broker confirms
+    /// restarts their locks, and proves no other member took them meanwhile), until it commits,
+    /// the locks cannot be held, or the pipeline stops.
+    async fn commit_held(
+        &self,
+        ctx: &BatchContext,
+        eo: &ExactlyOnce,
+        part: &Part<'_>,
+        error: String,
+    ) -> Result<(), String> {
+        let records: Vec<&ShareRecord> = part.decisions.iter().map(|d| d.record).collect();
+        let lock_left = || {
+            records
+                .iter()
+                .map(|r| ctx.consumer.lock_left(r))
+                .min()
+                .unwrap_or_default()
+        };
+        let mut backoff = Backoff::new(WRITE_BACKOFF);
+        let mut e = error;
+        loop {
+            let mut pause = backoff.next_delay().unwrap_or(WRITE_BACKOFF.max);
+            let mut left = lock_left();
+            if left <= pause + LOCK_MARGIN * 2 {
+                let renewed = ctx
+                    .consumer
+                    .confirm_held(&records, left.saturating_sub(LOCK_MARGIN))
+                    .await;
+                left = lock_left();
+                if !matches!(renewed, Ok(true)) || left <= LOCK_MARGIN * 2 {
+                    return Err(format!("the locks run out before the next try: {e}"));
+                }
+                // The next try joins a transaction only with more than two margins left: it
+                // waits at most half of what lies above them.
+                pause = pause.min((left - LOCK_MARGIN * 2) / 2);
+            }
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return Err(format!("the pipeline stops: {e}")),
+                _ = tokio::time::sleep(pause) => {}
+            }
+            let mut writes = match part.attempt(eo).await {
+                Ok(writes) => writes,
+                Err(why) => {
+                    self.count_failed_transaction(eo, &why);
+                    e = why;
+                    continue;
+                }
+            };
+            let owned = eo.settled_writes(&[part], &mut writes);
+            match eo.commit(writes, owned, true).await {
+                Ok(()) => return Ok(()),
+                Err(NotCommitted::Failed(again)) => {
+                    self.count_failed_transaction(eo, &again);
+                    e = again;
+                }
+                Err(NotCommitted::LocksShort) => {
+                    return Err("a lock would run out before the commit: aborted".to_owned());
+                }
+                Err(NotCommitted::Unknown(e) | NotCommitted::NotHeld(e)) => return Err(e),
             }
         }
+    }
+
+    /// Counts what `part`'s committed transaction wrote.
+    fn count_committed(&self, part: &Part<'_>, hash: &str) {
+        if part.emitted > 0 {
+            self.counters.count_emits(hash, "produced", part.emitted);
+        }
+        let shrunk = part.shrunk.load(std::sync::atomic::Ordering::Relaxed);
+        if shrunk > 0
+            && let Some(dlq) = &self.spec.dead_letter_topic
+        {
+            self.count_shrunk(dlq, shrunk);
+        }
+        if part.dead_lettered > 0 {
+            self.counters
+                .dead_lettered
+                .fetch_add(part.dead_lettered, std::sync::atomic::Ordering::Relaxed);
+            self.metrics
+                .dead_lettered
+                .get_or_create(&self.counters.labels(hash))
+                .inc_by(part.dead_lettered);
+        }
+    }
+
+    /// Acknowledges `part`'s records once its transaction committed (counting what it wrote),
+    /// or gives them back to the broker (a record delivered again is looked up first).
+    fn settle_part(
+        &self,
+        ctx: &BatchContext,
+        part: &Part<'_>,
+        outcome: Result<(), String>,
+        hash: &str,
+    ) {
+        match outcome {
+            Ok(()) => {
+                self.count_committed(part, hash);
+                self.settle(&ctx.consumer, &part.decisions, hash);
+            }
+            Err(why) => {
+                tracing::warn!(pipeline = %self.spec.name, records = part.decisions.len(), "a transaction did not commit; its records go back to the broker (a record delivered again is looked up in the settled log first): {why}");
+                if part.emitted > 0 {
+                    self.counters.count_emits(hash, "failed", part.emitted);
+                }
+                let back: Vec<Decision<'_>> = part
+                    .decisions
+                    .iter()
+                    .map(|d| {
+                        Decision::new(d.record, Settle::Final(AckKind::Release), Cause::Unwritten)
+                    })
+                    .collect();
+                self.settle(&ctx.consumer, &back, hash);
+            }
+        }
+    }
+}
+
+/// One write of a part: the record, and a smaller form to write instead when the topic takes
+/// only that (a dead letter without the record's key, value and headers).
+struct PartWrite {
+    topic: String,
+    by: PartitionBy,
+    record: ProduceRecord,
+    smaller: Option<ProduceRecord>,
+}
+
+/// A write as a transaction sends it: topic, how its partition is chosen, the record.
+type TxnWrite = (String, PartitionBy, ProduceRecord);
+
+/// Records of a batch that write to the same topics: what they write, how they are settled,
+/// and what to count once that committed.
+#[derive(Default)]
+struct Part<'r> {
+    decisions: Vec<Decision<'r>>,
+    writes: Vec<PartWrite>,
+    emitted: u64,
+    dead_lettered: u64,
+    /// Dead letters its last attempt wrote in their smaller form.
+    shrunk: std::sync::atomic::AtomicU64,
+}
+
+impl<'r> Part<'r> {
+    /// Adds a record's `decision` and `writes` to the part of the topics it writes to.
+    fn add<'p>(
+        parts: &'p mut BTreeMap<Vec<String>, Part<'r>>,
+        decision: Decision<'r>,
+        writes: Vec<PartWrite>,
+    ) -> &'p mut Part<'r> {
+        let mut topics: Vec<String> = writes.iter().map(|w| w.topic.clone()).collect();
+        topics.sort();
+        topics.dedup();
+        let part = parts.entry(topics).or_default();
+        part.decisions.push(decision);
+        part.writes.extend(writes);
+        part
+    }
+
+    /// What an attempt to commit the part writes, each write in the form its topic takes by its
+    /// limit now; an error when a topic takes neither form. Never sent then: a transaction
+    /// holding a write its topic refuses cannot commit, and the coordinator cannot end it either
+    /// while the topic refuses its abort marker too (a limit below a control batch), which
+    /// blocks every later transaction of the id until the limit is lifted.
+    async fn attempt(&self, eo: &ExactlyOnce) -> Result<Vec<TxnWrite>, String> {
+        let mut out = Vec::with_capacity(self.writes.len());
+        let mut shrunk = 0;
+        for w in &self.writes {
+            let Some(limit) = eo.limit(&w.topic).await else {
+                out.push((w.topic.clone(), w.by, w.record.clone()));
+                continue;
+            };
+            if fits_alone(&w.record, limit) {
+                out.push((w.topic.clone(), w.by, w.record.clone()));
+            } else if let Some(smaller) = w.smaller.as_ref().filter(|s| fits_alone(s, limit)) {
+                shrunk += 1;
+                out.push((w.topic.clone(), w.by, smaller.clone()));
+            } else {
+                // Read again before the next try: the limit may be lifted meanwhile.
+                eo.limits.lock().remove(&w.topic);
+                return Err(format!(
+                    "topic {} takes no record this large now (max.message.bytes {limit}): the write waits",
+                    w.topic
+                ));
+            }
+        }
+        self.shrunk
+            .store(shrunk, std::sync::atomic::Ordering::Relaxed);
+        Ok(out)
+    }
+}
+
+impl ExactlyOnce {
+    /// Adds to `writes` the settled log's record of every record `parts` settle, and returns
+    /// the records the transaction must hold.
+    fn settled_writes(&self, parts: &[&Part<'_>], writes: &mut Vec<TxnWrite>) -> Vec<ShareRecord> {
+        let decisions = parts.iter().flat_map(|p| p.decisions.iter());
         let settles: Vec<(&str, i32, i64, AckKind)> = decisions
-            .iter()
+            .clone()
             .filter_map(|d| match d.settle {
                 Settle::Final(kind) => Some((
                     &*d.record.topic,
@@ -508,113 +890,9 @@ impl Pipeline {
             })
             .collect();
         for s in settled_records(&settles) {
-            writes.push((eo.topic.clone(), PartitionBy::Source(0), s.produce()));
+            writes.push((self.topic.clone(), PartitionBy::Source(0), s.produce()));
         }
-        let records: Vec<&ShareRecord> = decisions.iter().map(|d| d.record).collect();
-        let owned: Vec<ShareRecord> = records.iter().map(|r| (*r).clone()).collect();
-        // The batch waits for its commit without its permit: the batches judged meanwhile join
-        // the next transaction (the engine's in-flight bound holds them all the same).
-        drop(permit);
-        let mut backoff = Backoff::new(WRITE_BACKOFF);
-        let mut waiting = false;
-        let labels = vec![("pipeline", self.spec.name.clone())];
-        let outcome = loop {
-            match eo.commit(writes.clone(), owned.clone()).await {
-                Ok(()) => break Ok(()),
-                Err(NotCommitted::Failed(e)) => {
-                    self.counters
-                        .writes
-                        .failures
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.metrics
-                        .write_failures
-                        .get_or_create(&vec![
-                            ("pipeline", self.spec.name.clone()),
-                            ("kind", "transaction".to_owned()),
-                            ("topic", eo.topic.clone()),
-                            ("error", "transaction".to_owned()),
-                        ])
-                        .inc();
-                    tracing::warn!(pipeline = %self.spec.name, records = records.len(), "a batch's transaction failed and is tried again while its locks allow: {e}");
-                    if !waiting {
-                        waiting = true;
-                        self.counters
-                            .writes
-                            .waiting
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        self.metrics.writes_waiting.get_or_create(&labels).inc();
-                    }
-                    let mut pause = backoff.next_delay().unwrap_or(WRITE_BACKOFF.max);
-                    let lock_left = || {
-                        records
-                            .iter()
-                            .map(|r| ctx.consumer.lock_left(r))
-                            .min()
-                            .unwrap_or_default()
-                    };
-                    let mut left = lock_left();
-                    if left <= pause + LOCK_MARGIN * 2 {
-                        // The records are held through the outage, as an at-least-once
-                        // pipeline's are: a renewal the broker confirms restarts their locks
-                        // (and proves no other member took them meanwhile).
-                        let renewed = ctx
-                            .consumer
-                            .confirm_held(&records, left.saturating_sub(LOCK_MARGIN))
-                            .await;
-                        left = lock_left();
-                        if !matches!(renewed, Ok(true)) || left <= LOCK_MARGIN * 2 {
-                            break Err(format!("the locks run out before the next try: {e}"));
-                        }
-                        // The next try joins a transaction only with more than two margins
-                        // left: it waits at most half of what lies above them.
-                        pause = pause.min((left - LOCK_MARGIN * 2) / 2);
-                    }
-                    tokio::select! {
-                        _ = ctx.stop.cancelled() => break Err(format!("the pipeline stops: {e}")),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                Err(NotCommitted::LocksShort) => {
-                    break Err("a lock would run out before the commit: aborted".to_owned());
-                }
-                Err(NotCommitted::Unknown(e) | NotCommitted::NotHeld(e)) => break Err(e),
-            }
-        };
-        if waiting {
-            self.counters
-                .writes
-                .waiting
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            self.metrics.writes_waiting.get_or_create(&labels).dec();
-        }
-        match outcome {
-            Ok(()) => {
-                if emitted > 0 {
-                    self.counters.count_emits(hash, "produced", emitted);
-                }
-                if dead_lettered > 0 {
-                    self.counters
-                        .dead_lettered
-                        .fetch_add(dead_lettered, std::sync::atomic::Ordering::Relaxed);
-                    self.metrics
-                        .dead_lettered
-                        .get_or_create(&self.counters.labels(hash))
-                        .inc_by(dead_lettered);
-                }
-                self.settle(&ctx.consumer, &decisions, hash);
-            }
-            Err(why) => {
-                tracing::warn!(pipeline = %self.spec.name, records = records.len(), "a batch's transaction did not commit; its records go back to the broker (a record delivered again is looked up in the settled log first): {why}");
-                if emitted > 0 {
-                    self.counters.count_emits(hash, "failed", emitted);
-                }
-                let back: Vec<Decision<'r>> = records
-                    .iter()
-                    .map(|r| Decision::new(r, Settle::Final(AckKind::Release), Cause::Unwritten))
-                    .collect();
-                self.settle(&ctx.consumer, &back, hash);
-            }
-        }
+        decisions.map(|d| d.record.clone()).collect()
     }
 }
 
@@ -647,6 +925,7 @@ pub(super) fn exactly_once(
         pending: parking_lot::Mutex::new(Vec::new()),
         committing: tokio::sync::Mutex::new(()),
         unlanded: parking_lot::Mutex::new(None),
+        limits: parking_lot::Mutex::new(HashMap::new()),
         producer: TransactionalProducer::new(
             client.clone(),
             &transactional_id(group, member),
