@@ -27,9 +27,9 @@ use sharehost_tests::host::{HostProcess, PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
-    produce_ids, serve_on_loopback, topic_records, topic_values, topic_with_dead_letters, unique,
-    wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, committed_records, fresh_group_with, guest,
+    ledger_manifest, produce_ids, serve_on_loopback, topic_records, topic_values,
+    topic_with_dead_letters, unique, wait_until_drained,
 };
 
 const PARTITIONS: i32 = 3;
@@ -47,6 +47,8 @@ struct Output {
 
 struct Scenario {
     name: &'static str,
+    /// Whether its pipelines run `guarantee = "exactly-once"`.
+    exactly_once: bool,
     client: Arc<KafkaClient>,
     topic: String,
     output: String,
@@ -57,6 +59,23 @@ struct Scenario {
 }
 
 impl Scenario {
+    /// The same scenario with its pipelines exactly-once (`exactly_once`).
+    fn guarantee(self, exactly_once: bool) -> Self {
+        Scenario {
+            exactly_once,
+            ..self
+        }
+    }
+
+    /// The manifest line of the scenario's guarantee.
+    fn guarantee_line(&self) -> &'static str {
+        if self.exactly_once {
+            "guarantee = \"exactly-once\"\n"
+        } else {
+            ""
+        }
+    }
+
     /// A topic of `records` ids, a dead-letter topic, an output topic (created now or left to
     /// the test) and a fresh group with a `lock_ms` lock and a 6 s member session.
     async fn new(name: &'static str, records: u64, lock_ms: u32, create_output: bool) -> Self {
@@ -80,6 +99,7 @@ impl Scenario {
         std::fs::create_dir_all(&dir).expect("temp dir");
         Scenario {
             name,
+            exactly_once: false,
             client,
             topic,
             output,
@@ -109,7 +129,8 @@ impl Scenario {
             &guest("fixture_ledger"),
             &format!(r#"reject-every = "7", emit-to = "valid", {plugin_config}"#),
             &format!(
-                "{FAULT_SETTINGS}{settings}[pipeline.outputs]\nvalid = \"{}\"\n",
+                "{FAULT_SETTINGS}{}{settings}[pipeline.outputs]\nvalid = \"{}\"\n",
+                self.guarantee_line(),
                 self.output
             ),
         );
@@ -127,16 +148,20 @@ impl Scenario {
         for s in seen {
             s.record(&mut ledger);
         }
-        for id in topic_values(&self.client, &self.dlq, 1).await {
-            ledger.dead_lettered(id);
+        for (_, r) in committed_records(&self.client, &self.dlq, 1).await {
+            ledger.dead_lettered(String::from_utf8_lossy(
+                r.value.as_deref().unwrap_or_default(),
+            ));
         }
         ledger.check();
         ledger
     }
 
-    /// Every record of the output topic, with its provenance headers parsed.
+    /// Every record of the output topic read `read_committed` (as a downstream consumer of an
+    /// exactly-once pipeline reads it; the same as every record for an at-least-once one), with
+    /// its provenance headers parsed.
     async fn outputs(&self) -> Vec<Output> {
-        topic_records(&self.client, &self.output, OUTPUT_PARTITIONS)
+        committed_records(&self.client, &self.output, OUTPUT_PARTITIONS)
             .await
             .into_iter()
             .map(|(_, r)| {
@@ -305,10 +330,17 @@ fn status_reaches(host: &HostProcess, key: &str, at_least: u64) -> serde_json::V
     reaches(host, status_counter, key, at_least)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced()
-{
-    let s = Scenario::new("outputs-bound", 700, 30_000, true).await;
+async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced_in(
+    exactly_once: bool,
+) {
+    let name = if exactly_once {
+        "outputs-bound-eo"
+    } else {
+        "outputs-bound"
+    };
+    let s = Scenario::new(name, 700, 30_000, true)
+        .await
+        .guarantee(exactly_once);
     // Every id emits; multiples of 7 are then rejected, multiples of 5 released once (their
     // first emit must be discarded) and accepted on their second delivery.
     let manifest = s.manifest(r#"release-first-every = "5""#);
@@ -345,6 +377,25 @@ async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_reject
         (rejected + released_once) as u64,
         "every emit of a rejected or released record was discarded and counted: {status}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced()
+{
+    accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced_in(
+        false,
+    )
+    .await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced_exactly_once()
+ {
+    accepted_records_have_their_outputs_and_no_emit_of_a_released_or_rejected_one_is_produced_in(
+        true,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,12 +479,20 @@ fn to_accept(ids: &[String]) -> u64 {
         .count() as u64
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired() {
+async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired_in(
+    exactly_once: bool,
+) {
     // No output topic yet: the pipeline says so (failed, naming the manifest key, not ready)
     // and acquires nothing until the topic exists; then every record ends accepted with its
     // output on its first delivery.
-    let s = Scenario::new("outputs-missing-topic", 300, 30_000, false).await;
+    let name = if exactly_once {
+        "outputs-missing-topic-eo"
+    } else {
+        "outputs-missing-topic"
+    };
+    let s = Scenario::new(name, 300, 30_000, false)
+        .await
+        .guarantee(exactly_once);
     let manifest = s.manifest("");
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
@@ -486,11 +545,30 @@ async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acqui
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery() {
+async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired() {
+    an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired_exactly_once() {
+    an_output_topic_missing_at_start_is_waited_for_before_anything_is_acquired_in(true).await;
+}
+
+async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery_in(
+    exactly_once: bool,
+) {
     // No dead-letter topic (the splitter example's own setup), a 10 s lock that the engine
     // renews while the writes wait. A host that released its sources at every failed write
     // spent their five deliveries within seconds, and the broker archived them.
-    let s = Scenario::new("outputs-deleted", 700, 10_000, true).await;
+    let name = if exactly_once {
+        "outputs-deleted-eo"
+    } else {
+        "outputs-deleted"
+    };
+    let s = Scenario::new(name, 700, 10_000, true)
+        .await
+        .guarantee(exactly_once);
     let manifest = s.manifest_with("", "");
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
@@ -536,10 +614,31 @@ async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason() {
+async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery() {
+    an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery_in(false)
+        .await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery_exactly_once()
+ {
+    an_output_topic_deleted_for_40_s_mid_stream_loses_nothing_and_spends_no_delivery_in(true).await;
+}
+
+async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason_in(
+    exactly_once: bool,
+) {
     // The dead-letter topic refuses every record (max.message.bytes 1) for 60 s; accepted
     // records flow on meanwhile, the rejected ones stay acquired until their dead letters land.
-    let s = Scenario::new("dlq-unwritable", 700, 10_000, true).await;
+    let name = if exactly_once {
+        "dlq-unwritable-eo"
+    } else {
+        "dlq-unwritable"
+    };
+    let s = Scenario::new(name, 700, 10_000, true)
+        .await
+        .guarantee(exactly_once);
     s.client
         .alter_topic_configs(&s.dlq, &[("max.message.bytes", Some("1"))])
         .await
@@ -589,8 +688,30 @@ async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit() {
-    let s = Scenario::new("outputs-retry", 400, 30_000, true).await;
+async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason() {
+    a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason_in(false)
+        .await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason_exactly_once()
+ {
+    a_dead_letter_topic_unwritable_for_60_s_dead_letters_every_reject_with_its_reason_in(true)
+        .await;
+}
+
+async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit_in(
+    exactly_once: bool,
+) {
+    let name = if exactly_once {
+        "outputs-retry-eo"
+    } else {
+        "outputs-retry"
+    };
+    let s = Scenario::new(name, 400, 30_000, true)
+        .await
+        .guarantee(exactly_once);
     let manifest = s.manifest(r#"retry-first-every = "4", retry-ms = "1500""#);
     let (status, seen) = s.run_until_judged(manifest).await;
     let ledger = s.ledger(std::slice::from_ref(&seen)).await;
@@ -614,6 +735,18 @@ async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_l
         .filter(|id| id.parse::<u64>().is_ok_and(|n| n % 4 == 0 && n % 7 != 0))
         .count() as u64;
     assert_eq!(status_counter(&status, "retried"), want, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit() {
+    a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit_exactly_once()
+ {
+    a_retried_record_comes_back_with_the_next_delivery_count_and_only_its_last_emit_in(true).await;
 }
 
 /// A scenario of plain text values (not ids) and a manifest running `component` on them with
@@ -650,6 +783,7 @@ async fn bytes_scenario(name: &'static str, values: &[Bytes]) -> Scenario {
     std::fs::create_dir_all(&dir).expect("temp dir");
     Scenario {
         name,
+        exactly_once: false,
         client,
         output: format!("{topic}-out"),
         topic,
@@ -670,7 +804,11 @@ impl Scenario {
             &self.group,
             component,
             "",
-            &format!("dead_letter_topic = \"{}\"\n{extra}", self.dlq),
+            &format!(
+                "dead_letter_topic = \"{}\"\n{}{extra}",
+                self.dlq,
+                self.guarantee_line()
+            ),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");
@@ -680,7 +818,7 @@ impl Scenario {
     /// Every dead letter of the scenario's dead-letter topic (one partition), as the host's
     /// own reader (`sharehost dlq`) sees it.
     async fn dead_letters(&self) -> Vec<DeadLetter> {
-        topic_records(&self.client, &self.dlq, 1)
+        committed_records(&self.client, &self.dlq, 1)
             .await
             .into_iter()
             .map(|(p, r)| DeadLetter::from_record(p, r))
@@ -689,7 +827,7 @@ impl Scenario {
 
     /// The dead-letter topic's `sharehost.reason` headers, in order.
     async fn dead_letter_reasons(&self) -> Vec<String> {
-        topic_records(&self.client, &self.dlq, 1)
+        committed_records(&self.client, &self.dlq, 1)
             .await
             .into_iter()
             .map(|(_, r)| {
@@ -923,11 +1061,15 @@ fn incompressible_values(n: usize, bytes: usize) -> Vec<Bytes> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason() {
+async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason_in(exactly_once: bool) {
     // 2 MB of dead letters from one batch: over the broker's 1 MiB limit as one request.
     let values = incompressible_values(100, 20 << 10);
-    let s = bytes_scenario("dlq-20kb", &values).await;
+    let name = if exactly_once {
+        "dlq-20kb-eo"
+    } else {
+        "dlq-20kb"
+    };
+    let s = bytes_scenario(name, &values).await.guarantee(exactly_once);
     let manifest = s.text_manifest(&guest("fixture_ledger"), "batch_size = 100\n");
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
@@ -959,12 +1101,29 @@ async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value() {
+async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason() {
+    a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason_exactly_once() {
+    a_hundred_rejects_of_20_kb_are_all_dead_lettered_with_their_reason_in(true).await;
+}
+
+async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value_in(
+    exactly_once: bool,
+) {
     let values = vec![
         Bytes::from_static(b"small"),
         incompressible_values(1, 20 << 10).remove(0),
     ];
-    let s = bytes_scenario("dlq-too-large", &values).await;
+    let name = if exactly_once {
+        "dlq-too-large-eo"
+    } else {
+        "dlq-too-large"
+    };
+    let s = bytes_scenario(name, &values).await.guarantee(exactly_once);
     s.client
         .alter_topic_configs(&s.dlq, &[("max.message.bytes", Some("8192"))])
         .await
@@ -998,6 +1157,113 @@ async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_wit
         "outputs {}: a 20 KiB reject against an 8 KiB dead-letter limit: dead-lettered without its value, with its reason and provenance",
         s.name
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value() {
+    a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value_in(false)
+        .await;
+}
+
+/// The same in an exactly-once pipeline: its outputs and dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value_exactly_once()
+ {
+    a_reject_larger_than_the_dead_letter_topic_accepts_is_dead_lettered_without_its_value_in(true)
+        .await;
+}
+
+/// An output larger than its topic accepts rejects its record with the reason, and the other
+/// records go on: in an at-least-once pipeline once the broker refused it, in an exactly-once
+/// one before its transaction (a refused write there would fail every batch that joined it, on
+/// every try, until the records reached their delivery cap).
+async fn an_output_larger_than_its_topic_accepts_rejects_its_record_alone_in(exactly_once: bool) {
+    let name = if exactly_once {
+        "outputs-too-large-eo"
+    } else {
+        "outputs-too-large"
+    };
+    let s = Scenario::new(name, 350, 30_000, true)
+        .await
+        .guarantee(exactly_once);
+    s.client
+        .alter_topic_configs(&s.output, &[("max.message.bytes", Some("8192"))])
+        .await
+        .expect("limit the output topic's record size");
+    // Ids divisible by 5 emit 20 KB that lz4 cannot shrink; multiples of 7 are rejected.
+    let manifest = s.manifest(r#"pad-every = "5", pad-bytes = "20000""#);
+    let (status, _seen) = s.run_until_judged(manifest).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let n = |id: &str| id.parse::<u64>().expect("id");
+    let mut outputs: Vec<String> = s.outputs().await.into_iter().map(|o| o.id).collect();
+    outputs.sort_by_key(|id| n(id));
+    let mut letters: Vec<(String, String)> = s
+        .dead_letters()
+        .await
+        .into_iter()
+        .map(|d| {
+            let id = String::from_utf8_lossy(d.value().map_or(&[][..], |v| v)).into_owned();
+            (id, d.reason)
+        })
+        .collect();
+    letters.sort_by_key(|(id, _)| n(id));
+    let want_outputs: Vec<String> = s
+        .ids
+        .iter()
+        .filter(|id| n(id) % 5 != 0 && n(id) % 7 != 0)
+        .cloned()
+        .collect();
+    let want_letters: Vec<String> = s
+        .ids
+        .iter()
+        .filter(|id| n(id) % 5 == 0 || n(id) % 7 == 0)
+        .cloned()
+        .collect();
+    report(&format!(
+        "outputs {}: {} ids, outputs {}, dead letters {} ({} for an output too large), failed produce requests or transactions {}",
+        s.name,
+        s.ids.len(),
+        outputs.len(),
+        letters.len(),
+        letters
+            .iter()
+            .filter(|(_, r)| r.starts_with("output not writable"))
+            .count(),
+        pipeline_number(&status, "write_failures"),
+    ));
+    assert_eq!(outputs, want_outputs, "each output that fits, once");
+    let ids: Vec<String> = letters.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids, want_letters, "one dead letter per rejected record");
+    for (id, reason) in &letters {
+        if n(id) % 7 == 0 {
+            assert_eq!(reason, &format!("ledger: {id} is divisible by 7"));
+        } else {
+            let topic = format!("a record larger than topic {} accepts", s.output);
+            assert!(
+                reason.starts_with("output not writable: ") && reason.contains(&topic),
+                "{id}: {reason}"
+            );
+        }
+    }
+    if exactly_once {
+        assert_eq!(
+            pipeline_number(&status, "write_failures"),
+            0,
+            "no transaction tried the output that cannot fit: {status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_larger_than_its_topic_accepts_rejects_its_record_alone() {
+    an_output_larger_than_its_topic_accepts_rejects_its_record_alone_in(false).await;
+}
+
+/// The same in an exactly-once pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_larger_than_its_topic_accepts_rejects_its_record_alone_exactly_once() {
+    an_output_larger_than_its_topic_accepts_rejects_its_record_alone_in(true).await;
 }
 
 /// The value of header `key` of `r` as text.
