@@ -480,6 +480,45 @@ async fn a_settled_log_that_refuses_writes_degrades_the_pipeline_and_loses_or_do
     s.ledger(&[seen]).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_locks_are_too_short_or_a_settled_log_that_compacts_is_refused_by_name() {
+    // Locks of 2 s: a batch commits only with more than 2 s left, so none ever would.
+    let short = Scenario::new("locks-too-short", 10, 2000).await;
+    // A settled log made beforehand with compaction, which would drop what a transaction settled.
+    let compacted = Scenario::new("settled-compacted", 10, 30_000).await;
+    let settled = sharehost::pipeline::settled_topic(&compacted.group).expect("a settled topic");
+    compacted
+        .client
+        .create_topic(&settled, 1, 1, &[("cleanup.policy", "compact")])
+        .await
+        .expect("create a compacted settled log");
+    for (s, says) in [
+        (
+            &short,
+            "share.record.lock.duration.ms is 2000 ms; exactly-once needs at least 3000 ms",
+        ),
+        (&compacted, "has cleanup.policy Some(\"compact\")"),
+    ] {
+        let manifest = s.manifest(&bootstrap(), 0, "host");
+        let (status, seen) = blocking(move || {
+            let host = HostProcess::start(sharehost_bin!(), &manifest, "host");
+            host.wait_for_log(says);
+            let status = host.status();
+            (status, host.stop().1)
+        })
+        .await;
+        let error = status[0]["last_error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("guarantee = \"exactly-once\"") && error.contains(says),
+            "{}: the pipeline names what is wrong: {status}",
+            s.name
+        );
+        assert_eq!(status[0]["acquired"], 0, "nothing acquired: {status}");
+        assert_eq!(seen.judged(), 0);
+        report(&format!("exactly-once {}: refused: {error}", s.name));
+    }
+}
+
 /// Sends `sig` (`-STOP`, `-CONT`) to a process with kill(1).
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")

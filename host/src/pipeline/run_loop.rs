@@ -431,6 +431,18 @@ impl Pipeline {
             .flatten()
             .and_then(|v| v.parse::<u64>().ok())
             .map_or(Duration::from_secs(30), Duration::from_millis);
+        // A batch joins a transaction only with more than two margins left on its locks (the
+        // writes' and the commit's round trips): a lock of three margins leaves one to judge in.
+        let least = crate::share::consumer::LOCK_MARGIN * 3;
+        if lock < least {
+            return Err(fail(format!(
+                "group {}'s share.record.lock.duration.ms is {} ms; exactly-once needs at least {} ms (a batch commits only with more than {} ms left on its records' locks, so shorter locks would send every record back until its delivery cap)",
+                spec.group,
+                lock.as_millis(),
+                least.as_millis(),
+                (crate::share::consumer::LOCK_MARGIN * 2).as_millis(),
+            )));
+        }
         Ok(Some((topic, lock)))
     }
 
