@@ -18,13 +18,13 @@ use std::sync::Arc;
 use sharehost::dlq::DeadLetter;
 use sharehost::kafka::KafkaClient;
 use sharehost_tests::host::{HostProcess, Seen, Watch, run_until_judged};
-use sharehost_tests::ledger::{Ledger, report};
+use sharehost_tests::ledger::{Ledger, Written, check_exactly_once, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    FAULT_SETTINGS, blocking, bootstrap, client, fresh_group_with, guest, ledger_manifest,
-    new_version, produce_ids, proxied_listener, topic_records, topic_values,
-    topic_with_dead_letters, unique, wait_until_drained,
+    FAULT_SETTINGS, blocking, bootstrap, client, committed_records, fresh_group_with, guest,
+    ledger_manifest, new_version, produce_ids, proxied_listener, topic_with_dead_letters, unique,
+    wait_until_drained,
 };
 use tokio::sync::RwLock;
 
@@ -50,6 +50,8 @@ struct Scenario {
     group: String,
     dir: PathBuf,
     ids: Vec<String>,
+    /// The output topic of an exactly-once twin (see [`Scenario::exactly_once`]).
+    output: Option<String>,
 }
 
 impl Scenario {
@@ -93,6 +95,25 @@ impl Scenario {
             group,
             dir,
             ids,
+            output: None,
+        }
+    }
+
+    /// The same scenario run `guarantee = "exactly-once"` when `exactly_once`: the plugin also
+    /// emits every id to an output topic (created now), and the ledger then requires the output
+    /// and dead-letter topics, read `read_committed`, to hold every id exactly once.
+    async fn guarantee(self, exactly_once: bool) -> Scenario {
+        if !exactly_once {
+            return self;
+        }
+        let output = format!("{}-out", self.topic);
+        self.client
+            .create_topic(&output, PARTITIONS, 1, &[])
+            .await
+            .expect("create the output topic");
+        Scenario {
+            output: Some(output),
+            ..self
         }
     }
 
@@ -131,13 +152,23 @@ impl Scenario {
         plugin_config: &str,
         settings: &str,
     ) -> PathBuf {
+        let (emit, guarantee) = match &self.output {
+            Some(out) => (
+                r#"emit-to = "out", "#,
+                format!("guarantee = \"exactly-once\"\noutputs = {{ out = \"{out}\" }}\n"),
+            ),
+            None => ("", String::new()),
+        };
         let text = ledger_manifest(
             bootstrap,
             &self.topic,
             &self.group,
             component,
-            &format!(r#"reject-every = "7", {plugin_config}"#),
-            &format!("{settings}dead_letter_topic = \"{}\"\n", self.dlq),
+            &format!(r#"reject-every = "7", {emit}{plugin_config}"#),
+            &format!(
+                "{settings}{guarantee}dead_letter_topic = \"{}\"\n",
+                self.dlq
+            ),
         );
         let path = self.dir.join(format!("{}.toml", unique("manifest")));
         std::fs::write(&path, text).expect("write manifest");
@@ -145,7 +176,9 @@ impl Scenario {
     }
 
     /// The broker has nothing left for the group, then the ledger over what every host's plugin
-    /// reported and what the dead-letter topic holds; prints it and fails on a lost record.
+    /// reported and what the dead-letter topic holds (read `read_committed`); prints it and fails
+    /// on a lost record. An exactly-once twin's also fails on an output or dead letter written
+    /// twice.
     async fn ledger(&self, seen: &[Seen]) -> Ledger {
         let group = self.group.clone();
         tokio::task::spawn_blocking(move || wait_until_drained(&group))
@@ -155,11 +188,38 @@ impl Scenario {
         for s in seen {
             s.record(&mut ledger);
         }
-        let dead = topic_values(&self.client, &self.dlq, 1).await;
+        let letters: Vec<DeadLetter> = committed_records(&self.client, &self.dlq, 1)
+            .await
+            .into_iter()
+            .map(|(p, r)| DeadLetter::from_record(p, r))
+            .collect();
+        let dead: Vec<String> = letters
+            .iter()
+            .map(|d| String::from_utf8_lossy(d.value().map_or(&[][..], |v| v)).into_owned())
+            .collect();
         for id in &dead {
             ledger.dead_lettered(id.clone());
         }
         ledger.check();
+        if let Some(output) = &self.output {
+            let written = Written {
+                output: (output, PARTITIONS),
+                dead_letters: (&self.dlq, 1),
+            };
+            let judged = seen.iter().map(Seen::judged).sum();
+            check_exactly_once(self.name, &self.client, &self.ids, written, judged).await;
+            // Every id once is not enough: a pipeline whose transactions never committed sends
+            // every record back until the cap, and dead-letters each once.
+            let capped = letters
+                .iter()
+                .filter(|d| d.reason.starts_with("delivery cap"))
+                .count();
+            assert_eq!(
+                capped, 0,
+                "{}: no record of these faults reaches the delivery cap",
+                self.name
+            );
+        }
         let dead: std::collections::HashSet<&String> = dead.iter().collect();
         let rejected: std::collections::BTreeSet<&String> =
             seen.iter().flat_map(|s| &s.rejected).collect();
@@ -222,8 +282,15 @@ fn faults_of(status: &serde_json::Value) -> u64 {
 
 /// The ledger plugin `component` traps on every tenth call of an instance; every record is
 /// still judged, none twice. Returns the host's last `/pipelines` status.
-async fn traps_every_tenth_batch(name: &'static str, component: &Path) -> serde_json::Value {
-    let s = Scenario::new(name, 3000, 30_000).await;
+async fn traps_every_tenth_batch(
+    name: &'static str,
+    component: &Path,
+    exactly_once: bool,
+) -> serde_json::Value {
+    let s = Scenario::new(name, 3000, 30_000)
+        .await
+        .guarantee(exactly_once)
+        .await;
     let manifest = s.manifest(&bootstrap(), component, r#"trap-every = "10""#);
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
@@ -250,7 +317,14 @@ async fn traps_every_tenth_batch(name: &'static str, component: &Path) -> serde_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
     let _shared = BROKER.read().await;
-    traps_every_tenth_batch("trap-every-tenth", &guest("fixture_ledger")).await;
+    traps_every_tenth_batch("trap-every-tenth", &guest("fixture_ledger"), false).await;
+}
+
+/// The same in an exactly-once pipeline that writes every id's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_traps_every_tenth_batch_loses_nothing_exactly_once() {
+    let _shared = BROKER.read().await;
+    traps_every_tenth_batch("trap-every-tenth-eo", &guest("fixture_ledger"), true).await;
 }
 
 /// The same witness written in Python (tests/fixtures/guests-py/ledger): an uncaught exception
@@ -258,15 +332,21 @@ async fn a_plugin_that_traps_every_tenth_batch_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_plugin_that_traps_every_tenth_batch_loses_nothing() {
     let _shared = BROKER.read().await;
-    let status = traps_every_tenth_batch("trap-every-tenth-py", &guest("ledger_py")).await;
+    let status = traps_every_tenth_batch("trap-every-tenth-py", &guest("ledger_py"), false).await;
     assert_eq!(status[0]["allocator"], "on-demand", "{status}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hot_swaps_under_load_lose_nothing() {
-    let _shared = BROKER.read().await;
+async fn hot_swaps_under_load_lose_nothing_in(exactly_once: bool) {
     let chunk = 500 * scale();
-    let mut s = Scenario::with_records("hot-swap", 0..2 * chunk, 30_000).await;
+    let name = if exactly_once {
+        "hot-swap-eo"
+    } else {
+        "hot-swap"
+    };
+    let mut s = Scenario::with_records(name, 0..2 * chunk, 30_000)
+        .await
+        .guarantee(exactly_once)
+        .await;
     let v1 = s.dir.join("ledger-v1.wasm");
     let v2 = s.dir.join("ledger-v2.wasm");
     let original = guest("fixture_ledger");
@@ -322,6 +402,19 @@ async fn hot_swaps_under_load_lose_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_swaps_under_load_lose_nothing() {
+    let _shared = BROKER.read().await;
+    hot_swaps_under_load_lose_nothing_in(false).await;
+}
+
+/// The same in an exactly-once pipeline that writes every id's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_swaps_under_load_lose_nothing_exactly_once() {
+    let _shared = BROKER.read().await;
+    hot_swaps_under_load_lose_nothing_in(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_killed_mid_batch_and_restarted_loses_nothing() {
     let _shared = BROKER.read().await;
     // A 2 s lock: what the killed host held comes back quickly.
@@ -363,10 +456,20 @@ async fn a_host_killed_mid_batch_and_restarted_loses_nothing() {
     s.ledger(&[first, second_seen]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_hosts_in_one_group_one_killed_lose_nothing() {
-    let _shared = BROKER.read().await;
-    let s = Arc::new(Scenario::new("three-hosts-one-killed", 6000, 2000).await);
+async fn three_hosts_in_one_group_one_killed_lose_nothing_in(exactly_once: bool) {
+    let name = if exactly_once {
+        "three-hosts-one-killed-eo"
+    } else {
+        "three-hosts-one-killed"
+    };
+    // An exactly-once pipeline needs locks of 3 s at least (manifest.md).
+    let lock_ms = if exactly_once { 6000 } else { 2000 };
+    let s = Arc::new(
+        Scenario::new(name, 6000, lock_ms)
+            .await
+            .guarantee(exactly_once)
+            .await,
+    );
     let manifest = s.manifest(
         &bootstrap(),
         &guest("fixture_ledger"),
@@ -403,6 +506,11 @@ async fn three_hosts_in_one_group_one_killed_lose_nothing() {
         });
     })
     .await;
+    // What the killed host judged and never settled comes back to the survivors (once its
+    // locks, and an exactly-once host's open transaction, ran out): they run until the broker
+    // has nothing left for the group.
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
     let h1 = Arc::try_unwrap(h1).ok().expect("sole owner");
     let h3 = Arc::try_unwrap(h3).ok().expect("sole owner");
     let (seen1, seen3) = blocking(move || (h1.stop().1, h3.stop().1)).await;
@@ -411,6 +519,19 @@ async fn three_hosts_in_one_group_one_killed_lose_nothing() {
         "all three hosts judged records"
     );
     s.ledger(&[seen1, killed, seen3]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_in_one_group_one_killed_lose_nothing() {
+    let _shared = BROKER.read().await;
+    three_hosts_in_one_group_one_killed_lose_nothing_in(false).await;
+}
+
+/// The same in an exactly-once pipeline that writes every id's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_in_one_group_one_killed_lose_nothing_exactly_once() {
+    let _shared = BROKER.read().await;
+    three_hosts_in_one_group_one_killed_lose_nothing_in(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,15 +587,23 @@ async fn a_broker_restart_mid_stream_loses_nothing() {
     s.ledger(&[seen]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw() {
-    let _shared = BROKER.read().await;
+async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw_in(
+    exactly_once: bool,
+) {
     // A slow plugin (500 ms a batch of 50) under a generous bound, as operators set it: each
     // host is stopped (SIGTERM, a drain) moments after its plugin starts. A host that acquired
     // up to the bound and released what it had not judged at every drain spent a delivery of
     // each such record per drain, and the fourth host dead-lettered them at the delivery cap,
     // unseen.
-    let s = Scenario::new("quick-drains", 1500, 30_000).await;
+    let name = if exactly_once {
+        "quick-drains-eo"
+    } else {
+        "quick-drains"
+    };
+    let s = Scenario::new(name, 1500, 30_000)
+        .await
+        .guarantee(exactly_once)
+        .await;
     let settings = "batch_size = 50\nmax_in_flight = 5000\ndelivery_cap = 4\nconcurrency = 2\n";
     let manifest = s.manifest_with(
         &bootstrap(),
@@ -521,7 +650,7 @@ async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw(
     let (_, last_seen) = blocking(move || last.stop()).await;
     seen.push(last_seen);
     let ledger = s.ledger(&seen).await;
-    let capped: Vec<String> = topic_records(&s.client, &s.dlq, 1)
+    let capped: Vec<String> = committed_records(&s.client, &s.dlq, 1)
         .await
         .into_iter()
         .map(|(p, r)| DeadLetter::from_record(p, r))
@@ -538,6 +667,19 @@ async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw(
         capped.is_empty(),
         "no record reached the delivery cap through drains: {capped:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw() {
+    let _shared = BROKER.read().await;
+    three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw_in(false).await;
+}
+
+/// The same in an exactly-once pipeline that writes every id's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw_exactly_once() {
+    let _shared = BROKER.read().await;
+    three_quick_drains_of_a_slow_plugin_dead_letter_no_record_it_never_saw_in(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
