@@ -528,6 +528,27 @@ impl Pipeline {
         }
         if !fit.is_empty() {
             let records = eo.settled_writes(&fit, &mut writes);
+            // A batch judged late in its locks (a backlog, a busy machine) would not be let
+            // into a transaction (it needs more than two margins left): it renews them first,
+            // and a confirmed renewal restarts them. Refused, the records are no longer this
+            // member's, and go back now.
+            let left = eo.lock_left(&records);
+            if left <= LOCK_MARGIN * 2 + LOCK_MARGIN / 2 {
+                let held: Vec<&ShareRecord> = records.iter().collect();
+                let renewed = ctx
+                    .consumer
+                    .confirm_held(&held, left.saturating_sub(LOCK_MARGIN))
+                    .await;
+                if !matches!(renewed, Ok(true)) {
+                    let why = format!(
+                        "the broker did not renew the locks of a batch judged late in them: {renewed:?}"
+                    );
+                    for part in parts.iter() {
+                        self.settle_part(ctx, part, Err(why.clone()), hash);
+                    }
+                    return;
+                }
+            }
             match eo.commit(writes, records, false).await {
                 Ok(()) => {
                     // The usual batch: acknowledged in one crossing.
