@@ -520,9 +520,24 @@ impl LeaderWorker {
         );
         self.report_results(acks, None, None, &results);
         let delivery = self.collect(&resp, sent);
-        if (!delivery.records.is_empty() || !delivery.poison.is_empty())
-            && self.tx.send(delivery).await.is_err()
-        {
+        let moved = resp
+            .responses
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .any(|p| {
+                ResponseError::try_from_code(p.error_code)
+                    .is_some_and(|e| classify(e) == ErrorClass::RefreshMetadata)
+            });
+        if delivery.records.is_empty() && delivery.poison.is_empty() {
+            if moved {
+                // A partition that moved answers at once, without the long poll: until the
+                // remap takes it off this leader, fetching again straight away is a busy loop
+                // (800 requests a second were seen on a leader change).
+                self.backoff.wait().await;
+            }
+            return Step::Continue;
+        }
+        if self.tx.send(delivery).await.is_err() {
             return Step::Exit;
         }
         Step::Continue
