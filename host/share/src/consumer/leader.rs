@@ -518,7 +518,8 @@ impl LeaderWorker {
                 )
             },
         );
-        self.report_results(acks, None, None, &results);
+        // Renewals never ride on a fetch: no answer here confirms one.
+        self.report_results(acks, None, None, &results, None);
         let delivery = self.collect(&resp, sent);
         let moved = resp
             .responses
@@ -580,6 +581,7 @@ impl LeaderWorker {
                     partition: tp.partition,
                     batches: batches.clone(),
                     error: Some((e, msg.unwrap_or("").to_owned())),
+                    sent: None,
                 },
             );
         }
@@ -754,6 +756,7 @@ impl LeaderWorker {
         renew: bool,
     ) -> Step {
         let serves = self.serves(session);
+        let taken = Instant::now();
         let acks = self
             .shared
             .ledger
@@ -797,6 +800,7 @@ impl LeaderWorker {
                     top,
                     resp.error_message.as_deref(),
                     &resp.responses,
+                    Some(taken),
                 );
                 if resp.acquisition_lock_timeout_ms > 0
                     && let Some(st) = self.shared.leaders.lock().get_mut(&self.leader)
@@ -839,6 +843,7 @@ impl LeaderWorker {
         top: Option<ResponseError>,
         top_message: Option<&str>,
         responses: &[sharehost_kafka::protocol::share::AckTopicResult],
+        sent: Option<Instant>,
     ) {
         let results = by_partition(
             responses
@@ -846,7 +851,7 @@ impl LeaderWorker {
                 .map(|t| (t.topic_id, t.partitions.as_slice())),
             |p| (p.partition, p.error_code, p.error_message.clone()),
         );
-        self.report_results(acks, top, top_message, &results);
+        self.report_results(acks, top, top_message, &results, sent);
     }
 
     /// One outcome per partition sent: the top-level error when there is one, else the
@@ -858,6 +863,7 @@ impl LeaderWorker {
         top: Option<ResponseError>,
         top_message: Option<&str>,
         results: &HashMap<TopicIdPartition, (i16, Option<String>)>,
+        sent: Option<Instant>,
     ) {
         for (tp, batches) in acks {
             let error = match top {
@@ -886,6 +892,7 @@ impl LeaderWorker {
                     partition: tp.partition,
                     batches: batches.clone(),
                     error,
+                    sent,
                 },
             );
         }
@@ -903,6 +910,7 @@ impl LeaderWorker {
             return;
         }
         let partitions = self.serves(session);
+        let taken = Instant::now();
         let acks = self
             .shared
             .ledger
@@ -952,6 +960,7 @@ impl LeaderWorker {
                         top,
                         resp.error_message.as_deref(),
                         &resp.responses,
+                        Some(taken),
                     );
                 }
                 Err(e) => self.report_acks(&acks, None, Some(&e.to_string())),

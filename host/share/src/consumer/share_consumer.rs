@@ -202,6 +202,17 @@ impl ShareConsumer {
         if records.is_empty() {
             return Ok(true);
         }
+        // A record whose lock may have run out is not asked about: a renewal the broker
+        // applies now says the record is this member's now, not that it was all along (another
+        // member may have held it in between, and the broker may even have given it back to
+        // this member under the same key). One margin covers the request's way to the broker.
+        if records.iter().any(|r| self.lock_left(r) <= LOCK_MARGIN) {
+            return Ok(false);
+        }
+        // The broker renews after it reads the request, and only a request that takes the
+        // renewals from the ledger from now on can confirm them, so a lock it confirms runs
+        // at least from here.
+        let asked = Instant::now();
         let (done, answer) = tokio::sync::oneshot::channel();
         let id = self
             .shared
@@ -212,14 +223,12 @@ impl ShareConsumer {
         self.shared.confirmations.lock().push((
             id,
             Confirmation {
+                asked,
                 wants,
                 done: Some(done),
             },
         ));
         let forget = || self.shared.confirmations.lock().retain(|(i, _)| *i != id);
-        // The broker renews after it reads the request, so a lock it confirms runs at least
-        // from here.
-        let asked = Instant::now();
         let renewals: Vec<(&ShareRecord, AckKind)> =
             records.iter().map(|r| (*r, AckKind::Renew)).collect();
         for recorded in self.acknowledge_all(&renewals) {

@@ -200,6 +200,9 @@ pub(super) struct Shared {
 /// Renewals a caller waits to see applied ([`ShareConsumer::confirm_held`](super::ShareConsumer::confirm_held)).
 #[derive(Debug)]
 pub(super) struct Confirmation {
+    /// When it was asked for: only a request that took its renewals from the ledger since
+    /// can confirm them.
+    pub(super) asked: Instant,
     /// The records whose renewal has not been answered yet.
     pub(super) wants: std::collections::HashSet<(TopicIdPartition, i64)>,
     /// Told `true` once every renewal was applied, `false` at the first one refused or lost.
@@ -209,10 +212,20 @@ pub(super) struct Confirmation {
 impl Confirmation {
     /// Whether it is settled after `o` (a renewal of one of its records answered).
     fn answered(&mut self, tp: TopicIdPartition, o: &AckOutcome) -> bool {
+        // An older request's answer (an automatic renewal sent before the ask, answered after
+        // it) cannot confirm: its renewal may predate what the caller must prove. Its refusal
+        // still counts: the record may not be this member's any more.
+        let fresh = o.sent.is_some_and(|sent| sent >= self.asked);
         for (offset, kind) in o.batches.iter().flat_map(batch_verdicts) {
-            if kind == AckKind::Renew && self.wants.remove(&(tp, offset)) && o.error.is_some() {
+            if kind != AckKind::Renew || !self.wants.contains(&(tp, offset)) {
+                continue;
+            }
+            if o.error.is_some() {
                 self.finish(false);
                 return true;
+            }
+            if fresh {
+                self.wants.remove(&(tp, offset));
             }
         }
         if self.wants.is_empty() {
@@ -436,6 +449,7 @@ impl Shared {
                         ResponseError::NetworkException,
                         format!("share session ended before the acknowledgement was sent ({why})"),
                     )),
+                    sent: None,
                 },
             );
         }
@@ -495,6 +509,7 @@ impl Shared {
                         "the partition's leadership moved away from broker {leader} before the acknowledgement was sent"
                     ),
                 )),
+                sent: None,
             });
         }
         let released = (dropped_verdicts + outstanding) as u64;
@@ -562,6 +577,50 @@ mod tests {
 
     fn set(ps: &[i32]) -> BTreeSet<TopicIdPartition> {
         ps.iter().map(|p| tp(*p)).collect()
+    }
+
+    #[test]
+    fn a_renewal_is_confirmed_only_by_a_request_sent_since_the_ask_and_refused_by_any() {
+        let asked = Instant::now();
+        let (before, after) = (
+            asked - Duration::from_secs(3),
+            asked + Duration::from_millis(5),
+        );
+        let outcome = |sent: Option<Instant>, error: bool| AckOutcome {
+            topic: Arc::from("t"),
+            partition: 0,
+            batches: vec![AckBatch {
+                first_offset: 5,
+                last_offset: 6,
+                types: vec![ack_type::RENEW],
+            }],
+            error: error.then(|| (ResponseError::InvalidRecordState, String::new())),
+            sent,
+        };
+        let waiter = |rx: &mut Option<tokio::sync::oneshot::Receiver<bool>>| {
+            let (done, answer) = tokio::sync::oneshot::channel();
+            *rx = Some(answer);
+            Confirmation {
+                asked,
+                wants: [(tp(0), 5), (tp(0), 6)].into_iter().collect(),
+                done: Some(done),
+            }
+        };
+        let mut rx = None;
+        // An automatic renewal sent before the ask, answered after it: no confirmation.
+        let mut c = waiter(&mut rx);
+        assert!(!c.answered(tp(0), &outcome(Some(before), false)));
+        assert!(!c.answered(tp(0), &outcome(None, false)));
+        assert_eq!(c.wants.len(), 2, "still waiting for its own renewal");
+        assert!(c.answered(tp(0), &outcome(Some(after), false)));
+        assert_eq!(rx.take().and_then(|mut r| r.try_recv().ok()), Some(true));
+        // A refusal counts whenever its request was sent.
+        let mut c = waiter(&mut rx);
+        assert!(c.answered(tp(0), &outcome(Some(before), true)));
+        assert_eq!(rx.take().and_then(|mut r| r.try_recv().ok()), Some(false));
+        // Another partition's answer is not this one's.
+        let mut c = waiter(&mut rx);
+        assert!(!c.answered(tp(1), &outcome(Some(after), false)));
     }
 
     #[test]

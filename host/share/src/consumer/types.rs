@@ -215,6 +215,10 @@ pub struct AckOutcome {
     /// `None` when the broker applied them; otherwise its error code and message. Acks are
     /// atomic per partition: an error means none of these batches took effect.
     pub error: Option<(ResponseError, String)>,
+    /// When the request that carried them took them from the ledger (so it was sent after);
+    /// `None` when no request carried them (a session ended first). A renewal's answer proves
+    /// a lock only from then: an answer to an older request must not confirm a newer ask.
+    pub sent: Option<tokio::time::Instant>,
 }
 
 impl AckOutcome {
