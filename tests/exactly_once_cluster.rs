@@ -1,8 +1,10 @@
 //! `guarantee = "exactly-once"` on the three-node cluster of `dev/kafka up --brokers 3`: the
 //! source partitions led by the node that coordinates the pipeline's transactions move to
-//! another node (leader moves), then that node is killed (SIGKILL) while the pipeline commits,
-//! and every output and dead letter is still written exactly once. Its own test binary because it stops the cluster's nodes: it runs in the
-//! cluster's test group, one at a time with the other cluster tests.
+//! another node (leader moves), then that node is killed (SIGKILL) or stopped (SIGTERM, a
+//! controlled shutdown: the single-node broker lost a confirmed commit's markers on one) while
+//! the pipeline commits, and every output and dead letter is still written exactly once. Its own
+//! test binary because it stops the cluster's nodes: it runs in the cluster's test group, one at
+//! a time with the other cluster tests.
 //!
 //! The ledger is kept outside the host, as in `tests/exactly_once.rs`: the ids produced, against
 //! the output and dead-letter topics read `read_committed`, once the broker has nothing left for
@@ -23,6 +25,16 @@ const RECORDS: u64 = 3000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_each_output_once() {
+    coordinator_down("coordinator-killed", "kill-broker").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transaction_coordinator_stopped_mid_commit_and_a_leader_move_write_each_output_once() {
+    coordinator_down("coordinator-stopped", "stop-broker").await;
+}
+
+/// The scenario: the coordinator's node taken down with `dev/kafka COMMAND` mid-commit.
+async fn coordinator_down(name: &str, command: &'static str) {
     let bootstrap = cluster_bootstrap();
     let client = Arc::new(cluster_client().await);
     let topic = unique("eo-cluster");
@@ -93,7 +105,7 @@ async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_e
     }
     let h = host.clone();
     blocking(move || h.wait_for("a third judged", |seen| seen.judged() >= n / 3)).await;
-    let down = NodeDown::take("kill-broker", coordinator).await;
+    let down = NodeDown::take(command, coordinator).await;
     let h = host.clone();
     blocking(move || {
         h.wait_for(
@@ -113,19 +125,16 @@ async fn the_transaction_coordinator_killed_mid_commit_and_a_leader_move_write_e
         .iter()
         .filter(|l| l.contains("transaction failed") || l.contains("did not commit"))
         .count();
+    let recommitted = lines
+        .iter()
+        .filter(|l| l.contains("its partitions are committed again"))
+        .count();
     report(&format!(
-        "exactly-once coordinator-killed: moved {moved:?}, then node {coordinator} (the transaction coordinator) killed; transactions failed or not committed: {failed}"
+        "exactly-once {name}: moved {moved:?}, then node {coordinator} (the transaction coordinator) taken down ({command}); transactions failed or not committed: {failed}, commits written again for a missing marker: {recommitted}"
     ));
     let written = Written {
         output: (&output, PARTITIONS),
         dead_letters: (&dlq, 1),
     };
-    check_exactly_once(
-        "coordinator-killed",
-        &client,
-        &ids,
-        written,
-        Seen::judged(&seen),
-    )
-    .await;
+    check_exactly_once(name, &client, &ids, written, Seen::judged(&seen)).await;
 }
