@@ -541,7 +541,7 @@ impl Pipeline {
                     .await;
                 if !matches!(renewed, Ok(true)) {
                     let why = format!(
-                        "the broker did not renew the locks of a batch judged late in them: {renewed:?}"
+                        "a batch judged late in its locks could not have them renewed (too little left to ask, or the broker refused): {renewed:?}"
                     );
                     for part in parts.iter() {
                         self.settle_part(ctx, part, Err(why.clone()), hash);
