@@ -524,17 +524,11 @@ mod tests {
         assert_eq!(fits_under(None, 2 << 20, 300), Fits::Smaller);
     }
 
-    /// `n` bytes that lz4 cannot shrink (a xorshift stream).
+    /// `n` random bytes: lz4 cannot shrink them.
     fn noise(n: usize, seed: u64) -> Bytes {
-        let mut x = seed | 1;
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v.extend_from_slice(&x.to_le_bytes());
-        }
-        v.truncate(n);
+        use rand::{RngCore, SeedableRng};
+        let mut v = vec![0; n];
+        rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
         Bytes::from(v)
     }
 
