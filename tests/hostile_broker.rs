@@ -228,3 +228,57 @@ async fn a_share_member_survives_a_lying_heartbeat_and_a_huge_acquired_range() {
     );
     consumer.close(Duration::from_secs(5)).await;
 }
+
+/// A partition whose leader keeps answering "not the leader" while the metadata still names
+/// it (a leader change not yet seen by every broker): each answer comes at once, without the
+/// long poll, so a member that fetched again straight away sent hundreds of requests a second
+/// (800 were seen in one second in a chaos run). It waits a growing backoff between such
+/// fetches. Read from the fake broker's own clock of each request: a busy machine only
+/// spaces them further.
+#[tokio::test]
+async fn a_partition_that_keeps_answering_moved_is_fetched_at_the_backoffs_pace_not_in_a_loop() {
+    use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig};
+    use sharehost_tests::fake_broker::moving_partition;
+
+    let broker = FakeBroker::start(moving_partition());
+    let client = Arc::new(
+        KafkaClient::connect(&broker.addr(), config())
+            .await
+            .expect("connect"),
+    );
+    let mut cfg = ShareConsumerConfig::new("moving-group", &[TOPIC]);
+    cfg.max_wait = Duration::from_millis(100);
+    let consumer = ShareConsumer::start(client, cfg).await.expect("start");
+    const FETCHES: usize = 6;
+    let b = Arc::new(broker);
+    let watched = b.clone();
+    tokio::task::spawn_blocking(move || {
+        watched.wait_until("six ShareFetch requests", |requests, _, _| {
+            requests
+                .iter()
+                .filter(|r| r.api == ApiKey::ShareFetch)
+                .count()
+                >= FETCHES
+        })
+    })
+    .await
+    .expect("join");
+    let at: Vec<std::time::Instant> = b
+        .requests()
+        .iter()
+        .filter(|r| r.api == ApiKey::ShareFetch)
+        .map(|r| r.at)
+        .take(FETCHES)
+        .collect();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    // The backoff's delays: 50-100 ms, then 100-200, 200-400, 400-800, 500-1000 (jittered
+    // within the upper half of a ceiling that doubles to 1 s).
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(45))
+            && gaps
+                .last()
+                .is_some_and(|g| *g >= Duration::from_millis(400)),
+        "each fetch after a 'moved' answer waits a growing backoff: gaps {gaps:?}"
+    );
+    consumer.close(Duration::from_secs(5)).await;
+}

@@ -44,6 +44,8 @@ pub struct Seen {
     pub connection: usize,
     /// How many requests of this API came before it, over all connections.
     pub nth: usize,
+    /// When it was read.
+    pub at: std::time::Instant,
 }
 
 /// What to answer.
@@ -188,6 +190,7 @@ fn serve(s: &Shared, mut stream: TcpStream, id: usize) {
                 version,
                 connection: id,
                 nth,
+                at: std::time::Instant::now(),
             };
             st.requests.push(seen);
             seen
@@ -371,6 +374,58 @@ pub fn lying_array_body(flexible: bool, before: &[u8]) -> Vec<u8> {
     }
     b.extend([0, 0, 0]);
     b
+}
+
+/// The script of a member whose one partition keeps moving: every ShareGroupHeartbeat assigns
+/// partition 0 of [`TOPIC`], every ShareFetch answers it NOT_LEADER_OR_FOLLOWER with no records
+/// (while the metadata still names this broker its leader), ShareAcknowledge succeeds.
+pub fn moving_partition() -> impl Fn(&Seen) -> Answer + Send + Sync + 'static {
+    use kafka_protocol::messages::ShareGroupHeartbeatResponse;
+    use kafka_protocol::messages::share_group_heartbeat_response::{Assignment, TopicPartitions};
+    use sharehost::kafka::protocol::share::{
+        FetchPartitionData, FetchTopicResponse, ShareAcknowledgeResponse, ShareFetchResponse,
+    };
+
+    fn encode<T: Encodable>(msg: &T, version: i16) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        msg.encode(&mut b, version).expect("encode");
+        b.to_vec()
+    }
+    move |seen| match seen.api {
+        ApiKey::ShareGroupHeartbeat => Answer::Body(encode(
+            &ShareGroupHeartbeatResponse::default()
+                .with_member_id(Some(kafka_protocol::protocol::StrBytes::from_static_str(
+                    "m",
+                )))
+                .with_member_epoch(i32::try_from(seen.nth + 1).unwrap_or(1))
+                .with_heartbeat_interval_ms(200)
+                .with_assignment(Some(Assignment::default().with_topic_partitions(vec![
+                    TopicPartitions::default()
+                        .with_topic_id(TOPIC_ID)
+                        .with_partitions(vec![0]),
+                ]))),
+            seen.version,
+        )),
+        ApiKey::ShareFetch => Answer::Body(encode(
+            &ShareFetchResponse {
+                acquisition_lock_timeout_ms: 30_000,
+                responses: vec![FetchTopicResponse {
+                    topic_id: TOPIC_ID,
+                    partitions: vec![FetchPartitionData {
+                        partition: 0,
+                        error_code: kafka_protocol::ResponseError::NotLeaderOrFollower.code(),
+                        ..Default::default()
+                    }],
+                }],
+                ..Default::default()
+            },
+            seen.version,
+        )),
+        ApiKey::ShareAcknowledge => {
+            Answer::Body(encode(&ShareAcknowledgeResponse::default(), seen.version))
+        }
+        _ => Answer::Honest,
+    }
 }
 
 /// The script of a share-group member test: the first ShareGroupHeartbeat answer lies about its

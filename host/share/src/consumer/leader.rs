@@ -497,7 +497,6 @@ impl LeaderWorker {
                 }
             };
         }
-        self.backoff.reset();
         if resp.acquisition_lock_timeout_ms > 0
             && let Some(st) = self.shared.leaders.lock().get_mut(&self.leader)
         {
@@ -533,11 +532,15 @@ impl LeaderWorker {
             if moved {
                 // A partition that moved answers at once, without the long poll: until the
                 // remap takes it off this leader, fetching again straight away is a busy loop
-                // (800 requests a second were seen on a leader change).
+                // (800 requests a second were seen on a leader change). The backoff grows
+                // while it lasts.
                 self.backoff.wait().await;
+            } else {
+                self.backoff.reset();
             }
             return Step::Continue;
         }
+        self.backoff.reset();
         if self.tx.send(delivery).await.is_err() {
             return Step::Exit;
         }
