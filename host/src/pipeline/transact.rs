@@ -62,6 +62,9 @@ pub(super) struct ExactlyOnce {
     limits: parking_lot::Mutex<HashMap<String, (Option<usize>, Instant)>>,
 }
 
+/// Why a batch waits whose locks ran short before its turn at a transaction came.
+const SHORT_IN_QUEUE: &str = "a lock ran short while the batch waited for its transaction";
+
 /// How long a topic's `max.message.bytes` is trusted before it is read again (a failed
 /// transaction reads every limit again at once).
 const LIMIT_TTL: Duration = Duration::from_secs(60);
@@ -515,7 +518,8 @@ impl Pipeline {
         // A part with a write its topic cannot take now is never sent (see `Part::attempt`):
         // it waits on its own from the start.
         let mut fit: Vec<&Part<'r>> = Vec::new();
-        let mut waiting: Vec<(&Part<'r>, String)> = Vec::new();
+        // Each with why it waits, and whether that was a failed transaction (counted).
+        let mut waiting: Vec<(&Part<'r>, String, bool)> = Vec::new();
         let mut writes = Vec::new();
         for part in &parts {
             match part.attempt(eo).await {
@@ -523,7 +527,7 @@ impl Pipeline {
                     writes.extend(w);
                     fit.push(part);
                 }
-                Err(why) => waiting.push((part, why)),
+                Err(why) => waiting.push((part, why, true)),
             }
         }
         if !fit.is_empty() {
@@ -564,13 +568,14 @@ impl Pipeline {
                     self.settle(&ctx.consumer, &all, hash);
                 }
                 Err(NotCommitted::Failed(e)) => {
-                    waiting.extend(fit.iter().map(|p| (*p, e.clone())));
+                    waiting.extend(fit.iter().map(|p| (*p, e.clone(), true)));
                 }
-                Err(other) => {
-                    let why = match other {
-                        NotCommitted::Unknown(e) | NotCommitted::NotHeld(e) => e,
-                        _ => "a lock would run out before the commit: aborted".to_owned(),
-                    };
+                // Its turn came late (transactions queued ahead of it, a write outage's retries
+                // among them): held and tried again, its locks renewed first.
+                Err(NotCommitted::LocksShort) => {
+                    waiting.extend(fit.iter().map(|p| (*p, SHORT_IN_QUEUE.to_owned(), false)));
+                }
+                Err(NotCommitted::Unknown(why) | NotCommitted::NotHeld(why)) => {
                     for part in parts.iter() {
                         self.settle_part(ctx, part, Err(why.clone()), hash);
                     }
@@ -588,8 +593,10 @@ impl Pipeline {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.metrics.writes_waiting.get_or_create(&labels).inc();
         // Each part settles as soon as its own transaction ends.
-        let tries = waiting.into_iter().map(|(part, e)| async move {
-            self.count_failed_transaction(eo, &e);
+        let tries = waiting.into_iter().map(|(part, e, failed)| async move {
+            if failed {
+                self.count_failed_transaction(eo, &e);
+            }
             let outcome = self.commit_held(ctx, eo, part, e).await;
             self.settle_part(ctx, part, outcome, hash);
         });
@@ -758,9 +765,8 @@ impl Pipeline {
                     self.count_failed_transaction(eo, &again);
                     e = again;
                 }
-                Err(NotCommitted::LocksShort) => {
-                    return Err("a lock would run out before the commit: aborted".to_owned());
-                }
+                // Renewed at the top of the loop, if there is still time to ask.
+                Err(NotCommitted::LocksShort) => e = SHORT_IN_QUEUE.to_owned(),
                 Err(NotCommitted::Unknown(e) | NotCommitted::NotHeld(e)) => return Err(e),
             }
         }
