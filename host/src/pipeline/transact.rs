@@ -60,6 +60,8 @@ pub(super) struct ExactlyOnce {
     /// Each written topic's `max.message.bytes` as last read, and when (see
     /// [`ExactlyOnce::limit`]).
     limits: parking_lot::Mutex<HashMap<String, (Option<usize>, Instant)>>,
+    /// The group's lock duration (also the transaction timeout).
+    lock: Duration,
 }
 
 /// Why a batch waits whose locks ran short before its turn at a transaction came.
@@ -105,7 +107,7 @@ struct Job {
 /// Why a batch's writes did not commit.
 #[derive(Debug, Clone)]
 enum NotCommitted {
-    /// A lock would run out: aborted, the records go back.
+    /// A lock ran short before the batch's turn: held, renewed and tried again.
     LocksShort,
     /// The commit's answer never came: only a lookup can tell, so the records go back and
     /// their redelivery is looked up.
@@ -148,6 +150,43 @@ impl ExactlyOnce {
             }
         }
         out
+    }
+
+    /// Runs `work` while renewing the locks of `records` (each renewal confirmed within what
+    /// is left of the lock, due when a quarter of it is gone), so that a long wait does not
+    /// cost them a delivery; returns its output, and whether every renewal was confirmed (when
+    /// one was not, the records can no longer be proven this member's, and the rest of the
+    /// work runs on regardless, to its end).
+    async fn while_held<T>(
+        &self,
+        records: &[&ShareRecord],
+        work: impl std::future::Future<Output = T>,
+    ) -> (T, bool) {
+        let renew_below = renew_below(self.lock);
+        let keep = async {
+            loop {
+                let wait = self
+                    .lock_left(records.iter().copied())
+                    .saturating_sub(renew_below);
+                tokio::time::sleep(wait).await;
+                let left = self.lock_left(records.iter().copied());
+                let renewed = self
+                    .consumer
+                    .confirm_held(records, left.saturating_sub(LOCK_MARGIN))
+                    .await;
+                if !matches!(renewed, Ok(true)) {
+                    return;
+                }
+            }
+        };
+        tokio::pin!(work, keep);
+        let mut held = true;
+        loop {
+            tokio::select! {
+                out = &mut work => return (out, held),
+                () = &mut keep, if held => held = false,
+            }
+        }
     }
 
     /// The time left on the shortest lock of `records` (see [`ShareConsumer::lock_left`]).
@@ -262,10 +301,12 @@ impl ExactlyOnce {
     /// One transaction for `jobs`: begin, write everything, check every lock, commit; each job
     /// is told how it ended.
     async fn run(&self, jobs: Vec<Job>) {
-        // A batch whose locks are nearly out does not join: it goes back now.
+        // A batch whose locks are nearly out does not join others (one whose lock lapses
+        // during the transaction aborts it for all): it renews them and tries alone. A batch
+        // alone has just renewed what it needed to, and tries with what it has.
         let (jobs, short): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
-            .partition(|j| self.lock_left(&j.records) > LOCK_MARGIN * 2);
+            .partition(|j| j.alone || self.lock_left(&j.records) > LOCK_MARGIN * 2);
         for j in short {
             let _ = j.done.send(Err(NotCommitted::LocksShort));
         }
@@ -280,16 +321,22 @@ impl ExactlyOnce {
         for (i, j) in jobs.into_iter().enumerate() {
             let r = match &result {
                 Ok(()) => Ok(()),
-                Err((short, _)) if short.contains(&i) => Err(NotCommitted::LocksShort),
-                Err((_, e)) => Err(e.clone()),
+                Err((own, e)) => Err(own
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .map_or_else(|| e.clone(), |(_, mine)| mine.clone())),
             };
             let _ = j.done.send(r);
         }
     }
 
-    /// The transaction itself; on failure, the jobs (by index) whose locks ran short, and what
-    /// the others are told.
-    async fn one_transaction(&self, jobs: &[Job]) -> Result<(), (Vec<usize>, NotCommitted)> {
+    /// The transaction itself; on failure, what some jobs (by index) are told of their own,
+    /// and what the others are told.
+    #[allow(clippy::type_complexity)]
+    async fn one_transaction(
+        &self,
+        jobs: &[Job],
+    ) -> Result<(), (Vec<(usize, NotCommitted)>, NotCommitted)> {
         let failed = |e: String| (Vec::new(), NotCommitted::Failed(e));
         // Each write's partition, as the plain write path places it.
         let mut placed: BTreeMap<(String, i32), Vec<ProduceRecord>> = BTreeMap::new();
@@ -344,46 +391,47 @@ impl ExactlyOnce {
         txn.send_all(&batches, WRITE_COMPRESSION)
             .await
             .map_err(|e| failed(e.to_string()))?;
-        // Every write has landed: the commit goes out only while every lock certainly holds.
-        let short: Vec<usize> = (0..jobs.len())
-            .filter(|&i| self.lock_left(&jobs[i].records) <= LOCK_MARGIN)
-            .collect();
-        if !short.is_empty() {
-            if let Err(e) = txn.abort().await {
-                tracing::debug!(
-                    transactional_id = self.producer.id(),
-                    "abort after a short lock: {e}"
-                );
+        // Every write has landed: the commit goes out only once the broker itself says every
+        // record is still this member's (the local clock cannot see a session the broker
+        // ended, a connection cut on its side only, after which another member may take the
+        // records before this host notices), within what is left of each lock. Each batch is
+        // asked on its own, so that one whose records were lost aborts the transaction
+        // without sending the others back: they are held and tried again.
+        let held = futures::future::join_all(jobs.iter().map(|j| {
+            let records: Vec<&ShareRecord> = j.records.iter().collect();
+            let wait = self.lock_left(records.iter().copied());
+            async move {
+                self.consumer
+                    .confirm_held(&records, wait.saturating_sub(LOCK_MARGIN))
+                    .await
             }
-            return Err((
-                short,
-                NotCommitted::Failed("aborted with a batch whose lock ran short".into()),
-            ));
-        }
-        // Then the broker itself says every record is still this member's: the local clock
-        // cannot see a session the broker ended (a connection cut on its side only), after
-        // which another member may take the records before this host notices.
-        let records: Vec<&ShareRecord> = jobs.iter().flat_map(|j| &j.records).collect();
-        let wait = self.lock_left(records.iter().copied());
-        let held = self
-            .consumer
-            .confirm_held(&records, wait.saturating_sub(LOCK_MARGIN))
-            .await;
-        if !matches!(held, Ok(true)) {
+        }))
+        .await;
+        let lost: Vec<(usize, NotCommitted)> = held
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, h)| {
+                let why = match h {
+                    Ok(true) => return None,
+                    Ok(false) => "the broker did not confirm, within their locks, that the records are still this host's: aborted".to_owned(),
+                    Err(e) => format!("the broker cannot confirm the records are still held: {e}"),
+                };
+                Some((i, NotCommitted::NotHeld(why)))
+            })
+            .collect();
+        if !lost.is_empty() {
             if let Err(e) = txn.abort().await {
                 tracing::debug!(
                     transactional_id = self.producer.id(),
                     "abort after an unconfirmed hold: {e}"
                 );
             }
-            let why = match held {
-                Err(e) => format!("the broker cannot confirm the records are still held: {e}"),
-                Ok(_) => {
-                    "the broker did not confirm that every record is still this host's: aborted"
-                        .to_owned()
-                }
-            };
-            return Err((Vec::new(), NotCommitted::NotHeld(why)));
+            return Err((
+                lost,
+                NotCommitted::Failed(
+                    "aborted with a batch whose records are no longer this host's".into(),
+                ),
+            ));
         }
         let identity = txn.identity();
         let settled_at = txn.written_at(&self.topic, 0);
@@ -435,7 +483,28 @@ impl Pipeline {
                 (&*r.topic, r.partition.partition, r.record.offset)
             })
             .collect();
-        let found = match eo.index.lookup(&ctx.client, &keys).await {
+        // A lookup waits for every open transaction to be decided, longer than a lock when a
+        // broker is down: the records' locks are renewed meanwhile, so that the wait does not
+        // cost them a delivery, nor their judging a proof of the hold.
+        let asked: Vec<&ShareRecord> = again.iter().map(|&i| &batch[i]).collect();
+        let (found, held) = eo
+            .while_held(&asked, eo.index.lookup(&ctx.client, &keys))
+            .await;
+        if !held && !at_cap {
+            // Their locks could not be renewed: the records are no longer this member's (or
+            // cannot be proven to be), and judging them would be for nothing. (At the cap the
+            // dead letter is written all the same: at least once.)
+            tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records delivered again could not be held through their lookup: they go back unjudged");
+            release_all(&ctx.consumer, asked);
+            let mut batch = batch;
+            let mut i = 0;
+            batch.retain(|_| {
+                i += 1;
+                again.binary_search(&(i - 1)).is_err()
+            });
+            return batch;
+        }
+        let found = match found {
             Ok(found) => found,
             Err(e) if at_cap => {
                 tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records at the delivery cap are dead-lettered without knowing whether a transaction settled them: {e}");
@@ -728,23 +797,24 @@ impl Pipeline {
                 .min()
                 .unwrap_or_default()
         };
+        let renew_below = renew_below(eo.lock);
         let mut backoff = Backoff::new(WRITE_BACKOFF);
         let mut e = error;
         loop {
             let mut pause = backoff.next_delay().unwrap_or(WRITE_BACKOFF.max);
-            let mut left = lock_left();
-            if left <= pause + LOCK_MARGIN * 2 {
+            let left = lock_left();
+            if left <= pause + renew_below {
                 let renewed = ctx
                     .consumer
                     .confirm_held(&records, left.saturating_sub(LOCK_MARGIN))
                     .await;
-                left = lock_left();
-                if !matches!(renewed, Ok(true)) || left <= LOCK_MARGIN * 2 {
-                    return Err(format!("the locks run out before the next try: {e}"));
+                if !matches!(renewed, Ok(true)) {
+                    return Err(format!(
+                        "the records' locks could not be renewed in time (the broker refused, or did not answer within them: {renewed:?}): {e}"
+                    ));
                 }
-                // The next try joins a transaction only with more than two margins left: it
-                // waits at most half of what lies above them.
-                pause = pause.min((left - LOCK_MARGIN * 2) / 2);
+                // The next renewal is due when the lock is down to `renew_below` again.
+                pause = pause.min(lock_left().saturating_sub(renew_below));
             }
             tokio::select! {
                 _ = ctx.stop.cancelled() => return Err(format!("the pipeline stops: {e}")),
@@ -923,6 +993,14 @@ impl ExactlyOnce {
     }
 }
 
+/// When a record held through a wait is renewed: once its lock is down to this. Early, at a
+/// quarter of the lock gone, so that the broker's answer has most of the lock to come in (a
+/// renewal proves the hold only when answered within it): a busy broker or machine that
+/// answers in seconds does not cost the records a delivery.
+fn renew_below(lock: Duration) -> Duration {
+    (lock * 3 / 4).max(LOCK_MARGIN * 2)
+}
+
 /// The transactional id of a pipeline's member: stable across restarts as long as the member
 /// id is (kept beside the state file), so a restarted host fences its predecessor and the
 /// coordinator aborts what that one left open.
@@ -960,5 +1038,6 @@ pub(super) fn exactly_once(
         ),
         index: SettledIndex::new(topic, group, sources, lookup_patience(transaction_timeout)),
         topic: topic.to_owned(),
+        lock: transaction_timeout,
     }
 }

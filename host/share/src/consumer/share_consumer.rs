@@ -166,20 +166,17 @@ impl ShareConsumer {
     /// for ([`ShareConsumer::confirm_held`]), so never more than the broker granted; other
     /// renewals do not count (one is counted when recorded, before the broker confirms it, and
     /// a host resumed after a pause past its lock would record one for a record already gone); zero
-    /// when the lock time is unknown or the record is no longer held. Work that must finish
-    /// while the record is certainly this member's (a transaction's commit) checks it last.
+    /// when the lock time is unknown or this delivery of the record is no longer held (one
+    /// since restarts the lock of the newer copy, not of this one, and other members may have
+    /// held the record in between). Work that must finish while the record is certainly this
+    /// member's (a transaction's commit) checks it last.
     pub fn lock_left(&self, record: &ShareRecord) -> Duration {
         let leader = self.shared.route.lock().get(&record.partition).copied();
         let leaders = self.shared.leaders.lock();
         let Some(st) = leader.and_then(|l| leaders.get(&l)) else {
             return Duration::ZERO;
         };
-        match (
-            st.lock_timeout,
-            st.outstanding
-                .get(&record.key())
-                .filter(|_| st.session == record.session),
-        ) {
+        match (st.lock_timeout, st.holding(record)) {
             (Some(lock), Some(held)) => lock.saturating_sub(held.acquired.elapsed()),
             _ => Duration::ZERO,
         }
@@ -194,6 +191,11 @@ impl ShareConsumer {
     /// cut on its side only) answers `Ok(false)` here, where the local clock of
     /// [`ShareConsumer::lock_left`] still shows time left. An error when the broker cannot
     /// renew (Kafka before 4.2).
+    ///
+    /// Only an answer within the lock proves anything: Kafka 4.4 answers a renewal of a record
+    /// another member has since acquired and acknowledged without an error (seen with a host
+    /// resumed after a pause past its lock), so the renewal must reach the broker while the
+    /// lock certainly holds, and `timeout` is at most what is left of it.
     pub async fn confirm_held(
         &self,
         records: &[&ShareRecord],
@@ -265,6 +267,7 @@ impl ShareConsumer {
                 if let Some(st) = leader.and_then(|l| leaders.get_mut(&l))
                     && st.session == r.session
                     && let Some(h) = st.outstanding.get_mut(&r.key())
+                    && h.deliveries == r.delivery_count
                 {
                     h.acquired = h.acquired.max(asked);
                 }

@@ -69,6 +69,15 @@ impl LeaderState {
             .is_none()
     }
 
+    /// The entry of `record` while this member holds that very delivery of it: `None` once
+    /// its session ended, it was settled, or the broker delivered it again (its lock lapsed and
+    /// a fetch of this member's acquired it anew, so other members may have held it between).
+    pub(super) fn holding(&self, record: &ShareRecord) -> Option<&Held> {
+        self.outstanding
+            .get(&record.key())
+            .filter(|h| self.session == record.session && h.deliveries == record.delivery_count)
+    }
+
     /// Forgets the outstanding records of `partitions` (their leadership moved away, so their
     /// locks went with it); returns how many there were.
     pub(super) fn release(&mut self, partitions: &BTreeSet<TopicIdPartition>) -> usize {
@@ -621,6 +630,35 @@ mod tests {
         // Another partition's answer is not this one's.
         let mut c = waiter(&mut rx);
         assert!(!c.answered(tp(1), &outcome(Some(after), false)));
+    }
+
+    #[test]
+    fn a_record_is_held_under_the_delivery_and_session_it_came_with_only() {
+        let record = |session: u64, deliveries: i16| ShareRecord {
+            topic: Arc::from("t"),
+            partition: tp(0),
+            delivery_count: deliveries,
+            record: sharehost_kafka::ConsumedRecord {
+                offset: 5,
+                timestamp: 0,
+                key: None,
+                value: None,
+                headers: Vec::new(),
+            },
+            session,
+        };
+        let mut st = LeaderState {
+            session: 3,
+            ..LeaderState::default()
+        };
+        assert!(st.hold((tp(0), 5), Instant::now(), 2));
+        assert!(st.holding(&record(3, 2)).is_some());
+        // Its lock lapsed and a fetch of this member's took it again: the older copy's
+        // renewal would speak for the newer one.
+        assert!(st.holding(&record(3, 1)).is_none(), "an older delivery");
+        assert!(st.holding(&record(2, 2)).is_none(), "an ended session");
+        st.outstanding.clear();
+        assert!(st.holding(&record(3, 2)).is_none(), "settled");
     }
 
     #[test]
