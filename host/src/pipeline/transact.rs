@@ -301,12 +301,11 @@ impl ExactlyOnce {
     /// One transaction for `jobs`: begin, write everything, check every lock, commit; each job
     /// is told how it ended.
     async fn run(&self, jobs: Vec<Job>) {
-        // A batch whose locks are nearly out does not join others (one whose lock lapses
-        // during the transaction aborts it for all): it renews them and tries alone. A batch
-        // alone has just renewed what it needed to, and tries with what it has.
+        // A batch whose locks are nearly out does not start a transaction (its writes and the
+        // confirmation must fit in what is left): it renews them and tries again.
         let (jobs, short): (Vec<Job>, Vec<Job>) = jobs
             .into_iter()
-            .partition(|j| j.alone || self.lock_left(&j.records) > LOCK_MARGIN * 2);
+            .partition(|j| self.lock_left(&j.records) > LOCK_MARGIN * 2);
         for j in short {
             let _ = j.done.send(Err(NotCommitted::LocksShort));
         }
