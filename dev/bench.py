@@ -78,11 +78,16 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_RETABLE ("")        a run's directory (target/bench/<timestamp>): only render its table.md again from its
                                results.tsv and machine.txt with dev/bench_table.py (after a change to the table's
                                code), run nothing
+     BENCH_JFR (0)             1: record a Java Flight Recorder profile of the broker during every row (jcmd, no
+                               restart) into <row>.jfr, with its hottest methods in <row>.hot.txt
      BENCH_DOCS (1; 0 with BENCH_RETABLE)  1: write the table, goals, machine, commit and command into
                                docs/benchmarks.md ("One table", between its markers), replacing the run there
      KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT, SHAREHOST_KAFKA_DIR as for dev/kafka: a broker that
      this checkout already runs there is used as it is; otherwise one is started (and stopped at the end).
      CARGO_TARGET_DIR as for cargo.
+Every row also reads the broker's own counts over JMX before and after it (an agent started in the running broker
+with jcmd: requests by API, record acknowledgements by type, records written to __share_group_state) and adds the
+difference to its extra column, e.g. "broker: ShareFetch=2035 ShareAcknowledge=12 state_records=4100".
 Output: the table and the goals on stdout; every run's raw output in target/bench/<timestamp>/ (results.tsv,
 table.md = the table + goals + machine + commit + command, logs, manifests, /usr/bin/time reports, the hosts' final
 /metrics, the groups' ShareGroupCommand descriptions).
@@ -170,6 +175,7 @@ class Config:
     port_wait: int
     peers_target: Path
     docs: bool
+    jfr: bool = False
 
     def kind_processes(self, kind):
         """The process counts KIND runs with."""
@@ -247,6 +253,7 @@ def config_from_env(environ):
         port_wait=whole(environ, "BENCH_PORT_WAIT", 1200, positive=False),
         peers_target=REPO / env(environ, "BENCH_PEERS_TARGET", str(REPO / "target" / "peers-build")),
         docs=env(environ, "BENCH_DOCS", "1") == "1",
+        jfr=env(environ, "BENCH_JFR", "0") == "1",
     )
     if cfg.admin_port > 65535:
         raise Die(f"BENCH_ADMIN_PORT must be a port (got {cfg.admin_port})")
@@ -456,6 +463,28 @@ def add_times(reading, reports):
 def result_row(size, procs, kind, r, broker_s, load, lag, status):
     return "\t".join(map(str, (size, procs, kind, r.read, r.t0, r.first, r.last, f"{r.cpu_s:.2f}", r.rss_kb,
                                f"{broker_s:.2f}", load, lag, status, r.extra))) + "\n"
+
+
+def broker_extra(delta):
+    """The broker's counts of a row for its extra column: the share requests (and any produce, fetch, transaction
+    requests beside them), acknowledgements by type, state records; "" when none were read."""
+    if not delta:
+        return ""
+    shown = [f"{k.split('.', 1)[1]}={v}" for k, v in delta.items() if k.startswith("requests.") and v > 0
+             and k.split(".", 1)[1] in BROKER_REQUESTS]
+    shown += [f"ack_{k.split('.', 1)[1].lower()}={v}" for k, v in delta.items() if k.startswith("acks.")]
+    if "state_records" in delta:
+        shown.append(f"state_records={delta['state_records']}")
+    return "broker: " + " ".join(shown)
+
+
+# The requests a row's extra column names (the others, metadata and heartbeats, are noise at this scale).
+BROKER_REQUESTS = ("ShareFetch", "ShareAcknowledge", "ShareGroupHeartbeat", "Fetch", "Produce", "AddPartitionsToTxn",
+                   "EndTxn", "InitProducerId", "ListOffsets", "OffsetCommit")
+
+
+def join_extra(*parts):
+    return " ".join(p for p in parts if p)
 
 
 def read_json(path):
@@ -855,9 +884,15 @@ class Bench:
                     self.fresh_group(group)
                 load = bench_host.load_now()
                 note(f"{kind}, {procs} process(es): reading {topic} in group {group} (load {load})")
+                row = f"{kind}-{size}b-{procs}p"
+                c0 = self.broker.counters()
+                profiling = cfg.jfr and self.broker.profile_start(row)
                 b0 = bench_host.cpu_ticks(self.broker.pid)
                 r = self.run_kind(kind, topic, group, procs, cfg.records)
                 broker_s = (bench_host.cpu_ticks(self.broker.pid) - b0) / bench_host.CLK_TCK
+                if profiling:
+                    self.hot_methods(row)
+                r.extra = join_extra(r.extra, broker_extra(bench_host.counters_delta(c0, self.broker.counters())))
                 # Did the share group really acknowledge what it read? A run with quotas leaves RECORDS - READ
                 # behind at most.
                 lag = "-"
@@ -874,6 +909,26 @@ class Bench:
         with open(out / "machine.txt", "a") as f:
             f.write(f"load at end: {bench_host.load_now(3)}\n")
         table(out, cfg.docs)
+
+    def hot_methods(self, row):
+        """Stops the broker's recording of ROW into <row>.jfr and writes its hottest methods to <row>.hot.txt."""
+        jfr = self.out / f"{row}.jfr"
+        if not self.broker.profile_stop(row, jfr):
+            note(f"{row}: the broker's JFR recording could not be written")
+            return
+        printed = subprocess.run(["jfr", "print", "--json", "--stack-depth", "64", "--events", "jdk.ExecutionSample",
+                                  str(jfr)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if printed.returncode != 0:
+            note(f"{row}: jfr print failed on {jfr}")
+            return
+        hot, inclusive, samples = bench_host.hot_methods(printed.stdout)
+        pct = lambda n: f"{100 * n / max(samples, 1):.1f}"  # noqa: E731
+        lines = [f"{samples} execution samples of the broker's threads during {row}", "",
+                 "by self time: method, self %, on-stack %"]
+        lines += [f"{m}\t{pct(c)}\t{pct(t)}" for m, c, t in hot]
+        lines += ["", "by time on the stack: method, on-stack %"]
+        lines += [f"{m}\t{pct(t)}" for m, t in inclusive]
+        (self.out / f"{row}.hot.txt").write_text("\n".join(lines) + "\n")
 
     def cleanup(self):
         for p in self.live:

@@ -445,6 +445,7 @@ class Broker:
         self.started = False
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.pid = self.bootstrap = self.version = None
+        self._jmx = None  # the JMX agent's port once started in the broker (0: it could not be)
 
     def attach(self, busy_wait_s=None, busy_msg="port {port} is taken by a process that is not this checkout's broker",
                running_note="using this checkout's running broker", stopped_msg=None, log=None):
@@ -537,6 +538,112 @@ class Broker:
                           "--topic", topic, log=log)
         if rc != 0:
             self.say(f"could not delete {topic} (harmless)")
+
+    def counters(self):
+        """The broker's own counts, read over JMX (see parse_jmx): requests by API, record acknowledgements by type,
+        and the records of __share_group_state (the share coordinator's state writes). The JMX agent is started in
+        the running broker with jcmd the first time (local only, no restart, no broker setting changed). {} when
+        they cannot be read; the run goes on without them."""
+        if self._jmx is None:
+            port = free_port()
+            rc = subprocess.call(["jcmd", str(self.pid), "ManagementAgent.start", f"jmxremote.port={port}",
+                                  f"jmxremote.rmi.port={port}", "jmxremote.authenticate=false", "jmxremote.ssl=false",
+                                  "jmxremote.host=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self._jmx = port if rc == 0 else 0
+            if not self._jmx:
+                self.say("cannot start the broker's JMX agent with jcmd: no request counts in this run")
+        if not self._jmx:
+            return {}
+        rc, out = self.tool("org.apache.kafka.tools.JmxTool", "--jmx-url",
+                            f"service:jmx:rmi:///jndi/rmi://127.0.0.1:{self._jmx}/jmxrmi",
+                            *[a for name in JMX_OBJECTS for a in ("--object-name", name)],
+                            "--one-time", "true", "--report-format", "tsv")
+        if rc != 0:
+            self.say(f"reading the broker's JMX counts failed: {out.strip()[-300:]}")
+            return {}
+        return parse_jmx(out)
+
+    def profile_start(self, name):
+        """Starts a Java Flight Recorder recording NAME in the broker (the JDK's "profile" settings: a stack sample
+        of each running thread every 10-20 ms)."""
+        return subprocess.call(["jcmd", str(self.pid), "JFR.start", f"name={name}", "settings=profile"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+
+    def profile_stop(self, name, path):
+        """Stops recording NAME and writes it to PATH; whether it was written."""
+        return subprocess.call(["jcmd", str(self.pid), "JFR.stop", f"name={name}", f"filename={path}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0 and Path(path).is_file()
+
+
+# What Broker.counters reads: every API's request count, the share groups' record acknowledgements by type, and the
+# log end offsets of the share coordinator's state topic.
+JMX_OBJECTS = ("kafka.network:type=RequestMetrics,name=RequestsPerSec,*",
+               "kafka.server:type=ShareGroupMetrics,name=RecordAcknowledgementsPerSec,*",
+               "kafka.log:type=Log,name=LogEndOffset,topic=__share_group_state,*")
+
+
+def parse_jmx(text):
+    """{counter: number} from JmxTool's one-time tsv report: "requests.API" (RequestsPerSec Count summed over
+    versions), "acks.TYPE" (RecordAcknowledgementsPerSec Count) and "state_records" (the summed log end offsets of
+    __share_group_state). Lines of another shape are left out."""
+    out = {}
+    for line in text.splitlines():
+        name, sep, value = line.rpartition("\t")
+        if not sep or ":" not in name:
+            continue
+        mbean, _, attr = name.rpartition(":")
+        keys = dict(kv.split("=", 1) for kv in mbean.partition(":")[2].split(",") if "=" in kv)
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if keys.get("name") == "RequestsPerSec" and attr == "Count" and "request" in keys:
+            key = f"requests.{keys['request']}"
+        elif keys.get("name") == "RecordAcknowledgementsPerSec" and attr == "Count" and "ackType" in keys:
+            key = f"acks.{keys['ackType']}"
+        elif keys.get("name") == "LogEndOffset" and keys.get("topic") == "__share_group_state" and attr == "Value":
+            key = "state_records"
+        else:
+            continue
+        out[key] = out.get(key, 0) + int(number)
+    return out
+
+
+def counters_delta(before, after):
+    """AFTER - BEFORE for every counter in AFTER (a counter that first appeared counts from 0); zeros left out."""
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v - before.get(k, 0) != 0}
+
+
+def free_port():
+    """A TCP port nobody listens on now (the kernel's pick)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hot_methods(jfr_json, top=40):
+    """The broker's hottest methods from a JFR recording's execution samples (`jfr print --json --events
+    jdk.ExecutionSample`): ([(method, self samples, samples with it on the stack)] most self samples first,
+    [(method, samples with it on the stack)] most first, the number of samples). A method is "package.Class.method";
+    a method recursing counts once per sample."""
+    doc = json.loads(jfr_json)
+    events = doc.get("recording", {}).get("events", [])
+    self_count, total_count = {}, {}
+    for e in events:
+        frames = ((e.get("values") or {}).get("stackTrace") or {}).get("frames") or []
+        names = []
+        for f in frames:
+            m = f.get("method") or {}
+            names.append(f"{(m.get('type') or {}).get('name', '?')}.{m.get('name', '?')}".replace("/", "."))
+        if not names:
+            continue
+        self_count[names[0]] = self_count.get(names[0], 0) + 1
+        for n in set(names):
+            total_count[n] = total_count.get(n, 0) + 1
+    by_self = sorted(self_count.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    by_total = sorted(total_count.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return [(n, c, total_count.get(n, c)) for n, c in by_self], by_total, len(events)
 
 
 def topic_count(offsets_output):

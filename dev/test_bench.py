@@ -237,6 +237,14 @@ class ToolOutput(unittest.TestCase):
 
 
 class Rows(unittest.TestCase):
+    def test_broker_extra(self):
+        self.assertEqual(bench.broker_extra({}), "")
+        delta = {"acks.Accept": 3000, "requests.Metadata": 4, "requests.ShareAcknowledge": 12,
+                 "requests.ShareFetch": 2035, "state_records": 4100}
+        self.assertEqual(bench.broker_extra(delta),
+                         "broker: ShareAcknowledge=12 ShareFetch=2035 ack_accept=3000 state_records=4100")
+        self.assertEqual(bench.join_extra("quota=1", "", "broker: x=1"), "quota=1 broker: x=1")
+
     def test_status(self):
         self.assertEqual(bench.row_status("classic", "g", "-", 100, 100, ""), "ok")
         self.assertEqual(bench.row_status("wasm", "g", 0, 100, 100, ""), "ok")

@@ -165,6 +165,42 @@ class Parsers(unittest.TestCase):
             self.assertEqual(out, text)
 
 
+class BrokerCounts(unittest.TestCase):
+    def test_jmx_counts_by_request_ack_type_and_state_records(self):
+        text = "\n".join([
+            "Trying to connect to JMX url: service:jmx:rmi:///jndi/rmi://127.0.0.1:1/jmxrmi",
+            "time\t1796452018162",
+            "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=ShareFetch,version=1:Count\t5",
+            "kafka.network:type=RequestMetrics,name=RequestsPerSec,request=ShareFetch,version=2:Count\t7",
+            "kafka.server:type=ShareGroupMetrics,name=RecordAcknowledgementsPerSec,ackType=Accept:Count\t1000",
+            "kafka.server:type=ShareGroupMetrics,name=RecordAcknowledgementsPerSec,ackType=Accept:MeanRate\t3.5",
+            "kafka.log:type=Log,name=LogEndOffset,topic=__share_group_state,partition=0:Value\t10",
+            "kafka.log:type=Log,name=LogEndOffset,topic=__share_group_state,partition=1:Value\t5",
+            "kafka.log:type=Log,name=LogEndOffset,topic=other,partition=0:Value\t99",
+            "not a line\tx",
+        ])
+        self.assertEqual(bench_host.parse_jmx(text),
+                         {"requests.ShareFetch": 12, "acks.Accept": 1000, "state_records": 15})
+
+    def test_delta_counts_new_counters_from_zero_and_drops_zeros(self):
+        self.assertEqual(bench_host.counters_delta({"a": 5, "b": 2}, {"a": 9, "b": 2, "c": 3}), {"a": 4, "c": 3})
+
+    def test_hot_methods_rank_self_samples_and_count_each_stack_once(self):
+        def sample(*frames):
+            return {"values": {"stackTrace": {"frames": [
+                {"method": {"type": {"name": c}, "name": m}} for c, m in frames]}}}
+        doc = {"recording": {"events": [
+            sample(("A", "leaf"), ("B", "mid"), ("B", "mid")),
+            sample(("A", "leaf"), ("pkg/C", "top")),
+            sample(("B", "mid")),
+            {"values": {"stackTrace": None}},
+        ]}}
+        hot, inclusive, samples = bench_host.hot_methods(json.dumps(doc))
+        self.assertEqual(samples, 4)
+        self.assertEqual(hot, [("A.leaf", 2, 2), ("B.mid", 1, 2)])
+        self.assertEqual(inclusive, [("A.leaf", 2), ("B.mid", 2), ("pkg.C.top", 1)])
+
+
 class Manifests(unittest.TestCase):
     def test_one_pipeline(self):
         pipe = bench_host.Pipeline("bench", ["t"], "g", "/x/accept_all.wasm", "max_in_flight = 3")
