@@ -94,6 +94,7 @@ impl Pipeline {
         cfg.reject_poison = spec.dead_letter_topic.is_none();
         cfg.auto_renew_after = Some(spec.auto_renew_after);
         cfg.pace_within = Some(PACE_WITHIN);
+        cfg.member_session_timeout = settled.as_ref().map(|(_, _, session)| *session);
         // Whole producer batches while the room holds the largest one seen (a batch the broker
         // splits costs it a lock timer per record), at most MaxRecords per request otherwise:
         // `max_in_flight` holds unless a batch larger than any seen before arrives.
@@ -111,7 +112,7 @@ impl Pipeline {
                 .await
                 .map_err(|e| format!("pipeline {}: {e}", spec.name))?,
         );
-        let exactly_once = settled.map(|(topic, lock)| {
+        let exactly_once = settled.map(|(topic, lock, _)| {
             let eo = super::transact::exactly_once(
                 &client,
                 &consumer,
@@ -365,11 +366,12 @@ impl Pipeline {
     /// For an exactly-once pipeline: the settled log's topic (created with its configs, or
     /// refused naming the one that is wrong), the group set to read committed records only (so
     /// a pipeline reading another's outputs never sees an aborted one), and the lock duration
-    /// the transactions are timed by. `None` for an at-least-once pipeline.
+    /// the transactions are timed by, and the member session timeout the renewals are proven
+    /// with. `None` for an at-least-once pipeline.
     async fn settled_log(
         &self,
         client: &KafkaClient,
-    ) -> Result<Option<(String, Duration)>, String> {
+    ) -> Result<Option<(String, Duration, Duration)>, String> {
         let spec = &self.spec;
         if spec.guarantee != crate::manifest::Guarantee::ExactlyOnce {
             return Ok(None);
@@ -443,7 +445,17 @@ impl Pipeline {
                 (crate::share::consumer::LOCK_MARGIN * 2).as_millis(),
             )));
         }
-        Ok(Some((topic, lock)))
+        // How long the group keeps a member whose heartbeats stop: a renewal confirms a hold
+        // only while the membership provably lasts (the broker releases a removed member's
+        // records). Kafka's default when the group will not say.
+        let session = client
+            .group_config(&spec.group, "share.session.timeout.ms")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(Duration::from_secs(45), Duration::from_millis);
+        Ok(Some((topic, lock, session)))
     }
 
     /// Sets the group's `share.auto.offset.reset` to the manifest's `start` before the join

@@ -64,8 +64,25 @@ pub(super) async fn heartbeat_loop(
                 }
             },
         };
+        let sent = tokio::time::Instant::now();
         let action = match conn.send(&req).await {
-            Ok(resp) => membership.on_response(&resp),
+            Ok(resp) => {
+                match kafka_protocol::ResponseError::try_from_code(resp.error_code) {
+                    None if resp.member_epoch > 0 => shared.liveness.lock().ok_sent = Some(sent),
+                    Some(
+                        kafka_protocol::ResponseError::UnknownMemberId
+                        | kafka_protocol::ResponseError::FencedMemberEpoch,
+                    ) => {
+                        tracing::warn!(
+                            group = membership.group(),
+                            "this member was fenced (removed from the group): the records it held were released; it rejoins"
+                        );
+                        shared.liveness.lock().fenced_at = Some(tokio::time::Instant::now());
+                    }
+                    _ => {}
+                }
+                membership.on_response(&resp)
+            }
             Err(e) => {
                 tracing::warn!(group = membership.group(), "heartbeat failed: {e}");
                 membership.on_transport_error()

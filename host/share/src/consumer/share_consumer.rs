@@ -177,7 +177,15 @@ impl ShareConsumer {
             return Duration::ZERO;
         };
         match (st.lock_timeout, st.holding(record)) {
-            (Some(lock), Some(held)) => lock.saturating_sub(held.acquired.elapsed()),
+            (Some(lock), Some(held))
+                if self.shared.liveness.lock().keeps(
+                    held.acquired,
+                    self.shared.config.member_session_timeout,
+                    Instant::now(),
+                ) =>
+            {
+                lock.saturating_sub(held.acquired.elapsed())
+            }
             _ => Duration::ZERO,
         }
     }
@@ -195,7 +203,9 @@ impl ShareConsumer {
     /// Only an answer within the lock proves anything: Kafka 4.4 answers a renewal of a record
     /// another member has since acquired and acknowledged without an error (seen with a host
     /// resumed after a pause past its lock), so the renewal must reach the broker while the
-    /// lock certainly holds, and `timeout` is at most what is left of it.
+    /// lock certainly holds, and `timeout` is at most what is left of it. For the same
+    /// reason the group must certainly keep this member until the answer (see
+    /// `ShareConsumerConfig::member_session_timeout`).
     pub async fn confirm_held(
         &self,
         records: &[&ShareRecord],
@@ -252,6 +262,9 @@ impl ShareConsumer {
             .and_then(Result::ok)
             .unwrap_or(false);
         forget();
+        // The membership must hold until the answer, too (a fenced member's renewal of a
+        // record released with it may be answered without an error).
+        let held = held && records.iter().all(|r| !self.lock_left(r).is_zero());
         if held {
             // Proven: their locks restart from when the renewal was asked for. (The route and
             // the leaders are locked one after the other, never together, as everywhere.)

@@ -122,6 +122,43 @@ impl LeaderState {
     }
 }
 
+/// What the heartbeats prove of this member's place in the group. The broker releases a
+/// member's records when the group removes it (heartbeats missing for the session timeout),
+/// which this member learns only at its next heartbeat that gets through; meanwhile its renewal
+/// of a record another member has since acquired and acknowledged may be answered without an
+/// error. So a renewal proves a hold only while the membership provably lasts.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Liveness {
+    /// When the last heartbeat answered as a member was sent: the group keeps this member at
+    /// least a session timeout from then.
+    pub(super) ok_sent: Option<Instant>,
+    /// When this member last learnt it had been fenced (its records then were released).
+    pub(super) fenced_at: Option<Instant>,
+}
+
+impl Liveness {
+    /// Whether a record whose provable lock started at `acquired` is still this member's as
+    /// far as the membership goes, at `now`: acquired after the last fencing, and the last
+    /// good heartbeat recent enough that the group certainly keeps the member (a margin to
+    /// spare). Always true without a session timeout to count with.
+    pub(super) fn keeps(
+        &self,
+        acquired: Instant,
+        session_timeout: Option<Duration>,
+        now: Instant,
+    ) -> bool {
+        if self.fenced_at.is_some_and(|f| f >= acquired) {
+            return false;
+        }
+        match session_timeout {
+            None => true,
+            Some(t) => self
+                .ok_sent
+                .is_some_and(|sent| now + super::types::LOCK_MARGIN < sent + t),
+        }
+    }
+}
+
 /// A record by partition and offset.
 pub(super) type RecordKey = (TopicIdPartition, i64);
 
@@ -180,6 +217,8 @@ pub(super) struct Shared {
     pub(super) acquiring: AtomicBool,
     /// Whether the coordinator answered the last heartbeat as a member of the group.
     pub(super) joined: AtomicBool,
+    /// What the heartbeats prove of the membership (see [`Liveness`]).
+    pub(super) liveness: Mutex<Liveness>,
     pace: Mutex<Pace>,
     /// Requests carrying acknowledgements that have not been answered yet.
     pub(super) acks_in_flight: AtomicUsize,
@@ -310,6 +349,7 @@ impl Shared {
             active_leaders: AtomicUsize::new(1),
             acquiring: AtomicBool::new(true),
             joined: AtomicBool::new(false),
+            liveness: Mutex::new(Liveness::default()),
             pace: Mutex::new(Pace::default()),
             acks_in_flight: AtomicUsize::new(0),
             wake: Notify::new(),
@@ -659,6 +699,30 @@ mod tests {
         assert!(st.holding(&record(2, 2)).is_none(), "an ended session");
         st.outstanding.clear();
         assert!(st.holding(&record(3, 2)).is_none(), "settled");
+    }
+
+    #[test]
+    fn the_membership_keeps_a_record_only_after_the_last_fencing_and_within_a_session_of_a_good_heartbeat()
+     {
+        let t0 = Instant::now();
+        let session = Some(Duration::from_secs(6));
+        let mut l = Liveness::default();
+        assert!(l.keeps(t0, None, t0), "nothing to count with: kept");
+        assert!(!l.keeps(t0, session, t0), "no heartbeat answered yet");
+        l.ok_sent = Some(t0);
+        assert!(l.keeps(t0, session, t0 + Duration::from_secs(4)));
+        // The group may have removed the member a session after its last good heartbeat was
+        // sent; a margin to spare.
+        assert!(!l.keeps(t0, session, t0 + Duration::from_secs(5)));
+        // Fenced: what was acquired before is gone, what came after is kept.
+        l.fenced_at = Some(t0 + Duration::from_secs(1));
+        l.ok_sent = Some(t0 + Duration::from_secs(2));
+        assert!(!l.keeps(t0, session, t0 + Duration::from_secs(3)));
+        assert!(l.keeps(
+            t0 + Duration::from_secs(2),
+            session,
+            t0 + Duration::from_secs(3)
+        ));
     }
 
     #[test]

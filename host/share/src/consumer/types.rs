@@ -72,6 +72,11 @@ pub struct ShareConsumerConfig {
     /// the lock duration), but at least `min_in_flight`: what a stop or a crash hands back
     /// then stays small, whatever `max_in_flight` allows. `None`: up to `max_in_flight`.
     pub pace_within: Option<Duration>,
+    /// How long the group keeps a member whose heartbeats stop (the group's
+    /// `share.session.timeout.ms`). With it, [`ShareConsumer::confirm_held`](super::ShareConsumer::confirm_held)
+    /// also requires the membership to be provably alive: a fenced member's records are
+    /// released by the broker, and its renewal of them may still be answered without an error.
+    pub member_session_timeout: Option<Duration>,
     /// The least a paced consumer keeps acquired (say a batch per concurrent handler), so a
     /// slow start or an idle spell never starves the caller.
     pub min_in_flight: usize,
@@ -125,6 +130,7 @@ impl ShareConsumerConfig {
             reject_poison: true,
             auto_renew_after: None,
             pace_within: None,
+            member_session_timeout: None,
             min_in_flight: 1,
             member_id: None,
             observer: None,
