@@ -395,7 +395,11 @@ impl Nemesis {
             &self.manifests[h],
             &name,
             &self.watch,
-            &[("SHAREHOST_STATE_DIR", state)],
+            // Each commit's records in the log: a record written twice names its transactions.
+            &[
+                ("SHAREHOST_STATE_DIR", state),
+                ("SHAREHOST_LOG", "info,sharehost::pipeline::transact=debug"),
+            ],
         ));
         self.version[h] = 0;
     }

@@ -435,6 +435,9 @@ impl ExactlyOnce {
         let identity = txn.identity();
         let settled_at = txn.written_at(&self.topic, 0);
         let partitions = txn.partitions();
+        // What each commit settles, for tracing a record written twice to the transaction
+        // that wrote it (with `SHAREHOST_LOG=...,sharehost::pipeline::transact=debug`).
+        tracing::debug!(transactional_id = self.producer.id(), settled_at = ?settled_at, "committing: {}", spans(jobs.iter().flat_map(|j| &j.records)));
         match txn.commit().await {
             Ok(()) => match settled_at {
                 Some(offset) => self
@@ -527,6 +530,7 @@ impl Pipeline {
             .zip(found)
             .filter_map(|(&i, kind)| Some((i, kind?)))
             .collect();
+        tracing::debug!(pipeline = %self.spec.name, settled = settled.len(), "looked up: {}", spans(again.iter().map(|&i| &batch[i])));
         if settled.is_empty() {
             return batch;
         }
@@ -990,6 +994,22 @@ impl ExactlyOnce {
         }
         decisions.map(|d| d.record.clone()).collect()
     }
+}
+
+/// `records` as ranges per partition with their delivery counts, for the log:
+/// "topic:partition:first-last(deliveries lo-hi)".
+fn spans<'a>(records: impl IntoIterator<Item = &'a ShareRecord>) -> String {
+    let mut by: BTreeMap<(&str, i32), (i64, i64, i16, i16)> = BTreeMap::new();
+    for r in records {
+        let (o, d) = (r.record.offset, r.delivery_count);
+        by.entry((&*r.topic, r.partition.partition))
+            .and_modify(|e| *e = (e.0.min(o), e.1.max(o), e.2.min(d), e.3.max(d)))
+            .or_insert((o, o, d, d));
+    }
+    by.into_iter()
+        .map(|((t, p), (a, b, lo, hi))| format!("{t}:{p}:{a}-{b}(deliveries {lo}-{hi})"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// When a record held through a wait is renewed: once its lock is down to this. Early, at a
