@@ -426,13 +426,13 @@ impl Pipeline {
                     ))
                 })?;
         }
-        let lock = client
-            .group_config(&spec.group, "share.record.lock.duration.ms")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(Duration::from_secs(30), Duration::from_millis);
+        let lock = group_ms(
+            client,
+            &spec.group,
+            "share.record.lock.duration.ms",
+            Duration::from_secs(30),
+        )
+        .await;
         // A batch joins a transaction only with more than two margins left on its locks (the
         // writes' and the commit's round trips): a lock of three margins leaves one to judge in.
         let least = crate::share::consumer::LOCK_MARGIN * 3;
@@ -448,13 +448,13 @@ impl Pipeline {
         // How long the group keeps a member whose heartbeats stop: a renewal confirms a hold
         // only while the membership provably lasts (the broker releases a removed member's
         // records). Kafka's default when the group will not say.
-        let session = client
-            .group_config(&spec.group, "share.session.timeout.ms")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(Duration::from_secs(45), Duration::from_millis);
+        let session = group_ms(
+            client,
+            &spec.group,
+            "share.session.timeout.ms",
+            Duration::from_secs(45),
+        )
+        .await;
         Ok(Some((topic, lock, session)))
     }
 
@@ -657,4 +657,16 @@ fn plugin_record(r: &ShareRecord) -> Record {
             })
             .collect(),
     }
+}
+
+/// A group config in milliseconds (the group's own or the broker's), `default` (Kafka's) when
+/// it cannot be read.
+async fn group_ms(client: &KafkaClient, group: &str, key: &str, default: Duration) -> Duration {
+    client
+        .group_config(group, key)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(default, Duration::from_millis)
 }

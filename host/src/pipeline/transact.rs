@@ -498,13 +498,7 @@ impl Pipeline {
             // dead letter is written all the same: at least once.)
             tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records delivered again could not be held through their lookup: they go back unjudged");
             release_all(&ctx.consumer, asked);
-            let mut batch = batch;
-            let mut i = 0;
-            batch.retain(|_| {
-                i += 1;
-                again.binary_search(&(i - 1)).is_err()
-            });
-            return batch;
+            return without(batch, &again);
         }
         let found = match found {
             Ok(found) => found,
@@ -516,13 +510,7 @@ impl Pipeline {
                 tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records delivered again go back unjudged: {e}");
                 let back: Vec<&ShareRecord> = again.iter().map(|&i| &batch[i]).collect();
                 release_all(&ctx.consumer, back);
-                let mut batch = batch;
-                let mut i = 0;
-                batch.retain(|_| {
-                    i += 1;
-                    again.binary_search(&(i - 1)).is_err()
-                });
-                return batch;
+                return without(batch, &again);
             }
         };
         let settled: Vec<(usize, AckKind)> = again
@@ -994,6 +982,16 @@ impl ExactlyOnce {
         }
         decisions.map(|d| d.record.clone()).collect()
     }
+}
+
+/// `batch` without the records at `gone` (indices, ascending).
+fn without(mut batch: Vec<ShareRecord>, gone: &[usize]) -> Vec<ShareRecord> {
+    let mut i = 0;
+    batch.retain(|_| {
+        i += 1;
+        gone.binary_search(&(i - 1)).is_err()
+    });
+    batch
 }
 
 /// `records` as ranges per partition with their delivery counts, for the log:
