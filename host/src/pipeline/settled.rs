@@ -5,9 +5,9 @@
 //! by a committed transaction, it is acknowledged as it was then, and nothing is written again.
 //!
 //! The lookup is only sound once every transaction that could hold the record is decided, so
-//! it reads `read_committed` up to the high watermark it saw when it began, and waits until the
-//! last stable offset has passed that point (a transaction still open holds it back; the
-//! coordinator aborts one that runs past its timeout).
+//! it reads `read_committed` up to the end of the log that ListOffsets gave when it began, and
+//! waits until the last stable offset has passed that point (a transaction still open holds it
+//! back; the coordinator aborts one that runs past its timeout).
 //!
 //! Memory: only records at or above their share partition's start offset can be delivered
 //! again, and at most the group's in-flight limit per partition lie above it, so the index keeps
@@ -261,8 +261,8 @@ impl SettledIndex {
             .collect())
     }
 
-    /// Reads the log `read_committed` until it has passed the high watermark seen at the
-    /// start, and the last stable offset has too.
+    /// Reads the log `read_committed` until it has passed the end of the log at the start,
+    /// and the last stable offset has too.
     async fn catch_up(
         &self,
         client: &Arc<KafkaClient>,
@@ -276,7 +276,16 @@ impl SettledIndex {
                 .map_err(|e| self.kafka(e))?,
         };
         let began = Instant::now();
-        let mut wanted: Option<i64> = None;
+        // The end of the log from ListOffsets, not from a fetch's high watermark: a leader just
+        // elected answers fetches with the high watermark it had as a follower, which can lie
+        // below transactions already committed (their records are in its log), and a lookup
+        // that stopped there would miss them and judge their records again. ListOffsets refuses
+        // (OFFSET_NOT_AVAILABLE, retried) until that leader's high watermark has caught up with
+        // its log at election (KIP-207).
+        let target = client
+            .list_offset(&self.topic, 0, OffsetSpec::Latest)
+            .await
+            .map_err(|e| self.kafka(e))?;
         loop {
             let read = match client
                 .fetch_committed(&self.topic, 0, position, Duration::ZERO)
@@ -294,7 +303,6 @@ impl SettledIndex {
                 }
                 Err(e) => return Err(self.kafka(e)),
             };
-            let target = *wanted.get_or_insert(read.high_watermark);
             for r in &read.records {
                 self.apply(st, r.offset, r.value.as_deref());
             }
