@@ -80,6 +80,7 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
                                code), run nothing
      BENCH_JFR (0)             1: record a Java Flight Recorder profile of the broker during every row (jcmd, no
                                restart) into <row>.jfr, with its hottest methods in <row>.hot.txt
+                               (every row, JFR or not, writes <row>.threads.txt: the broker's CPU by thread)
      BENCH_DOCS (1; 0 with BENCH_RETABLE)  1: write the table, goals, machine, commit and command into
                                docs/benchmarks.md ("One table", between its markers), replacing the run there
      KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT, SHAREHOST_KAFKA_DIR as for dev/kafka: a broker that
@@ -888,8 +889,10 @@ class Bench:
                 c0 = self.broker.counters()
                 profiling = cfg.jfr and self.broker.profile_start(row)
                 b0 = bench_host.cpu_ticks(self.broker.pid)
+                threads0 = bench_host.thread_ticks(self.broker.pid)
                 r = self.run_kind(kind, topic, group, procs, cfg.records)
                 broker_s = (bench_host.cpu_ticks(self.broker.pid) - b0) / bench_host.CLK_TCK
+                self.broker_threads(row, threads0, broker_s)
                 if profiling:
                     self.hot_methods(row)
                 r.extra = join_extra(r.extra, broker_extra(bench_host.counters_delta(c0, self.broker.counters())))
@@ -909,6 +912,15 @@ class Bench:
         with open(out / "machine.txt", "a") as f:
             f.write(f"load at end: {bench_host.load_now(3)}\n")
         table(out, cfg.docs)
+
+    def broker_threads(self, row, before, broker_s):
+        """Writes where the broker's CPU of ROW went, by thread (request handlers, network, share coordinator, GC,
+        JIT compiler...), into <row>.threads.txt: a Java profile sees only the Java threads' Java frames."""
+        spent = bench_host.thread_cpu(before, bench_host.thread_ticks(self.broker.pid), self.broker.threads())
+        lines = [f"broker CPU by thread during {row}: {broker_s:.2f} s in all (threads that ended meanwhile are "
+                 "left out)", "", "thread (numbers as #)\tCPU s\t% of all"]
+        lines += [f"{g}\t{t:.2f}\t{100 * t / max(broker_s, 1e-9):.1f}" for g, t in spent]
+        (self.out / f"{row}.threads.txt").write_text("\n".join(lines) + "\n")
 
     def hot_methods(self, row):
         """Stops the broker's recording of ROW into <row>.jfr and writes its hottest methods to <row>.hot.txt."""

@@ -214,6 +214,52 @@ def cpu_ticks(pid, if_gone=None):
     return parse_stat(text, f"/proc/{pid}/stat")
 
 
+def thread_ticks(pid):
+    """{thread id: user+sys clock ticks} of every thread of PID now ({} when it is gone)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if tid.isdigit():
+            out[int(tid)] = parse_stat(text, f"/proc/{pid}/task/{tid}/stat")
+    return out
+
+
+def parse_thread_dump(text):
+    """{native thread id: Java thread name} from `jcmd PID Thread.print` (each thread's line names it in quotes and
+    carries nid=0x...; the JVM's own threads, such as GC and JIT compiler threads, are listed too)."""
+    out = {}
+    for m in re.finditer(r'^"(.*)"[^\n]*?\bnid=(0x[0-9a-fA-F]+|\d+)', text, re.MULTILINE):
+        nid = m.group(2)
+        out[int(nid, 16) if nid.startswith("0x") else int(nid)] = m.group(1)
+    return out
+
+
+def thread_group(name):
+    """A thread's name with its numbers taken out, so a pool's threads add up under one name
+    ("data-plane-kafka-request-handler-3" -> "data-plane-kafka-request-handler-#")."""
+    return re.sub(r"\d+", "#", name)
+
+
+def thread_cpu(before, after, names, hz=None):
+    """[(thread group, CPU seconds)] spent between two thread_ticks readings, most first: threads started meanwhile
+    count from zero, names missing from NAMES are "thread TID"."""
+    hz = hz or CLK_TCK
+    groups = {}
+    for tid, ticks in after.items():
+        used = ticks - before.get(tid, 0)
+        if used > 0:
+            group = thread_group(names.get(tid, f"thread {tid}"))
+            groups[group] = groups.get(group, 0) + used
+    return sorted(((g, t / hz) for g, t in groups.items()), key=lambda gt: (-gt[1], gt[0]))
+
+
 def cpu_seconds(pid, if_gone=None):
     ticks = cpu_ticks(pid, if_gone)
     return ticks if ticks is None else ticks / CLK_TCK
@@ -562,6 +608,12 @@ class Broker:
             self.say(f"reading the broker's JMX counts failed: {out.strip()[-300:]}")
             return {}
         return parse_jmx(out)
+
+    def threads(self):
+        """{native thread id: name} of the broker's threads, from a thread dump ({} when jcmd cannot take one)."""
+        r = subprocess.run(["jcmd", str(self.pid), "Thread.print"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+        return parse_thread_dump(r.stdout) if r.returncode == 0 else {}
 
     def profile_start(self, name):
         """Starts a Java Flight Recorder recording NAME in the broker (the JDK's "profile" settings: a stack sample

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
 from pathlib import Path
@@ -184,6 +185,31 @@ class BrokerCounts(unittest.TestCase):
 
     def test_delta_counts_new_counters_from_zero_and_drops_zeros(self):
         self.assertEqual(bench_host.counters_delta({"a": 5, "b": 2}, {"a": 9, "b": 2, "c": 3}), {"a": 4, "c": 3})
+
+    def test_thread_dump_names_each_native_thread(self):
+        text = "\n".join([
+            "12345:",
+            '"data-plane-kafka-request-handler-0" #52 daemon prio=5 os_prio=0 cpu=1.2ms elapsed=3s '
+            'tid=0x00007f00000000ab nid=0x3039 waiting on condition  [0x00007f]',
+            "   java.lang.Thread.State: WAITING (parking)",
+            '"GC Thread#1" os_prio=0 cpu=5ms elapsed=9s tid=0x00007f00000000cd nid=0x2f runnable',
+            '"C2 CompilerThread0" #7 daemon prio=9 os_prio=0 cpu=1s elapsed=9s tid=0x1 nid=47 waiting',
+            '"no nid here" #8 daemon',
+        ])
+        self.assertEqual(bench_host.parse_thread_dump(text), {
+            0x3039: "data-plane-kafka-request-handler-0", 0x2f: "GC Thread#1", 47: "C2 CompilerThread0"})
+
+    def test_thread_cpu_adds_a_pool_up_and_counts_new_threads_from_zero(self):
+        names = {1: "kafka-request-handler-0", 2: "kafka-request-handler-1", 3: "GC Thread#0"}
+        before = {1: 100, 2: 50, 3: 10, 9: 7}
+        after = {1: 150, 2: 70, 3: 10, 4: 30}
+        self.assertEqual(bench_host.thread_cpu(before, after, names, hz=10),
+                         [("kafka-request-handler-#", 7.0), ("thread #", 3.0)])
+
+    def test_thread_ticks_reads_this_process(self):
+        ticks = bench_host.thread_ticks(os.getpid())
+        self.assertIn(threading.get_native_id(), ticks)
+        self.assertEqual(bench_host.thread_ticks(2 ** 22 + 1), {})
 
     def test_hot_methods_rank_self_samples_and_count_each_stack_once(self):
         def sample(*frames):
