@@ -64,7 +64,11 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_PROCESSES ("1 3")   process counts of java, wasm, wasm-fleet and native
      BENCH_PEER_PROCESSES ("1")   process counts of classic, krafka and rdkafka
      BENCH_PLUGIN_PROCESSES ("1") process counts of the plugin work rows (wasm-reader ... native-validator)
-     BENCH_WARMUP (100000)     records read by one unmeasured sharehost run on a warm-up topic first (0: none)
+     BENCH_WARMUP (2000000)    records of a warm-up topic, read by unmeasured sharehost runs (a fresh share group
+                               each) until the broker's JIT compilers spend under a tenth of its CPU in one, at
+                               most BENCH_WARMUP_ROUNDS (15) times (0: no warm-up). A fresh broker on 2 cores
+                               compiles for about 45 s of share traffic; until then most of its CPU is the
+                               JIT's, not the consumer's
      BENCH_ADMIN_PORT (39470)  first admin port of the sharehost processes (one per process)
      BENCH_MANIFEST_EXTRA ("") extra lines for the [[pipeline]] table, e.g. "max_in_flight = 3000"
      BENCH_JAVA_ARGS ("--fetch-size 52428800")  extra flags of both Apache tools. ShareConsumerPerformance sets
@@ -81,6 +85,9 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_JFR (0)             1: record a Java Flight Recorder profile of the broker during every row (jcmd, no
                                restart) into <row>.jfr, with its hottest methods in <row>.hot.txt
                                (every row, JFR or not, writes <row>.threads.txt: the broker's CPU by thread)
+     BENCH_PERF (0)            1: attach `perf record` (999 Hz, no call graph) to every sharehost process, into
+                               <group>.<i>.perf.data, with its hottest symbols in <group>.<i>.perf.txt (the
+                               row's figures then carry perf's own work)
      BENCH_DOCS (1; 0 with BENCH_RETABLE)  1: write the table, goals, machine, commit and command into
                                docs/benchmarks.md ("One table", between its markers), replacing the run there
      KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT, SHAREHOST_KAFKA_DIR as for dev/kafka: a broker that
@@ -103,6 +110,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -169,6 +177,7 @@ class Config:
     plugin_processes: list
     kinds: list
     warmup: int
+    warmup_rounds: int
     admin_port: int
     manifest_extra: str
     java_args: list
@@ -177,6 +186,7 @@ class Config:
     peers_target: Path
     docs: bool
     jfr: bool = False
+    perf: bool = False
 
     def kind_processes(self, kind):
         """The process counts KIND runs with."""
@@ -224,7 +234,7 @@ def config_from_env(environ):
     """The run's settings from the environment, each checked; Die names the variable that is wrong."""
     records = whole(environ, "BENCH_RECORDS", 3000000)
     partitions = whole(environ, "BENCH_PARTITIONS", 6)
-    warmup = whole(environ, "BENCH_WARMUP", 100000, positive=False)
+    warmup = whole(environ, "BENCH_WARMUP", 2000000, positive=False)
     if records % partitions:
         raise Die(f"BENCH_RECORDS ({records}) must be a multiple of BENCH_PARTITIONS ({partitions})")
     sizes = []
@@ -246,6 +256,7 @@ def config_from_env(environ):
         plugin_processes=counts(environ, "BENCH_PLUGIN_PROCESSES", "1", "the plugin rows"),
         kinds=kinds,
         warmup=warmup,
+        warmup_rounds=whole(environ, "BENCH_WARMUP_ROUNDS", 15),
         admin_port=whole(environ, "BENCH_ADMIN_PORT", 39470),
         manifest_extra=environ.get("BENCH_MANIFEST_EXTRA", ""),
         # Set but empty means no flags (the tools' own fetch size); unset means the default.
@@ -255,6 +266,7 @@ def config_from_env(environ):
         peers_target=REPO / env(environ, "BENCH_PEERS_TARGET", str(REPO / "target" / "peers-build")),
         docs=env(environ, "BENCH_DOCS", "1") == "1",
         jfr=env(environ, "BENCH_JFR", "0") == "1",
+        perf=env(environ, "BENCH_PERF", "0") == "1",
     )
     if cfg.admin_port > 65535:
         raise Die(f"BENCH_ADMIN_PORT must be a port (got {cfg.admin_port})")
@@ -479,9 +491,22 @@ def broker_extra(delta):
     return "broker: " + " ".join(shown)
 
 
+# The warm-up ends with a round in which the broker's JIT compilers spent at most this share of its CPU.
+JIT_SETTLED = 0.1
+
 # The requests a row's extra column names (the others, metadata and heartbeats, are noise at this scale).
 BROKER_REQUESTS = ("ShareFetch", "ShareAcknowledge", "ShareGroupHeartbeat", "Fetch", "Produce", "AddPartitionsToTxn",
                    "EndTxn", "InitProducerId", "ListOffsets", "OffsetCommit")
+
+
+def perf_report(data, text):
+    """Writes the hottest symbols of a `perf record` file DATA (self time, by shared object and symbol) to TEXT."""
+    r = subprocess.run(["perf", "report", "-q", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,symbol",
+                        "--percent-limit", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if r.returncode != 0:
+        note(f"perf report failed on {data}")
+    # Each line is padded to the terminal's width with empty columns after the symbol.
+    Path(text).write_text("".join(re.sub(r"(\s+-)*\s*$", "", line) + "\n" for line in r.stdout.splitlines()))
 
 
 def join_extra(*parts):
@@ -732,6 +757,7 @@ class Bench:
                         env={"PIPELINE_BENCH_HANDLER": handler}, time_report=out / f"{name}.time")
             self.live.append(host)
             hosts.append(host)
+        profilers = [self.perf_attach(h, out / f"{group}.{i}.perf.data") for i, h in enumerate(hosts)] if cfg.perf else []
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         first = None
         last_total, last_change = 0, r.t0
@@ -763,6 +789,11 @@ class Bench:
         # The final counters (acks confirmed or refused, sessions reset, records released by the broker), then drain.
         for i, h in enumerate(hosts):
             h.save(out / f"{group}.{i}")
+        for i, p in enumerate(profilers):
+            if p is not None:
+                p.send_signal(signal.SIGINT)
+                p.wait()
+                perf_report(out / f"{group}.{i}.perf.data", out / f"{group}.{i}.perf.txt")
         for h in hosts:
             h.terminate()
         for h in hosts:
@@ -787,6 +818,16 @@ class Bench:
                 metrics += m.read_text(errors="replace")
         r.extra = sharehost_extra(poll_cpu, rejected, metrics)
         return r
+
+    def perf_attach(self, host, data):
+        """`perf record` (999 Hz, no call graph) attached to HOST's process once it has one, into DATA; None when it
+        exits before that."""
+        while not host.host_pids():
+            if not host.running():
+                return None
+            time.sleep(0.01)
+        return subprocess.Popen(["perf", "record", "-q", "-F", "999", "-o", str(data), "-p",
+                                 str(host.host_pids()[0])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def java_tool_argv(self, cls, topic, group, quota, detailed):
         b = self.broker
@@ -865,15 +906,10 @@ class Bench:
         self.machine()
         stamp = bench_host.utc_stamp("%H%M%S")
         # Warm-up, not measured: the first share group on a fresh broker creates the share-coordinator state topic
-        # and runs the broker's share-fetch path cold; whichever consumer went first would pay for that.
+        # and runs the broker's share-fetch path cold, and its JIT compilers go on compiling that path for tens of
+        # seconds of traffic (on 2 cores most of the broker's CPU): whichever rows came first would pay for that.
         if cfg.warmup > 0:
-            n = cfg.warmup - cfg.warmup % cfg.partitions
-            topic = f"bench-warmup-{stamp}"
-            note(f"warm-up: {n} records through a throw-away share group (not measured)")
-            self.produce(topic, 100, n)
-            self.fresh_group(topic)
-            self.run_sharehost("wasm", topic, topic, 1, n)
-            self.broker.delete_topic(topic, out / f"{topic}.create.log")
+            self.warm_up(stamp)
         results = out / "results.tsv"
         results.write_text("\t".join(RESULTS_HEADER) + "\n")
         for size, runs in schedule(cfg):
@@ -892,10 +928,11 @@ class Bench:
                 threads0 = bench_host.thread_ticks(self.broker.pid)
                 r = self.run_kind(kind, topic, group, procs, cfg.records)
                 broker_s = (bench_host.cpu_ticks(self.broker.pid) - b0) / bench_host.CLK_TCK
-                self.broker_threads(row, threads0, broker_s)
+                jit_s = self.broker_threads(row, threads0, broker_s)
                 if profiling:
                     self.hot_methods(row)
-                r.extra = join_extra(r.extra, broker_extra(bench_host.counters_delta(c0, self.broker.counters())))
+                r.extra = join_extra(r.extra, broker_extra(bench_host.counters_delta(c0, self.broker.counters())),
+                                     f"broker_jit_s={jit_s:.2f}")
                 # Did the share group really acknowledge what it read? A run with quotas leaves RECORDS - READ
                 # behind at most.
                 lag = "-"
@@ -913,14 +950,44 @@ class Bench:
             f.write(f"load at end: {bench_host.load_now(3)}\n")
         table(out, cfg.docs)
 
+    def warm_up(self, stamp):
+        """Reads a warm-up topic through fresh share groups until a round's broker CPU is under JIT_SETTLED
+        compilation, at most BENCH_WARMUP_ROUNDS rounds; each round's figures go to machine.txt."""
+        cfg, out = self.cfg, self.out
+        n = cfg.warmup - cfg.warmup % cfg.partitions
+        topic = f"bench-warmup-{stamp}"
+        self.produce(topic, 100, n)
+        settled = False
+        for round_ in range(1, cfg.warmup_rounds + 1):
+            group = f"{topic}-{round_}"
+            self.fresh_group(group)
+            before = bench_host.thread_ticks(self.broker.pid)
+            self.run_sharehost("wasm", topic, group, 1, n)
+            spent = bench_host.thread_cpu(before, bench_host.thread_ticks(self.broker.pid), self.broker.threads())
+            total, jit = sum(t for _, t in spent), sum(t for g, t in spent if "CompilerThread" in g)
+            line = (f"warm-up round {round_}: {n} records, broker CPU {total:.2f} s, of which its JIT compilers "
+                    f"{jit:.2f} s")
+            note(line)
+            with open(out / "machine.txt", "a") as f:
+                f.write(line + "\n")
+            if jit <= JIT_SETTLED * total:
+                settled = True
+                break
+        if not settled:
+            note(f"the broker's JIT compilers had not settled after {cfg.warmup_rounds} warm-up rounds: the rows' "
+                 "broker CPU includes compilation (<row>.threads.txt shows how much)")
+        self.broker.delete_topic(topic, out / f"{topic}.create.log")
+
     def broker_threads(self, row, before, broker_s):
         """Writes where the broker's CPU of ROW went, by thread (request handlers, network, share coordinator, GC,
-        JIT compiler...), into <row>.threads.txt: a Java profile sees only the Java threads' Java frames."""
+        JIT compiler...), into <row>.threads.txt (a Java profile sees only the Java threads' Java frames); returns
+        the seconds its JIT compilers took."""
         spent = bench_host.thread_cpu(before, bench_host.thread_ticks(self.broker.pid), self.broker.threads())
         lines = [f"broker CPU by thread during {row}: {broker_s:.2f} s in all (threads that ended meanwhile are "
                  "left out)", "", "thread (numbers as #)\tCPU s\t% of all"]
         lines += [f"{g}\t{t:.2f}\t{100 * t / max(broker_s, 1e-9):.1f}" for g, t in spent]
         (self.out / f"{row}.threads.txt").write_text("\n".join(lines) + "\n")
+        return sum(t for g, t in spent if "CompilerThread" in g)
 
     def hot_methods(self, row):
         """Stops the broker's recording of ROW into <row>.jfr and writes its hottest methods to <row>.hot.txt."""

@@ -88,6 +88,22 @@ class BenchTable(unittest.TestCase):
                               f"**{verdict}**: highest {ratio}: {ratio} ({fleet_ms} ms against 3.00 ms, 100 B 1p)",
                               table)
 
+    def test_the_broker_cpu_is_shown_without_its_jit_where_measured_and_held_to_one_second_per_million(self):
+        row = ("100\t1\t{kind}\t2000000\t1000000\t2000000\t3000000\t1.00\t30000\t{broker}\t2.00\t0\tok\t"
+               "poller_cpu_s=0.10 rejected=0{jit}")
+        for broker, jit, cell, verdict in (("4.00", " broker_jit_s=2.40", "2.00 (0.80)", "met"),
+                                           ("4.00", " broker_jit_s=0.50", "2.00 (1.75)", "not met"),
+                                           ("4.00", "", "2.00", None)):
+            with self.subTest(jit=jit):
+                table = self.render_rows(f"jit-{cell.split()[-1].strip('()')}",
+                                         [row.format(kind="wasm", broker=broker, jit=jit)])
+                self.assertIn(f"| 29 | {cell} | yes (0) |", table)
+                line = "broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B), every row"
+                if verdict is None:
+                    self.assertNotIn(line, table)
+                else:
+                    self.assertIn(f"- {line}: **{verdict}**: highest {cell.split()[1].strip('()')} (", table)
+
     def test_exactly_once_is_held_to_four_fifths_of_at_least_once(self):
         row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t{steady}\t4.00\t30000\t3.00\t2.00\t0\tok\t"
                "poller_cpu_s=0.10 rejected=0 writes=120 write_ms=3.00")
