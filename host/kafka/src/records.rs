@@ -151,7 +151,14 @@ fn encode(
 /// A trailing partial batch (brokers may cut the last batch at the byte limit) is ignored, as
 /// the Java client does.
 pub fn decode_batches(data: Bytes) -> Result<Vec<ConsumedRecord>, RecordsError> {
-    let mut out = Vec::new();
+    // Sized once from the batch headers (a fetch brings thousands of records, and each regrowth
+    // moves every record decoded so far), but never beyond what the bytes can hold: a header
+    // may claim any count.
+    let claimed: usize = batch_spans(&data)
+        .iter()
+        .map(|&(first, last)| usize::try_from(last - first + 1).unwrap_or(0))
+        .fold(0, usize::saturating_add);
+    let mut out = Vec::with_capacity(claimed.min(data.len() / MIN_RECORD_BYTES));
     decode_each(data, |r| {
         if !r.control {
             out.push(consumed(r));
@@ -591,6 +598,21 @@ mod tests {
             let err = decode_batches(with_crc(batch)).expect_err("must be refused");
             assert!(err.to_string().contains("record count"), "{c:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_last_offset_delta_claiming_billions_of_records_sizes_nothing_by_it() {
+        // The output is sized from the batch headers' offset spans: a span of i32::MAX offsets
+        // over one record must not reserve room for them (~220 GB, an abort), only decode it.
+        let mut batch = encode_batch(&sample(1), Compression::None)
+            .expect("encode")
+            .to_vec();
+        batch[23..27].copy_from_slice(&i32::MAX.to_be_bytes());
+        let data = with_crc(batch);
+        assert_eq!(batch_spans(&data), vec![(0, i64::from(i32::MAX))]);
+        let back = decode_batches(data).expect("one record");
+        assert_eq!(back.len(), 1);
+        assert!(back.capacity() < 64, "reserved {}", back.capacity());
     }
 
     #[test]

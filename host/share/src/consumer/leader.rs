@@ -656,6 +656,7 @@ impl LeaderWorker {
                     .largest_batch
                     .fetch_max(widest, Ordering::Relaxed);
                 let plan = plan_unrecorded(&ranges, &spans, &offsets, MAX_UNRECORDED_OFFSETS);
+                delivery.records.reserve(offsets.len());
                 let mut slots: Vec<Option<ConsumedRecord>> =
                     records.into_iter().map(Some).collect();
                 if !plan.release.is_empty() || plan.left_alone > 0 {
