@@ -85,6 +85,8 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_JFR (0)             1: record a Java Flight Recorder profile of the broker during every row (jcmd, no
                                restart) into <row>.jfr, with its hottest methods in <row>.hot.txt
                                (every row, JFR or not, writes <row>.threads.txt: the broker's CPU by thread)
+     BENCH_BROKER_CPUS ("")    a CPU list for taskset (e.g. "0"): the broker's threads are pinned to it for the
+                               whole run, making the broker the slower side
      BENCH_PERF (0)            1: attach `perf record` (999 Hz, no call graph) to every sharehost process, into
                                <group>.<i>.perf.data, with its hottest symbols in <group>.<i>.perf.txt (the
                                row's figures then carry perf's own work)
@@ -187,6 +189,7 @@ class Config:
     docs: bool
     jfr: bool = False
     perf: bool = False
+    broker_cpus: str = ""
 
     def kind_processes(self, kind):
         """The process counts KIND runs with."""
@@ -267,6 +270,7 @@ def config_from_env(environ):
         docs=env(environ, "BENCH_DOCS", "1") == "1",
         jfr=env(environ, "BENCH_JFR", "0") == "1",
         perf=env(environ, "BENCH_PERF", "0") == "1",
+        broker_cpus=env(environ, "BENCH_BROKER_CPUS", ""),
     )
     if cfg.admin_port > 65535:
         raise Die(f"BENCH_ADMIN_PORT must be a port (got {cfg.admin_port})")
@@ -570,6 +574,11 @@ class Bench:
             raise Die("/usr/bin/time is needed for CPU and peak RSS (apt-get install time)")
         self.broker = bench_host.Broker(say=note)
         self.broker.attach(busy_wait_s=cfg.port_wait)
+        if cfg.broker_cpus:
+            # Every thread of the running broker (-a), so its share path is the slower side of a 2-core machine.
+            if subprocess.call(["taskset", "-a", "-p", "-c", cfg.broker_cpus, str(self.broker.pid)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+                raise Die(f"taskset could not pin the broker (pid {self.broker.pid}) to CPUs {cfg.broker_cpus}")
         note("building sharehost and pipeline_bench (release), and the guests")
         built = bench_host.build_release(bins=("sharehost",), examples=("pipeline_bench",))
         self.sharehost, self.pipeline_bench = built["sharehost"], built["pipeline_bench"]
@@ -647,6 +656,8 @@ class Bench:
                                 "print(c.version(), 'librdkafka', c.libversion()[0])"],
                                capture_output=True, text=True)
             lines.append(f"confluent-kafka: {v.stdout.strip()}")
+        if cfg.broker_cpus:
+            lines.append(f"broker pinned to CPUs: {cfg.broker_cpus} (taskset)")
         lines.append(f"load at start: {bench_host.load_now(3)}")
         text = "\n".join(lines) + "\n"
         (self.out / "machine.txt").write_text(text)

@@ -48,13 +48,16 @@ class Settings(unittest.TestCase):
         self.assertEqual((cfg.idle_timeout, cfg.port_wait), (90, 1200))
         self.assertEqual(cfg.peers_target, bench.REPO / "target" / "peers-build")
         self.assertTrue(cfg.docs)
+        self.assertEqual((cfg.jfr, cfg.perf, cfg.broker_cpus), (False, False, ""))
         self.assertEqual(cfg.all_processes(), [1, 3])
 
     def test_values(self):
         cfg = bench.config_from_env({
             "BENCH_RECORDS": "60000", "BENCH_SIZES": "100", "BENCH_KINDS": "classic java wasm native",
             "BENCH_PROCESSES": "1", "BENCH_WARMUP": "0", "BENCH_DOCS": "0", "BENCH_JAVA_ARGS": "",
-            "BENCH_MANIFEST_EXTRA": "max_in_flight = 3000", "BENCH_PEERS_TARGET": "/tmp/peers"})
+            "BENCH_MANIFEST_EXTRA": "max_in_flight = 3000", "BENCH_PEERS_TARGET": "/tmp/peers",
+            "BENCH_JFR": "1", "BENCH_PERF": "1", "BENCH_BROKER_CPUS": "0", "BENCH_WARMUP_ROUNDS": "3"})
+        self.assertEqual((cfg.jfr, cfg.perf, cfg.broker_cpus, cfg.warmup_rounds), (True, True, "0", 3))
         self.assertEqual((cfg.records, cfg.sizes, cfg.warmup, cfg.docs), (60000, [100], 0, False))
         self.assertEqual(cfg.java_args, [])  # set but empty: the tools' own fetch size
         self.assertEqual(cfg.manifest_extra, "max_in_flight = 3000")
