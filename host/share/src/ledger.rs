@@ -12,7 +12,7 @@
 //! [`RANGE_LINGER`] (a slow handler's verdicts are not held back for long: until they are
 //! sent, their records' locks are not renewed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, btree_map};
 use std::ops::Bound;
 use std::time::Duration;
 
@@ -152,32 +152,41 @@ impl AckLedger {
         kind: AckKind,
     ) -> Result<(), LedgerError> {
         let entry = self.pending.entry(tp).or_default();
-        match entry.map.get(&offset) {
-            Some(existing) if *existing != AckKind::Renew && kind != *existing => {
-                Err(LedgerError::AlreadyJudged {
-                    partition: tp,
-                    offset,
-                    existing: *existing,
-                    new: kind,
-                })
+        let newly_final = kind != AckKind::Renew;
+        // One search of the offset map per verdict (a verdict is recorded for every record).
+        match entry.map.entry(offset) {
+            btree_map::Entry::Occupied(mut held) => {
+                let existing = *held.get();
+                if existing != AckKind::Renew {
+                    // The same verdict twice is harmless; another one is refused.
+                    return if kind == existing {
+                        Ok(())
+                    } else {
+                        Err(LedgerError::AlreadyJudged {
+                            partition: tp,
+                            offset,
+                            existing,
+                            new: kind,
+                        })
+                    };
+                }
+                if newly_final {
+                    entry.renews -= 1;
+                }
+                held.insert(kind);
             }
-            Some(existing) if *existing != AckKind::Renew => Ok(()), // the same verdict twice is harmless
-            previous => {
-                let was_renew = previous == Some(&AckKind::Renew);
-                let newly_final = kind != AckKind::Renew;
-                match (was_renew, newly_final) {
-                    (false, false) => entry.renews += 1,
-                    (true, true) => entry.renews -= 1,
-                    _ => {}
+            btree_map::Entry::Vacant(slot) => {
+                if !newly_final {
+                    entry.renews += 1;
                 }
-                entry.map.insert(offset, kind);
-                if newly_final && let Some(range) = self.range_of(tp, offset) {
-                    range.judged += 1;
-                    range.since.get_or_insert_with(Instant::now);
-                }
-                Ok(())
+                slot.insert(kind);
             }
         }
+        if newly_final && let Some(range) = self.range_of(tp, offset) {
+            range.judged += 1;
+            range.since.get_or_insert_with(Instant::now);
+        }
+        Ok(())
     }
 
     /// Notes that `first..=last` of `tp` was acquired as one range, so that its verdicts go

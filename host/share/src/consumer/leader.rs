@@ -693,6 +693,10 @@ impl LeaderWorker {
                 for o in plan.release {
                     let _ = ledger.record(tp, o, AckKind::Release);
                 }
+                // Counted here and added once per partition: a fetch brings thousands.
+                let mut held = 0usize;
+                let (mut acquired, mut delivered, mut poisoned, mut replayed) =
+                    (0u64, 0u64, 0u64, 0u64);
                 for a in &p.acquired {
                     if a.first_offset > a.last_offset {
                         continue;
@@ -718,33 +722,38 @@ impl LeaderWorker {
                         if let Some(kind) = remembered.take(tp, o)
                             && ledger.record(tp, o, kind).is_ok()
                         {
-                            self.shared
-                                .stats
-                                .verdicts_replayed
-                                .fetch_add(1, Ordering::Relaxed);
+                            replayed += 1;
                             continue;
                         }
                         let poison = cap.is_some_and(|c| a.delivery_count >= c);
                         if poison {
-                            self.shared.stats.poison.fetch_add(1, Ordering::Relaxed);
+                            poisoned += 1;
                         }
                         if poison && self.shared.config.reject_poison {
                             let _ = ledger.record(tp, o, AckKind::Reject);
                             delivery.poison.push(sr);
                         } else {
                             if st.hold((tp, o), now, a.delivery_count) {
-                                self.shared.in_flight.fetch_add(1, Ordering::Relaxed);
+                                held += 1;
                             }
-                            self.shared.stats.acquired.fetch_add(1, Ordering::Relaxed);
+                            acquired += 1;
                             if poison {
                                 delivery.poison.push(sr);
                             } else {
-                                self.shared.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                                delivered += 1;
                                 delivery.records.push(sr);
                             }
                         }
                     }
                 }
+                let stats = &self.shared.stats;
+                self.shared.in_flight.fetch_add(held, Ordering::Relaxed);
+                stats.acquired.fetch_add(acquired, Ordering::Relaxed);
+                stats.delivered.fetch_add(delivered, Ordering::Relaxed);
+                stats.poison.fetch_add(poisoned, Ordering::Relaxed);
+                stats
+                    .verdicts_replayed
+                    .fetch_add(replayed, Ordering::Relaxed);
             }
         }
         delivery
