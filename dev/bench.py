@@ -768,7 +768,8 @@ class Bench:
                         env={"PIPELINE_BENCH_HANDLER": handler}, time_report=out / f"{name}.time")
             self.live.append(host)
             hosts.append(host)
-        profilers = [self.perf_attach(h, out / f"{group}.{i}.perf.data") for i, h in enumerate(hosts)] if cfg.perf else []
+        profilers = ([self.perf_attach(h, out / f"{group}.{i}.perf.data") for i, h in enumerate(hosts)]
+                     if cfg.perf else [])
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         first = None
         last_total, last_change = 0, r.t0
