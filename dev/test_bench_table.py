@@ -98,11 +98,18 @@ class BenchTable(unittest.TestCase):
                 table = self.render_rows(f"jit-{cell.split()[-1].strip('()')}",
                                          [row.format(kind="wasm", broker=broker, jit=jit)])
                 self.assertIn(f"| 29 | {cell} | yes (0) |", table)
-                line = "broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B), every row"
+                line = "broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B, no writes), every row"
                 if verdict is None:
                     self.assertNotIn(line, table)
                 else:
                     self.assertIn(f"- {line}: **{verdict}**: highest {cell.split()[1].strip('()')} (", table)
+
+    def test_a_plugin_that_writes_is_not_held_to_the_brokers_read_cost(self):
+        row = ("100\t1\twasm-splitter\t2000000\t1000000\t2000000\t3000000\t1.00\t30000\t8.00\t2.00\t0\tok\t"
+               "poller_cpu_s=0.10 rejected=0 writes=120 write_ms=3.00 broker_jit_s=1.00")
+        table = self.render_rows("jit-splitter", [row])
+        self.assertIn("| 4.00 (3.50) |", table)
+        self.assertNotIn("broker CPU ≤ 1.0 s per 1M", table)
 
     def test_exactly_once_is_held_to_four_fifths_of_at_least_once(self):
         row = ("100\t1\t{kind}\t300000\t1000000\t2000000\t{steady}\t4.00\t30000\t3.00\t2.00\t0\tok\t"
