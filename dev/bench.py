@@ -46,10 +46,11 @@ Columns: first record s = first record - launch of the first process (process st
 records read / (last record - launch of the first process), the join included; steady = records / (last record -
 first record). CPU s per million records = user+sys of all consumer processes over their whole life (start, JIT,
 drain and close included) per 10^6 records; peak RSS = the largest peak RSS among the processes (/usr/bin/time -v);
-broker CPU = the broker's CPU seconds during the run, per 10^6 records. The first record of a run is seen: for
-sharehost by polling its counters every 20 ms; for ShareConsumerPerformance at its first progress line (within one
-poll); for the classic tool as its start time + its rebalance time (the assignment; the first Fetch follows within
-one round trip: the tool prints nothing finer); the peers print it themselves. Below the table a goals block marks
+broker CPU = the broker's CPU seconds during the run, per 10^6 records, and in brackets without what its JIT
+compilers took meanwhile (broker_jit_s in the extra column; <row>.threads.txt has every thread). The first record of
+a run is seen: for sharehost by polling its counters every 20 ms; for ShareConsumerPerformance at its first progress
+line (within one poll); for the classic tool as its start time + its rebalance time (the assignment; the first Fetch
+follows within one round trip: the tool prints nothing finer); the peers print it themselves. Below the table a goals block marks
 each goal met or not with the measured ratio, then the machine, the commit and the exact command.
 
 Needs: java 17+, cargo, python3 with venv, rustup's wasm32-wasip2 target (dev/build-guests adds it), /usr/bin/time

@@ -14,7 +14,8 @@ results.tsv has a header line, then one row per run: size, processes, kind, reco
 cpu_s, rss_kb, broker_cpu_s, load, lag, status, extra (see dev/bench.py's docstring for what each means). Columns of the
 table: first record s = first_us - t0_us; wall s = last_us - t0_us; records/s = records / wall (the join included);
 steady = records / (last_us - first_us); "× classic" divides by the classic consumer's row of the same size at one
-process; CPU and broker CPU per 10^6 records; peak RSS in MiB. A row whose status is not "ok" is struck through,
+process; CPU and broker CPU per 10^6 records (the broker's also without its JIT compilers' seconds, in brackets,
+when the extra column has broker_jit_s); peak RSS in MiB. A row whose status is not "ok" is struck through,
 compared with nothing and left out of the goals.
 
 Standard library only: it runs wherever dev/bench runs, with no venv to set up.
