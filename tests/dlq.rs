@@ -32,13 +32,18 @@ fn scratch() -> PathBuf {
 /// A manifest whose pipeline `ledger` reads `topic` and dead-letters to `dlq`, every 7th id
 /// rejected.
 fn manifest(dir: &Path, topic: &str, group: &str, dlq: &str) -> PathBuf {
+    manifest_with(dir, topic, group, dlq, "")
+}
+
+/// [`manifest`] with more pipeline lines, `settings`.
+fn manifest_with(dir: &Path, topic: &str, group: &str, dlq: &str, settings: &str) -> PathBuf {
     let text = ledger_manifest(
         &bootstrap(),
         topic,
         group,
         &guest("fixture_ledger"),
         r#"reject-every = "7""#,
-        &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n"),
+        &format!("{FAULT_SETTINGS}dead_letter_topic = \"{dlq}\"\n{settings}"),
     );
     let path = dir.join("manifest.toml");
     std::fs::write(&path, text).expect("write manifest");
@@ -94,7 +99,8 @@ fn header<'a>(r: &'a ConsumedRecord, key: &str) -> Option<&'a str> {
         .and_then(|h| std::str::from_utf8(h.value.as_deref()?).ok())
 }
 
-/// Reads `topic` partition `p` until it holds `count` records, long-polling the broker.
+/// Reads `topic` partition 0 until it holds `count` committed records (all of them, for a
+/// topic no transaction writes), long-polling the broker.
 async fn wait_for_records(client: &KafkaClient, topic: &str, count: usize) {
     let deadline = Instant::now() + PATIENCE;
     let mut seen = 0;
@@ -105,20 +111,22 @@ async fn wait_for_records(client: &KafkaClient, topic: &str, count: usize) {
             "{topic}: {seen} of {count} records"
         );
         let f = client
-            .fetch(topic, 0, next, Duration::from_millis(1000))
+            .fetch_committed(topic, 0, next, Duration::from_millis(1000))
             .await
             .expect("fetch");
-        for r in f.records {
-            next = r.offset + 1;
-            seen += 1;
-        }
+        seen += f.records.len();
+        next = f.next_offset;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
+async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once_in(exactly_once: bool) {
     let client = Arc::new(client().await);
-    let (topic, dlq) = topic_with_dead_letters(&client, "dlq-replay", 3, 1).await;
+    let name = if exactly_once {
+        "dlq-replay-eo"
+    } else {
+        "dlq-replay"
+    };
+    let (topic, dlq) = topic_with_dead_letters(&client, name, 3, 1).await;
     let ids = produce_ids(&client, &topic, 3, 0..300).await;
     let rejected: HashSet<String> = ids
         .iter()
@@ -127,7 +135,12 @@ async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
         .collect();
     let group = fresh_group_with(&client, Some(30_000), &[]).await;
     let dir = scratch();
-    let manifest = manifest(&dir, &topic, &group, &dlq);
+    let guarantee = if exactly_once {
+        "guarantee = \"exactly-once\"\n"
+    } else {
+        ""
+    };
+    let manifest = manifest_with(&dir, &topic, &group, &dlq, guarantee);
     let host = tokio::task::spawn_blocking(move || {
         HostProcess::start(sharehost_bin!(), &manifest, "host")
     })
@@ -214,11 +227,23 @@ async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
     assert_eq!(topic_records(&client, &topic, 3).await.len(), after.len());
     let _ = std::fs::remove_dir_all(&dir);
     report(&format!(
-        "dlq replay: {} produced, {} dead-lettered by the host, {} replayed to {topic} once, rerun replayed 0",
+        "{name}: {} produced, {} dead-lettered by the host, {} replayed to {topic} once, rerun replayed 0",
         ids.len(),
         rejected.len(),
         back.len()
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once() {
+    dead_letters_of_a_running_host_are_replayed_to_their_topic_once_in(false).await;
+}
+
+/// The same for an exactly-once pipeline, whose dead letters are written in transactions: the
+/// topic holds their commit markers between the records, and only committed ones are listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_of_a_running_host_are_replayed_to_their_topic_once_exactly_once() {
+    dead_letters_of_a_running_host_are_replayed_to_their_topic_once_in(true).await;
 }
 
 /// Whether `topic` exists, asked so that the broker does not create it.

@@ -336,6 +336,13 @@ async fn a_python_plugin_that_traps_every_tenth_batch_loses_nothing() {
     assert_eq!(status[0]["allocator"], "on-demand", "{status}");
 }
 
+/// The same Python witness in an exactly-once pipeline that writes every id's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_that_traps_every_tenth_batch_loses_nothing_exactly_once() {
+    let _shared = BROKER.read().await;
+    traps_every_tenth_batch("trap-every-tenth-py-eo", &guest("ledger_py"), true).await;
+}
+
 async fn hot_swaps_under_load_lose_nothing_in(exactly_once: bool) {
     let chunk = 500 * scale();
     let name = if exactly_once {

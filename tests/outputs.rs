@@ -875,10 +875,18 @@ async fn a_contract_0_1_plugin_runs_in_the_host_exactly_as_before() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter() {
+async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter_in(
+    exactly_once: bool,
+) {
     const VALUE: &str = "s3cr3t-t0ken-value";
-    let s = text_scenario("secrets", &["secret:api-token", "fine"]).await;
+    let name = if exactly_once {
+        "secrets-eo"
+    } else {
+        "secrets"
+    };
+    let s = text_scenario(name, &["secret:api-token", "fine"])
+        .await
+        .guarantee(exactly_once);
     let file = s.dir.join("token");
     std::fs::write(&file, format!("{VALUE}\n")).expect("write the secret file");
     let manifest = s.text_manifest(
@@ -928,6 +936,17 @@ async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_lett
     ));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter() {
+    a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: its dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter_exactly_once() {
+    a_secret_reaches_the_plugin_but_never_the_log_the_status_or_a_dead_letter_in(true).await;
+}
+
 /// What a loopback test server saw of one path: the `x-delivery-count` the http-fetch fixture
 /// sends, and when.
 type Hits = Arc<std::sync::Mutex<BTreeMap<String, Vec<(u16, Instant)>>>>;
@@ -963,15 +982,21 @@ async fn retry_server() -> (String, Hits) {
     (format!("http://{addr}"), hits)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay() {
+async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay_in(
+    exactly_once: bool,
+) {
     let (listed, hits) = retry_server().await;
     // A second server, not on the allow-list: the host must never reach it.
     let (unlisted, unlisted_hits) = retry_server().await;
     let mut values: Vec<String> = (0..20).map(|i| format!("{listed}/item/{i}")).collect();
     values.extend((0..3).map(|i| format!("{unlisted}/item/{i}")));
     let refs: Vec<&str> = values.iter().map(String::as_str).collect();
-    let s = text_scenario("http-retry", &refs).await;
+    let name = if exactly_once {
+        "http-retry-eo"
+    } else {
+        "http-retry"
+    };
+    let s = text_scenario(name, &refs).await.guarantee(exactly_once);
     let manifest = s.text_manifest(
         &guest("fixture_http_fetch"),
         &format!("allowed_outbound_hosts = [\"{listed}\"]\nwall_deadline_ms = 10000\n"),
@@ -1025,8 +1050,27 @@ async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
-    let s = Scenario::new("outputs-retry-cap", 60, 30_000, true).await;
+async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay() {
+    a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: a retried record is looked up in the settled log on
+/// its second delivery, not found, and judged; its dead letters read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay_exactly_once()
+{
+    a_server_answering_429_gets_retry_and_the_record_comes_back_after_the_delay_in(true).await;
+}
+
+async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it_in(exactly_once: bool) {
+    let name = if exactly_once {
+        "outputs-retry-cap-eo"
+    } else {
+        "outputs-retry-cap"
+    };
+    let s = Scenario::new(name, 60, 30_000, true)
+        .await
+        .guarantee(exactly_once);
     // Every id asks for a ten-minute delay on its first delivery; the manifest allows 500 ms.
     let manifest = s.manifest_with(
         r#"retry-first-every = "1", retry-ms = "600000""#,
@@ -1040,6 +1084,18 @@ async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
         outputs.by_id.values().all(|o| o[0].delivery_count == 2),
         "every id came back once, on its second delivery"
     );
+    assert_eq!(outputs.duplicates, 0, "no crash, no duplicate output");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it() {
+    a_retry_delay_over_the_manifests_maximum_is_cut_to_it_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: its outputs read `read_committed`, each id's once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_delay_over_the_manifests_maximum_is_cut_to_it_exactly_once() {
+    a_retry_delay_over_the_manifests_maximum_is_cut_to_it_in(true).await;
 }
 
 /// `n` values of `bytes` bytes each that neither compress nor parse as an id: `N:` then bytes

@@ -215,13 +215,19 @@ async fn a_delivery_cap_above_the_groups_delivery_limit_is_refused_naming_both()
     assert_eq!(p["acquired"], 0, "nothing acquired: {p}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly() {
+async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly_in(
+    exactly_once: bool,
+) {
     // The splitter routes high-priority orders to `urgent`, the rest to `normal`; this
     // manifest maps only `normal`. The splitter releases a record whose emit is refused, so
     // without the host's rule every urgent order came back until the broker archived it.
     let client = Arc::new(client().await);
-    let (topic, dlq) = topic_with_dead_letters(&client, "tenants-unmapped", 1, 1).await;
+    let name = if exactly_once {
+        "tenants-unmapped-eo"
+    } else {
+        "tenants-unmapped"
+    };
+    let (topic, dlq) = topic_with_dead_letters(&client, name, 1, 1).await;
     let normal = format!("{topic}-normal");
     client
         .create_topic(&normal, 1, 1, &[])
@@ -247,7 +253,14 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         &topic,
         &group,
         "splitter",
-        &format!("dead_letter_topic = \"{dlq}\"\n[pipeline.outputs]\nnormal = \"{normal}\"\n"),
+        &format!(
+            "dead_letter_topic = \"{dlq}\"\n{}[pipeline.outputs]\nnormal = \"{normal}\"\n",
+            if exactly_once {
+                "guarantee = \"exactly-once\"\n"
+            } else {
+                ""
+            }
+        ),
     );
     let host =
         Arc::new(blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await);
@@ -263,7 +276,10 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
     let (_, _, log) = blocking(move || host.stop_with_log()).await;
     let g = group.clone();
     blocking(move || wait_until_drained(&g)).await;
-    let letters = sharehost_tests::topic_records(&client, &dlq, 1).await;
+    // Read as a downstream consumer of an exactly-once pipeline reads (the same records for
+    // an at-least-once one).
+    let letters = sharehost_tests::committed_records(&client, &dlq, 1).await;
+    let outputs = sharehost_tests::committed_records(&client, &normal, 1).await;
     let reasons: Vec<String> = letters
         .into_iter()
         .map(|(p, r)| sharehost::dlq::DeadLetter::from_record(p, r))
@@ -273,11 +289,13 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         })
         .collect();
     report(&format!(
-        "tenants: 10 of 40 orders emitted to an unmapped output: dead letters {}, unmapped {}",
+        "{name}: 10 of 40 orders emitted to an unmapped output: dead letters {}, outputs {}, unmapped {}",
         reasons.len(),
+        outputs.len(),
         p["unmapped_outputs"]
     ));
     assert_eq!(reasons.len(), 10, "every urgent order dead-lettered once");
+    assert_eq!(outputs.len(), 30, "every other order's output once");
     assert!(
         reasons
             .iter()
@@ -293,6 +311,18 @@ async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_sai
         1,
         "said loudly, once"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly() {
+    an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly_in(false).await;
+}
+
+/// The same in an exactly-once pipeline: the dead letters and outputs read `read_committed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly_exactly_once()
+ {
+    an_emit_to_an_output_the_manifest_does_not_map_is_dead_lettered_and_said_loudly_in(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
