@@ -444,6 +444,55 @@ fn an_on_demand_placement_survives_the_precompiled_cache() {
 }
 
 #[test]
+fn hosts_loading_one_component_at_once_compile_it_once() {
+    let dir = scratch("compile-once");
+    let component = guest("order_validator");
+    // Four runtimes on one new cache directory, as four hosts of one user on one machine
+    // opening it at once; each then starts its load at the same moment.
+    let runtimes: Vec<PluginRuntime> = std::thread::scope(|scope| {
+        let opening: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    PluginRuntime::new(RuntimeConfig {
+                        max_instances: 2,
+                        cache_dir: Some(dir.join("cwasm")),
+                        ..RuntimeConfig::default()
+                    })
+                    .expect("runtime")
+                })
+            })
+            .collect();
+        opening
+            .into_iter()
+            .map(|o| o.join().expect("no panic"))
+            .collect()
+    });
+    let start = Arc::new(std::sync::Barrier::new(runtimes.len()));
+    let loads: Vec<_> = runtimes
+        .into_iter()
+        .map(|rt| {
+            let (component, start) = (component.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                rt.compile_blocking(&component, &PluginLimits::default())
+                    .expect("loads")
+                    .origin
+            })
+        })
+        .collect();
+    let origins: Vec<Origin> = loads
+        .into_iter()
+        .map(|l| l.join().expect("no panic"))
+        .collect();
+    assert_eq!(
+        origins.iter().filter(|o| **o == Origin::Compiled).count(),
+        1,
+        "one compiled, the others waited for its artifact: {origins:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_forbidden_import_is_refused_before_compiling() {
     let dir = scratch("before-compile");
     // Compiling this one would fail on the pool (a 128 MiB memory): refusing it for its

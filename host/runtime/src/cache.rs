@@ -57,6 +57,10 @@ pub fn default_cache_dir() -> PathBuf {
     base.join("sharehost").join("cwasm")
 }
 
+/// The right to compile one component into the cache, held until dropped (the kernel lets it
+/// go when the process dies): see [`Cache::lock_compile`].
+pub(crate) struct CompileLock(#[allow(dead_code)] File);
+
 /// The cache directory plus the engine fingerprint its file names embed.
 pub(crate) struct Cache {
     dir: PathBuf,
@@ -275,6 +279,74 @@ impl Cache {
         Ok(Some(file))
     }
 
+    /// Waits (up to `patience`) until no other process or thread of this user compiles the
+    /// component with this content hash for this cache, and holds that until the returned
+    /// guard drops: a host that then finds the entry written loads it instead of compiling
+    /// the same bytes again. Hosts started side by side (a test suite, several pipelines on one
+    /// component, `check` beside `run`) each compiled an 18 MB Python component at once, and
+    /// on two cores that multiplied the compile time by their number. `None` (compile without
+    /// it) when the lock file cannot be opened or a holder keeps it past `patience`: a stopped
+    /// process must not stop every other host from loading.
+    pub(crate) fn lock_compile(
+        &self,
+        content_hash: &str,
+        patience: std::time::Duration,
+    ) -> Option<CompileLock> {
+        let mut name = self.path_for(content_hash).into_os_string();
+        name.push(".lock");
+        let path = PathBuf::from(name);
+        // A lock file is never read: it is opened without following a symlink, private,
+        // and left in place (removing it would let two holders lock two different files).
+        let file = match OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags((OFlags::NOFOLLOW | OFlags::CLOEXEC).bits() as i32)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot open the compile lock; compiling without it");
+                return None;
+            }
+        };
+        match file.try_lock() {
+            Ok(()) => return Some(CompileLock(file)),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot take the compile lock; compiling without it");
+                return None;
+            }
+        }
+        tracing::info!(path = %path.display(), "another host is compiling this component; waiting for its artifact");
+        // flock has no timeout: a thread blocks in it and hands the locked file over. Past
+        // the patience the thread is left to take the lock and let it go at once (the file
+        // drops with the refused send).
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("sharehost-compile-lock".into())
+            .spawn(move || {
+                let locked = file.lock().map(|()| file);
+                let _ = tx.send(locked);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot wait for the compile lock; compiling without it");
+            return None;
+        }
+        match rx.recv_timeout(patience) {
+            Ok(Ok(file)) => Some(CompileLock(file)),
+            Ok(Err(e)) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot take the compile lock; compiling without it");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(path = %path.display(), waited_s = patience.as_secs(), "another host held the compile lock too long; compiling without it");
+                None
+            }
+        }
+    }
+
     /// The artifact this host stored for a component, if any: bytes read from the entry
     /// after the ownership checks passed on the opened file, so they are this host's own
     /// compilation and may be deserialized. An entry that fails the checks is never read
@@ -363,15 +435,18 @@ impl Cache {
         std::fs::rename(&tmp, path)
     }
 
-    /// Writes `parts` to a new private file beside `path` (named after it and this process)
-    /// and returns that file's path.
+    /// Writes `parts` to a new private file beside `path` (named after it, this process and a
+    /// count of this process's writes, so two threads never share one) and returns that
+    /// file's path.
     fn write_private(&self, path: &Path, parts: &[&[u8]]) -> std::io::Result<PathBuf> {
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let tmp = self.dir.join(format!(
-            ".{}.{}.tmp",
+            ".{}.{}.{}.tmp",
             path.file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            std::process::id()
+            std::process::id(),
+            WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         // A leftover of a crashed process that had this pid.
         let _ = std::fs::remove_file(&tmp);
@@ -579,6 +654,43 @@ mod tests {
             .expect("entry")
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_compile_lock_held_past_the_patience_is_given_up_and_one_let_go_is_taken() {
+        let (root, _, cache) = cache_with_entry("lock");
+        let held = cache
+            .lock_compile("h", std::time::Duration::ZERO)
+            .expect("free");
+        // Another holder of the same component's lock (another process, or thread): refused
+        // at its patience, so a stuck holder never stops a load.
+        assert!(
+            cache
+                .lock_compile("h", std::time::Duration::from_millis(50))
+                .is_none()
+        );
+        // Another component's lock is its own.
+        assert!(
+            cache
+                .lock_compile("other", std::time::Duration::ZERO)
+                .is_some()
+        );
+        // A waiter takes it when the holder lets go.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let dir = root.join("cwasm");
+            std::thread::spawn(move || {
+                let cache = Cache::open(&engine(), &dir, "test").expect("cache");
+                tx.send(()).expect("send");
+                cache
+                    .lock_compile("h", std::time::Duration::from_secs(600))
+                    .is_some()
+            })
+        };
+        rx.recv().expect("the waiter opened its cache");
+        drop(held);
+        assert!(waiter.join().expect("no panic"), "taken once let go");
         let _ = std::fs::remove_dir_all(&root);
     }
 

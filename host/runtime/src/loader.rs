@@ -24,6 +24,12 @@ use crate::functions::CodeShape;
 use crate::plugin::{Plugin, PluginInit};
 use crate::validate;
 
+/// How long a load waits for another host's compile of the same component before compiling
+/// itself: longer than an 18 MB Python component takes to compile on a busy 2-core machine
+/// (a minute and more for the debug host), short enough that a host stopped mid-compile
+/// (SIGSTOP) delays the others' start by minutes, not forever.
+const COMPILE_LOCK_PATIENCE: Duration = Duration::from_secs(300);
+
 impl PluginRuntime {
     /// Loads, validates, compiles (or maps from the cache) and initialises a plugin.
     ///
@@ -158,18 +164,32 @@ impl PluginRuntime {
         // earlier run (perhaps under raised bounds) left in the cache.
         CodeShape::check_bytes(path, &bytes, &config.function_bounds)?;
         let hash = cache::content_hash(&bytes);
-        let cached = self.cache().and_then(|c| {
-            let artifact = c.get_artifact(&hash)?;
-            match self.place(&artifact) {
-                Ok(placed) => Some(placed),
-                // Not a pool-fit refusal (those fall back to on-demand): an entry wasmtime
-                // cannot load, e.g. truncated by a crash. Compile it again.
-                Err(e) => {
-                    c.discard(&hash, &format!("{e:#}"));
-                    None
+        let from_cache = || {
+            self.cache().and_then(|c| {
+                let artifact = c.get_artifact(&hash)?;
+                match self.place(&artifact) {
+                    Ok(placed) => Some(placed),
+                    // Not a pool-fit refusal (those fall back to on-demand): an entry wasmtime
+                    // cannot load, e.g. truncated by a crash. Compile it again.
+                    Err(e) => {
+                        c.discard(&hash, &format!("{e:#}"));
+                        None
+                    }
                 }
+            })
+        };
+        // On a miss, one compile per component at a time: whoever waited for another's
+        // compile looks again and loads its artifact. Held until the artifact is stored.
+        let (cached, compiling) = match from_cache() {
+            Some(placed) => (Some(placed), None),
+            None => {
+                let lock = self
+                    .cache()
+                    .and_then(|c| c.lock_compile(&hash, COMPILE_LOCK_PATIENCE));
+                let again = if lock.is_some() { from_cache() } else { None };
+                (again, lock)
             }
-        });
+        };
         // `fresh`: the artifact compiled now, cached once the checks below pass.
         let (component, placement, fresh) = match cached {
             Some((component, placement)) => (component, placement, None),
@@ -195,6 +215,7 @@ impl PluginRuntime {
                 if let Some(cache) = self.cache() {
                     cache.put_artifact(&artifact, &hash);
                 }
+                drop(compiling);
                 Origin::Compiled
             }
             None => Origin::Cached,
