@@ -633,7 +633,8 @@ env: KAFKA_VERSION ({self.version}), KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SA
      KAFKA_START_TIMEOUT ({self.start_timeout} s to start), KAFKA_STOP_TIMEOUT ({self.stop_timeout} s from SIGTERM to SIGKILL),
      KAFKA_MOVE_TIMEOUT ({self.move_timeout} s for move-leader), SHAREHOST_CACHE (jar cache, default ~/.cache/sharehost),
      SHAREHOST_MAVEN_URL (the Maven repository the pinned jars come from, default {MAVEN_CENTRAL}),
-     SHAREHOST_KAFKA_DIR (state, default <repo>/target/kafka; a cluster keeps node N in its node-N/).
+     SHAREHOST_KAFKA_DIR (state, default <repo>/target/kafka; a cluster keeps node N in its node-N/),
+     SHAREHOST_BROKER_JVM_OPTS (more JVM options for the brokers, e.g. dev/test's C1-only JIT; default none).
      A single node and a cluster run side by side with different base ports and state dirs, e.g.
      KAFKA_PORT=29092 KAFKA_CONTROLLER_PORT=29093 KAFKA_SASL_SSL_PORT=29094 SHAREHOST_KAFKA_DIR=target/kafka-cluster dev/kafka up --brokers 3
 """
@@ -901,6 +902,8 @@ env: KAFKA_VERSION ({self.version}), KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SA
         pid_file.unlink(missing_ok=True)  # a stale pid file would make the wait watch the previous (dead) JVM
         # A cluster puts three JVMs (plus the tests and maybe other brokers) on one machine: half the heap each.
         heap = ["-Xmx1g", "-Xms256m"] if self.brokers == 1 else ["-Xmx512m", "-Xms128m"]
+        # (dev/test's brokers: C1 only and the serial collector; a benchmark's keep the JVM's defaults)
+        heap += os.environ.get("SHAREHOST_BROKER_JVM_OPTS", "").split()
         # Its own session and SIGHUP ignored (as setsid + nohup did): the broker outlives this call and its terminal.
         previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:

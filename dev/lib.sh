@@ -39,6 +39,11 @@ fi
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KAFKA=$REPO/dev/kafka
+# The JVM options of the brokers the tests run (dev/test, dev/kube-test; dev/kafka_harness.py
+# reads SHAREHOST_BROKER_JVM_OPTS): C1's JIT only and the serial collector, for short-lived
+# brokers on a small machine. Benchmarks and the demo leave the variable unset.
+# shellcheck disable=SC2034  # used by the scripts that source this file
+TEST_BROKER_JVM_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 DEV_NAME=${DEV_NAME:-$(basename "$0")}
 
 # --- messages and exits ------------------------------------------------------------------------------------------
