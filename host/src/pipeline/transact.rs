@@ -438,7 +438,11 @@ impl ExactlyOnce {
         // What each commit settles, for tracing a record written twice to the transaction
         // that wrote it (with `SHAREHOST_LOG=...,sharehost::pipeline::transact=debug`).
         tracing::debug!(transactional_id = self.producer.id(), settled_at = ?settled_at, "committing: {}", spans(jobs.iter().flat_map(|j| &j.records)));
-        match txn.commit().await {
+        let committed = txn.commit().await;
+        if committed.is_ok() {
+            tracing::debug!(transactional_id = self.producer.id(), settled_at = ?settled_at, "committed");
+        }
+        match committed {
             Ok(()) => match settled_at {
                 Some(offset) => self
                     .in_the_log(Unlanded {
@@ -994,18 +998,51 @@ fn without(mut batch: Vec<ShareRecord>, gone: &[usize]) -> Vec<ShareRecord> {
     batch
 }
 
-/// `records` as ranges per partition with their delivery counts, for the log:
-/// "topic:partition:first-last(deliveries lo-hi)".
+/// `records` as their exact offsets per partition, in runs, with their delivery counts, for
+/// the log: "topic:partition:a-b,c,d-e(deliveries lo-hi)". Exact, so that two commits that
+/// settled the same record can be told from two whose first and last offsets merely interleave.
 fn spans<'a>(records: impl IntoIterator<Item = &'a ShareRecord>) -> String {
-    let mut by: BTreeMap<(&str, i32), (i64, i64, i16, i16)> = BTreeMap::new();
-    for r in records {
-        let (o, d) = (r.record.offset, r.delivery_count);
-        by.entry((&*r.topic, r.partition.partition))
-            .and_modify(|e| *e = (e.0.min(o), e.1.max(o), e.2.min(d), e.3.max(d)))
-            .or_insert((o, o, d, d));
+    offset_runs(records.into_iter().map(|r| {
+        (
+            &*r.topic,
+            r.partition.partition,
+            r.record.offset,
+            r.delivery_count,
+        )
+    }))
+}
+
+/// [`spans`] of (topic, partition, offset, delivery count).
+fn offset_runs<'a>(records: impl IntoIterator<Item = (&'a str, i32, i64, i16)>) -> String {
+    let mut by: BTreeMap<(&str, i32), (Vec<i64>, i16, i16)> = BTreeMap::new();
+    for (topic, partition, o, d) in records {
+        let e = by.entry((topic, partition)).or_insert((Vec::new(), d, d));
+        e.0.push(o);
+        (e.1, e.2) = (e.1.min(d), e.2.max(d));
     }
     by.into_iter()
-        .map(|((t, p), (a, b, lo, hi))| format!("{t}:{p}:{a}-{b}(deliveries {lo}-{hi})"))
+        .map(|((t, p), (mut offsets, lo, hi))| {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let mut runs: Vec<(i64, i64)> = Vec::new();
+            for o in offsets {
+                match runs.last_mut() {
+                    Some(run) if run.1 + 1 == o => run.1 = o,
+                    _ => runs.push((o, o)),
+                }
+            }
+            let runs: Vec<String> = runs
+                .into_iter()
+                .map(|(a, b)| {
+                    if a == b {
+                        a.to_string()
+                    } else {
+                        format!("{a}-{b}")
+                    }
+                })
+                .collect();
+            format!("{t}:{p}:{}(deliveries {lo}-{hi})", runs.join(","))
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -1056,5 +1093,27 @@ pub(super) fn exactly_once(
         index: SettledIndex::new(topic, group, sources, lookup_patience(transaction_timeout)),
         topic: topic.to_owned(),
         lock: transaction_timeout,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::offset_runs;
+
+    #[test]
+    fn the_log_names_each_commits_exact_offsets_in_runs() {
+        let records = [
+            ("t", 1, 7, 1),
+            ("t", 0, 12, 2),
+            ("t", 0, 10, 1),
+            ("t", 0, 11, 1),
+            ("t", 0, 14, 3),
+            ("t", 0, 11, 1),
+        ];
+        assert_eq!(
+            offset_runs(records),
+            "t:0:10-12,14(deliveries 1-3) t:1:7(deliveries 1-1)"
+        );
+        assert_eq!(offset_runs([]), "");
     }
 }
