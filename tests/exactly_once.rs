@@ -27,14 +27,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use sharehost::kafka::{Compression, KafkaClient, ProduceRecord, TransactionalProducer, TxnError};
 use sharehost::pipeline::settled::{SettledIndex, settled_records};
+use sharehost::share::consumer::{ShareConsumer, ShareConsumerConfig, ShareRecord};
 use sharehost::share::ledger::AckKind;
 use sharehost_tests::host::{HostProcess, Seen};
 use sharehost_tests::ledger::{Written, check_exactly_once, report};
 use sharehost_tests::proxy::Proxy;
 use sharehost_tests::sharehost_bin;
 use sharehost_tests::{
-    blocking, bootstrap, client, committed_records, fresh_group_with, guest, ledger_manifest,
-    produce_ids, proxied_listener, topic_records, topic_with_dead_letters, unique,
+    blocking, bootstrap, client, committed_records, fresh_group_with, guest, harness,
+    ledger_manifest, produce_ids, proxied_listener, topic_records, topic_with_dead_letters, unique,
     wait_until_drained,
 };
 
@@ -343,6 +344,87 @@ async fn a_broker_restart_mid_stream_writes_each_output_once() {
         "exactly-once {}: commits written again for a missing marker: {recommitted}",
         s.name
     ));
+    s.ledger(&[seen]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_settled_before_their_leader_died_come_back_as_first_deliveries_and_are_not_written_again()
+ {
+    // On a broker of its own (profile ci-broker-stops): it kills and restarts it.
+    let s = Scenario::with("first-delivery-again", 20, 30_000, 1, 6000).await;
+    // Another member takes every record, and one transaction writes their outputs and settles
+    // them, as a host's commit does; the broker dies before any acknowledgement reaches it.
+    let member = ShareConsumer::start(
+        s.client.clone(),
+        ShareConsumerConfig::new(&s.group, &[&s.topic]),
+    )
+    .await
+    .expect("join");
+    let mut held: Vec<ShareRecord> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while held.len() < s.ids.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {} records delivered",
+            held.len(),
+            s.ids.len()
+        );
+        if let Some(d) = member.poll(Duration::from_secs(1)).await.expect("poll") {
+            held.extend(d.records);
+        }
+    }
+    assert!(
+        held.iter().all(|r| r.delivery_count == 1),
+        "first deliveries"
+    );
+    let log = sharehost::pipeline::settled_topic(&s.group).expect("the settled log's name");
+    s.client
+        .create_topic(&log, 1, 1, &[("cleanup.policy", "delete")])
+        .await
+        .expect("create the settled log");
+    let settles: Vec<(&str, i32, i64, AckKind)> = held
+        .iter()
+        .map(|r| (s.topic.as_str(), 0, r.record.offset, AckKind::Accept))
+        .collect();
+    let settled: Vec<ProduceRecord> = settled_records(&settles)
+        .iter()
+        .map(|r| r.produce())
+        .collect();
+    let outputs: Vec<ProduceRecord> = held
+        .iter()
+        .map(|r| ProduceRecord {
+            value: r.record.value.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let p = TransactionalProducer::new(s.client.clone(), &unique("tid"), Duration::from_secs(30));
+    let mut txn = p.begin().await.expect("begin");
+    txn.send(&s.output, 0, &outputs, Compression::Lz4)
+        .await
+        .expect("outputs");
+    txn.send(&log, 0, &settled, Compression::Lz4)
+        .await
+        .expect("settled");
+    txn.commit().await.expect("commit");
+    // The broker persists no acquisition: the share partition it rebuilds after a SIGKILL
+    // hands the records out again with delivery count 1, as if nobody had had them.
+    blocking(|| harness("kill-broker")).await;
+    drop(member);
+    blocking(|| harness("start-broker")).await;
+    // A host starting now gets them as first deliveries of a new stint below its mark: it looks
+    // them up, finds the committed transaction, and neither judges nor writes them again.
+    let manifest = s.manifest_with(&bootstrap(), r#"emit-to = "out""#, "", "host");
+    let host = blocking(move || HostProcess::start(sharehost_bin!(), &manifest, "host")).await;
+    let group = s.group.clone();
+    blocking(move || wait_until_drained(&group)).await;
+    let (_, seen, lines) = blocking(move || host.stop_with_log()).await;
+    assert_eq!(seen.judged(), 0, "no record was judged again: {seen:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("were settled by a committed transaction")),
+        "the host found them in the settled log"
+    );
     s.ledger(&[seen]).await;
 }
 

@@ -251,14 +251,14 @@ impl SettledIndex {
         }
         verdicts.retain(|_, m| !m.is_empty());
         self.catch_up(client, &mut st).await?;
-        Ok(records
-            .iter()
-            .map(|(t, p, o)| {
-                st.verdicts
-                    .get(&((*t).to_owned(), *p))
-                    .and_then(|m| m.get(o).copied())
-            })
-            .collect())
+        Ok(verdicts_of(&st, records))
+    }
+
+    /// The verdicts the index holds now for `records`, without reading the log: sound only for
+    /// records no transaction could have settled since the index last caught up (see
+    /// `ExactlyOnce::suspects`).
+    pub async fn known(&self, records: &[(&str, i32, i64)]) -> Vec<Option<AckKind>> {
+        verdicts_of(&*self.state.lock().await, records)
     }
 
     /// Reads the log `read_committed` until it has passed the end of the log at the start,
@@ -371,6 +371,18 @@ impl SettledIndex {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// What `st` holds for each of `records` (source topic, partition, offset).
+fn verdicts_of(st: &IndexState, records: &[(&str, i32, i64)]) -> Vec<Option<AckKind>> {
+    records
+        .iter()
+        .map(|(t, p, o)| {
+            st.verdicts
+                .get(&((*t).to_owned(), *p))
+                .and_then(|m| m.get(o).copied())
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -62,7 +62,26 @@ pub(super) struct ExactlyOnce {
     limits: parking_lot::Mutex<HashMap<String, (Option<usize>, Instant)>>,
     /// The group's lock duration (also the transaction timeout).
     lock: Duration,
+    /// What is known of each stint of a source partition (see [`ExactlyOnce::suspects`]).
+    stints: parking_lot::Mutex<HashMap<u64, StintMark>>,
 }
+
+/// Where a stint of a source partition began (see [`ShareRecord::stint`]).
+#[derive(Debug, Clone, Copy)]
+struct StintMark {
+    /// The partition's end (ListOffsets, which a leader just elected answers only once it has
+    /// caught up) read after the stint had begun: a record an earlier stint handed out lies
+    /// below it.
+    below: i64,
+    /// Whether a lookup that began after the stint read the settled log to its end with every
+    /// transaction below that decided: what the index holds then answers for the stint's
+    /// records, as no transaction written later can settle one of them.
+    cleared: bool,
+}
+
+/// The most stints remembered per pipeline; the oldest half is forgotten past it (a stint
+/// forgotten while its records are still coming is marked again: a lookup more, never less).
+const MAX_STINT_MARKS: usize = 4096;
 
 /// Why a batch waits whose locks ran short before its turn at a transaction came.
 const SHORT_IN_QUEUE: &str = "a lock ran short while the batch waited for its transaction";
@@ -463,12 +482,14 @@ impl ExactlyOnce {
 }
 
 impl Pipeline {
-    /// Looks up the records of `batch` delivered before (delivery count above 1) in the settled
-    /// log: each one a committed transaction settled is acknowledged as it was then, without
-    /// judging or writing; returns the others. Records whose lookup fails go back to the broker
-    /// (judging them might write twice), unless `at_cap`: records at the delivery cap are
-    /// returned all the same (they are dead-lettered next, at least once; given back, they
-    /// would spend the group's last deliveries and be archived without a dead letter).
+    /// Looks up the records of `batch` delivered before (delivery count above 1, or a first
+    /// delivery an earlier stint of its partition may have handed out: see
+    /// [`ExactlyOnce::suspects`]) in the settled log: each one a committed transaction settled
+    /// is acknowledged as it was then, without judging or writing; returns the others. Records
+    /// whose lookup fails go back to the broker (judging them might write twice), unless
+    /// `at_cap`: records at the delivery cap are returned all the same (they are dead-lettered
+    /// next, at least once; given back, they would spend the group's last deliveries and be
+    /// archived without a dead letter).
     pub(super) async fn settled_earlier(
         &self,
         ctx: &BatchContext,
@@ -476,26 +497,47 @@ impl Pipeline {
         batch: Vec<ShareRecord>,
         at_cap: bool,
     ) -> Vec<ShareRecord> {
-        let again: Vec<usize> = (0..batch.len())
-            .filter(|&i| batch[i].delivery_count > 1)
+        let suspects = eo.suspects(&batch).await;
+        // First deliveries of a cleared stint are answered by what the index holds; the others
+        // (and every record delivered before) are looked up in the log.
+        let known: Vec<usize> = suspects
+            .iter()
+            .filter(|(_, cleared)| *cleared)
+            .map(|&(i, _)| i)
             .collect();
-        if again.is_empty() {
+        let mut again: Vec<usize> = (0..batch.len())
+            .filter(|&i| batch[i].delivery_count > 1)
+            .chain(suspects.iter().filter(|(_, c)| !*c).map(|&(i, _)| i))
+            .collect();
+        again.sort_unstable();
+        let keys_of = |indices: &[usize]| -> Vec<(&str, i32, i64)> {
+            indices
+                .iter()
+                .map(|&i| {
+                    let r = &batch[i];
+                    (&*r.topic, r.partition.partition, r.record.offset)
+                })
+                .collect()
+        };
+        let known_found = if known.is_empty() {
+            Vec::new()
+        } else {
+            eo.index.known(&keys_of(&known)).await
+        };
+        if again.is_empty() && known_found.iter().all(Option::is_none) {
             return batch;
         }
-        let keys: Vec<(&str, i32, i64)> = again
-            .iter()
-            .map(|&i| {
-                let r = &batch[i];
-                (&*r.topic, r.partition.partition, r.record.offset)
-            })
-            .collect();
+        let keys = keys_of(&again);
         // A lookup waits for every open transaction to be decided, longer than a lock when a
         // broker is down: the records' locks are renewed meanwhile, so that the wait does not
         // cost them a delivery, nor their judging a proof of the hold.
         let asked: Vec<&ShareRecord> = again.iter().map(|&i| &batch[i]).collect();
-        let (found, held) = eo
-            .while_held(&asked, eo.index.lookup(&ctx.client, &keys))
-            .await;
+        let (found, held) = if again.is_empty() {
+            (Ok(Vec::new()), true)
+        } else {
+            eo.while_held(&asked, eo.index.lookup(&ctx.client, &keys))
+                .await
+        };
         if !held && !at_cap {
             // Their locks could not be renewed: the records are no longer this member's (or
             // cannot be proven to be), and judging them would be for nothing. (At the cap the
@@ -505,7 +547,17 @@ impl Pipeline {
             return without(batch, &again);
         }
         let found = match found {
-            Ok(found) => found,
+            Ok(found) => {
+                // The lookup began after every stint it asked for: their first deliveries
+                // are answered by the index from now on.
+                eo.cleared(
+                    suspects
+                        .iter()
+                        .filter(|(_, c)| !*c)
+                        .map(|&(i, _)| batch[i].stint),
+                );
+                found
+            }
             Err(e) if at_cap => {
                 tracing::warn!(pipeline = %self.spec.name, records = again.len(), "records at the delivery cap are dead-lettered without knowing whether a transaction settled them: {e}");
                 return batch;
@@ -517,12 +569,19 @@ impl Pipeline {
                 return without(batch, &again);
             }
         };
-        let settled: Vec<(usize, AckKind)> = again
+        // The answers of both, in batch order.
+        let mut answers: Vec<(usize, Option<AckKind>)> = again
             .iter()
+            .copied()
             .zip(found)
-            .filter_map(|(&i, kind)| Some((i, kind?)))
+            .chain(known.iter().copied().zip(known_found))
             .collect();
-        tracing::debug!(pipeline = %self.spec.name, settled = settled.len(), "looked up: {}", spans(again.iter().map(|&i| &batch[i])));
+        answers.sort_unstable_by_key(|&(i, _)| i);
+        let settled: Vec<(usize, AckKind)> = answers
+            .into_iter()
+            .filter_map(|(i, kind)| Some((i, kind?)))
+            .collect();
+        tracing::debug!(pipeline = %self.spec.name, settled = settled.len(), "looked up: {}", spans(again.iter().chain(&known).map(|&i| &batch[i])));
         if settled.is_empty() {
             return batch;
         }
@@ -965,6 +1024,84 @@ impl<'r> Part<'r> {
 }
 
 impl ExactlyOnce {
+    /// The records of `batch` delivered for the first time (delivery count 1) that an earlier
+    /// stint of their partition may have handed out, and so a transaction may have settled:
+    /// their indices, each with whether its stint is cleared (see [`StintMark`]).
+    ///
+    /// The broker persists no acquisition: a share partition rebuilt on a new leader (or after
+    /// it was fenced) starts from the persisted state, and a record a member held unacknowledged
+    /// then comes again with delivery count 1. Such a record was acquired below the partition's
+    /// end before the stint began, and the transaction that settled it wrote its settled record
+    /// before the broker confirmed the hold (the order of [`ExactlyOnce::commit`]), so before
+    /// the stint too. A record at or above the stint's mark was never handed out before.
+    async fn suspects(&self, batch: &[ShareRecord]) -> Vec<(usize, bool)> {
+        let firsts = || {
+            batch
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.delivery_count <= 1)
+        };
+        let new: Vec<(u64, &str, i32)> = {
+            let marks = self.stints.lock();
+            let mut new: Vec<(u64, &str, i32)> = Vec::new();
+            for (_, r) in firsts() {
+                if !marks.contains_key(&r.stint) && !new.iter().any(|n| n.0 == r.stint) {
+                    new.push((r.stint, &r.topic, r.partition.partition));
+                }
+            }
+            new
+        };
+        // A stint whose mark cannot be read now has every first delivery of the batch looked
+        // up; the next batch tries again.
+        let mut unmarked: Vec<u64> = Vec::new();
+        for (stint, topic, partition) in new {
+            match self
+                .client
+                .list_offset(topic, partition, crate::kafka::OffsetSpec::Latest)
+                .await
+            {
+                Ok(end) => {
+                    let mut marks = self.stints.lock();
+                    if marks.len() >= MAX_STINT_MARKS {
+                        let mut stints: Vec<u64> = marks.keys().copied().collect();
+                        stints.sort_unstable();
+                        let keep_from = stints[stints.len() / 2];
+                        marks.retain(|&s, _| s >= keep_from);
+                    }
+                    marks.entry(stint).or_insert(StintMark {
+                        below: end,
+                        cleared: false,
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        topic,
+                        partition,
+                        "the end of a source partition could not be read for a new stint; its first deliveries are looked up: {e}"
+                    );
+                    unmarked.push(stint);
+                }
+            }
+        }
+        let marks = self.stints.lock();
+        firsts()
+            .filter_map(|(i, r)| match marks.get(&r.stint) {
+                Some(m) => (r.record.offset < m.below).then_some((i, m.cleared)),
+                None => Some((i, false)),
+            })
+            .collect()
+    }
+
+    /// Marks `stints` cleared: a lookup that began after each of them has answered.
+    fn cleared(&self, stints: impl IntoIterator<Item = u64>) {
+        let mut marks = self.stints.lock();
+        for s in stints {
+            if let Some(m) = marks.get_mut(&s) {
+                m.cleared = true;
+            }
+        }
+    }
+
     /// Adds to `writes` the settled log's record of every record `parts` settle, and returns
     /// the records the transaction must hold.
     fn settled_writes(&self, parts: &[&Part<'_>], writes: &mut Vec<TxnWrite>) -> Vec<ShareRecord> {
@@ -1093,6 +1230,7 @@ pub(super) fn exactly_once(
         index: SettledIndex::new(topic, group, sources, lookup_patience(transaction_timeout)),
         topic: topic.to_owned(),
         lock: transaction_timeout,
+        stints: parking_lot::Mutex::new(HashMap::new()),
     }
 }
 

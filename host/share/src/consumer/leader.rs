@@ -606,6 +606,9 @@ impl LeaderWorker {
                 };
                 if p.error_code != 0 {
                     tracing::warn!(partition = ?tp, "fetch error {}", CodeDisplay(p.error_code));
+                    // The broker may have dropped its share partition (a fenced or moved one is
+                    // rebuilt from the persisted state): what comes next is a new stint.
+                    self.shared.end_stints([&tp]);
                     if ResponseError::try_from_code(p.error_code)
                         .is_some_and(|e| classify(e) == ErrorClass::RefreshMetadata)
                     {
@@ -672,6 +675,7 @@ impl LeaderWorker {
                 let Some(st) = leaders.get_mut(&self.leader) else {
                     continue;
                 };
+                let stint = self.shared.stint(tp, st.session);
                 let split = p
                     .acquired
                     .iter()
@@ -715,6 +719,7 @@ impl LeaderWorker {
                             delivery_count: a.delivery_count,
                             record: rec,
                             session: st.session,
+                            stint,
                         };
                         // Delivered here again after its verdict was lost with a session:
                         // settled with that verdict, never handed to the caller twice (should

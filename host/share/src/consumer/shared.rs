@@ -193,6 +193,34 @@ impl Held {
     }
 }
 
+/// Per partition, the session it is delivered under and the stint that began with it; a
+/// partition without an entry starts a new stint.
+#[derive(Default)]
+pub(super) struct Stints(foldhash::HashMap<TopicIdPartition, (u64, u64)>);
+
+impl Stints {
+    /// The stint of `tp` under `session`: the current one, or a new one when the partition's
+    /// session changed or its stint was ended.
+    pub(super) fn stint(&mut self, tp: TopicIdPartition, session: u64) -> u64 {
+        // Unique across every consumer of the process, so a pipeline that replaced its consumer
+        // never mistakes a new stint for an old one.
+        static NEXT_STINT: AtomicU64 = AtomicU64::new(1);
+        match self.0.get(&tp) {
+            Some(&(s, stint)) if s == session => stint,
+            _ => {
+                let stint = NEXT_STINT.fetch_add(1, Ordering::Relaxed);
+                self.0.insert(tp, (session, stint));
+                stint
+            }
+        }
+    }
+
+    /// Ends `tp`'s stint.
+    pub(super) fn end(&mut self, tp: &TopicIdPartition) {
+        self.0.remove(tp);
+    }
+}
+
 /// Everything the caller's API and the tasks of one consumer share, behind one `Arc`.
 pub(super) struct Shared {
     pub(super) client: Arc<KafkaClient>,
@@ -229,6 +257,8 @@ pub(super) struct Shared {
     /// Leadership may have moved: remap partitions to leaders.
     pub(super) remap: Notify,
     pub(super) next_session: AtomicU64,
+    /// Each partition's current stint (see [`ShareRecord::stint`]).
+    stints: Mutex<Stints>,
     pub(super) outcomes: Mutex<VecDeque<AckOutcome>>,
     /// Records the caller renewed, to be delivered to it again (ahead of newly fetched ones).
     pub(super) again: Mutex<Vec<ShareRecord>>,
@@ -356,6 +386,7 @@ impl Shared {
             acked: Notify::new(),
             remap: Notify::new(),
             next_session: AtomicU64::new(1),
+            stints: Mutex::new(Stints::default()),
             outcomes: Mutex::new(VecDeque::new()),
             again: Mutex::new(Vec::new()),
             again_ready: Notify::new(),
@@ -464,6 +495,22 @@ impl Shared {
         }
     }
 
+    /// The stint of `tp` under `session` (see [`Stints::stint`]).
+    pub(super) fn stint(&self, tp: TopicIdPartition, session: u64) -> u64 {
+        self.stints.lock().stint(tp, session)
+    }
+
+    /// Ends the stints of `partitions`: what is delivered of them next starts new ones.
+    pub(super) fn end_stints<'a>(
+        &self,
+        partitions: impl IntoIterator<Item = &'a TopicIdPartition>,
+    ) {
+        let mut stints = self.stints.lock();
+        for tp in partitions {
+            stints.end(tp);
+        }
+    }
+
     /// Ends a leader's session: pending verdicts and outstanding records of it are released by
     /// the broker, so they are dropped here and counted.
     pub(super) fn session_lost(&self, leader: i32, why: &str) {
@@ -530,6 +577,7 @@ impl Shared {
     /// the in-flight count, and verdicts not sent yet are reported as not applied. The new
     /// leader delivers those records again.
     pub(super) fn partitions_moved(&self, leader: i32, partitions: &BTreeSet<TopicIdPartition>) {
+        self.end_stints(partitions);
         // Outstanding records first: a concurrent `acknowledge` either finished (its verdict is
         // in the ledger, taken below) or finds its record gone and reports it moot.
         let outstanding = self
@@ -673,6 +721,39 @@ mod tests {
     }
 
     #[test]
+    fn a_partitions_stint_lasts_while_its_session_does_and_nothing_ended_it() {
+        let mut stints = Stints::default();
+        let first = stints.stint(tp(0), 7);
+        assert_eq!(
+            stints.stint(tp(0), 7),
+            first,
+            "the same session, nothing ended"
+        );
+        let other = stints.stint(tp(1), 7);
+        assert_ne!(other, first, "another partition has its own");
+        let moved = stints.stint(tp(0), 8);
+        assert_ne!(
+            moved, first,
+            "another session (a reconnect, another leader)"
+        );
+        // Back under the first session (moved to another leader and back): the share
+        // partition there may have been rebuilt meanwhile.
+        let back = stints.stint(tp(0), 7);
+        assert!(back != first && back != moved);
+        stints.end(&tp(0));
+        let after_error = stints.stint(tp(0), 7);
+        assert!(after_error != back, "a fetch error or a move ended it");
+        assert_eq!(
+            stints.stint(tp(1), 7),
+            other,
+            "ending one leaves the others"
+        );
+        // Another consumer's stints never repeat these.
+        let mut elsewhere = Stints::default();
+        assert!(elsewhere.stint(tp(0), 7) > after_error);
+    }
+
+    #[test]
     fn a_record_is_held_under_the_delivery_and_session_it_came_with_only() {
         let record = |session: u64, deliveries: i16| ShareRecord {
             topic: Arc::from("t"),
@@ -686,6 +767,7 @@ mod tests {
                 headers: Vec::new(),
             },
             session,
+            stint: 1,
         };
         let mut st = LeaderState {
             session: 3,

@@ -152,6 +152,14 @@ pub struct ShareRecord {
     pub record: ConsumedRecord,
     /// Which session acquired it: a verdict for an ended session is moot.
     pub(super) session: u64,
+    /// Which stint of its partition with a leader's share session delivered it (unique in the
+    /// process). A new stint (a new session, the partition moved to another leader and maybe
+    /// back, a fetch error for it) may face a share partition the broker rebuilt from what it
+    /// had persisted, and the broker persists no acquisition: a record an earlier stint's
+    /// member was handed comes again with a delivery count that does not show it (measured:
+    /// delivery count 1 twice across a leader's SIGKILL). Whoever must know whether a record
+    /// was judged before looks at the stint, not only at the delivery count.
+    pub stint: u64,
 }
 
 impl ShareRecord {
