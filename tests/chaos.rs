@@ -880,6 +880,7 @@ async fn chaos(guarantee: Guarantee) {
     );
     if guarantee == Guarantee::ExactlyOnce {
         let written = Written {
+            source: (&topic, PARTITIONS),
             output: (&output, PARTITIONS),
             dead_letters: (&dlq, 1),
         };

@@ -160,6 +160,7 @@ impl Scenario {
         let group = self.group.clone();
         blocking(move || wait_until_drained(&group)).await;
         let written = Written {
+            source: (&self.topic, self.partitions),
             output: (&self.output, self.partitions),
             dead_letters: (&self.dlq, 1),
         };

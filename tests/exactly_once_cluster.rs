@@ -133,6 +133,7 @@ async fn coordinator_down(name: &str, command: &'static str) {
         "exactly-once {name}: moved {moved:?}, then node {coordinator} (the transaction coordinator) taken down ({command}); transactions failed or not committed: {failed}, commits written again for a missing marker: {recommitted}"
     ));
     let written = Written {
+        source: (&topic, PARTITIONS),
         output: (&output, PARTITIONS),
         dead_letters: (&dlq, 1),
     };

@@ -203,6 +203,7 @@ impl Scenario {
         ledger.check();
         if let Some(output) = &self.output {
             let written = Written {
+                source: (&self.topic, PARTITIONS),
                 output: (output, PARTITIONS),
                 dead_letters: (&self.dlq, 1),
             };

@@ -141,10 +141,13 @@ impl Ledger {
     }
 }
 
-/// Where an exactly-once pipeline writes: its output topic and its dead-letter topic, with
-/// their partition counts.
+/// What an exactly-once pipeline reads and where it writes: its source, output and
+/// dead-letter topics, with their partition counts.
 #[derive(Debug, Clone)]
 pub struct Written<'a> {
+    /// The source topic and its partitions: an id a producer's retry put there twice is two
+    /// records, each owed its own output.
+    pub source: (&'a str, i32),
     /// The output topic and its partitions.
     pub output: (&'a str, i32),
     /// The dead-letter topic and its partitions.
@@ -154,7 +157,8 @@ pub struct Written<'a> {
 /// The exactly-once ledger: reads the output and dead-letter topics `read_committed` (as a
 /// downstream consumer does: aborted transactions' records are not there), prints a line
 /// `exactly-once NAME: ...` (kept in `target/ledgers.txt`) and fails unless every produced id
-/// is in exactly one of them exactly once. `judged` (what the plugins logged) says how many
+/// is in exactly one of them as many times as the source holds it (once, unless a producer's
+/// retry wrote it twice). `judged` (what the plugins logged) says how many
 /// judgings never committed. The caller first waits until the broker has nothing left for the
 /// group.
 pub async fn check_exactly_once(
@@ -187,6 +191,14 @@ pub async fn check_exactly_once(
         }
         count.entry(id).or_default().1 += 1;
     }
+    let (source, source_partitions) = written.source;
+    let mut copies: BTreeMap<String, u32> = BTreeMap::new();
+    for (_, r) in crate::committed_records(client, source, source_partitions).await {
+        let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+        *copies.entry(id).or_default() += 1;
+    }
+    let copies_of = |id: &String| copies.get(id).copied().unwrap_or(1).max(1);
+    let in_source_twice = copies.values().filter(|&&c| c > 1).count();
     let produced: BTreeSet<&String> = ids.iter().collect();
     let lost: Vec<&String> = ids.iter().filter(|id| !count.contains_key(*id)).collect();
     let only_at_cap = |id: &String, o: u32, d: u32| o == 0 && at_cap.get(id) == Some(&d);
@@ -196,13 +208,13 @@ pub async fn check_exactly_once(
         .count();
     let twice: Vec<(&String, &(u32, u32))> = count
         .iter()
-        .filter(|(id, (o, d))| o + d > 1 && !only_at_cap(id, *o, *d))
+        .filter(|(id, (o, d))| o + d > copies_of(id) && !only_at_cap(id, *o, *d))
         .collect();
     let unknown: Vec<&String> = count.keys().filter(|id| !produced.contains(id)).collect();
     let outputs: u32 = count.values().map(|c| c.0).sum();
     let dead: u32 = count.values().map(|c| c.1).sum();
     report(&format!(
-        "exactly-once {name}: produced {}, outputs {outputs}, dead letters {dead}, lost {}, written twice {}, judged {judged} ({} more than once, their transactions aborted), dead-lettered twice at the delivery cap {cap_twice}",
+        "exactly-once {name}: produced {}, outputs {outputs}, dead letters {dead}, lost {}, written twice {}, judged {judged} ({} more than once, their transactions aborted), dead-lettered twice at the delivery cap {cap_twice}, in the source twice {in_source_twice}",
         ids.len(),
         lost.len(),
         twice.len(),
