@@ -316,8 +316,13 @@ async fn a_host_whose_session_the_broker_ended_unseen_never_commits_what_another
     ));
     // The ledger first: a commit that should not have happened shows there as ids written twice.
     s.ledger(&[stranded_seen, other_seen]).await;
+    // Aborted because the hold was not proven: the renewal unconfirmed, a lock about to run
+    // out, or (a busy machine: the write over the stranded connection timed out first) the
+    // locks no longer renewable in time.
     assert!(
-        reason.contains("did not confirm") || reason.contains("lock would run out"),
+        reason.contains("did not confirm")
+            || reason.contains("lock would run out")
+            || reason.contains("could not be renewed in time"),
         "the resumed host aborted its batch: {lines:#?}"
     );
 }

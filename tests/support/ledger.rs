@@ -169,10 +169,17 @@ pub async fn check_exactly_once(
     judged: usize,
 ) {
     let mut count: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    // Where each copy came from (its provenance headers), to tell a record written twice from
+    // two records with one id when the ledger fails.
+    let mut whence: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let (output, out_partitions) = written.output;
-    for (_, r) in crate::committed_records(client, output, out_partitions).await {
+    for (p, r) in crate::committed_records(client, output, out_partitions).await {
         let id = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
-        count.entry(id).or_default().0 += 1;
+        count.entry(id.clone()).or_default().0 += 1;
+        whence
+            .entry(id)
+            .or_default()
+            .push(format!("output {p}@{} {}", r.offset, provenance(&r)));
     }
     let (dlq, dlq_partitions) = written.dead_letters;
     // Dead letters the host writes at the delivery cap go through the plain write path, at
@@ -189,7 +196,11 @@ pub async fn check_exactly_once(
         if cap {
             *at_cap.entry(id.clone()).or_default() += 1;
         }
-        count.entry(id).or_default().1 += 1;
+        count.entry(id.clone()).or_default().1 += 1;
+        whence
+            .entry(id)
+            .or_default()
+            .push(format!("dead letter {} {}", r.offset, provenance(&r)));
     }
     let (source, source_partitions) = written.source;
     let mut copies: BTreeMap<String, u32> = BTreeMap::new();
@@ -221,11 +232,36 @@ pub async fn check_exactly_once(
         judged.saturating_sub(ids.len()),
     ));
     assert!(lost.is_empty(), "{name}: ids lost: {lost:?}");
+    let twice_whence: Vec<(&String, Option<&Vec<String>>)> = twice
+        .iter()
+        .take(10)
+        .map(|(id, _)| (*id, whence.get(*id)))
+        .collect();
     assert!(
         twice.is_empty(),
-        "{name}: ids written more than once (outputs, dead letters): {twice:?}"
+        "{name}: ids written more than once (outputs, dead letters): {twice:?}; where the first copies came from: {twice_whence:#?}"
     );
     assert!(unknown.is_empty(), "{name}: unknown ids: {unknown:?}");
+}
+
+/// A written record's provenance headers (`sharehost.source.*` on outputs,
+/// `sharehost.original.*` on dead letters), as `key=value` pairs.
+fn provenance(r: &sharehost::kafka::ConsumedRecord) -> String {
+    r.headers
+        .iter()
+        .filter(|h| {
+            h.key.starts_with("sharehost.source.") || h.key.starts_with("sharehost.original.")
+        })
+        .filter(|h| !h.key.ends_with(".topic"))
+        .map(|h| {
+            format!(
+                "{}={}",
+                h.key.rsplit('.').next().unwrap_or_default(),
+                String::from_utf8_lossy(h.value.as_deref().unwrap_or_default())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Appends a passing ledger line to `target/ledgers.txt`: the test harness hides a passing

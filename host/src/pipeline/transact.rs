@@ -1052,8 +1052,7 @@ impl ExactlyOnce {
             new
         };
         // A stint whose mark cannot be read now has every first delivery of the batch looked
-        // up; the next batch tries again.
-        let mut unmarked: Vec<u64> = Vec::new();
+        // up (it stays unmarked); the next batch tries again.
         for (stint, topic, partition) in new {
             match self
                 .client
@@ -1079,7 +1078,6 @@ impl ExactlyOnce {
                         partition,
                         "the end of a source partition could not be read for a new stint; its first deliveries are looked up: {e}"
                     );
-                    unmarked.push(stint);
                 }
             }
         }
@@ -1160,6 +1158,14 @@ fn offset_runs<'a>(records: impl IntoIterator<Item = (&'a str, i32, i64, i16)>) 
     by.into_iter()
         .map(|((t, p), (mut offsets, lo, hi))| {
             offsets.sort_unstable();
+            // An offset twice in one commit (two batches holding one record) is named: its
+            // writes would be in the transaction twice.
+            let mut twice: Vec<i64> = offsets
+                .windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0])
+                .collect();
+            twice.dedup();
             offsets.dedup();
             let mut runs: Vec<(i64, i64)> = Vec::new();
             for o in offsets {
@@ -1178,7 +1184,13 @@ fn offset_runs<'a>(records: impl IntoIterator<Item = (&'a str, i32, i64, i16)>) 
                     }
                 })
                 .collect();
-            format!("{t}:{p}:{}(deliveries {lo}-{hi})", runs.join(","))
+            let twice = if twice.is_empty() {
+                String::new()
+            } else {
+                let twice: Vec<String> = twice.iter().map(i64::to_string).collect();
+                format!("; twice {}", twice.join(","))
+            };
+            format!("{t}:{p}:{}(deliveries {lo}-{hi}{twice})", runs.join(","))
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -1250,7 +1262,7 @@ mod tests {
         ];
         assert_eq!(
             offset_runs(records),
-            "t:0:10-12,14(deliveries 1-3) t:1:7(deliveries 1-1)"
+            "t:0:10-12,14(deliveries 1-3; twice 11) t:1:7(deliveries 1-1)"
         );
         assert_eq!(offset_runs([]), "");
     }
