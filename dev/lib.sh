@@ -72,7 +72,7 @@ require_cargo() {
   command -v cargo >/dev/null || { echo "error: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 }
 # clippy_while_building: exports clippy's driver as the workspace's compiler wrapper, so that a build of the tests
-# also runs the lints (dev/warnings.py fails it on a warning) and no `cargo clippy` checks every dependency again.
+# also runs the lints (dev/build_warnings.py fails it on a warning) and no `cargo clippy` checks every dependency again.
 # The wrapper is part of what cargo fingerprints: scripts that build the tests after dev/test (dev/kube-test) call
 # this too, or they build the workspace's crates a second time. Never for benchmarks: the driver turns MIR
 # optimisations off.

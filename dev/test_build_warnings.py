@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tests of dev/warnings.py, run by dev/test (standard library only, no build).
+"""Tests of dev/build_warnings.py, run by dev/test (standard library only, no build).
 
 Each test feeds the program cargo's JSON messages as `cargo build --message-format=json` writes them, on its
 standard input as dev/test pipes them, and reads its exit status and output.
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import unittest
 
-PROGRAM = pathlib.Path(__file__).resolve().parent / "warnings.py"
+PROGRAM = pathlib.Path(__file__).resolve().parent / "build_warnings.py"
 
 
 def artifact(name, fresh=False):

@@ -8,7 +8,7 @@ minutes from nothing on a 2-core machine). `cargo clippy -- -D warnings` turns a
 error through an argument clippy keeps private; this reads cargo's JSON messages instead, which
 cargo replays for a crate it finds built, so a warning fails every run until it is fixed.
 
-Usage: cargo build --message-format=json ... | dev/warnings.py
+Usage: cargo build --message-format=json ... | dev/build_warnings.py
 Exits 1 when cargo's build failed, 2 when it built but a crate warned (dependencies are built with
 their lints capped, so every warning is the workspace's: dev/test runs the tests then, and fails
 at the end), 0 otherwise.
@@ -52,13 +52,13 @@ def scan(lines, out):
 def main():
     warnings, errors, succeeded = scan(sys.stdin, sys.stdout)
     if succeeded is False or errors:
-        print(f"dev/warnings.py: the build failed ({errors} errors, {warnings} warnings)", file=sys.stderr)
+        print(f"dev/build_warnings.py: the build failed ({errors} errors, {warnings} warnings)", file=sys.stderr)
         return 1
     if succeeded is None:
-        print("dev/warnings.py: cargo ended without a build-finished message", file=sys.stderr)
+        print("dev/build_warnings.py: cargo ended without a build-finished message", file=sys.stderr)
         return 1
     if warnings:
-        print(f"dev/warnings.py: {warnings} warnings (lints deny them: fix each, or allow it where it is wrong)", file=sys.stderr)
+        print(f"dev/build_warnings.py: {warnings} warnings (lints deny them: fix each, or allow it where it is wrong)", file=sys.stderr)
         return 2
     return 0
 
