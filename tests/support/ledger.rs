@@ -211,7 +211,11 @@ pub async fn check_exactly_once(
     let copies_of = |id: &String| copies.get(id).copied().unwrap_or(1).max(1);
     let in_source_twice = copies.values().filter(|&&c| c > 1).count();
     let produced: BTreeSet<&String> = ids.iter().collect();
-    let lost: Vec<&String> = ids.iter().filter(|id| !count.contains_key(*id)).collect();
+    // Lost: an id written fewer times than the source holds it (never, as a rule).
+    let lost: Vec<&String> = ids
+        .iter()
+        .filter(|id| count.get(*id).map_or(0, |(o, d)| o + d) < copies_of(id))
+        .collect();
     let only_at_cap = |id: &String, o: u32, d: u32| o == 0 && at_cap.get(id) == Some(&d);
     let cap_twice = count
         .iter()
