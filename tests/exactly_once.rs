@@ -718,6 +718,48 @@ async fn a_new_holder_of_the_id_fences_the_old_one_and_aborts_what_it_left_open(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_did_not_commit_is_ended_by_the_producer_in_each_of_its_partitions_before_it_writes_again()
+ {
+    let client = Arc::new(client().await);
+    let t = two_partition_topic(&client).await;
+    let p = TransactionalProducer::new(client.clone(), &unique("tid"), Duration::from_secs(30));
+    let mut failed = p.begin().await.expect("begin");
+    failed
+        .send(&t, 0, &plain_records(&["failed"]), Compression::None)
+        .await
+        .expect("send");
+    let producer = failed.identity().id;
+    let at = failed.written_at(&t, 0).expect("where it landed");
+    // Left without commit or abort, as a transaction a write failure ended.
+    drop(failed);
+    let mut next = p.begin().await.expect("begin");
+    next.send(&t, 0, &plain_records(&["next"]), Compression::None)
+        .await
+        .expect("send");
+    next.commit().await.expect("commit");
+    // The coordinator's abort (the InitProducerId before the next transaction) ends what it
+    // knew of the failed one; the producer's own ABORT follows it, so that a partition whose
+    // records the coordinator did not know of is ended too, before anything is written there.
+    let first = client
+        .transaction_end(&t, 0, at, producer, at)
+        .await
+        .expect("read the partition")
+        .0
+        .expect("a marker after the failed transaction");
+    let second = client
+        .transaction_end(&t, 0, first.offset, producer, first.offset)
+        .await
+        .expect("read the partition")
+        .0
+        .expect("a marker after that");
+    assert!(
+        !first.commit && !second.commit,
+        "the failed transaction is followed by two ABORT markers (the coordinator's and the producer's), then the next transaction's records: {first:?}, {second:?}"
+    );
+    assert_eq!(read_values(&client, &t, true).await, ["next"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_finds_what_committed_transactions_settled_and_waits_for_an_open_one() {
     let client = Arc::new(client().await);
     let source = unique("source");

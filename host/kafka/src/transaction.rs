@@ -13,7 +13,12 @@
 //!
 //! A transaction whose outcome a failure leaves unknown is aborted, and the next one starts
 //! from a new InitProducerId (a new epoch: every partition's sequence starts again), which is
-//! also what Kafka's producer does after an abortable error.
+//! also what Kafka's producer does after an abortable error. Before it writes anything, the next
+//! transaction also ends the failed one in every partition it wrote to (an empty transaction
+//! over them, aborted): a partition leader ends whatever a producer has open there at the next
+//! marker for that producer, whichever transaction the marker is for, so records of a failed
+//! transaction that the coordinator's abort did not reach would otherwise be committed by the
+//! producer's next commit there.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -40,6 +45,9 @@ const INIT_VERSIONS: VersionRange = VersionRange { min: 0, max: 5 };
 const ADD_VERSIONS: VersionRange = VersionRange { min: 0, max: 3 };
 /// EndTxn up to v4: v5 belongs to transaction version 2, where every commit bumps the epoch.
 const END_VERSIONS: VersionRange = VersionRange { min: 0, max: 4 };
+/// How long the partitions of a transaction that did not commit are searched for its abort
+/// marker (for the log only: they are ended either way).
+const UNENDED_PATIENCE: Duration = Duration::from_millis(500);
 
 /// What can go wrong with a transaction.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +130,11 @@ struct State {
     identity: Option<ProducerIdentity>,
     coordinator: Option<i32>,
     sequences: HashMap<(String, i32), PartitionSequence>,
+    /// The partitions of transactions that did not commit, each with where the last of their
+    /// batches there began (when one landed): the next transaction aborts them first.
+    unended: BTreeMap<(String, i32), Option<i64>>,
+    /// The producer id those transactions wrote as.
+    unended_by: Option<i64>,
 }
 
 /// One open transaction; ends with [`Transaction::commit`] or [`Transaction::abort`]. Dropped
@@ -135,6 +148,9 @@ pub struct Transaction<'a> {
     /// Per partition, the base offset of the last batch written (for [`TransactionalProducer::landed`]).
     written: BTreeMap<(String, i32), i64>,
     ended: bool,
+    /// Whether its partitions are ended by the next transaction when it fails (not for
+    /// [`TransactionalProducer::recommit`], whose partitions hold a confirmed commit).
+    end_on_failure: bool,
 }
 
 /// How a committed transaction shows in a partition's log ([`TransactionalProducer::landed`]).
@@ -174,15 +190,10 @@ impl TransactionalProducer {
     /// earlier holder of the id and aborting what it left open.
     pub async fn begin(&self) -> Result<Transaction<'_>, TxnError> {
         let mut state = self.state.lock().await;
-        let identity = match state.identity {
-            Some(i) => i,
-            None => {
-                let i = self.init(&mut state).await?;
-                state.identity = Some(i);
-                state.sequences.clear();
-                i
-            }
-        };
+        let identity = self.identity(&mut state).await?;
+        if !state.unended.is_empty() {
+            self.end_unended(&mut state, identity).await?;
+        }
         Ok(Transaction {
             producer: self,
             state,
@@ -190,7 +201,87 @@ impl TransactionalProducer {
             added: BTreeSet::new(),
             written: BTreeMap::new(),
             ended: false,
+            end_on_failure: true,
         })
+    }
+
+    /// The id and epoch to write as: InitProducerId's answer, asked for when there is none.
+    async fn identity(&self, state: &mut State) -> Result<ProducerIdentity, TxnError> {
+        match state.identity {
+            Some(i) => Ok(i),
+            None => {
+                let i = self.init(state).await?;
+                state.identity = Some(i);
+                state.sequences.clear();
+                Ok(i)
+            }
+        }
+    }
+
+    /// Aborts an empty transaction over the partitions of transactions that did not commit.
+    /// The InitProducerId before it had the coordinator abort what it knew of them; a partition
+    /// the coordinator did not know as theirs (its records landed all the same) would keep them
+    /// open, and this producer's next COMMIT marker there would commit them. Its ABORT markers
+    /// end them in every partition. A partition found still open first is logged.
+    async fn end_unended(
+        &self,
+        state: &mut State,
+        identity: ProducerIdentity,
+    ) -> Result<(), TxnError> {
+        if let Some(by) = state.unended_by {
+            // Read after the InitProducerId, which answers once the coordinator's abort is
+            // complete: a partition with no marker after the transaction's records then is one
+            // the coordinator did not abort.
+            let writer = ProducerIdentity {
+                id: by,
+                epoch: identity.epoch,
+            };
+            let checks = state
+                .unended
+                .iter()
+                .filter_map(|((topic, partition), at)| Some((topic, *partition, (*at)?)))
+                .map(|(topic, partition, offset)| async move {
+                    let landed = self
+                        .landed(writer, topic, partition, offset, UNENDED_PATIENCE)
+                        .await;
+                    matches!(landed, Ok(Landed::Open))
+                        .then(|| format!("{topic}-{partition} from offset {offset}"))
+                });
+            let open: Vec<String> = futures::future::join_all(checks)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            if !open.is_empty() {
+                tracing::warn!(
+                    transactional_id = %self.id,
+                    "a transaction that did not commit had no marker after its records once the coordinator aborted it, in {}: ended now",
+                    open.join(", ")
+                );
+            }
+        }
+        let partitions: Vec<(String, i32)> = state.unended.keys().cloned().collect();
+        let ended = match self.add_partitions(state, identity, &partitions).await {
+            Ok(()) => self.end_txn(state, identity, false).await,
+            Err(e) => Err(e),
+        };
+        match ended {
+            Ok(()) => {}
+            // A partition of a topic since deleted: nothing of it can be committed any more.
+            Err(TxnError::Kafka { source, .. })
+                if source.code() == Some(ResponseError::UnknownTopicOrPartition) =>
+            {
+                tracing::warn!(transactional_id = %self.id, "the partitions of a transaction that did not commit are not all known any more: {source}");
+            }
+            Err(e) => {
+                state.identity = None;
+                state.sequences.clear();
+                return Err(e);
+            }
+        }
+        state.unended.clear();
+        state.unended_by = None;
+        Ok(())
     }
 
     /// Looks, until `patience` has passed, for the marker that ended this producer's
@@ -251,7 +342,17 @@ impl TransactionalProducer {
     /// coordinator confirmed committed whose markers the log does not hold: its records become
     /// committed, as confirmed.
     pub async fn recommit(&self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
-        let mut txn = self.begin().await?;
+        let mut state = self.state.lock().await;
+        let identity = self.identity(&mut state).await?;
+        let mut txn = Transaction {
+            producer: self,
+            state,
+            identity,
+            added: BTreeSet::new(),
+            written: BTreeMap::new(),
+            ended: false,
+            end_on_failure: false,
+        };
         txn.add(partitions).await?;
         txn.commit().await
     }
@@ -325,6 +426,94 @@ impl TransactionalProducer {
         }
     }
 
+    /// AddPartitionsToTxn for `partitions` (they succeed or fail together).
+    async fn add_partitions(
+        &self,
+        state: &mut State,
+        identity: ProducerIdentity,
+        partitions: &[(String, i32)],
+    ) -> Result<(), TxnError> {
+        let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+        for (topic, partition) in partitions {
+            match topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
+                Some(t) => t.partitions.push(*partition),
+                None => topics.push(
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(topic.clone())))
+                        .with_partitions(vec![*partition]),
+                ),
+            }
+        }
+        let id = self.id.clone();
+        let request_timeout = self.client.config().request_timeout;
+        self.to_coordinator(state, |conn| {
+            let req = AddPartitionsToTxnRequest::default()
+                .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(
+                    id.clone(),
+                )))
+                .with_v3_and_below_producer_id(ProducerId(identity.id))
+                .with_v3_and_below_producer_epoch(identity.epoch)
+                .with_v3_and_below_topics(topics.clone());
+            async move {
+                let version = conn.version_for(ApiKey::AddPartitionsToTxn, ADD_VERSIONS)?;
+                let resp = conn.send_version(&req, version, request_timeout).await?;
+                // The first error of any partition (they succeed or fail together; the
+                // others then say OPERATION_NOT_ATTEMPTED).
+                let worst = resp
+                    .results_by_topic_v3_and_below
+                    .iter()
+                    .flat_map(|t| t.results_by_partition.iter())
+                    .map(|p| p.partition_error_code)
+                    .find(|c| *c != 0 && *c != ResponseError::OperationNotAttempted.code())
+                    .unwrap_or(0);
+                match KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::AddPartitionsToTxn,
+                    version,
+                    worst,
+                    None,
+                ) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        })
+        .await
+    }
+
+    /// EndTxn: commits or aborts the open transaction of `identity`.
+    async fn end_txn(
+        &self,
+        state: &mut State,
+        identity: ProducerIdentity,
+        commit: bool,
+    ) -> Result<(), TxnError> {
+        let id = self.id.clone();
+        let request_timeout = self.client.config().request_timeout;
+        self.to_coordinator(state, |conn| {
+            let req = EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
+                .with_producer_id(ProducerId(identity.id))
+                .with_producer_epoch(identity.epoch)
+                .with_committed(commit);
+            async move {
+                let version = conn.version_for(ApiKey::EndTxn, END_VERSIONS)?;
+                let resp = conn.send_version(&req, version, request_timeout).await?;
+                match KafkaError::from_code(
+                    conn.broker(),
+                    ApiKey::EndTxn,
+                    version,
+                    resp.error_code,
+                    None,
+                ) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                }
+            }
+        })
+        .await
+    }
+
     async fn init(&self, state: &mut State) -> Result<ProducerIdentity, TxnError> {
         let timeout_ms = i32::try_from(self.timeout.as_millis()).unwrap_or(i32::MAX);
         let id = self.id.clone();
@@ -375,6 +564,15 @@ impl Transaction<'_> {
     /// broker had it already).
     pub fn written_at(&self, topic: &str, partition: i32) -> Option<i64> {
         self.written.get(&(topic.to_owned(), partition)).copied()
+    }
+
+    /// Every partition it wrote to and where its last batch there began (to trace what a
+    /// failed transaction left in the log until its abort).
+    pub fn written(&self) -> Vec<(String, i32, i64)> {
+        self.written
+            .iter()
+            .map(|((t, p), o)| (t.clone(), *p, *o))
+            .collect()
     }
 
     /// Writes `records` as one batch to a partition inside the transaction (adding the
@@ -488,65 +686,21 @@ impl Transaction<'_> {
 
     /// Adds partitions to the transaction (AddPartitionsToTxn), each once.
     pub async fn add(&mut self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
-        let new: Vec<&(String, i32)> = partitions
+        let new: Vec<(String, i32)> = partitions
             .iter()
             .filter(|p| !self.added.contains(*p))
+            .cloned()
             .collect();
         if new.is_empty() {
             return Ok(());
         }
-        let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
-        for (topic, partition) in &new {
-            match topics.iter_mut().find(|t| t.name.0.as_str() == topic) {
-                Some(t) => t.partitions.push(*partition),
-                None => topics.push(
-                    AddPartitionsToTxnTopic::default()
-                        .with_name(TopicName(StrBytes::from_string(topic.clone())))
-                        .with_partitions(vec![*partition]),
-                ),
-            }
-        }
-        let identity = self.identity;
-        let id = self.producer.id.clone();
-        let request_timeout = self.producer.client.config().request_timeout;
-        let result = self
+        match self
             .producer
-            .to_coordinator(&mut self.state, |conn| {
-                let req = AddPartitionsToTxnRequest::default()
-                    .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(
-                        id.clone(),
-                    )))
-                    .with_v3_and_below_producer_id(ProducerId(identity.id))
-                    .with_v3_and_below_producer_epoch(identity.epoch)
-                    .with_v3_and_below_topics(topics.clone());
-                async move {
-                    let version = conn.version_for(ApiKey::AddPartitionsToTxn, ADD_VERSIONS)?;
-                    let resp = conn.send_version(&req, version, request_timeout).await?;
-                    // The first error of any partition (they succeed or fail together; the
-                    // others then say OPERATION_NOT_ATTEMPTED).
-                    let worst = resp
-                        .results_by_topic_v3_and_below
-                        .iter()
-                        .flat_map(|t| t.results_by_partition.iter())
-                        .map(|p| p.partition_error_code)
-                        .find(|c| *c != 0 && *c != ResponseError::OperationNotAttempted.code())
-                        .unwrap_or(0);
-                    match KafkaError::from_code(
-                        conn.broker(),
-                        ApiKey::AddPartitionsToTxn,
-                        version,
-                        worst,
-                        None,
-                    ) {
-                        Some(e) => Err(e),
-                        None => Ok(()),
-                    }
-                }
-            })
-            .await;
-        match result {
+            .add_partitions(&mut self.state, self.identity, &new)
+            .await
+        {
             Ok(()) => {
-                self.added.extend(new.into_iter().cloned());
+                self.added.extend(new);
                 Ok(())
             }
             Err(e) => {
@@ -578,34 +732,11 @@ impl Transaction<'_> {
         if self.added.is_empty() {
             return Ok(());
         }
-        let identity = self.identity;
-        let id = self.producer.id.clone();
-        let request_timeout = self.producer.client.config().request_timeout;
-        let result = self
+        match self
             .producer
-            .to_coordinator(&mut self.state, |conn| {
-                let req = EndTxnRequest::default()
-                    .with_transactional_id(TransactionalId(StrBytes::from_string(id.clone())))
-                    .with_producer_id(ProducerId(identity.id))
-                    .with_producer_epoch(identity.epoch)
-                    .with_committed(commit);
-                async move {
-                    let version = conn.version_for(ApiKey::EndTxn, END_VERSIONS)?;
-                    let resp = conn.send_version(&req, version, request_timeout).await?;
-                    match KafkaError::from_code(
-                        conn.broker(),
-                        ApiKey::EndTxn,
-                        version,
-                        resp.error_code,
-                        None,
-                    ) {
-                        Some(e) => Err(e),
-                        None => Ok(()),
-                    }
-                }
-            })
-            .await;
-        match result {
+            .end_txn(&mut self.state, self.identity, commit)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.forget();
@@ -619,8 +750,17 @@ impl Transaction<'_> {
         }
     }
 
-    /// After a failure: the next transaction asks for a new epoch first.
+    /// After a failure: the next transaction asks for a new epoch first, and ends this one's
+    /// partitions before it writes (see [`TransactionalProducer::begin`]).
     fn forget(&mut self) {
+        if self.end_on_failure && !self.added.is_empty() {
+            for p in &self.added {
+                let at = self.written.get(p).copied();
+                let e = self.state.unended.entry(p.clone()).or_default();
+                *e = (*e).max(at);
+            }
+            self.state.unended_by = Some(self.identity.id);
+        }
         self.state.identity = None;
         self.state.sequences.clear();
     }

@@ -406,9 +406,18 @@ impl ExactlyOnce {
             .begin()
             .await
             .map_err(|e| failed(e.to_string()))?;
-        txn.send_all(&batches, WRITE_COMPRESSION)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        if let Err(e) = txn.send_all(&batches, WRITE_COMPRESSION).await {
+            // What landed before the failure, and as whom: the transaction is left to the next
+            // InitProducerId to abort, and a record written twice is traced to these batches.
+            tracing::debug!(
+                transactional_id = self.producer.id(),
+                producer = ?txn.identity(),
+                landed = ?txn.written(),
+                "writing failed: {}: {e}",
+                spans(jobs.iter().flat_map(|j| &j.records))
+            );
+            return Err(failed(e.to_string()));
+        }
         // Every write has landed: the commit goes out only once the broker itself says every
         // record is still this member's (the local clock cannot see a session the broker
         // ended, a connection cut on its side only, after which another member may take the
@@ -456,7 +465,7 @@ impl ExactlyOnce {
         let partitions = txn.partitions();
         // What each commit settles, for tracing a record written twice to the transaction
         // that wrote it (with `SHAREHOST_LOG=...,sharehost::pipeline::transact=debug`).
-        tracing::debug!(transactional_id = self.producer.id(), settled_at = ?settled_at, "committing: {}", spans(jobs.iter().flat_map(|j| &j.records)));
+        tracing::debug!(transactional_id = self.producer.id(), producer = ?identity, settled_at = ?settled_at, "committing: {}", spans(jobs.iter().flat_map(|j| &j.records)));
         let committed = txn.commit().await;
         if committed.is_ok() {
             tracing::debug!(transactional_id = self.producer.id(), settled_at = ?settled_at, "committed");
