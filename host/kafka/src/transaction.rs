@@ -189,9 +189,16 @@ impl TransactionalProducer {
     /// failure) asks the coordinator for the id's producer id and epoch first, fencing any
     /// earlier holder of the id and aborting what it left open.
     pub async fn begin(&self) -> Result<Transaction<'_>, TxnError> {
+        self.open(true).await
+    }
+
+    /// A new transaction; `end_on_failure`: see [`Transaction::forget`]. The partitions of
+    /// transactions that did not commit are ended first, unless this one is a
+    /// [`TransactionalProducer::recommit`].
+    async fn open(&self, end_on_failure: bool) -> Result<Transaction<'_>, TxnError> {
         let mut state = self.state.lock().await;
         let identity = self.identity(&mut state).await?;
-        if !state.unended.is_empty() {
+        if end_on_failure && !state.unended.is_empty() {
             self.end_unended(&mut state, identity).await?;
         }
         Ok(Transaction {
@@ -201,7 +208,7 @@ impl TransactionalProducer {
             added: BTreeSet::new(),
             written: BTreeMap::new(),
             ended: false,
-            end_on_failure: true,
+            end_on_failure,
         })
     }
 
@@ -342,17 +349,7 @@ impl TransactionalProducer {
     /// coordinator confirmed committed whose markers the log does not hold: its records become
     /// committed, as confirmed.
     pub async fn recommit(&self, partitions: &[(String, i32)]) -> Result<(), TxnError> {
-        let mut state = self.state.lock().await;
-        let identity = self.identity(&mut state).await?;
-        let mut txn = Transaction {
-            producer: self,
-            state,
-            identity,
-            added: BTreeSet::new(),
-            written: BTreeMap::new(),
-            ended: false,
-            end_on_failure: false,
-        };
+        let mut txn = self.open(false).await?;
         txn.add(partitions).await?;
         txn.commit().await
     }
