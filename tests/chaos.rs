@@ -788,12 +788,20 @@ async fn chaos(guarantee: Guarantee) {
             "chaos: the healed fleet converged: every host judges with {}",
             sharehost::pipeline::short(&hash)
         );
-        let deadline = Instant::now() + PATIENCE;
+        // Patience runs from the last progress: a backlog the faults left drains at the
+        // plugin's pace, however long that takes, as long as it shrinks.
+        let mut deadline = Instant::now() + PATIENCE;
+        let mut least: Option<i64> = None;
         loop {
             let _ = nemesis.seen(); // fails at once if a host died by itself
             let lag = group_lag_at(&b, &g);
             if !lag.is_empty() && lag.iter().all(|l| *l == 0) {
                 break;
+            }
+            let total: i64 = lag.iter().sum();
+            if !lag.is_empty() && least.is_none_or(|l| total < l) {
+                least = Some(total);
+                deadline = Instant::now() + PATIENCE;
             }
             if Instant::now() >= deadline {
                 // What each host's engine says it holds, for the diagnosis.
@@ -810,7 +818,7 @@ async fn chaos(guarantee: Guarantee) {
                     })
                     .collect();
                 panic!(
-                    "group {g} did not drain after the schedule healed everything: lag {lag:?}; hosts: {held:?}"
+                    "group {g} did not drain after the schedule healed everything (its lag stopped shrinking for {PATIENCE:?}): lag {lag:?}; hosts: {held:?}"
                 );
             }
             // ShareGroupCommand cannot notify: poll it.
