@@ -407,8 +407,9 @@ impl ExactlyOnce {
             .await
             .map_err(|e| failed(e.to_string()))?;
         if let Err(e) = txn.send_all(&batches, WRITE_COMPRESSION).await {
-            // What landed before the failure, and as whom: the transaction is left to the next
-            // InitProducerId to abort, and a record written twice is traced to these batches.
+            // What landed before the failure, and as whom: the next transaction aborts it
+            // (`TransactionalProducer::begin`), and a record written twice is traced to these
+            // batches.
             tracing::debug!(
                 transactional_id = self.producer.id(),
                 producer = ?txn.identity(),
