@@ -270,21 +270,22 @@ impl TransactionalProducer {
         let partitions: Vec<(String, i32)> = state.unended.keys().cloned().collect();
         let ended = match self.add_partitions(state, identity, &partitions).await {
             Ok(()) => self.end_txn(state, identity, false).await,
-            Err(e) => Err(e),
-        };
-        match ended {
-            Ok(()) => {}
-            // A partition of a topic since deleted: nothing of it can be committed any more.
+            // A partition of a topic since deleted (nothing of it can be committed any more):
+            // none was added, so no transaction is open.
             Err(TxnError::Kafka { source, .. })
                 if source.code() == Some(ResponseError::UnknownTopicOrPartition) =>
             {
                 tracing::warn!(transactional_id = %self.id, "the partitions of a transaction that did not commit are not all known any more: {source}");
+                Ok(())
             }
-            Err(e) => {
-                state.identity = None;
-                state.sequences.clear();
-                return Err(e);
-            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ended {
+            // Whatever this left open, the next InitProducerId aborts, and the next try ends
+            // the same partitions again.
+            state.identity = None;
+            state.sequences.clear();
+            return Err(e);
         }
         state.unended.clear();
         state.unended_by = None;
