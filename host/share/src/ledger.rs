@@ -12,7 +12,7 @@
 //! [`RANGE_LINGER`] (a slow handler's verdicts are not held back for long: until they are
 //! sent, their records' locks are not renewed).
 
-use std::collections::{BTreeMap, btree_map};
+use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::time::Duration;
 
@@ -114,18 +114,209 @@ impl HeldRange {
     }
 }
 
-/// One partition's pending verdicts, with how many are Renew: the questions asked on every
-/// fetch step (is a final verdict or a Renew waiting?) are then answered without walking
-/// thousands of offsets.
+/// A run of consecutive offsets with one verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    last: i64,
+    kind: AckKind,
+}
+
+impl Run {
+    fn len(&self, first: i64) -> usize {
+        usize::try_from(self.last - first)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+    }
+}
+
+/// One partition's pending verdicts as runs of consecutive offsets with one verdict each (the
+/// verdicts of a producer batch are mostly one run: recording one extends it, and a fetch
+/// takes it whole, where a map of offsets cost a tree insert and a move per record), with how
+/// many offsets are pending and how many of them are Renew: the questions asked on every fetch
+/// step (is a final verdict or a Renew waiting?) are then answered without walking them.
 #[derive(Debug, Default, Clone)]
 struct Offsets {
-    map: BTreeMap<i64, AckKind>,
+    /// First offset → the run; runs never overlap.
+    runs: BTreeMap<i64, Run>,
+    len: usize,
     renews: usize,
 }
 
 impl Offsets {
     fn finals(&self) -> usize {
-        self.map.len() - self.renews
+        self.len - self.renews
+    }
+
+    fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The run holding `offset`, by its first offset.
+    fn run_of(&self, offset: i64) -> Option<(i64, Run)> {
+        self.runs
+            .range(..=offset)
+            .next_back()
+            .filter(|(_, r)| r.last >= offset)
+            .map(|(f, r)| (*f, *r))
+    }
+
+    /// The verdict pending for `offset`.
+    fn get(&self, offset: i64) -> Option<AckKind> {
+        self.run_of(offset).map(|(_, r)| r.kind)
+    }
+
+    /// Sets `offset`'s verdict, merging it with the runs beside it; returns the verdict it
+    /// replaced.
+    fn set(&mut self, offset: i64, kind: AckKind) -> Option<AckKind> {
+        let old = self.run_of(offset);
+        if let Some((first, run)) = old {
+            if run.kind == kind {
+                return Some(kind);
+            }
+            // Split the run around the offset.
+            self.runs.remove(&first);
+            if first < offset {
+                self.runs.insert(
+                    first,
+                    Run {
+                        last: offset - 1,
+                        kind: run.kind,
+                    },
+                );
+            }
+            if offset < run.last {
+                self.runs.insert(
+                    offset + 1,
+                    Run {
+                        last: run.last,
+                        kind: run.kind,
+                    },
+                );
+            }
+        } else {
+            self.len += 1;
+        }
+        let old_kind = old.map(|(_, r)| r.kind);
+        if old_kind == Some(AckKind::Renew) {
+            self.renews -= 1;
+        }
+        if kind == AckKind::Renew {
+            self.renews += 1;
+        }
+        // Join the run ending just before (the common case: verdicts in offset order), then
+        // the one starting just after.
+        let mut first = offset;
+        let mut last = offset;
+        if let Some((f, r)) = self.runs.range(..offset).next_back()
+            && offset.checked_sub(1) == Some(r.last)
+            && r.kind == kind
+        {
+            first = *f;
+        }
+        if let Some(next) = offset.checked_add(1)
+            && let Some(r) = self.runs.get(&next).copied()
+            && r.kind == kind
+        {
+            self.runs.remove(&next);
+            last = r.last;
+        }
+        self.runs.insert(first, Run { last, kind });
+        old_kind
+    }
+
+    /// Removes and returns every run outside the ranges `kept` (sorted, apart), splitting
+    /// the runs that cross a kept range's edge, and leaving the Renews when `keep_renews`.
+    /// Only the runs between kept ranges are visited, so a fetch step costs what it takes, not
+    /// what is pending.
+    fn take_outside(&mut self, kept: &[(i64, i64)], keep_renews: bool) -> Vec<(i64, Run)> {
+        if kept.is_empty() && (!keep_renews || self.renews == 0) {
+            self.len = 0;
+            self.renews = 0;
+            return std::mem::take(&mut self.runs).into_iter().collect();
+        }
+        let mut taken = Vec::new();
+        let mut lower: Option<i64> = None;
+        for &(first, last) in kept {
+            if let Some(upper) = first.checked_sub(1)
+                && lower.is_none_or(|l| l <= upper)
+            {
+                self.move_between(lower, Some(upper), keep_renews, &mut taken);
+            }
+            match last.checked_add(1) {
+                Some(next) => lower = Some(next),
+                None => return taken,
+            }
+        }
+        self.move_between(lower, None, keep_renews, &mut taken);
+        taken
+    }
+
+    /// Moves the runs from `lower` to `upper` (inclusive; `None`: unbounded) into `out`, in
+    /// offset order, but for the Renews when `keep_renews`.
+    fn move_between(
+        &mut self,
+        lower: Option<i64>,
+        upper: Option<i64>,
+        keep_renews: bool,
+        out: &mut Vec<(i64, Run)>,
+    ) {
+        // A run that starts before `lower` and reaches into it is split at `lower`.
+        if let Some(l) = lower
+            && let Some((f, r)) = self.run_of(l)
+            && f < l
+        {
+            self.runs.insert(f, Run { last: l - 1, ..r });
+            self.runs.insert(l, r);
+        }
+        // A run that reaches past `upper` is split after it.
+        if let Some(u) = upper
+            && let Some((f, r)) = self.run_of(u)
+            && r.last > u
+        {
+            self.runs.insert(f, Run { last: u, ..r });
+            self.runs.insert(u + 1, r);
+        }
+        let range = (
+            lower.map_or(Bound::Unbounded, Bound::Included),
+            upper.map_or(Bound::Unbounded, Bound::Included),
+        );
+        let firsts: Vec<i64> = self
+            .runs
+            .range(range)
+            .filter(|(_, r)| !(keep_renews && r.kind == AckKind::Renew))
+            .map(|(f, _)| *f)
+            .collect();
+        for f in firsts {
+            if let Some(r) = self.runs.remove(&f) {
+                self.len -= r.len(f);
+                if r.kind == AckKind::Renew {
+                    self.renews -= r.len(f);
+                }
+                out.push((f, r));
+            }
+        }
+    }
+
+    /// How many offsets of `first..=last` have a final verdict.
+    fn finals_in(&self, first: i64, last: i64) -> u64 {
+        let start = self.run_of(first).map_or(first, |(f, _)| f);
+        self.runs
+            .range(start..=last)
+            .filter(|(_, r)| r.kind != AckKind::Renew)
+            .map(|(f, r)| {
+                let (from, to) = ((*f).max(first), r.last.min(last));
+                u64::try_from(to - from).map_or(0, |n| n + 1)
+            })
+            .sum()
+    }
+
+    /// Every pending offset and its verdict, in order (tests compare against a plain map).
+    #[cfg(test)]
+    fn to_map(&self) -> BTreeMap<i64, AckKind> {
+        self.runs
+            .iter()
+            .flat_map(|(f, r)| (*f..=r.last).map(move |o| (o, r.kind)))
+            .collect()
     }
 }
 
@@ -153,33 +344,23 @@ impl AckLedger {
     ) -> Result<(), LedgerError> {
         let entry = self.pending.entry(tp).or_default();
         let newly_final = kind != AckKind::Renew;
-        // One search of the offset map per verdict (a verdict is recorded for every record).
-        match entry.map.entry(offset) {
-            btree_map::Entry::Occupied(mut held) => {
-                let existing = *held.get();
-                if existing != AckKind::Renew {
-                    // The same verdict twice is harmless; another one is refused.
-                    return if kind == existing {
-                        Ok(())
-                    } else {
-                        Err(LedgerError::AlreadyJudged {
-                            partition: tp,
-                            offset,
-                            existing,
-                            new: kind,
-                        })
-                    };
-                }
-                if newly_final {
-                    entry.renews -= 1;
-                }
-                held.insert(kind);
+        match entry.get(offset) {
+            // The same verdict twice is harmless; another one is refused.
+            Some(existing) if existing != AckKind::Renew => {
+                return if kind == existing {
+                    Ok(())
+                } else {
+                    Err(LedgerError::AlreadyJudged {
+                        partition: tp,
+                        offset,
+                        existing,
+                        new: kind,
+                    })
+                };
             }
-            btree_map::Entry::Vacant(slot) => {
-                if !newly_final {
-                    entry.renews += 1;
-                }
-                slot.insert(kind);
+            Some(_) if !newly_final => return Ok(()),
+            _ => {
+                entry.set(offset, kind);
             }
         }
         if newly_final && let Some(range) = self.range_of(tp, offset) {
@@ -195,12 +376,10 @@ impl AckLedger {
         if last <= first {
             return;
         }
-        let judged = self.pending.get(&tp).map_or(0, |m| {
-            m.map
-                .range(first..=last)
-                .filter(|(_, k)| **k != AckKind::Renew)
-                .count() as u64
-        });
+        let judged = self
+            .pending
+            .get(&tp)
+            .map_or(0, |m| m.finals_in(first, last));
         let since = (judged > 0).then(Instant::now);
         let ranges = self.held.entry(tp).or_default();
         // Overlapping older ranges (records redelivered after their lock expired) no longer
@@ -272,7 +451,7 @@ impl AckLedger {
     {
         let mut out = Vec::new();
         for (tp, offsets) in self.pending.iter_mut() {
-            if offsets.map.is_empty() || !filter(tp) {
+            if offsets.is_empty() || !filter(tp) {
                 continue;
             }
             // The ranges that stay held: their offsets stay too.
@@ -287,34 +466,25 @@ impl AckLedger {
                     }
                 });
             }
-            let mut taken = take_outside(&mut offsets.map, &kept);
-            // Only final verdicts are taken: the Renew count stays.
-            if offsets.renews > 0 {
-                taken.retain(|&offset, kind| {
-                    let renew = *kind == AckKind::Renew;
-                    if renew {
-                        offsets.map.insert(offset, *kind);
-                    }
-                    !renew
-                });
-            }
+            // Only final verdicts are taken: the Renews stay.
+            let taken = offsets.take_outside(&kept, true);
             if !taken.is_empty() {
-                out.push((*tp, to_batches(&taken)));
+                out.push((*tp, runs_to_batches(&taken)));
             }
         }
-        self.pending.retain(|_, m| !m.map.is_empty());
+        self.pending.retain(|_, m| !m.is_empty());
         self.held.retain(|_, r| !r.is_empty());
         out
     }
 
     /// Number of offsets waiting to be sent.
     pub fn len(&self) -> usize {
-        self.pending.values().map(|m| m.map.len()).sum()
+        self.pending.values().map(|m| m.len).sum()
     }
 
     /// True when nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.pending.values().all(|m| m.map.is_empty())
+        self.pending.values().all(Offsets::is_empty)
     }
 
     /// Whether any pending verdict is a Renew (such acks need a renew request).
@@ -333,7 +503,7 @@ impl AckLedger {
     pub fn has_where<F: Fn(&TopicIdPartition) -> bool>(&self, filter: F) -> bool {
         self.pending
             .iter()
-            .any(|(tp, m)| filter(tp) && !m.map.is_empty())
+            .any(|(tp, m)| filter(tp) && !m.is_empty())
     }
 
     /// Removes and returns the batches of the given partitions (all when `filter` accepts all).
@@ -349,28 +519,17 @@ impl AckLedger {
     {
         let mut out = Vec::new();
         for (tp, offsets) in self.pending.iter_mut() {
-            if offsets.map.is_empty() || !filter(tp) {
+            if offsets.is_empty() || !filter(tp) {
                 continue;
             }
-            let taken: BTreeMap<i64, AckKind> = if include_renew {
-                std::mem::take(offsets).map
-            } else if offsets.renews == 0 {
-                std::mem::take(&mut offsets.map)
-            } else {
-                let (renew, rest): (BTreeMap<_, _>, BTreeMap<_, _>) =
-                    std::mem::take(&mut offsets.map)
-                        .into_iter()
-                        .partition(|(_, k)| *k == AckKind::Renew);
-                offsets.map = renew;
-                rest
-            };
+            let taken = offsets.take_outside(&[], !include_renew);
             if !taken.is_empty() {
-                out.push((*tp, to_batches(&taken)));
+                out.push((*tp, runs_to_batches(&taken)));
             }
             // What was held of these ranges has gone out: nothing of them waits any more.
             self.held.remove(tp);
         }
-        self.pending.retain(|_, m| !m.map.is_empty());
+        self.pending.retain(|_, m| !m.is_empty());
         out
     }
 
@@ -383,7 +542,7 @@ impl AckLedger {
         let mut dropped = 0;
         self.pending.retain(|tp, m| {
             if filter(tp) {
-                dropped += m.map.len();
+                dropped += m.len;
                 false
             } else {
                 true
@@ -394,69 +553,59 @@ impl AckLedger {
     }
 }
 
-/// Removes from `map` and returns every entry outside the ranges `kept` (sorted, apart).
-/// Only the gaps between them are walked: the offsets of held ranges, often most of the
-/// map, are never visited, so a fetch step costs what it takes, not what is pending.
-fn take_outside(map: &mut BTreeMap<i64, AckKind>, kept: &[(i64, i64)]) -> BTreeMap<i64, AckKind> {
-    if kept.is_empty() {
-        return std::mem::take(map);
-    }
-    let mut taken = BTreeMap::new();
-    let mut move_range = |map: &mut BTreeMap<i64, AckKind>, lower: Bound<i64>, upper| {
-        let keys: Vec<i64> = map.range((lower, upper)).map(|(k, _)| *k).collect();
-        for k in keys {
-            if let Some(v) = map.remove(&k) {
-                taken.insert(k, v);
+/// Turns offset → verdict into batches (see [`runs_to_batches`]).
+pub fn to_batches(acks: &BTreeMap<i64, AckKind>) -> Vec<AckBatch> {
+    let mut runs: Vec<(i64, Run)> = Vec::new();
+    for (&offset, &kind) in acks {
+        match runs.last_mut() {
+            Some((_, run)) if run.kind == kind && offset.checked_sub(1) == Some(run.last) => {
+                run.last = offset;
             }
+            _ => runs.push((offset, Run { last: offset, kind })),
         }
-    };
-    let mut lower = Bound::Unbounded;
-    for &(first, last) in kept {
-        // `range` panics on an empty pair of excluded bounds; kept ranges never overlap, so
-        // this only guards against a caller's mistake.
-        let empty = matches!(lower, Bound::Excluded(l) if l >= first);
-        if !empty {
-            move_range(map, lower, Bound::Excluded(first));
-        }
-        lower = Bound::Excluded(last);
     }
-    move_range(map, lower, Bound::Unbounded);
-    taken
+    runs_to_batches(&runs)
 }
 
-/// Turns offset → verdict into batches: one per contiguous run of offsets, with a single type
-/// when the run is uniform and one type per offset otherwise. Output is ascending and
-/// non-overlapping by construction (the input is a sorted map).
-pub fn to_batches(acks: &BTreeMap<i64, AckKind>) -> Vec<AckBatch> {
+/// Turns runs (ascending, apart) into batches: one per stretch of consecutive offsets, with a
+/// single type when the stretch is one verdict and one type per offset otherwise. Output is
+/// ascending and non-overlapping by construction.
+fn runs_to_batches(runs: &[(i64, Run)]) -> Vec<AckBatch> {
     let mut out: Vec<AckBatch> = Vec::new();
-    let mut current: Option<(i64, i64, Vec<i8>)> = None;
-    for (&offset, kind) in acks {
-        match &mut current {
-            Some((_, last, types)) if offset == *last + 1 => {
-                *last = offset;
-                types.push(kind.code());
-            }
-            _ => {
-                if let Some(run) = current.take() {
-                    out.push(finish(run));
-                }
-                current = Some((offset, offset, vec![kind.code()]));
-            }
+    // The stretch being built: its first offset and its runs.
+    let mut stretch: Vec<(i64, Run)> = Vec::new();
+    for &(first, run) in runs {
+        if stretch
+            .last()
+            .is_some_and(|(_, prev)| prev.last.checked_add(1) != Some(first))
+        {
+            out.push(finish(&stretch));
+            stretch.clear();
         }
+        stretch.push((first, run));
     }
-    if let Some(run) = current {
-        out.push(finish(run));
+    if !stretch.is_empty() {
+        out.push(finish(&stretch));
     }
     out
 }
 
-fn finish((first, last, mut types): (i64, i64, Vec<i8>)) -> AckBatch {
-    if types.iter().all(|t| *t == types[0]) {
-        types.truncate(1);
-    }
+/// One batch of a stretch of consecutive runs (not empty).
+fn finish(stretch: &[(i64, Run)]) -> AckBatch {
+    let first_offset = stretch.first().map_or(0, |(f, _)| *f);
+    let last_offset = stretch.last().map_or(0, |(_, r)| r.last);
+    let kind = stretch.first().map(|(_, r)| r.kind);
+    let types = if stretch.iter().all(|(_, r)| Some(r.kind) == kind) {
+        kind.map(|k| vec![k.code()]).unwrap_or_default()
+    } else {
+        stretch
+            .iter()
+            .flat_map(|(f, r)| std::iter::repeat_n(r.kind.code(), r.len(*f)))
+            .collect()
+    };
     AckBatch {
-        first_offset: first,
-        last_offset: last,
+        first_offset,
+        last_offset,
         types,
     }
 }
@@ -792,8 +941,69 @@ mod tests {
             }
             let want_codes: BTreeMap<i64, i8> = want_taken.iter().map(|(o, k)| (*o, k.code())).collect();
             prop_assert_eq!(got, want_codes);
-            let left = ledger.pending.get(&tp(0)).map_or_else(BTreeMap::new, |m| m.map.clone());
+            let left = ledger.pending.get(&tp(0)).map_or_else(BTreeMap::new, |m| m.to_map());
             prop_assert_eq!(left, want_left);
+        }
+
+        /// The runs hold exactly what a plain map of offset → verdict would, through any mix of
+        /// verdicts, fetch-time takes around held ranges and full takes: nothing overlaps,
+        /// the counts agree, and what is taken is what the map would give.
+        #[test]
+        fn runs_agree_with_a_map_of_offsets(
+            ops in proptest::collection::vec((0u8..6, -3i64..80, 0i64..12, kind()), 0..300),
+        ) {
+            let mut ledger = AckLedger::new();
+            let mut model: BTreeMap<i64, AckKind> = BTreeMap::new();
+            let start = Instant::now();
+            for (i, (op, o, len, k)) in ops.iter().enumerate() {
+                let now = start + Duration::from_millis(10 * i as u64);
+                match op {
+                    0..=2 => {
+                        let want = !model.get(o).is_some_and(|e| *e != AckKind::Renew && *e != *k);
+                        prop_assert_eq!(ledger.record(tp(0), *o, *k).is_ok(), want);
+                        if want && !(model.contains_key(o) && *k == AckKind::Renew) {
+                            model.insert(*o, *k);
+                        }
+                    }
+                    3 => ledger.acquired(tp(0), *o, *o + *len),
+                    4 => {
+                        let kept: Vec<(i64, i64)> = ledger.held.get(&tp(0)).map_or_else(Vec::new, |r| {
+                            r.iter().filter(|(f, r)| !r.ready(**f, now)).map(|(f, r)| (*f, r.last)).collect()
+                        });
+                        let taken = ledger.take_ready(|_| true, now);
+                        let mut got = BTreeMap::new();
+                        for b in taken.into_iter().flat_map(|(_, b)| b) {
+                            for (i, o) in (b.first_offset..=b.last_offset).enumerate() {
+                                got.insert(o, if b.types.len() == 1 { b.types[0] } else { b.types[i] });
+                            }
+                        }
+                        let inside = |o: i64| kept.iter().any(|(f, l)| (*f..=*l).contains(&o));
+                        let want: BTreeMap<i64, i8> = model.iter()
+                            .filter(|(o, k)| **k != AckKind::Renew && !inside(**o))
+                            .map(|(o, k)| (*o, k.code())).collect();
+                        model.retain(|o, k| *k == AckKind::Renew || inside(*o));
+                        prop_assert_eq!(got, want);
+                    }
+                    _ => {
+                        let all = *len % 2 == 0;
+                        let taken = ledger.take(|_| true, all);
+                        let n: usize = taken.iter().flat_map(|(_, b)| b).map(|b| (b.last_offset - b.first_offset + 1) as usize).sum();
+                        let want = model.values().filter(|k| all || **k != AckKind::Renew).count();
+                        prop_assert_eq!(n, want);
+                        model.retain(|_, k| !all && *k == AckKind::Renew);
+                    }
+                }
+                let m = ledger.pending.get(&tp(0)).cloned().unwrap_or_default();
+                prop_assert_eq!(m.to_map(), model.clone());
+                prop_assert_eq!(m.len, model.len());
+                prop_assert_eq!(m.renews, model.values().filter(|k| **k == AckKind::Renew).count());
+                let mut prev: Option<i64> = None;
+                for (f, r) in &m.runs {
+                    prop_assert!(*f <= r.last);
+                    prop_assert!(prev.is_none_or(|p| p < *f), "runs overlap");
+                    prev = Some(r.last);
+                }
+            }
         }
 
         /// The kept counts of Renew verdicts agree with the verdicts themselves through any
@@ -813,12 +1023,12 @@ mod tests {
                     _ => { ledger.take(|t| t.partition == *p, *o % 2 == 0); }
                 }
                 for (t, m) in &ledger.pending {
-                    let renews = m.map.values().filter(|k| **k == AckKind::Renew).count();
+                    let renews = m.to_map().values().filter(|k| **k == AckKind::Renew).count();
                     prop_assert_eq!(m.renews, renews, "partition {:?}", t);
                 }
                 prop_assert_eq!(
                     ledger.has_renew(),
-                    ledger.pending.values().any(|m| m.map.values().any(|k| *k == AckKind::Renew))
+                    ledger.pending.values().any(|m| m.to_map().values().any(|k| *k == AckKind::Renew))
                 );
             }
         }

@@ -268,13 +268,7 @@ impl ShareConsumer {
         if held {
             // Proven: their locks restart from when the renewal was asked for. (The route and
             // the leaders are locked one after the other, never together, as everywhere.)
-            let leaders_of: Vec<Option<i32>> = {
-                let route = self.shared.route.lock();
-                records
-                    .iter()
-                    .map(|r| route.get(&r.partition).copied())
-                    .collect()
-            };
+            let leaders_of = self.shared.leaders_of(records.iter().map(|r| &r.partition));
             let mut leaders = self.shared.leaders.lock();
             for (r, leader) in records.iter().zip(leaders_of) {
                 if let Some(st) = leader.and_then(|l| leaders.get_mut(&l))
@@ -334,13 +328,7 @@ impl ShareConsumer {
     pub fn retain_held(&self, records: &mut Vec<ShareRecord>) -> usize {
         let before = records.len();
         // Never both locks at once: every other path takes them one at a time.
-        let owners: Vec<Option<i32>> = {
-            let route = self.shared.route.lock();
-            records
-                .iter()
-                .map(|r| route.get(&r.partition).copied())
-                .collect()
-        };
+        let owners = self.shared.leaders_of(records.iter().map(|r| &r.partition));
         let leaders = self.shared.leaders.lock();
         let mut owner = owners.into_iter();
         records.retain(|r| {
@@ -413,13 +401,9 @@ impl ShareConsumer {
         &self,
         verdicts: &[(&ShareRecord, AckKind)],
     ) -> Vec<Result<bool, ShareError>> {
-        let leaders_of: Vec<Option<i32>> = {
-            let route = self.shared.route.lock();
-            verdicts
-                .iter()
-                .map(|(r, _)| route.get(&r.partition).copied())
-                .collect()
-        };
+        let leaders_of = self
+            .shared
+            .leaders_of(verdicts.iter().map(|(r, _)| &r.partition));
         let (mut recorded, mut finals, mut at_limit) = (false, 0, 0u64);
         let archive_at = self.shared.config.archive_at;
         let results = {
@@ -484,13 +468,9 @@ impl ShareConsumer {
     /// [`ShareConsumer::poll`], and held-back records kept until their time, then released by
     /// the engine. One result per decision, in order.
     pub fn settle(&self, decisions: &[(&ShareRecord, Settle)]) -> Vec<Settled> {
-        let leaders_of: Vec<Option<i32>> = {
-            let route = self.shared.route.lock();
-            decisions
-                .iter()
-                .map(|(r, _)| route.get(&r.partition).copied())
-                .collect()
-        };
+        let leaders_of = self
+            .shared
+            .leaders_of(decisions.iter().map(|(r, _)| &r.partition));
         let auto_renew = self.shared.config.auto_renew_after.is_some();
         let archive_at = self.shared.config.archive_at;
         let now = Instant::now();
@@ -525,6 +505,28 @@ impl ShareConsumer {
                             return Settled::Taken;
                         }
                         return Settled::Moot;
+                    }
+                    // A final verdict (most of them) costs one lookup: the record leaves
+                    // the outstanding map at once, and comes back should the ledger refuse it.
+                    if let Settle::Final(kind) = decision
+                        && *kind != AckKind::Gap
+                    {
+                        let Some(held) = st.outstanding.remove(&key) else {
+                            return Settled::Moot;
+                        };
+                        if let Err(e) = ledger.record(record.partition, record.record.offset, *kind)
+                        {
+                            st.outstanding.insert(key, held);
+                            return Settled::Refused(e.to_string());
+                        }
+                        recorded = true;
+                        finals += 1;
+                        if *kind == AckKind::Release
+                            && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                        {
+                            at_limit += 1;
+                        }
+                        return Settled::Taken;
                     }
                     let Some(held) = st.outstanding.get(&key).copied() else {
                         return Settled::Moot;

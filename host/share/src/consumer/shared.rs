@@ -6,7 +6,7 @@
 //! hold and release records, the supervisor routes partitions.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -227,7 +227,7 @@ pub(super) struct Shared {
     pub(super) config: ShareConsumerConfig,
     pub(super) member_id: String,
     pub(super) ledger: Mutex<AckLedger>,
-    pub(super) leaders: Mutex<HashMap<i32, LeaderState>>,
+    pub(super) leaders: Mutex<foldhash::HashMap<i32, LeaderState>>,
     /// Which leader serves a partition (for routing verdicts to sessions).
     pub(super) route: Mutex<Route>,
     pub(super) in_flight: AtomicUsize,
@@ -356,6 +356,26 @@ impl Pace {
 }
 
 impl Shared {
+    /// The leader serving each of `partitions` now, in order. A batch's records come in runs of
+    /// one partition, so the route is asked once per run, not once per record.
+    pub(super) fn leaders_of<'a>(
+        &self,
+        partitions: impl Iterator<Item = &'a TopicIdPartition>,
+    ) -> Vec<Option<i32>> {
+        let route = self.route.lock();
+        let mut last: Option<(TopicIdPartition, Option<i32>)> = None;
+        partitions
+            .map(|tp| match last {
+                Some((p, leader)) if p == *tp => leader,
+                _ => {
+                    let leader = route.get(tp).copied();
+                    last = Some((*tp, leader));
+                    leader
+                }
+            })
+            .collect()
+    }
+
     /// The state of a consumer not joined yet: nothing held, acquiring, one leader assumed.
     pub(super) fn new(
         client: Arc<KafkaClient>,
@@ -370,7 +390,7 @@ impl Shared {
             member_id,
             config,
             ledger: Mutex::new(AckLedger::new()),
-            leaders: Mutex::new(HashMap::new()),
+            leaders: Mutex::new(foldhash::HashMap::default()),
             route: Mutex::new(foldhash::HashMap::default()),
             in_flight: AtomicUsize::new(0),
             reserved: AtomicUsize::new(0),
