@@ -22,7 +22,7 @@ use sharehost_kafka::protocol::share::{
     AckBatch, SHARE_VERSIONS, ShareAcknowledgeRequest, ShareFetchRequest, ShareFetchResponse,
 };
 use sharehost_kafka::records::{batch_spans, decode_batches};
-use sharehost_kafka::{BrokerConnection, ConsumedRecord, ErrorClass, KafkaError, classify};
+use sharehost_kafka::{BrokerConnection, ErrorClass, KafkaError, classify};
 
 use super::count_guard::Raised;
 use super::decisions::{
@@ -225,7 +225,7 @@ impl LeaderWorker {
         let mut earliest = now;
         for ((tp, offset), held) in st.outstanding.iter_mut() {
             if now.duration_since(held.since) >= due
-                && ledger.record(*tp, *offset, AckKind::Renew).is_ok()
+                && ledger.record(tp, offset, AckKind::Renew).is_ok()
             {
                 held.since = now;
             }
@@ -660,8 +660,6 @@ impl LeaderWorker {
                     .fetch_max(widest, Ordering::Relaxed);
                 let plan = plan_unrecorded(&ranges, &spans, &offsets, MAX_UNRECORDED_OFFSETS);
                 delivery.records.reserve(offsets.len());
-                let mut slots: Vec<Option<ConsumedRecord>> =
-                    records.into_iter().map(Some).collect();
                 if !plan.release.is_empty() || plan.left_alone > 0 {
                     tracing::warn!(
                         topic = %topic,
@@ -701,53 +699,57 @@ impl LeaderWorker {
                 let mut held = 0usize;
                 let (mut acquired, mut delivered, mut poisoned, mut replayed) =
                     (0u64, 0u64, 0u64, 0u64);
-                for a in &p.acquired {
-                    if a.first_offset > a.last_offset {
+                // The acquired ranges by first offset; a record in two overlapping ranges
+                // (a broker's mistake) is delivered once, with the first that holds it. Only
+                // the records the response carries are walked, once, in offset order: not the
+                // ranges' offsets, which a broker could claim by the billion.
+                let mut ranges: Vec<_> = p
+                    .acquired
+                    .iter()
+                    .filter(|a| a.first_offset <= a.last_offset)
+                    .collect();
+                ranges.sort_by_key(|a| a.first_offset);
+                let mut ranges = ranges.into_iter().peekable();
+                for rec in records {
+                    let o = rec.offset;
+                    while ranges.next_if(|a| a.last_offset < o).is_some() {}
+                    let Some(a) = ranges.peek().filter(|a| a.first_offset <= o) else {
+                        continue;
+                    };
+                    let sr = ShareRecord {
+                        topic: topic.clone(),
+                        partition: tp,
+                        delivery_count: a.delivery_count,
+                        record: rec,
+                        session: st.session,
+                        stint,
+                    };
+                    // Delivered here again after its verdict was lost with a session:
+                    // settled with that verdict, never handed to the caller twice (should
+                    // the ledger refuse it, the record is handed over as any other).
+                    if let Some(kind) = remembered.take(tp, o)
+                        && ledger.record(tp, o, kind).is_ok()
+                    {
+                        replayed += 1;
                         continue;
                     }
-                    // Only the records the response carries are walked, not the range itself;
-                    // a record in two overlapping ranges is delivered once.
-                    let from = offsets.partition_point(|&o| o < a.first_offset);
-                    let to = offsets.partition_point(|&o| o <= a.last_offset);
-                    for (slot, &o) in slots[from..to].iter_mut().zip(&offsets[from..to]) {
-                        let Some(rec) = slot.take() else {
-                            continue;
-                        };
-                        let sr = ShareRecord {
-                            topic: topic.clone(),
-                            partition: tp,
-                            delivery_count: a.delivery_count,
-                            record: rec,
-                            session: st.session,
-                            stint,
-                        };
-                        // Delivered here again after its verdict was lost with a session:
-                        // settled with that verdict, never handed to the caller twice (should
-                        // the ledger refuse it, the record is handed over as any other).
-                        if let Some(kind) = remembered.take(tp, o)
-                            && ledger.record(tp, o, kind).is_ok()
-                        {
-                            replayed += 1;
-                            continue;
+                    let poison = cap.is_some_and(|c| a.delivery_count >= c);
+                    if poison {
+                        poisoned += 1;
+                    }
+                    if poison && self.shared.config.reject_poison {
+                        let _ = ledger.record(tp, o, AckKind::Reject);
+                        delivery.poison.push(sr);
+                    } else {
+                        if st.hold((tp, o), now, a.delivery_count) {
+                            held += 1;
                         }
-                        let poison = cap.is_some_and(|c| a.delivery_count >= c);
+                        acquired += 1;
                         if poison {
-                            poisoned += 1;
-                        }
-                        if poison && self.shared.config.reject_poison {
-                            let _ = ledger.record(tp, o, AckKind::Reject);
                             delivery.poison.push(sr);
                         } else {
-                            if st.hold((tp, o), now, a.delivery_count) {
-                                held += 1;
-                            }
-                            acquired += 1;
-                            if poison {
-                                delivery.poison.push(sr);
-                            } else {
-                                delivered += 1;
-                                delivery.records.push(sr);
-                            }
+                            delivered += 1;
+                            delivery.records.push(sr);
                         }
                     }
                 }

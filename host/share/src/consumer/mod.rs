@@ -16,8 +16,10 @@
 //! - `heartbeat`: the membership task (ShareGroupHeartbeat), which publishes the assignment.
 //! - `leader`: one leader's task: its connection, its share session, fetching, acknowledging,
 //!   renewing, releasing due holds and closing the session.
-//! - `shared`: what the caller and the tasks share: the ledger, the per-leader records held
-//!   (lock time, deliveries, renewals, release time), the in-flight count, pacing, outcomes.
+//! - `shared`: what the caller and the tasks share: the ledger, the per-leader records held,
+//!   the in-flight count, pacing, outcomes.
+//! - `outstanding`: the records a leader delivered and has no final verdict for, per partition
+//!   in offset order, with what is kept of each (lock time, deliveries, renewals, release time).
 //! - `remembered`: final verdicts the broker never applied, kept (bounded) for the records'
 //!   next delivery here, so a cut connection does not make the caller judge them twice.
 //! - `decisions`: pure decisions with their tests: what a fetch asks for, which acquired offsets
@@ -30,6 +32,7 @@ mod count_guard;
 mod decisions;
 mod heartbeat;
 mod leader;
+mod outstanding;
 mod remembered;
 mod share_consumer;
 mod shared;

@@ -636,7 +636,7 @@ impl ShareConsumer {
                     .outstanding
                     .iter()
                     .filter(|(_, h)| h.release_at.is_some())
-                    .map(|(k, _)| *k)
+                    .map(|(k, _)| k)
                     .collect();
                 for key in due {
                     let Some(held) = st.outstanding.remove(&key) else {

@@ -23,6 +23,7 @@ use sharehost_kafka::protocol::share::{AckBatch, ack_type};
 use sharehost_kafka::{BrokerConnection, KafkaClient};
 
 use super::decisions::{Route, paced_limit};
+pub(super) use super::outstanding::{Held, Outstanding, RecordKey};
 use super::remembered::{Remembered, remembered_capacity};
 use super::types::{AckOutcome, ConsumerStats, ShareConsumerConfig, ShareRecord};
 use crate::ledger::{AckKind, AckLedger, TopicIdPartition};
@@ -36,7 +37,7 @@ pub(super) struct LeaderState {
     /// Current session id; verdicts for records of other sessions are moot.
     pub(super) session: u64,
     /// Delivered records without a final verdict, with what the engine keeps of each.
-    pub(super) outstanding: foldhash::HashMap<(TopicIdPartition, i64), Held>,
+    pub(super) outstanding: Outstanding,
     /// Records the caller holds back (`Settle::Hold`), earliest release first; an entry whose
     /// record was settled otherwise meanwhile (or delivered again) is skipped when it is due.
     pub(super) holds: BinaryHeap<Reverse<(Instant, TopicIdPartition, i64)>>,
@@ -155,40 +156,6 @@ impl Liveness {
             Some(t) => self
                 .ok_sent
                 .is_some_and(|sent| now + super::types::LOCK_MARGIN < sent + t),
-        }
-    }
-}
-
-/// A record by partition and offset.
-pub(super) type RecordKey = (TopicIdPartition, i64);
-
-/// What the engine keeps of a record it delivered and has no final verdict for: when its lock
-/// (re)started, how often the caller renewed it, and when a record the caller holds back is
-/// to be released. One place for all three, so no caller keeps maps of its own beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Held {
-    /// When its lock last (re)started as far as this member knows: a renewal moves it when
-    /// recorded, before the broker confirmed it.
-    pub(super) since: Instant,
-    /// When the request that acquired it was sent, or, after a renewal the broker confirmed
-    /// ([`ShareConsumer::confirm_held`](super::ShareConsumer::confirm_held)), when that renewal
-    /// was asked for: the start of the one lock this member can prove it holds (renewals not
-    /// confirmed leave it alone).
-    pub(super) acquired: Instant,
-    /// Its delivery count (a release at the group's delivery limit archives it).
-    pub(super) deliveries: i16,
-    pub(super) renewals: u32,
-    pub(super) release_at: Option<Instant>,
-}
-
-impl Held {
-    pub(super) fn new(now: Instant, deliveries: i16) -> Self {
-        Held {
-            since: now,
-            acquired: now,
-            deliveries,
-            renewals: 0,
-            release_at: None,
         }
     }
 }
