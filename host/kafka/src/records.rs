@@ -420,7 +420,12 @@ fn decode_batch(batch: Bytes, each: &mut impl FnMut(LogRecord)) -> Result<(), Re
                 timestamp,
                 key,
                 value,
-                headers: by_name(headers),
+                // Most records have no header or one: nothing to key then.
+                headers: if headers.len() < 2 {
+                    headers
+                } else {
+                    by_name(headers)
+                },
             },
             control,
             transactional,
@@ -433,9 +438,6 @@ fn decode_batch(batch: Bytes, each: &mut impl FnMut(LogRecord)) -> Result<(), Re
 /// Headers keyed by name, as kafka-protocol's encoder keys them: a repeated key keeps its
 /// first place and its last value.
 fn by_name(headers: Vec<Header>) -> Vec<Header> {
-    if headers.len() < 2 {
-        return headers;
-    }
     let mut out: Vec<Header> = Vec::with_capacity(headers.len());
     // A record may carry thousands of headers: past a few, the places are found by a map.
     let mut places: Option<std::collections::HashMap<String, usize>> = None;

@@ -710,6 +710,7 @@ impl LeaderWorker {
                     .collect();
                 ranges.sort_by_key(|a| a.first_offset);
                 let mut ranges = ranges.into_iter().peekable();
+                st.outstanding.reserve(tp, offsets.len());
                 for rec in records {
                     let o = rec.offset;
                     while ranges.next_if(|a| a.last_offset < o).is_some() {}
