@@ -595,7 +595,7 @@ class Broker:
             rc = subprocess.call(["jcmd", str(self.pid), "ManagementAgent.start", f"jmxremote.port={port}",
                                   f"jmxremote.rmi.port={port}", "jmxremote.authenticate=false", "jmxremote.ssl=false",
                                   "jmxremote.host=127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            self._jmx = port if rc == 0 else 0
+            self._jmx = port if rc == 0 else running_jmx_port(self.pid)
             if not self._jmx:
                 self.say("cannot start the broker's JMX agent with jcmd: no request counts in this run")
         if not self._jmx:
@@ -632,6 +632,23 @@ class Broker:
 JMX_OBJECTS = ("kafka.network:type=RequestMetrics,name=RequestsPerSec,*",
                "kafka.server:type=ShareGroupMetrics,name=RecordAcknowledgementsPerSec,*",
                "kafka.log:type=Log,name=LogEndOffset,topic=__share_group_state,*")
+
+
+def running_jmx_port(pid):
+    """The port of the JMX agent already running in process PID (an earlier dev/bench started it in a broker kept
+    running, and a second ManagementAgent.start fails), from `jcmd PID ManagementAgent.status`; 0 when none."""
+    r = subprocess.run(["jcmd", str(pid), "ManagementAgent.status"], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    return parse_agent_port(r.stdout) if r.returncode == 0 else 0
+
+
+def parse_agent_port(status):
+    """The jmxremote.port of a `jcmd ManagementAgent.status` answer; 0 when it has none."""
+    for line in status.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "com.sun.management.jmxremote.port" and value.strip().isdigit():
+            return int(value.strip())
+    return 0
 
 
 def parse_jmx(text):

@@ -291,19 +291,28 @@ def render_body(rows):
         out.append(goal("exactly-once ≥ 0.8× at-least-once steady (Wasm splitter), every pair", lo >= 0.8,
                         f"lowest {lo:.2f} ({'; '.join(detail)})"))
     # 8. The broker's CPU per 1M records at 100 B, without its JIT compilers, ≤ 1.0 s for every sharehost row that
-    #    measured it and writes nothing (a splitter's broker also appends an output per record); 9. the host's own
-    #    CPU per 1M records at 100 B ≤ 0.5 s for Wasm accept-all.
-    hi, detail = None, []
+    #    measured it, writes nothing (a splitter's broker also appends an output per record) and gives each
+    #    producer batch verdicts of one kind: the value reader rejects about 1 in 16 records, scattered, and a
+    #    batch with two kinds of verdict is tracked by the broker offset by offset whatever the client does (its
+    #    rows are shown on a line of their own, not held to the goal); 9. the host's own CPU per 1M records at
+    #    100 B ≤ 0.5 s for Wasm accept-all.
+    hi, detail, mixed = None, [], []
     for r in rows:
         if r.size != 100 or not r.kind.startswith(("wasm", "native")) or "splitter" in r.kind or not r.ok \
                 or r.broker_warm is None:
             continue
+        if r.kind.endswith("-reader"):
+            mixed.append(f"{r.broker_warm:.2f} {r.kind} {r.procs}p")
+            continue
         detail.append(f"{r.broker_warm:.2f} {r.kind} {r.procs}p")
         hi = r.broker_warm if hi is None or r.broker_warm > hi else hi
     if hi is not None:
-        out.append(goal("broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B, no writes), every row",
-                        hi <= 1.0,
+        out.append(goal("broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B, no writes, one kind "
+                        "of verdict per producer batch), every row", hi <= 1.0,
                         f"highest {hi:.2f} ({'; '.join(detail)})"))
+    if mixed:
+        out.append("- broker CPU per 1M records without its JIT where the plugin rejects scattered records (not a "
+                   "goal: the broker tracks such a producer batch offset by offset): " + "; ".join(mixed))
     for r in rows:
         if r.size == 100 and r.kind == "wasm" and r.ok and r.records > 0:
             out.append(goal(f"host CPU ≤ 0.5 s per 1M records (Wasm accept-all, 100 B, {r.procs}p)",

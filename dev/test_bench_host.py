@@ -183,6 +183,13 @@ class BrokerCounts(unittest.TestCase):
         self.assertEqual(bench_host.parse_jmx(text),
                          {"requests.ShareFetch": 12, "acks.Accept": 1000, "state_records": 15})
 
+    def test_the_port_of_a_jmx_agent_already_running_is_read_off_its_status(self):
+        status = ("5593:\nAgent: enabled\n\nConnection Type: remote\nProtocol       : rmi\n"
+                  "Properties     :\n  com.sun.management.jmxremote.rmi.port = 35035\n"
+                  "  com.sun.management.jmxremote.ssl = false\n  com.sun.management.jmxremote.port = 35035\n")
+        self.assertEqual(bench_host.parse_agent_port(status), 35035)
+        self.assertEqual(bench_host.parse_agent_port("5593:\nAgent: disabled\n"), 0)
+
     def test_delta_counts_new_counters_from_zero_and_drops_zeros(self):
         self.assertEqual(bench_host.counters_delta({"a": 5, "b": 2}, {"a": 9, "b": 2, "c": 3}), {"a": 4, "c": 3})
 

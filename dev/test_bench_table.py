@@ -98,11 +98,21 @@ class BenchTable(unittest.TestCase):
                 table = self.render_rows(f"jit-{cell.split()[-1].strip('()')}",
                                          [row.format(kind="wasm", broker=broker, jit=jit)])
                 self.assertIn(f"| 29 | {cell} | yes (0) |", table)
-                line = "broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B, no writes), every row"
+                line = ("broker CPU ≤ 1.0 s per 1M records without its JIT (sharehost, 100 B, no writes, one kind of "
+                        "verdict per producer batch), every row")
                 if verdict is None:
                     self.assertNotIn(line, table)
                 else:
                     self.assertIn(f"- {line}: **{verdict}**: highest {cell.split()[1].strip('()')} (", table)
+
+    def test_a_plugin_that_rejects_scattered_records_is_shown_beside_the_broker_goal_not_held_to_it(self):
+        row = ("100\t1\t{kind}\t2000000\t1000000\t2000000\t3000000\t1.00\t30000\t{broker}\t2.00\t0\tok\t"
+               "poller_cpu_s=0.10 rejected=0 broker_jit_s=0.10")
+        table = self.render_rows("jit-reader", [row.format(kind="wasm", broker="1.60"),
+                                                row.format(kind="wasm-reader", broker="5.00")])
+        self.assertIn("one kind of verdict per producer batch), every row: **met**: highest 0.75 (0.75 wasm 1p)", table)
+        self.assertIn("where the plugin rejects scattered records (not a goal: the broker tracks such a producer "
+                      "batch offset by offset): 2.45 wasm-reader 1p", table)
 
     def test_a_plugin_that_writes_is_not_held_to_the_brokers_read_cost(self):
         row = ("100\t1\twasm-splitter\t2000000\t1000000\t2000000\t3000000\t1.00\t30000\t8.00\t2.00\t0\tok\t"
