@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
 use sharehost_api::VersionCounters;
 
 use super::versions::short;
@@ -46,6 +47,30 @@ pub(super) struct WriteCounts {
     pub(super) shrunk: AtomicU64,
 }
 
+/// The verdicts `sharehost_records_total` counts, in [`VersionSeries::records`]' order.
+const VERDICTS: [&str; 5] = ["accept", "release", "reject", "renew", "retry"];
+
+/// The series of one version that every batch touches, looked up once: each look-up builds a
+/// label set and hashes it, and a batch made about ten of them.
+pub(super) struct VersionSeries {
+    /// `sharehost_batches_total`.
+    pub(super) batches: Counter,
+    /// `sharehost_guest_seconds`.
+    pub(super) guest_seconds: Histogram,
+    /// `sharehost_records_total` by verdict, as [`VERDICTS`] lists them.
+    records: [Counter; 5],
+}
+
+impl VersionSeries {
+    /// `sharehost_records_total` of `verdict` (one of [`VERDICTS`]; `None` for another).
+    pub(super) fn records(&self, verdict: &str) -> Option<&Counter> {
+        VERDICTS
+            .iter()
+            .position(|v| *v == verdict)
+            .and_then(|i| self.records.get(i))
+    }
+}
+
 /// The pipeline's counts, in one place: the per-version counters, the engine's and the writes'
 /// numbers, and the metrics registry they are published to under the pipeline's name.
 pub(super) struct Counters {
@@ -65,11 +90,19 @@ pub(super) struct Counters {
     pub(super) last_faults: Mutex<LastFaults>,
     /// The last faults met, in words, for `GET /faults` and the console.
     pub(super) recent_faults: Arc<RecentFaults>,
+    /// Each version's [`VersionSeries`], by hash.
+    series: Mutex<HashMap<String, Arc<VersionSeries>>>,
+    /// `sharehost_delivery_count` of the pipeline, looked up once.
+    delivery_count: Histogram,
 }
 
 impl Counters {
     /// Counts for pipeline `name`, published to `metrics`.
     pub(super) fn new(name: &str, metrics: Arc<Metrics>) -> Counters {
+        let delivery_count = metrics
+            .delivery_count
+            .get_or_create(&vec![("pipeline", name.to_owned())])
+            .clone();
         Counters {
             name: name.to_owned(),
             metrics,
@@ -82,7 +115,35 @@ impl Counters {
             stall: Mutex::new(SwapStall::default()),
             last_faults: Mutex::new(LastFaults::default()),
             recent_faults: Arc::default(),
+            series: Mutex::new(HashMap::new()),
+            delivery_count,
         }
+    }
+
+    /// The series of version `hash` every batch touches.
+    pub(super) fn series(&self, hash: &str) -> Arc<VersionSeries> {
+        let mut all = self.series.lock();
+        if let Some(s) = all.get(hash) {
+            return s.clone();
+        }
+        let l = self.labels(hash);
+        let m = &self.metrics;
+        let series = Arc::new(VersionSeries {
+            batches: m.batches.get_or_create(&l).clone(),
+            guest_seconds: m.guest_seconds.get_or_create(&l).clone(),
+            records: VERDICTS.map(|v| {
+                let mut l = l.clone();
+                l.push(("verdict", v.into()));
+                m.records.get_or_create(&l).clone()
+            }),
+        });
+        all.insert(hash.to_owned(), series.clone());
+        series
+    }
+
+    /// `sharehost_delivery_count` of the pipeline.
+    pub(super) fn delivery_count(&self) -> &Histogram {
+        &self.delivery_count
     }
 
     /// The pipeline's name.
@@ -105,7 +166,12 @@ impl Counters {
 
     /// Changes the counters of version `hash`.
     pub(super) fn count(&self, hash: &str, f: impl FnOnce(&mut VersionCounters)) {
-        f(self.per_version.lock().entry(hash.to_owned()).or_default());
+        let mut all = self.per_version.lock();
+        // Found without allocating the key, which happens twice per batch.
+        match all.get_mut(hash) {
+            Some(v) => f(v),
+            None => f(all.entry(hash.to_owned()).or_default()),
+        }
     }
 
     /// Every version's counters.
@@ -124,6 +190,10 @@ impl Counters {
 
     /// `n` records of version `hash` got `verdict` (`sharehost_records_total`).
     pub(super) fn record_n(&self, hash: &str, verdict: &str, n: u64) {
+        if let Some(c) = self.series(hash).records(verdict) {
+            c.inc_by(n);
+            return;
+        }
         let mut l = self.labels(hash);
         l.push(("verdict", verdict.into()));
         self.metrics.records.get_or_create(&l).inc_by(n);

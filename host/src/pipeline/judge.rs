@@ -147,7 +147,6 @@ impl Pipeline {
         if let Some(stall) = c.stall.lock().judged(&version.hash, Instant::now()) {
             tracing::info!(pipeline = %self.spec.name, version = %short(&version.hash), stall_ms = stall.as_secs_f64() * 1e3, "first batch judged by the swapped-in version");
         }
-        let labels = c.labels(&version.hash);
         let policy = self.fault_verdict();
         if matches!(policy, Verdict::Release) && !judged.faulted.is_empty() {
             let mut last = c.last_faults.lock();
@@ -181,7 +180,7 @@ impl Pipeline {
             );
             c.count(&version.hash, |v| v.faults += judged.faults.len() as u64);
             for f in &judged.faults {
-                let mut l = labels.clone();
+                let mut l = c.labels(&version.hash);
                 l.push(("kind", f.kind.as_str().into()));
                 self.metrics.faults.get_or_create(&l).inc();
             }
@@ -202,21 +201,13 @@ impl Pipeline {
                 c,
             );
         }
-        self.metrics
-            .guest_seconds
-            .get_or_create(&labels)
-            .observe(j.elapsed.as_secs_f64());
-        {
-            // One look-up per batch (the guard is not held across an await).
-            let deliveries = self
-                .metrics
-                .delivery_count
-                .get_or_create(&c.pipeline_labels());
-            for r in batch {
-                deliveries.observe(f64::from(r.delivery_count));
-            }
+        let series = c.series(&version.hash);
+        series.guest_seconds.observe(j.elapsed.as_secs_f64());
+        let deliveries = c.delivery_count();
+        for r in batch {
+            deliveries.observe(f64::from(r.delivery_count));
         }
-        self.metrics.batches.get_or_create(&labels).inc();
+        series.batches.inc();
         c.count(&version.hash, |v| v.batches += 1);
     }
 }

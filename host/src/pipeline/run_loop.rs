@@ -36,6 +36,10 @@ const DRAIN_JUDGING: Duration = Duration::from_secs(20);
 const PACE_WITHIN: Duration = Duration::from_secs(10);
 /// How often a pipeline asks the group coordinator for its share group's lag.
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a busy pipeline publishes the engine's counters (an idle one at every poll, at
+/// most every 500 ms): publishing looks up about ten metric series, which once per batch was a
+/// measurable part of a plugin call's cost, and nobody reads them that often.
+const ENGINE_STATS_EVERY: Duration = Duration::from_millis(100);
 
 /// Keeps the engine's request latencies (`sharehost_request_seconds`) for one pipeline.
 struct RequestTimes {
@@ -145,6 +149,7 @@ impl Pipeline {
             tokio::spawn(async move { this.watch_lag(&client, &stop).await })
         };
         let _lag_watch = AbortOnDrop(lag_watch);
+        let mut published: Option<Instant> = None;
         loop {
             if backlog.is_empty() {
                 tokio::select! {
@@ -155,7 +160,9 @@ impl Pipeline {
                                 let (this, ctx) = (self.clone(), ctx.clone());
                                 running.spawn(async move { this.handle_poison(&ctx, d.poison).await });
                             }
-                            backlog.extend(d.records);
+                            // The backlog is empty here: it takes the delivery's own vector
+                            // rather than a copy of its records.
+                            backlog = VecDeque::from(d.records);
                         }
                         Ok(None) => {}
                         Err(e) => {
@@ -165,7 +172,10 @@ impl Pipeline {
                     },
                 }
             }
-            self.publish_engine_stats(&consumer);
+            if published.is_none_or(|at| at.elapsed() >= ENGINE_STATS_EVERY) {
+                self.publish_engine_stats(&consumer);
+                published = Some(Instant::now());
+            }
             while let Some(Ok(())) = running.try_join_next() {}
             if backlog.is_empty() {
                 continue;
