@@ -70,7 +70,8 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
                                most BENCH_WARMUP_ROUNDS (15) times (0: no warm-up). A fresh broker on 2 cores
                                compiles for about 45 s of share traffic; until then most of its CPU is the
                                JIT's, not the consumer's
-     BENCH_ADMIN_PORT (39470)  first admin port of the sharehost processes (one per process)
+     BENCH_ADMIN_PORT (31470)  first admin port of the sharehost processes (one per process); below the ephemeral
+                               range (32768-60999 on Linux), where a connection's own port could take it
      BENCH_MANIFEST_EXTRA ("") extra lines for the [[pipeline]] table, e.g. "max_in_flight = 3000"
      BENCH_JAVA_ARGS ("--fetch-size 52428800")  extra flags of both Apache tools. ShareConsumerPerformance sets
                                fetch.max.bytes to 1 MiB unless told otherwise, which holds the Java client back at
@@ -261,7 +262,7 @@ def config_from_env(environ):
         kinds=kinds,
         warmup=warmup,
         warmup_rounds=whole(environ, "BENCH_WARMUP_ROUNDS", 15),
-        admin_port=whole(environ, "BENCH_ADMIN_PORT", 39470),
+        admin_port=whole(environ, "BENCH_ADMIN_PORT", 31470),
         manifest_extra=environ.get("BENCH_MANIFEST_EXTRA", ""),
         # Set but empty means no flags (the tools' own fetch size); unset means the default.
         java_args=("--fetch-size 52428800" if java_args is None else java_args).split(),

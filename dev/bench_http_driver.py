@@ -58,7 +58,7 @@ env: BENCH_HTTP_PARTS ("http emit")       which parts to run (also "languages")
      BENCH_HTTP_LANG_RECORDS (20000)      orders in the topic of part "languages"
      BENCH_HTTP_LANG_CONCURRENCY ("2")    pipeline `concurrency` values of part "languages"
      BENCH_HTTP_LANG_BATCH ("8 32")       pipeline `batch_size` values of part "languages"
-     BENCH_HTTP_ADMIN_PORT (39480)        admin port of the sharehost process
+     BENCH_HTTP_ADMIN_PORT (31480)        admin port of the sharehost process
      BENCH_HTTP_MANIFEST_EXTRA ("")       extra lines for the [[pipeline]] table of every run
      BENCH_HTTP_IDLE_TIMEOUT (60)         seconds without progress before a run counts as failed
      BENCH_HTTP_BUILD (1)                 0: use the binaries and guests already built (no cargo, no build-guests)
@@ -137,7 +137,7 @@ class Settings:
     lang_records: int = 20000
     lang_concurrency: list = field(default_factory=lambda: [2])
     lang_batches: list = field(default_factory=lambda: [8, 32])
-    admin_port: int = 39480
+    admin_port: int = 31480
     manifest_extra: str = ""
     idle_timeout: int = 60
     build: bool = True
@@ -160,7 +160,7 @@ def settings_from_env(environ):
         lang_batches=posints("BENCH_HTTP_LANG_BATCH", get("BENCH_HTTP_LANG_BATCH", "8 32")),
         concurrency=posints("BENCH_HTTP_CONCURRENCY", get("BENCH_HTTP_CONCURRENCY", "1 2 4")),
         batches=posints("BENCH_HTTP_BATCH", get("BENCH_HTTP_BATCH", "1 8 32")),
-        admin_port=posint("BENCH_HTTP_ADMIN_PORT", get("BENCH_HTTP_ADMIN_PORT", "39480")),
+        admin_port=posint("BENCH_HTTP_ADMIN_PORT", get("BENCH_HTTP_ADMIN_PORT", "31480")),
         manifest_extra=environ.get("BENCH_HTTP_MANIFEST_EXTRA", ""),
         build=get("BENCH_HTTP_BUILD", "1") == "1",
     )

@@ -34,7 +34,7 @@ env: BP_COUNTS ("1 10 100")   pipeline counts, one host each
      BP_BURST (100000)         records in total in the burst phase (0: no burst)
      BP_SIZE (100)             value size in bytes
      BP_TIMEOUT (180)          seconds without progress before a phase counts as failed
-     BP_ADMIN_PORT (39480)     the host's admin port
+     BP_ADMIN_PORT (31480)     the host's admin port
      BP_MANIFEST_EXTRA ("")    extra lines for the top of the manifest (e.g. a [runtime] table)
      BP_PIPELINE_EXTRA ("")    extra lines for every [[pipeline]] table
      KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT, SHAREHOST_KAFKA_DIR as for dev/kafka: a broker that
@@ -109,7 +109,7 @@ def config_from_env(environ):
     cfg = Config(counts=counts, idle_seconds=whole("BP_IDLE_SECONDS", 60), settle=whole("BP_SETTLE", 10),
                  warm=whole("BP_WARM", 10), rate=whole("BP_RATE", 2000), load_seconds=whole("BP_LOAD_SECONDS", 60),
                  burst=whole("BP_BURST", 100000), size=whole("BP_SIZE", 100), timeout=whole("BP_TIMEOUT", 180),
-                 admin_port=whole("BP_ADMIN_PORT", 39480), manifest_extra=environ.get("BP_MANIFEST_EXTRA", ""),
+                 admin_port=whole("BP_ADMIN_PORT", 31480), manifest_extra=environ.get("BP_MANIFEST_EXTRA", ""),
                  pipeline_extra=environ.get("BP_PIPELINE_EXTRA", ""))
     if not (cfg.warm and cfg.rate and cfg.load_seconds and cfg.idle_seconds):
         raise Die("BP_WARM, BP_RATE, BP_LOAD_SECONDS and BP_IDLE_SECONDS must be > 0")

@@ -20,7 +20,7 @@ Needs: java 17+, cargo, rustup's wasm32-wasip2 target (dev/build-guests adds it)
 env: BENCH_SWAP_RECORDS (6000000)  records of 100 B (6 partitions) in the topic: enough that judging goes on through
                                    every swap
      BENCH_SWAP_COUNT (10)         swaps per case
-     BENCH_SWAP_ADMIN_PORT (39480) the host's admin port
+     BENCH_SWAP_ADMIN_PORT (31480) the host's admin port
      KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_SASL_SSL_PORT, SHAREHOST_KAFKA_DIR as for dev/kafka: a broker this
      checkout already runs there is used as it is; otherwise one is started and stopped at the end.
      CARGO_TARGET_DIR as for cargo.
@@ -62,7 +62,7 @@ def config_from_env(environ):
     """(records, swaps per case, admin port); Die names the variable that is wrong."""
     records = environ.get("BENCH_SWAP_RECORDS") or "6000000"
     count = environ.get("BENCH_SWAP_COUNT") or "10"
-    port = environ.get("BENCH_SWAP_ADMIN_PORT") or "39480"
+    port = environ.get("BENCH_SWAP_ADMIN_PORT") or "31480"
     if not records.isdigit() or int(records) == 0 or int(records) % 6:
         raise Die(f"BENCH_SWAP_RECORDS must be a positive multiple of 6 (got '{records}')")
     if not count.isdigit() or int(count) == 0:

@@ -43,7 +43,7 @@ class Settings(unittest.TestCase):
         self.assertEqual(cfg.kinds, bench.DEFAULT_KINDS.split())
         self.assertEqual((cfg.processes, cfg.peer_processes, cfg.plugin_processes), ([1, 3], [1], [1]))
         self.assertEqual((cfg.warmup, cfg.warmup_rounds), (2000000, 15))
-        self.assertEqual(cfg.admin_port, 39470)
+        self.assertEqual(cfg.admin_port, 31470)
         self.assertEqual(cfg.java_args, ["--fetch-size", "52428800"])
         self.assertEqual((cfg.idle_timeout, cfg.port_wait), (90, 1200))
         self.assertEqual(cfg.peers_target, bench.REPO / "target" / "peers-build")

@@ -32,7 +32,7 @@ class SettingsFromEnv(unittest.TestCase):
                                                                                   2))
         self.assertEqual((s.emit_records, s.lang_records, s.lang_concurrency, s.lang_batches), (1000000, 20000, [2],
                                                                                                 [8, 32]))
-        self.assertEqual((s.admin_port, s.manifest_extra, s.idle_timeout, s.build), (39480, "", 60, True))
+        self.assertEqual((s.admin_port, s.manifest_extra, s.idle_timeout, s.build), (31480, "", 60, True))
 
     def test_native_modes_unset_are_all_set_and_empty_are_none(self):
         self.assertEqual(bh.settings_from_env({"BENCH_HTTP_NATIVE": ""}).native_modes, [])

@@ -27,7 +27,7 @@ class Settings(unittest.TestCase):
         cfg = bp.config_from_env({})
         self.assertEqual(cfg.counts, [1, 10, 100])
         self.assertEqual((cfg.idle_seconds, cfg.settle, cfg.warm, cfg.rate, cfg.load_seconds, cfg.burst, cfg.size,
-                          cfg.timeout, cfg.admin_port), (60, 10, 10, 2000, 60, 100000, 100, 180, 39480))
+                          cfg.timeout, cfg.admin_port), (60, 10, 10, 2000, 60, 100000, 100, 180, 31480))
         self.assertEqual((cfg.manifest_extra, cfg.pipeline_extra), ("", ""))
 
     def test_errors(self):
@@ -54,7 +54,7 @@ class Pieces(unittest.TestCase):
                                   "BP_PIPELINE_EXTRA": "max_in_flight = 100"})
         text = bp.pipelines_manifest(cfg, "127.0.0.1:19092", "bp2-x", 2, "/g/accept_all.wasm")
         self.assertIn('client_id = "sharehost-bench-pipelines"', text)
-        self.assertIn('listen = "127.0.0.1:39480"\n\n[runtime]\nepoch_tick_ms = 10\n\n[[pipeline]]', text)
+        self.assertIn('listen = "127.0.0.1:31480"\n\n[runtime]\nepoch_tick_ms = 10\n\n[[pipeline]]', text)
         self.assertIn('[[pipeline]]\nname = "p1"\ntopics = ["bp2-x-1"]\ngroup = "bp2-x-1-g"\n'
                       'component = "/g/accept_all.wasm"\nmax_in_flight = 100\n', text)
         self.assertEqual(text.count("[[pipeline]]"), 2)

@@ -57,7 +57,7 @@ FAKE_HOST = textwrap.dedent("""
 
 class Settings(unittest.TestCase):
     def test_defaults_and_errors(self):
-        self.assertEqual(bench_swap.config_from_env({}), (6000000, 10, 39480))
+        self.assertEqual(bench_swap.config_from_env({}), (6000000, 10, 31480))
         self.assertEqual(bench_swap.config_from_env({"BENCH_SWAP_RECORDS": "600000", "BENCH_SWAP_COUNT": "2",
                                                      "BENCH_SWAP_ADMIN_PORT": "39471"}), (600000, 2, 39471))
         for environ, message in [({"BENCH_SWAP_RECORDS": "7"}, "BENCH_SWAP_RECORDS must be a positive multiple of 6"),
