@@ -484,20 +484,21 @@ impl Cursor {
         Some(b)
     }
 
-    fn varint(&mut self) -> Option<i32> {
+    /// What `read` makes of the bytes from here, moving past what it took.
+    fn read<T>(&mut self, read: impl FnOnce(&mut &[u8]) -> Option<T>) -> Option<T> {
         let mut rest = &self.buf[self.at..];
         let before = rest.len();
-        let v = varint(&mut rest)?;
+        let v = read(&mut rest)?;
         self.at += before - rest.len();
         Some(v)
     }
 
+    fn varint(&mut self) -> Option<i32> {
+        self.read(varint)
+    }
+
     fn varlong(&mut self) -> Option<i64> {
-        let mut rest = &self.buf[self.at..];
-        let before = rest.len();
-        let v = varlong(&mut rest)?;
-        self.at += before - rest.len();
-        Some(v)
+        self.read(varlong)
     }
 
     /// The next `n` bytes.
@@ -744,20 +745,8 @@ mod tests {
     fn a_header_count_the_record_cannot_hold_is_an_error_not_an_abort() {
         // One record: attributes, timestamp and offset deltas 0, null key and value, then a
         // header count of i32::MAX (used to make kafka-protocol reserve ~39 GB and abort).
-        let mut batch = encode_batch(
-            &[ProduceRecord {
-                timestamp: Some(0),
-                ..Default::default()
-            }],
-            Compression::None,
-        )
-        .expect("encode")
-        .to_vec();
-        batch.truncate(61);
-        batch.extend_from_slice(&[20, 0, 0, 0, 1, 1, 0xfe, 0xff, 0xff, 0xff, 0x0f]);
-        let len = i32::try_from(batch.len() - 12).expect("small");
-        batch[8..12].copy_from_slice(&len.to_be_bytes());
-        let err = decode_batches(with_crc(batch)).expect_err("must be refused");
+        let batch = batch_of_raw_records(&[20, 0, 0, 0, 1, 1, 0xfe, 0xff, 0xff, 0xff, 0x0f]);
+        let err = decode_batches(batch).expect_err("must be refused");
         assert!(err.to_string().contains("header count"), "{err}");
     }
 
@@ -1075,6 +1064,12 @@ mod tests {
         let mut records = Vec::new();
         zigzag(&mut records, rec.len() as i64);
         records.extend_from_slice(&rec);
+        batch_of_raw_records(&records)
+    }
+
+    /// An uncompressed batch at offset 0 whose records are the bytes `records` (its header
+    /// claims one record), its length and CRC set right, as a broker would send it.
+    fn batch_of_raw_records(records: &[u8]) -> Bytes {
         let mut batch = encode_batch(
             &[ProduceRecord {
                 timestamp: Some(0),
@@ -1085,7 +1080,7 @@ mod tests {
         .expect("encode")
         .to_vec();
         batch.truncate(BATCH_HEADER_BYTES);
-        batch.extend_from_slice(&records);
+        batch.extend_from_slice(records);
         let len = i32::try_from(batch.len() - 12).expect("small");
         batch[8..12].copy_from_slice(&len.to_be_bytes());
         with_crc(batch)
