@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use sharehost_api::VersionCounters;
 
@@ -94,6 +95,78 @@ pub(super) struct Counters {
     series: Mutex<HashMap<String, Arc<VersionSeries>>>,
     /// `sharehost_delivery_count` of the pipeline, looked up once.
     delivery_count: Histogram,
+    /// The series [`Counters::publish_engine`] sets, looked up once.
+    engine_series: EngineSeries,
+}
+
+/// What the HTTP client counted, in the order `sharehost_http_requests`' `result` label names.
+const HTTP_RESULTS: [&str; 8] = [
+    "sent",
+    "refused_host",
+    "refused_address",
+    "failed",
+    "timed_out",
+    "too_large",
+    "in_flight",
+    "waiting",
+];
+
+/// The pipeline's series the engine's numbers go to, looked up once: they are published on
+/// every turn of the run loop (so a scrape sees an assignment change as soon as the records
+/// it brought), and a look-up per series builds and hashes a label set.
+struct EngineSeries {
+    up: Gauge,
+    in_flight: Gauge,
+    /// The engine's totals, in the order of [`EngineCounts::published`].
+    totals: [Counter; 8],
+    /// `sharehost_http_requests` by [`HTTP_RESULTS`], made at the first publish with an HTTP
+    /// grant (a pipeline without one has no such series).
+    http: std::sync::OnceLock<[Gauge; 8]>,
+    labels: Labels,
+}
+
+impl EngineSeries {
+    fn new(m: &Metrics, l: &Labels) -> EngineSeries {
+        // One statement per look-up: a family's guard lives to the end of its statement, and
+        // a second look-up in the same family that inserts would wait on it for ever.
+        let with = |key: &'static str, value: &str| {
+            let mut l = l.clone();
+            l.push((key, value.into()));
+            l
+        };
+        let acks_ok = m.acks.get_or_create(&with("result", "ok")).clone();
+        let acks_failed = m.acks.get_or_create(&with("result", "failed")).clone();
+        let unsent = m
+            .verdicts_lost
+            .get_or_create(&lost_labels(l, "unsent"))
+            .clone();
+        EngineSeries {
+            up: m.pipeline_up.get_or_create(l).clone(),
+            in_flight: m.in_flight.get_or_create(l).clone(),
+            totals: [
+                m.session_resets.get_or_create(l).clone(),
+                m.rebalances.get_or_create(l).clone(),
+                m.released_by_broker.get_or_create(l).clone(),
+                acks_ok,
+                acks_failed,
+                m.released_at_delivery_limit.get_or_create(l).clone(),
+                unsent,
+                m.verdicts_replayed.get_or_create(l).clone(),
+            ],
+            http: std::sync::OnceLock::new(),
+            labels: l.clone(),
+        }
+    }
+
+    fn http(&self, m: &Metrics) -> &[Gauge; 8] {
+        self.http.get_or_init(|| {
+            HTTP_RESULTS.map(|r| {
+                let mut l = self.labels.clone();
+                l.push(("result", r.into()));
+                m.http_requests.get_or_create(&l).clone()
+            })
+        })
+    }
 }
 
 impl Counters {
@@ -103,9 +176,11 @@ impl Counters {
             .delivery_count
             .get_or_create(&vec![("pipeline", name.to_owned())])
             .clone();
+        let engine_series = EngineSeries::new(&metrics, &vec![("pipeline", name.to_owned())]);
         Counters {
             name: name.to_owned(),
             metrics,
+            engine_series,
             per_version: Mutex::new(HashMap::new()),
             dead_lettered: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -149,11 +224,6 @@ impl Counters {
     /// The pipeline's name.
     pub(super) fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The labels of the pipeline's series.
-    pub(super) fn pipeline_labels(&self) -> Labels {
-        vec![("pipeline", self.name.clone())]
     }
 
     /// The labels of one version's series.
@@ -283,17 +353,13 @@ impl Counters {
         running: bool,
         http: Option<&HttpGrant>,
     ) {
-        let l = self.pipeline_labels();
         let s = consumer.stats();
-        self.in_flight
-            .store(consumer.in_flight() as u64, Ordering::Relaxed);
+        let series = &self.engine_series;
+        let in_flight = consumer.in_flight();
+        self.in_flight.store(in_flight as u64, Ordering::Relaxed);
         let joined = consumer.joined();
         self.joined.store(joined, Ordering::Relaxed);
-        let up = joined && running;
-        self.metrics
-            .pipeline_up
-            .get_or_create(&l)
-            .set(i64::from(up));
+        series.up.set(i64::from(joined && running));
         let e = &self.engine;
         e.peak
             .store(s.in_flight_peak.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -305,69 +371,41 @@ impl Counters {
             .store(s.acquired.load(Ordering::Relaxed), Ordering::Relaxed);
         e.acquired_split
             .store(s.acquired_split.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.metrics
-            .in_flight
-            .get_or_create(&l)
-            .set(consumer.in_flight() as i64);
+        series.in_flight.set(in_flight as i64);
         // The engine's totals as counters: each advances by what its consumer counted since
         // the last look (a run after a failure starts a new consumer, whose totals start at 0).
-        let m = &self.metrics;
-        let mut last = self.engine.published.lock();
-        let mut advance = |i: usize, counter: &Counter, now: &AtomicU64| {
-            let now = now.load(Ordering::Relaxed);
-            let before = if now >= last[i] { last[i] } else { 0 };
-            counter.inc_by(now - before);
-            last[i] = now;
-        };
-        advance(0, &m.session_resets.get_or_create(&l), &s.session_resets);
-        advance(1, &m.rebalances.get_or_create(&l), &s.assignment_changes);
-        advance(
-            2,
-            &m.released_by_broker.get_or_create(&l),
+        let totals = [
+            &s.session_resets,
+            &s.assignment_changes,
             &s.released_by_broker,
-        );
-        for (i, (result, v)) in [("ok", &s.acks_ok), ("failed", &s.acks_failed)]
-            .into_iter()
-            .enumerate()
-        {
-            let mut l = l.clone();
-            l.push(("result", result.into()));
-            advance(3 + i, &m.acks.get_or_create(&l), v);
-        }
-        advance(
-            5,
-            &m.released_at_delivery_limit.get_or_create(&l),
+            &s.acks_ok,
+            &s.acks_failed,
             &s.released_at_limit,
-        );
-        advance(
-            6,
-            &m.verdicts_lost.get_or_create(&lost_labels(&l, "unsent")),
             &s.verdicts_unsent,
-        );
-        advance(
-            7,
-            &m.verdicts_replayed.get_or_create(&l),
             &s.verdicts_replayed,
-        );
+        ];
+        let mut last = self.engine.published.lock();
+        for ((last, counter), now) in last.iter_mut().zip(&series.totals).zip(totals) {
+            let now = now.load(Ordering::Relaxed);
+            let before = if now >= *last { *last } else { 0 };
+            counter.inc_by(now - before);
+            *last = now;
+        }
         drop(last);
         if let Some(http) = http {
             let c = http.stats().snapshot();
-            for (result, v) in [
-                ("sent", c.sent),
-                ("refused_host", c.refused_by_list),
-                ("refused_address", c.refused_by_address),
-                ("failed", c.failed),
-                ("timed_out", c.timed_out),
-                ("too_large", c.too_large),
-                ("in_flight", c.in_flight),
-                ("waiting", c.waiting),
-            ] {
-                let mut l = l.clone();
-                l.push(("result", result.into()));
-                self.metrics
-                    .http_requests
-                    .get_or_create(&l)
-                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            let values = [
+                c.sent,
+                c.refused_by_list,
+                c.refused_by_address,
+                c.failed,
+                c.timed_out,
+                c.too_large,
+                c.in_flight,
+                c.waiting,
+            ];
+            for (gauge, v) in series.http(&self.metrics).iter().zip(values) {
+                gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
             }
         }
     }

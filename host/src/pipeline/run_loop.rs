@@ -36,10 +36,6 @@ const DRAIN_JUDGING: Duration = Duration::from_secs(20);
 const PACE_WITHIN: Duration = Duration::from_secs(10);
 /// How often a pipeline asks the group coordinator for its share group's lag.
 const LAG_INTERVAL: Duration = Duration::from_secs(10);
-/// How often a busy pipeline publishes the engine's counters (an idle one at every poll, at
-/// most every 500 ms): publishing looks up about ten metric series, which once per batch was a
-/// measurable part of a plugin call's cost, and nobody reads them that often.
-const ENGINE_STATS_EVERY: Duration = Duration::from_millis(100);
 
 /// Keeps the engine's request latencies (`sharehost_request_seconds`) for one pipeline.
 struct RequestTimes {
@@ -149,7 +145,6 @@ impl Pipeline {
             tokio::spawn(async move { this.watch_lag(&client, &stop).await })
         };
         let _lag_watch = AbortOnDrop(lag_watch);
-        let mut published: Option<Instant> = None;
         loop {
             if backlog.is_empty() {
                 tokio::select! {
@@ -172,10 +167,7 @@ impl Pipeline {
                     },
                 }
             }
-            if published.is_none_or(|at| at.elapsed() >= ENGINE_STATS_EVERY) {
-                self.publish_engine_stats(&consumer);
-                published = Some(Instant::now());
-            }
+            self.publish_engine_stats(&consumer);
             while let Some(Ok(())) = running.try_join_next() {}
             if backlog.is_empty() {
                 continue;
