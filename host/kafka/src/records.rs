@@ -360,7 +360,7 @@ fn decode_batch(batch: Bytes, each: &mut impl FnMut(LogRecord)) -> Result<(), Re
             plain.len()
         )));
     }
-    let mut rest = Cursor { buf: plain, at: 0 };
+    let mut rest = Cursor::new(&plain);
     for i in 0..count {
         let broken = |what: &str| {
             fail(format!(
@@ -370,10 +370,9 @@ fn decode_batch(batch: Bytes, each: &mut impl FnMut(LogRecord)) -> Result<(), Re
         };
         let size = rest.varint().ok_or_else(|| broken("no length"))?;
         let size = usize::try_from(size).map_err(|_| broken(&format!("negative length {size}")))?;
-        let buf = rest
-            .take(size)
+        let mut r = rest
+            .sub(size)
             .ok_or_else(|| broken(&format!("length {size} runs past its batch")))?;
-        let mut r = Cursor { buf, at: 0 };
         r.byte().ok_or_else(|| broken("no attributes"))?;
         let ts_delta = r.varlong().ok_or_else(|| broken("no timestamp delta"))?;
         let offset_delta = r.varint().ok_or_else(|| broken("no offset delta"))?;
@@ -467,18 +466,33 @@ fn by_name(headers: Vec<Header>) -> Vec<Header> {
     out
 }
 
-/// A read position in a record's bytes; what it takes out are views of them, not copies.
-struct Cursor {
-    buf: Bytes,
+/// A read position in part of a buffer (`at..end`); what it takes out are views of the
+/// buffer, not copies. It borrows the buffer, so moving through a record costs no reference
+/// count: only the fields taken out (a key, a value, a header's value) hold one.
+struct Cursor<'a> {
+    buf: &'a Bytes,
     at: usize,
+    end: usize,
 }
 
-impl Cursor {
+impl<'a> Cursor<'a> {
+    /// A cursor over the whole of `buf`.
+    fn new(buf: &'a Bytes) -> Cursor<'a> {
+        Cursor {
+            buf,
+            at: 0,
+            end: buf.len(),
+        }
+    }
+
     fn remaining(&self) -> usize {
-        self.buf.len() - self.at
+        self.end - self.at
     }
 
     fn byte(&mut self) -> Option<u8> {
+        if self.at >= self.end {
+            return None;
+        }
         let b = *self.buf.get(self.at)?;
         self.at += 1;
         Some(b)
@@ -486,7 +500,7 @@ impl Cursor {
 
     /// What `read` makes of the bytes from here, moving past what it took.
     fn read<T>(&mut self, read: impl FnOnce(&mut &[u8]) -> Option<T>) -> Option<T> {
-        let mut rest = &self.buf[self.at..];
+        let mut rest = self.buf.get(self.at..self.end)?;
         let before = rest.len();
         let v = read(&mut rest)?;
         self.at += before - rest.len();
@@ -501,9 +515,21 @@ impl Cursor {
         self.read(varlong)
     }
 
+    /// The next `n` bytes as a cursor of their own, moving past them.
+    fn sub(&mut self, n: usize) -> Option<Cursor<'a>> {
+        let end = self.at.checked_add(n).filter(|e| *e <= self.end)?;
+        let out = Cursor {
+            buf: self.buf,
+            at: self.at,
+            end,
+        };
+        self.at = end;
+        Some(out)
+    }
+
     /// The next `n` bytes.
     fn take(&mut self, n: usize) -> Option<Bytes> {
-        let end = self.at.checked_add(n).filter(|e| *e <= self.buf.len())?;
+        let end = self.at.checked_add(n).filter(|e| *e <= self.end)?;
         let out = self.buf.slice(self.at..end);
         self.at = end;
         Some(out)
