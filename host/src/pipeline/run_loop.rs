@@ -558,7 +558,11 @@ impl Pipeline {
             return;
         }
         let (this, ctx) = (self.clone(), ctx.clone());
-        running.spawn(async move { this.judge_and_act(&ctx, batch, permit).await });
+        // Boxed: a batch's future is about 9 KiB, and a task moves its future into its cell
+        // and its output out of it, each a copy of the whole; boxed, those copy a pointer.
+        running.spawn(Box::pin(async move {
+            this.judge_and_act(&ctx, batch, permit).await
+        }));
     }
 
     /// One batch: judged, planned, acted on. `permit` (one of the pipeline's `concurrency`) is
