@@ -251,6 +251,7 @@ impl LeaderWorker {
         let wake = shared.wake.notified();
         tokio::pin!(wake);
         wake.as_mut().enable();
+        self.wake_at_in_flight(None);
         let next_hold = self.release_due_holds();
         self.schedule_auto_renew();
         let wanted = self.wanted_rx.borrow_and_update().clone();
@@ -321,6 +322,8 @@ impl LeaderWorker {
             .filter(|until| *until > Instant::now());
         if budget > 0 && !wanted.is_empty() && (dry_until.is_none() || has_acks) {
             self.acks_waiting_since = None;
+            // Nothing of a settle matters to a fetch under way but renewals and holds.
+            self.wake_at_in_flight(Some(0));
             return self
                 .fetch(conn, session, version, &wanted, budget, prefetch)
                 .await;
@@ -334,6 +337,12 @@ impl LeaderWorker {
                 return self.send_acks(conn, session, version, false).await;
             }
             let until = next_hold.map_or(since + ACK_LINGER, |h| h.min(since + ACK_LINGER));
+            // Only room for a fetch step lets the verdicts go out before ACK_LINGER (they wait
+            // for a fetch to ride on): a final verdict wakes this task once it makes that room.
+            let room_at = limit
+                .saturating_sub(self.shared.reserved.load(Ordering::Relaxed))
+                .saturating_sub(step);
+            self.wake_at_in_flight(Some(room_at));
             tokio::select! {
                 _ = &mut wake => {}
                 _ = self.stop.cancelled() => {}
@@ -371,6 +380,13 @@ impl LeaderWorker {
             _ = tokio::time::sleep_until(until) => {}
         }
         Step::Continue
+    }
+
+    /// Sets what of a settle wakes this task (see `LeaderState::wake_at_in_flight`).
+    fn wake_at_in_flight(&self, at: Option<usize>) {
+        if let Some(st) = self.shared.leaders.lock().get_mut(&self.leader) {
+            st.wake_at_in_flight = at;
+        }
     }
 
     async fn fetch(

@@ -477,9 +477,11 @@ impl ShareConsumer {
         let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
         let mut replayed = 0u64;
         let mut again = Vec::new();
+        let wake_at: Vec<Option<usize>>;
         let results: Vec<Settled> = {
             let mut leaders = self.shared.leaders.lock();
             let mut ledger = self.shared.ledger.lock();
+            wake_at = leaders.values().map(|st| st.wake_at_in_flight).collect();
             decisions
                 .iter()
                 .zip(leaders_of)
@@ -611,11 +613,13 @@ impl ShareConsumer {
             }
         }
         drop(remembered);
+        let urgent = holds || !again.is_empty();
         if !again.is_empty() {
             self.shared.again.lock().extend(again);
             self.shared.again_ready.notify_waiters();
         }
-        if recorded || holds {
+        let in_flight = self.shared.in_flight.load(Ordering::Relaxed);
+        if settle_wakes(&wake_at, in_flight, recorded, urgent) {
             self.shared.wake.notify_waiters();
         }
         results
@@ -727,5 +731,33 @@ impl Drop for ShareConsumer {
     fn drop(&mut self) {
         self.stop_fetching.cancel();
         self.leave.cancel();
+    }
+}
+
+/// Whether a settle wakes the leaders' tasks: a renewal or a hold (`urgent`) at once, since
+/// the task acts on them; a recorded final verdict when some task wants to hear of any
+/// (`None`) or the records in flight are down to the room a task waits for
+/// (see `LeaderState::wake_at_in_flight`).
+fn settle_wakes(wake_at: &[Option<usize>], in_flight: usize, recorded: bool, urgent: bool) -> bool {
+    urgent || (recorded && wake_at.iter().any(|at| at.is_none_or(|at| in_flight <= at)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::settle_wakes;
+
+    #[test]
+    fn a_final_verdict_wakes_a_leader_waiting_for_room_only_once_the_room_is_there() {
+        // One leader in a fetch, one waiting for in-flight to fall to 4000.
+        let waiting = [Some(0), Some(4000)];
+        assert!(!settle_wakes(&waiting, 4100, true, false));
+        assert!(settle_wakes(&waiting, 4000, true, false));
+        // A leader that wants any verdict (between requests, dry, revoked) hears of each.
+        assert!(settle_wakes(&[Some(4000), None], 4100, true, false));
+        // Renewals and holds always wake; nothing recorded, nothing to hear.
+        assert!(settle_wakes(&waiting, 4100, false, true));
+        assert!(!settle_wakes(&[None], 10, false, false));
+        // No leader at all (all sessions gone): nobody to wake.
+        assert!(!settle_wakes(&[], 0, true, false));
     }
 }

@@ -51,6 +51,11 @@ pub(super) struct LeaderState {
     /// computed with: the scan walks every outstanding record, so it runs only then, not on
     /// every step of the leader's loop.
     pub(super) next_renew_scan: Option<(Instant, Duration)>,
+    /// What of a settle wakes the leader's task: any verdict (`None`), or, while the task
+    /// waits for room to fetch or is in a request, a plain final verdict only once the records
+    /// in flight are down to this many (`Some`). A batch's verdicts free too little room for
+    /// a fetch step, and waking the task for each cost a thread hand-off per plugin call.
+    pub(super) wake_at_in_flight: Option<usize>,
 }
 
 impl LeaderState {
