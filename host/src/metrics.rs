@@ -2,6 +2,10 @@
 //! text format by `prometheus-client`.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -21,9 +25,84 @@ fn guest_histogram() -> Histogram {
     ))
 }
 
-fn delivery_histogram() -> Histogram {
-    // One bucket per delivery up to the broker's highest delivery limit (10).
-    Histogram::new((1..=10).map(f64::from))
+/// Buckets of [`DeliveryCounts`]: one per delivery up to the broker's highest delivery
+/// limit (10), then `+Inf`.
+const DELIVERY_BUCKETS: usize = 11;
+
+/// A histogram of delivery counts, counted a batch at a time. Every record handed to a plugin
+/// is observed: `prometheus-client`'s histogram takes a lock and a float bucket search per
+/// observation (3 % of a host's CPU at 100 B), where delivery counts are small integers that
+/// a batch can tally first and add with one atomic per bucket it touched. It encodes as that
+/// histogram did (same buckets, same text).
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryCounts(std::sync::Arc<DeliveryInner>);
+
+#[derive(Debug, Default)]
+struct DeliveryInner {
+    buckets: [AtomicU64; DELIVERY_BUCKETS],
+    sum: AtomicI64,
+}
+
+impl DeliveryCounts {
+    /// Observes one delivery count per item of `counts` (a batch's records).
+    pub fn observe_all(&self, counts: impl IntoIterator<Item = i16>) {
+        let mut tally = [0u64; DELIVERY_BUCKETS];
+        let (mut n, mut sum) = (0usize, 0i64);
+        for c in counts {
+            // A count below 1 (a broker's mistake) falls in the first bucket, as it did in the
+            // float histogram; above 10 in +Inf.
+            let bucket = usize::try_from(c.saturating_sub(1)).unwrap_or(0);
+            tally[bucket.min(DELIVERY_BUCKETS - 1)] += 1;
+            n += 1;
+            sum += i64::from(c);
+        }
+        if n == 0 {
+            return;
+        }
+        let inner = &self.0;
+        for (bucket, t) in inner.buckets.iter().zip(tally) {
+            if t > 0 {
+                bucket.fetch_add(t, Ordering::Relaxed);
+            }
+        }
+        inner.sum.fetch_add(sum, Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for DeliveryCounts {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DeliveryCounts {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let inner = &self.0;
+        let buckets: Vec<(f64, u64)> = inner
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let upper = if i + 1 < DELIVERY_BUCKETS {
+                    (i + 1) as f64
+                } else {
+                    f64::INFINITY
+                };
+                (upper, b.load(Ordering::Relaxed))
+            })
+            .collect();
+        // Bucket counts are read one by one while batches add to them: the count is their
+        // sum, so a scrape never shows more in the buckets than in the count.
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        encoder.encode_histogram::<NoLabelSet>(
+            inner.sum.load(Ordering::Relaxed) as f64,
+            count,
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 fn seconds_histogram() -> Histogram {
@@ -47,7 +126,7 @@ pub struct Metrics {
     pub guest_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     /// The delivery count of every record handed to a plugin: records near the group's
     /// delivery limit show as mass in the top buckets before the broker archives them.
-    pub delivery_count: Family<Labels, Histogram, fn() -> Histogram>,
+    pub delivery_count: Family<Labels, DeliveryCounts>,
     /// One series, value 1, labelled with the host's version.
     pub build_info: Family<Labels, Gauge>,
     /// Records renewed at the plugin's request.
@@ -155,7 +234,7 @@ impl Metrics {
             batches: Family::default(),
             faults: Family::default(),
             guest_seconds: Family::new_with_constructor(guest_histogram),
-            delivery_count: Family::new_with_constructor(delivery_histogram),
+            delivery_count: Family::default(),
             build_info: Family::default(),
             renewals: Family::default(),
             dead_lettered: Family::default(),
@@ -493,6 +572,34 @@ impl prometheus_client::collector::Collector for Process {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivery_counts_encode_as_the_float_histogram_of_the_same_observations() {
+        let counts: Vec<i16> = [1, 1, 1, 2, 3, 10, 11, 250, 0, -4, 7, 1]
+            .into_iter()
+            .cycle()
+            .take(1000)
+            .collect();
+        let ours = DeliveryCounts::default();
+        for part in counts.chunks(97) {
+            ours.observe_all(part.iter().copied());
+        }
+        let theirs = Histogram::new((1..=10).map(f64::from));
+        for c in &counts {
+            theirs.observe(f64::from(*c));
+        }
+        let text = |register: &dyn Fn(&mut Registry)| {
+            let mut r = Registry::default();
+            register(&mut r);
+            let mut out = String::new();
+            encode(&mut out, &r).expect("encode");
+            out
+        };
+        let a = text(&|r| r.register("delivery_count", "d", ours.clone()));
+        let b = text(&|r| r.register("delivery_count", "d", theirs.clone()));
+        assert_eq!(a, b);
+        assert!(a.contains("delivery_count_count 1000"), "{a}");
+    }
 
     #[test]
     fn the_process_series_are_read_from_proc_and_exported_without_the_prefix() {

@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use sharehost_api::VersionCounters;
 
 use super::versions::short;
-use crate::metrics::{Labels, Metrics};
+use crate::metrics::{DeliveryCounts, Labels, Metrics};
 use crate::recent_faults::RecentFaults;
 use crate::runtime::{Fault, HttpGrant};
 use crate::share::consumer::ShareConsumer;
@@ -94,7 +94,7 @@ pub(super) struct Counters {
     /// Each version's [`VersionSeries`], by hash.
     series: Mutex<HashMap<String, Arc<VersionSeries>>>,
     /// `sharehost_delivery_count` of the pipeline, looked up once.
-    delivery_count: Histogram,
+    delivery_count: DeliveryCounts,
     /// The series [`Counters::publish_engine`] sets, looked up once.
     engine_series: EngineSeries,
 }
@@ -217,7 +217,7 @@ impl Counters {
     }
 
     /// `sharehost_delivery_count` of the pipeline.
-    pub(super) fn delivery_count(&self) -> &Histogram {
+    pub(super) fn delivery_count(&self) -> &DeliveryCounts {
         &self.delivery_count
     }
 

@@ -203,10 +203,8 @@ impl Pipeline {
         }
         let series = c.series(&version.hash);
         series.guest_seconds.observe(j.elapsed.as_secs_f64());
-        let deliveries = c.delivery_count();
-        for r in batch {
-            deliveries.observe(f64::from(r.delivery_count));
-        }
+        c.delivery_count()
+            .observe_all(batch.iter().map(|r| r.delivery_count));
         series.batches.inc();
         c.count(&version.hash, |v| v.batches += 1);
     }
