@@ -224,6 +224,43 @@ impl Offsets {
         old_kind
     }
 
+    /// Sets `kind` (final) for every offset of `first..=last` when none of them has a
+    /// verdict, merging with the runs beside it; changes nothing and says `false` otherwise.
+    fn set_run(&mut self, first: i64, last: i64, kind: AckKind) -> bool {
+        if self
+            .runs
+            .range(..=last)
+            .next_back()
+            .is_some_and(|(_, r)| r.last >= first)
+        {
+            return false;
+        }
+        let Some(n) = usize::try_from(last - first)
+            .ok()
+            .and_then(|n| n.checked_add(1))
+        else {
+            return false;
+        };
+        self.len += n;
+        let mut from = first;
+        let mut to = last;
+        if let Some((f, r)) = self.runs.range(..first).next_back()
+            && first.checked_sub(1) == Some(r.last)
+            && r.kind == kind
+        {
+            from = *f;
+        }
+        if let Some(next) = last.checked_add(1)
+            && let Some(r) = self.runs.get(&next).copied()
+            && r.kind == kind
+        {
+            self.runs.remove(&next);
+            to = r.last;
+        }
+        self.runs.insert(from, Run { last: to, kind });
+        true
+    }
+
     /// Removes and returns every run outside the ranges `kept` (sorted, apart), splitting
     /// the runs that cross a kept range's edge, and leaving the Renews when `keep_renews`.
     /// Only the runs between kept ranges are visited, so a fetch step costs what it takes, not
@@ -368,6 +405,44 @@ impl AckLedger {
             range.since.get_or_insert_with(Instant::now);
         }
         Ok(())
+    }
+
+    /// Records one final verdict for every offset from `first` to `last` when none of them
+    /// has a verdict pending (the common case: a plugin call's records, judged alike): one
+    /// look-up of the partition and one run, where recording each cost a tree search and a
+    /// merge. Records nothing and says `false` otherwise (a Renew, or a pending verdict in
+    /// the range): the caller records those one by one with [`AckLedger::record`].
+    pub fn record_run(
+        &mut self,
+        tp: TopicIdPartition,
+        first: i64,
+        last: i64,
+        kind: AckKind,
+    ) -> bool {
+        if kind == AckKind::Renew || last < first {
+            return false;
+        }
+        let entry = self.pending.entry(tp).or_default();
+        if !entry.set_run(first, last, kind) {
+            return false;
+        }
+        if let Some(ranges) = self.held.get_mut(&tp) {
+            let start = ranges
+                .range(..=first)
+                .next_back()
+                .filter(|(_, r)| r.last >= first)
+                .map_or(first, |(f, _)| *f);
+            let mut now = None;
+            for (f, r) in ranges.range_mut(start..=last) {
+                let (from, to) = ((*f).max(first), r.last.min(last));
+                if let Ok(n) = u64::try_from(to - from) {
+                    r.judged += n + 1;
+                    r.since
+                        .get_or_insert_with(|| *now.get_or_insert_with(Instant::now));
+                }
+            }
+        }
+        true
     }
 
     /// Notes that `first..=last` of `tp` was acquired as one range, so that its verdicts go
@@ -943,6 +1018,46 @@ mod tests {
             prop_assert_eq!(got, want_codes);
             let left = ledger.pending.get(&tp(0)).map_or_else(BTreeMap::new, |m| m.to_map());
             prop_assert_eq!(left, want_left);
+        }
+
+        /// A run recorded at once leaves the ledger as recording its offsets one by one would
+        /// (the same pending verdicts, the same held ranges with the same counts), and is
+        /// refused, changing nothing, when any offset of it has a verdict pending.
+        #[test]
+        fn a_run_records_as_its_offsets_one_by_one(
+            ranges in proptest::collection::vec((0i64..120, 1i64..30), 0..6),
+            before in proptest::collection::vec((0i64..150, kind()), 0..40),
+            runs in proptest::collection::vec((0i64..150, 0i64..20, kind()), 1..20),
+        ) {
+            let mut bulk = AckLedger::new();
+            for (first, len) in &ranges {
+                bulk.acquired(tp(0), *first, first + len);
+            }
+            for (o, k) in &before {
+                let _ = bulk.record(tp(0), *o, *k);
+            }
+            let mut single = bulk.clone();
+            for (first, len, k) in &runs {
+                let last = first + len;
+                let free = bulk.pending.get(&tp(0)).is_none_or(|m| (*first..=last).all(|o| m.get(o).is_none()));
+                let was = bulk.pending.get(&tp(0)).map(Offsets::to_map);
+                let recorded = bulk.record_run(tp(0), *first, last, *k);
+                prop_assert_eq!(recorded, free && *k != AckKind::Renew);
+                if recorded {
+                    for o in *first..=last {
+                        prop_assert!(single.record(tp(0), o, *k).is_ok());
+                    }
+                } else {
+                    prop_assert_eq!(bulk.pending.get(&tp(0)).map(Offsets::to_map), was);
+                }
+                let counts = |l: &AckLedger| l.held.get(&tp(0)).map(|r| {
+                    r.iter().map(|(f, r)| (*f, r.last, r.judged, r.since.is_some())).collect::<Vec<_>>()
+                });
+                prop_assert_eq!(counts(&bulk), counts(&single));
+                let (b, s) = (bulk.pending.get(&tp(0)), single.pending.get(&tp(0)));
+                prop_assert_eq!(b.map(Offsets::to_map), s.map(Offsets::to_map));
+                prop_assert_eq!(b.map(|m| (m.len, m.renews, m.runs.len())), s.map(|m| (m.len, m.renews, m.runs.len())));
+            }
         }
 
         /// The runs hold exactly what a plain map of offset → verdict would, through any mix of

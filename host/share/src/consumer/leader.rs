@@ -712,7 +712,6 @@ impl LeaderWorker {
                     let _ = ledger.record(tp, o, AckKind::Release);
                 }
                 // Counted here and added once per partition: a fetch brings thousands.
-                let mut held = 0usize;
                 let (mut acquired, mut delivered, mut poisoned, mut replayed) =
                     (0u64, 0u64, 0u64, 0u64);
                 // The acquired ranges by first offset; a record in two overlapping ranges
@@ -727,6 +726,8 @@ impl LeaderWorker {
                 ranges.sort_by_key(|a| a.first_offset);
                 let mut ranges = ranges.into_iter().peekable();
                 st.outstanding.reserve(tp, offsets.len());
+                // Held after the walk, all with one look-up of the partition's records.
+                let mut to_hold = Vec::with_capacity(offsets.len());
                 for rec in records {
                     let o = rec.offset;
                     while ranges.next_if(|a| a.last_offset < o).is_some() {}
@@ -758,9 +759,7 @@ impl LeaderWorker {
                         let _ = ledger.record(tp, o, AckKind::Reject);
                         delivery.poison.push(sr);
                     } else {
-                        if st.hold((tp, o), now, a.delivery_count) {
-                            held += 1;
-                        }
+                        to_hold.push((o, a.delivery_count));
                         acquired += 1;
                         if poison {
                             delivery.poison.push(sr);
@@ -770,6 +769,7 @@ impl LeaderWorker {
                         }
                     }
                 }
+                let held = st.hold_all(tp, to_hold, now);
                 let stats = &self.shared.stats;
                 self.shared.in_flight.fetch_add(held, Ordering::Relaxed);
                 stats.acquired.fetch_add(acquired, Ordering::Relaxed);

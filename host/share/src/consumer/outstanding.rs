@@ -112,6 +112,35 @@ impl Lane {
         self.slots[i].1.as_mut()
     }
 
+    /// The slots of `first..=last` when every one of them is held: offsets in a lane are
+    /// strictly ascending, so the run's first and last slot `last - first` apart prove the
+    /// ones between.
+    fn run(&self, first: i64, last: i64) -> Option<std::ops::Range<usize>> {
+        let n = usize::try_from(last.checked_sub(first)?)
+            .ok()?
+            .checked_add(1)?;
+        let i = self.find(first).ok()?;
+        let end = i.checked_add(n)?;
+        if self.slots.get(end - 1).is_none_or(|(o, _)| *o != last) {
+            return None;
+        }
+        self.slots
+            .range(i..end)
+            .all(|(_, h)| h.is_some())
+            .then_some(i..end)
+    }
+
+    fn remove_run(&mut self, first: i64, last: i64) -> Option<usize> {
+        let slots = self.run(first, last)?;
+        let n = slots.len();
+        for (_, h) in self.slots.range_mut(slots) {
+            *h = None;
+        }
+        self.live -= n;
+        self.tidy();
+        Some(n)
+    }
+
     fn remove(&mut self, offset: i64) -> Option<Held> {
         let i = self.find(offset).ok()?;
         let held = self.slots[i].1.take()?;
@@ -186,6 +215,46 @@ impl Outstanding {
         Some(held)
     }
 
+    /// Holds the records of `tp` at `offsets` (ascending, as a fetch delivers them), each
+    /// `held`, with one look-up of the partition for all; returns how many were not held
+    /// before.
+    pub(super) fn hold_all(
+        &mut self,
+        tp: TopicIdPartition,
+        offsets: impl IntoIterator<Item = (i64, Held)>,
+    ) -> usize {
+        let lane = self.lanes.entry(tp).or_default();
+        let mut new = 0;
+        for (offset, held) in offsets {
+            if lane.insert(offset, held).is_none() {
+                new += 1;
+            }
+        }
+        self.len += new;
+        new
+    }
+
+    /// Whether every record of `tp` from `first` to `last` is held: one look-up for a run of
+    /// a batch, where each record cost one.
+    pub(super) fn holds_run(&self, tp: &TopicIdPartition, first: i64, last: i64) -> bool {
+        self.lanes
+            .get(tp)
+            .is_some_and(|lane| lane.run(first, last).is_some())
+    }
+
+    /// Takes out every record of `tp` from `first` to `last` when all of them are held, and
+    /// says how many; takes nothing (`None`) when one of them is not.
+    pub(super) fn remove_run(
+        &mut self,
+        tp: &TopicIdPartition,
+        first: i64,
+        last: i64,
+    ) -> Option<usize> {
+        let n = self.lanes.get_mut(tp)?.remove_run(first, last)?;
+        self.len -= n;
+        Some(n)
+    }
+
     /// How many records are held.
     pub(super) fn len(&self) -> usize {
         self.len
@@ -256,7 +325,7 @@ mod tests {
         /// lane never holds more than twice its records plus the compaction floor.
         #[test]
         fn it_answers_as_a_map_of_every_record(
-            ops in proptest::collection::vec((0u8..6, 0i32..3, 0i64..200), 0..400),
+            ops in proptest::collection::vec((0u8..9, 0i32..3, 0i64..200), 0..400),
         ) {
             let now = Instant::now();
             let mut out = Outstanding::default();
@@ -287,9 +356,33 @@ mod tests {
                         }
                         prop_assert_eq!(out.contains_key(&key), model.contains_key(&key));
                     }
-                    _ => {
+                    5 => {
                         out.retain(|(t, _), _| t.partition != p);
                         model.retain(|(t, _), _| t.partition != p);
+                    }
+                    6 | 7 => {
+                        // A run of up to 4 records, held whole or not.
+                        let last = o + o % 4;
+                        let whole = (o..=last).all(|x| model.contains_key(&(tp(p), x)));
+                        prop_assert_eq!(out.holds_run(&tp(p), o, last), whole);
+                        if op == 7 {
+                            let got = out.remove_run(&tp(p), o, last);
+                            prop_assert_eq!(got, whole.then(|| (last - o + 1) as usize));
+                            if whole {
+                                for x in o..=last {
+                                    model.remove(&(tp(p), x));
+                                }
+                            }
+                        }
+                    }
+                    _ => {
+                        // Several held at once, some of them held already.
+                        let items: Vec<(i64, Held)> = (o..o + 1 + o % 5).map(|x| (x, Held::new(now, 2))).collect();
+                        let fresh = items.iter().filter(|(x, _)| !model.contains_key(&(tp(p), *x))).count();
+                        prop_assert_eq!(out.hold_all(tp(p), items.iter().copied()), fresh);
+                        for (x, _) in items {
+                            model.insert((tp(p), x), 2);
+                        }
                     }
                 }
                 prop_assert_eq!(out.len(), model.len());

@@ -17,13 +17,13 @@ use tokio_util::sync::CancellationToken;
 use sharehost_kafka::{KafkaClient, KafkaError};
 
 use super::heartbeat::heartbeat_loop;
-use super::shared::{Confirmation, Shared};
+use super::shared::{Confirmation, LeaderState, Shared};
 use super::supervisor::fetch_supervisor;
 use super::types::{
     AckOutcome, ConsumerStats, Delivery, LOCK_MARGIN, Settle, Settled, ShareConsumerConfig,
     ShareError, ShareRecord,
 };
-use crate::ledger::{AckKind, TopicIdPartition};
+use crate::ledger::{AckKind, AckLedger, TopicIdPartition};
 use crate::membership::Membership;
 
 /// A running share consumer. `poll` from one task; `acknowledge` from any.
@@ -330,15 +330,39 @@ impl ShareConsumer {
         // Never both locks at once: every other path takes them one at a time.
         let owners = self.shared.leaders_of(records.iter().map(|r| &r.partition));
         let leaders = self.shared.leaders.lock();
-        let mut owner = owners.into_iter();
-        records.retain(|r| {
-            owner
-                .next()
+        // Asked once per run of consecutive offsets of one partition and session (one look-up
+        // for a batch's records of a partition); a run not held whole, record by record.
+        let mut keep = Vec::with_capacity(records.len());
+        let mut i = 0;
+        while let Some(head) = records.get(i..).and_then(|r| r.first()) {
+            let len = 1 + records[i..]
+                .windows(2)
+                .take_while(|w| same_run(&w[0], &w[1]))
+                .count();
+            let st = owners
+                .get(i)
+                .copied()
                 .flatten()
                 .and_then(|l| leaders.get(&l))
-                .is_some_and(|st| st.session == r.session && st.outstanding.contains_key(&r.key()))
-        });
+                .filter(|st| st.session == head.session);
+            let last = records[i + len - 1].record.offset;
+            if st.is_some_and(|st| {
+                st.outstanding
+                    .holds_run(&head.partition, head.record.offset, last)
+            }) {
+                keep.resize(keep.len() + len, true);
+            } else {
+                keep.extend(
+                    records[i..i + len]
+                        .iter()
+                        .map(|r| st.is_some_and(|st| st.outstanding.contains_key(&r.key()))),
+                );
+            }
+            i += len;
+        }
         drop(leaders);
+        let mut keep = keep.into_iter();
+        records.retain(|_| keep.next().unwrap_or(false));
         let replay: Vec<(usize, AckKind)> = {
             let mut remembered = self.shared.remembered.lock();
             if remembered.is_empty() {
@@ -477,124 +501,144 @@ impl ShareConsumer {
         let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
         let mut replayed = 0u64;
         let mut again = Vec::new();
+        let (mut run_finals, mut run_at_limit) = (0usize, 0u64);
         let wake_at: Vec<Option<usize>>;
         let results: Vec<Settled> = {
             let mut leaders = self.shared.leaders.lock();
             let mut ledger = self.shared.ledger.lock();
             wake_at = leaders.values().map(|st| st.wake_at_in_flight).collect();
-            decisions
-                .iter()
-                .zip(leaders_of)
-                .map(|((record, decision), leader)| {
-                    let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
-                        return Settled::Moot;
-                    };
-                    let key = record.key();
-                    if st.session != record.session {
-                        // The broker released the record with its session and this member has
-                        // it again, not settled yet: the verdict, made and acted on, applies
-                        // to that delivery (which then is never judged).
-                        if let Settle::Final(kind @ (AckKind::Accept | AckKind::Reject)) = decision
-                            && st.outstanding.contains_key(&key)
-                            && ledger
-                                .record(record.partition, record.record.offset, *kind)
-                                .is_ok()
-                        {
-                            st.outstanding.remove(&key);
-                            recorded = true;
-                            finals += 1;
-                            replayed += 1;
-                            return Settled::Taken;
-                        }
-                        return Settled::Moot;
-                    }
-                    // A final verdict (most of them) costs one lookup: the record leaves
-                    // the outstanding map at once, and comes back should the ledger refuse it.
-                    if let Settle::Final(kind) = decision
-                        && *kind != AckKind::Gap
+            let mut one = |leaders: &mut foldhash::HashMap<i32, LeaderState>,
+                           ledger: &mut AckLedger,
+                           (record, decision): &(&ShareRecord, Settle),
+                           leader: Option<i32>| {
+                let Some(st) = leader.and_then(|l| leaders.get_mut(&l)) else {
+                    return Settled::Moot;
+                };
+                let key = record.key();
+                if st.session != record.session {
+                    // The broker released the record with its session and this member has
+                    // it again, not settled yet: the verdict, made and acted on, applies
+                    // to that delivery (which then is never judged).
+                    if let Settle::Final(kind @ (AckKind::Accept | AckKind::Reject)) = decision
+                        && st.outstanding.contains_key(&key)
+                        && ledger
+                            .record(record.partition, record.record.offset, *kind)
+                            .is_ok()
                     {
-                        let Some(held) = st.outstanding.remove(&key) else {
-                            return Settled::Moot;
-                        };
-                        if let Err(e) = ledger.record(record.partition, record.record.offset, *kind)
-                        {
-                            st.outstanding.insert(key, held);
-                            return Settled::Refused(e.to_string());
-                        }
+                        st.outstanding.remove(&key);
                         recorded = true;
                         finals += 1;
-                        if *kind == AckKind::Release
-                            && archive_at.is_some_and(|limit| record.delivery_count >= limit)
-                        {
-                            at_limit += 1;
-                        }
+                        replayed += 1;
                         return Settled::Taken;
                     }
-                    let Some(held) = st.outstanding.get(&key).copied() else {
+                    return Settled::Moot;
+                }
+                // A final verdict (most of them) costs one lookup: the record leaves
+                // the outstanding map at once, and comes back should the ledger refuse it.
+                if let Settle::Final(kind) = decision
+                    && *kind != AckKind::Gap
+                {
+                    let Some(held) = st.outstanding.remove(&key) else {
                         return Settled::Moot;
                     };
-                    let (kind, result) = match decision {
-                        Settle::Final(AckKind::Gap) => {
-                            return Settled::Refused(
-                                "Gap is for offsets without a record; the engine sends it itself"
-                                    .into(),
-                            );
-                        }
-                        Settle::Final(kind) => (*kind, Settled::Taken),
-                        Settle::Renew { max } if held.renewals < *max && st.renew_supported => {
-                            if let Err(e) = ledger.record(
-                                record.partition,
-                                record.record.offset,
-                                AckKind::Renew,
-                            ) {
-                                return Settled::Refused(e.to_string());
-                            }
-                            if let Some(h) = st.outstanding.get_mut(&key) {
-                                h.renewals += 1;
-                                h.release_at = None;
-                            }
-                            recorded = true;
-                            again.push((*record).clone());
-                            return Settled::Renewed;
-                        }
-                        Settle::Renew { .. } => (AckKind::Release, Settled::RenewsSpent),
-                        Settle::Hold(wish) => {
-                            let mut keep = *wish;
-                            if let Some(left) = st.hold_limit(&held, auto_renew) {
-                                keep = keep.min(left.saturating_sub(LOCK_MARGIN));
-                            }
-                            if !keep.is_zero() {
-                                let at = now + keep;
-                                if let Some(h) = st.outstanding.get_mut(&key) {
-                                    h.release_at = Some(at);
-                                }
-                                st.holds.push(Reverse((
-                                    at,
-                                    record.partition,
-                                    record.record.offset,
-                                )));
-                                holds = true;
-                                return Settled::Held(keep);
-                            }
-                            // No time left on its lock: released now, like a due hold.
-                            (AckKind::Release, Settled::Held(Duration::ZERO))
-                        }
-                    };
-                    if let Err(e) = ledger.record(record.partition, record.record.offset, kind) {
+                    if let Err(e) = ledger.record(record.partition, record.record.offset, *kind) {
+                        st.outstanding.insert(key, held);
                         return Settled::Refused(e.to_string());
                     }
-                    st.outstanding.remove(&key);
                     recorded = true;
                     finals += 1;
-                    if kind == AckKind::Release
+                    if *kind == AckKind::Release
                         && archive_at.is_some_and(|limit| record.delivery_count >= limit)
                     {
                         at_limit += 1;
                     }
-                    result
-                })
-                .collect()
+                    return Settled::Taken;
+                }
+                let Some(held) = st.outstanding.get(&key).copied() else {
+                    return Settled::Moot;
+                };
+                let (kind, result) = match decision {
+                    Settle::Final(AckKind::Gap) => {
+                        return Settled::Refused(
+                            "Gap is for offsets without a record; the engine sends it itself"
+                                .into(),
+                        );
+                    }
+                    Settle::Final(kind) => (*kind, Settled::Taken),
+                    Settle::Renew { max } if held.renewals < *max && st.renew_supported => {
+                        if let Err(e) =
+                            ledger.record(record.partition, record.record.offset, AckKind::Renew)
+                        {
+                            return Settled::Refused(e.to_string());
+                        }
+                        if let Some(h) = st.outstanding.get_mut(&key) {
+                            h.renewals += 1;
+                            h.release_at = None;
+                        }
+                        recorded = true;
+                        again.push((*record).clone());
+                        return Settled::Renewed;
+                    }
+                    Settle::Renew { .. } => (AckKind::Release, Settled::RenewsSpent),
+                    Settle::Hold(wish) => {
+                        let mut keep = *wish;
+                        if let Some(left) = st.hold_limit(&held, auto_renew) {
+                            keep = keep.min(left.saturating_sub(LOCK_MARGIN));
+                        }
+                        if !keep.is_zero() {
+                            let at = now + keep;
+                            if let Some(h) = st.outstanding.get_mut(&key) {
+                                h.release_at = Some(at);
+                            }
+                            st.holds
+                                .push(Reverse((at, record.partition, record.record.offset)));
+                            holds = true;
+                            return Settled::Held(keep);
+                        }
+                        // No time left on its lock: released now, like a due hold.
+                        (AckKind::Release, Settled::Held(Duration::ZERO))
+                    }
+                };
+                if let Err(e) = ledger.record(record.partition, record.record.offset, kind) {
+                    return Settled::Refused(e.to_string());
+                }
+                st.outstanding.remove(&key);
+                recorded = true;
+                finals += 1;
+                if kind == AckKind::Release
+                    && archive_at.is_some_and(|limit| record.delivery_count >= limit)
+                {
+                    at_limit += 1;
+                }
+                result
+            };
+            let mut results = Vec::with_capacity(decisions.len());
+            let mut i = 0;
+            while let Some(head) = decisions.get(i..).filter(|d| !d.is_empty()) {
+                let leader = leaders_of.get(i).copied().flatten();
+                let len = run_len(head);
+                if len > 1
+                    && let Some(st) = leader.and_then(|l| leaders.get_mut(&l))
+                    && let Some(at_limit) = settle_run(st, &mut ledger, &head[..len], archive_at)
+                {
+                    run_finals += len;
+                    run_at_limit += at_limit;
+                    results.extend(std::iter::repeat_n(Settled::Taken, len));
+                    i += len;
+                    continue;
+                }
+                // One by one, the whole run: a run that could not be settled at once is not
+                // looked at again from each of its records.
+                for (d, leader) in head[..len].iter().zip(&leaders_of[i..]) {
+                    results.push(one(&mut leaders, &mut ledger, d, *leader));
+                }
+                i += len;
+            }
+            results
         };
+        recorded |= run_finals > 0;
+        finals += run_finals;
+        at_limit += run_at_limit;
         self.shared.counted_finals(finals, at_limit);
         if replayed > 0 {
             self.shared
@@ -734,6 +778,68 @@ impl Drop for ShareConsumer {
     }
 }
 
+/// How many decisions at the head of `decisions` form a run: records of one partition and
+/// one session at consecutive offsets with one final verdict (a plugin call's records judged
+/// alike: nearly every batch). At least 1 (the head alone) when `decisions` is not empty.
+fn run_len(decisions: &[(&ShareRecord, Settle)]) -> usize {
+    let Some((_, head @ Settle::Final(kind))) = decisions.first() else {
+        return usize::from(!decisions.is_empty());
+    };
+    if *kind == AckKind::Gap {
+        return 1;
+    }
+    1 + decisions
+        .windows(2)
+        .take_while(|w| {
+            let ((a, _), (b, d)) = (&w[0], &w[1]);
+            d == head && same_run(a, b)
+        })
+        .count()
+}
+
+/// Whether `b` follows `a` in a run: the same partition and session, the next offset.
+fn same_run(a: &ShareRecord, b: &ShareRecord) -> bool {
+    b.partition == a.partition
+        && b.session == a.session
+        && a.record.offset.checked_add(1) == Some(b.record.offset)
+}
+
+/// Settles a run ([`run_len`]) at once when every record of it is held by `st` in its session
+/// and none has a verdict pending: one look-up of the partition's records and one run of the
+/// ledger for all, where each record cost a look-up in both. Returns how many of them release
+/// a record at the group's delivery limit; `None` (nothing changed) leaves the run to be
+/// settled one by one, with the outcome that has.
+fn settle_run(
+    st: &mut LeaderState,
+    ledger: &mut AckLedger,
+    run: &[(&ShareRecord, Settle)],
+    archive_at: Option<i16>,
+) -> Option<u64> {
+    let ((head, Settle::Final(kind)), Some((tail, _))) = (run.first()?, run.last()) else {
+        return None;
+    };
+    if head.session != st.session {
+        return None;
+    }
+    let (tp, first, last) = (head.partition, head.record.offset, tail.record.offset);
+    if !st.outstanding.holds_run(&tp, first, last) || !ledger.record_run(tp, first, last, *kind) {
+        return None;
+    }
+    let taken = st.outstanding.remove_run(&tp, first, last);
+    debug_assert_eq!(
+        taken,
+        Some(run.len()),
+        "held a moment ago, under the same lock"
+    );
+    Some(match (kind, archive_at) {
+        (AckKind::Release, Some(limit)) => run
+            .iter()
+            .filter(|(r, _)| r.delivery_count >= limit)
+            .count() as u64,
+        _ => 0,
+    })
+}
+
 /// Whether a settle wakes the leaders' tasks: a renewal or a hold (`urgent`) at once, since
 /// the task acts on them; a recorded final verdict when some task wants to hear of any
 /// (`None`) or the records in flight are down to the room a task waits for
@@ -744,7 +850,108 @@ fn settle_wakes(wake_at: &[Option<usize>], in_flight: usize, recorded: bool, urg
 
 #[cfg(test)]
 mod tests {
-    use super::settle_wakes;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use tokio::time::Instant;
+    use uuid::Uuid;
+
+    use super::{LeaderState, Settle, ShareRecord, run_len, settle_run, settle_wakes};
+    use crate::ledger::{AckKind, AckLedger, TopicIdPartition};
+
+    fn tp(p: i32) -> TopicIdPartition {
+        TopicIdPartition {
+            topic_id: Uuid::from_u128(9),
+            partition: p,
+        }
+    }
+
+    fn record(p: i32, offset: i64, session: u64) -> ShareRecord {
+        ShareRecord {
+            topic: Arc::from("t"),
+            partition: tp(p),
+            delivery_count: 1 + (offset % 3) as i16,
+            record: sharehost_kafka::ConsumedRecord {
+                offset,
+                timestamp: 0,
+                key: None,
+                value: None,
+                headers: Vec::new(),
+            },
+            session,
+            stint: 1,
+        }
+    }
+
+    fn final_kind() -> impl Strategy<Value = AckKind> {
+        prop_oneof![
+            Just(AckKind::Accept),
+            Just(AckKind::Release),
+            Just(AckKind::Reject),
+            Just(AckKind::Gap)
+        ]
+    }
+
+    proptest! {
+        /// A run settled at once changes the records held and the ledger exactly as settling
+        /// its records one by one does (each taken out and its verdict recorded), and is left
+        /// alone, nothing changed, when one of its records is not held in the session or
+        /// already has a verdict pending.
+        #[test]
+        fn a_run_settles_as_its_records_one_by_one(
+            held in proptest::collection::btree_set(0i64..60, 0..60),
+            pending in proptest::collection::vec((0i64..60, final_kind()), 0..6),
+            offsets in proptest::collection::vec((0i64..60, 0i32..2, 0u64..4), 1..40),
+            kind in final_kind(),
+            session in 1u64..3,
+        ) {
+            let now = Instant::now();
+            let mut st = LeaderState { session: 1, ..LeaderState::default() };
+            st.hold_all(tp(0), held.iter().map(|o| (*o, 1)), now);
+            let mut ledger = AckLedger::new();
+            ledger.acquired(tp(0), 0, 59);
+            for (o, k) in &pending {
+                let _ = ledger.record(tp(0), *o, *k);
+            }
+            // Mostly consecutive offsets of partition 0 in the session, now and then not.
+            let start = offsets[0].0;
+            let records: Vec<ShareRecord> = offsets.iter().enumerate().map(|(i, (jump, p, s))| {
+                let o = start + i as i64 + i64::from(*jump == 7);
+                record(if *s == 0 { *p } else { 0 }, o, if *s == 3 { session } else { 1 })
+            }).collect();
+            let decisions: Vec<(&ShareRecord, Settle)> = records.iter().map(|r| (r, Settle::Final(kind))).collect();
+            let len = run_len(&decisions);
+            prop_assert!(len >= 1 && len <= decisions.len());
+            prop_assert!(kind != AckKind::Gap || len == 1);
+            prop_assert!(decisions[..len].windows(2).all(|w| super::same_run(w[0].0, w[1].0)));
+            let run = &decisions[..len];
+            let keys: Vec<(TopicIdPartition, i64)> = run.iter().map(|(r, _)| r.key()).collect();
+            let whole = len > 1
+                && run.iter().all(|(r, _)| r.session == 1)
+                && keys.iter().all(|k| st.outstanding.contains_key(k))
+                && keys.iter().all(|(_, o)| !pending.iter().any(|(p, _)| p == o));
+            let (mut one_st, mut one_ledger) = (LeaderState { session: 1, ..LeaderState::default() }, ledger.clone());
+            one_st.hold_all(tp(0), held.iter().map(|o| (*o, 1)), now);
+            let got = if len > 1 { settle_run(&mut st, &mut ledger, run, Some(2)) } else { None };
+            prop_assert_eq!(got.is_some(), whole);
+            if whole {
+                for k in &keys {
+                    prop_assert!(one_st.outstanding.remove(k).is_some());
+                    prop_assert!(one_ledger.record(k.0, k.1, kind).is_ok());
+                }
+                let at_limit = if kind == AckKind::Release {
+                    run.iter().filter(|(r, _)| r.delivery_count >= 2).count() as u64
+                } else { 0 };
+                prop_assert_eq!(got, Some(at_limit));
+            }
+            let held_now = |s: &LeaderState| s.outstanding.iter().map(|(k, _)| k).collect::<Vec<_>>();
+            prop_assert_eq!(held_now(&st), held_now(&one_st));
+            prop_assert_eq!(
+                format!("{:?}", ledger.take(|_| true, true)),
+                format!("{:?}", one_ledger.take(|_| true, true))
+            );
+        }
+    }
 
     #[test]
     fn a_final_verdict_wakes_a_leader_waiting_for_room_only_once_the_room_is_there() {

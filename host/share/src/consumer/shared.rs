@@ -64,15 +64,31 @@ impl LeaderState {
     /// still held it comes back in the same session under the same key: it is one record held
     /// all the same (the first final verdict for either copy settles it, the other is moot),
     /// so the in-flight count takes it once.
+    #[cfg(test)]
     pub(super) fn hold(
         &mut self,
         key: (TopicIdPartition, i64),
         now: Instant,
         deliveries: i16,
     ) -> bool {
-        self.outstanding
-            .insert(key, Held::new(now, deliveries))
-            .is_none()
+        self.hold_all(key.0, [(key.1, deliveries)], now) == 1
+    }
+
+    /// Holds the records of `tp` a fetch just acquired (offset and delivery count, ascending)
+    /// as [`LeaderState::hold`] holds one, with one look-up of the partition for all; returns
+    /// how many were not held already.
+    pub(super) fn hold_all(
+        &mut self,
+        tp: TopicIdPartition,
+        records: impl IntoIterator<Item = (i64, i16)>,
+        now: Instant,
+    ) -> usize {
+        self.outstanding.hold_all(
+            tp,
+            records
+                .into_iter()
+                .map(|(offset, deliveries)| (offset, Held::new(now, deliveries))),
+        )
     }
 
     /// The entry of `record` while this member holds that very delivery of it: `None` once
