@@ -111,8 +111,8 @@ fn main() -> Result<()> {
     let (Some(path), None) = (args.next(), args.next()) else {
         bail!("usage: pipeline_bench MANIFEST");
     };
-    // The same runtime flavour as the `sharehost` binary (multi-threaded, one worker per core).
-    tokio::runtime::Runtime::new()
+    // The same runtime as the `sharehost` binary's.
+    sharehost::host_threads::runtime()
         .context("starting the async runtime")?
         .block_on(run(PathBuf::from(path)))
 }

@@ -15,13 +15,15 @@
 //! - [`api`]: the admin API's routes and bodies, written once; [`admin`]: the server (metrics,
 //!   health, swap, rollout); `sharehost ctl` (in the binary's `cli`): its client.
 //! - [`dlq`]: reading and replaying dead letters; [`provenance`]: the header names written.
-//! - [`metrics`]: the registry passed down to everything that counts.
+//! - [`metrics`]: the registry passed down to everything that counts; [`host_threads`]: the
+//!   runtime the host's own work runs on.
 
 pub mod admin;
 pub mod api;
 pub mod console;
 pub mod dlq;
 pub mod fleet;
+pub mod host_threads;
 pub mod manifest;
 pub mod metrics;
 pub mod persisted;

@@ -105,7 +105,7 @@ fn main() -> ExitCode {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match sharehost::host_threads::runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
