@@ -263,6 +263,48 @@ fn the_enrichers_retry_alike_when_the_pricing_service_does_not_answer() {
     );
 }
 
+/// A loopback port nobody listens on (bound, then let go).
+fn idle_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[test]
+fn a_javascript_fetch_that_gets_no_answer_rejects_with_a_type_error_post_or_get() {
+    // A POST's body is written by the guest after the request was handed over: to a host the
+    // pipeline does not grant (refused at once), and to a granted port nobody listens on with
+    // a body larger than what is buffered before the connection fails, the body used to go
+    // nowhere and the instance trapped instead of the plugin's `catch` seeing a TypeError.
+    let dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-fetch-errors"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let input = dir.join("records.jsonl");
+    std::fs::write(&input, "{\"value\":\"post\"}\n{\"value\":\"get\"}\n").expect("input");
+    let granted = format!("http://127.0.0.1:{}", idle_port());
+    let refused = format!("http://127.0.0.1:{}", idle_port());
+    for (url, what) in [
+        (&granted, "a granted port nobody listens on"),
+        (&refused, "a host not granted"),
+    ] {
+        let (ok, lines, stderr) = test_plugin_with(
+            &guest("fetch_errors_js"),
+            &input,
+            &[&format!("url={url}/score"), "size=3000000"],
+            &["--allow-outbound-host", &granted],
+        );
+        assert!(ok, "{what}: {stderr}");
+        assert_eq!(lines.len(), 2, "{what}: {lines:#?}");
+        for line in &lines {
+            assert!(
+                line.contains(r#""verdict":"reject""#) && line.contains("caught TypeError"),
+                "{what}: {line}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The parity fixture's cases, natively: `name<TAB>result` lines.
 fn native_cases(cmd: &mut Command) -> Vec<(String, String)> {
     let out = cmd.output().expect("run the native cases");

@@ -194,3 +194,70 @@ impl Body for CappedBody {
             .unwrap_or_else(|| SizeHint::with_exact(0))
     }
 }
+
+/// The body of an outgoing request as the guest writes it, drained to its end should the
+/// request be dropped before (refused, or its connection failed or reset): the guest's writes
+/// to a body nobody reads would fail, and a guest runtime that does not expect that traps
+/// (StarlingMonkey, under JavaScript's `fetch`, hits `unreachable` on a POST to a refused
+/// host) instead of seeing the request's own error, which its response then carries. What is
+/// drained is discarded as it comes, so it costs no memory; the drain ends when the guest
+/// finishes the body or drops it.
+pub(crate) struct DrainedRequestBody {
+    inner: Option<wasmtime_wasi_http::WasiBody>,
+}
+
+impl DrainedRequestBody {
+    /// Wraps the body of a request about to be handled.
+    pub(crate) fn new(body: wasmtime_wasi_http::WasiBody) -> Self {
+        Self { inner: Some(body) }
+    }
+}
+
+impl Body for DrainedRequestBody {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            // Read to its end: nothing left to drain.
+            self.inner = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+impl Drop for DrainedRequestBody {
+    fn drop(&mut self) {
+        let Some(mut body) = self.inner.take() else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        // Dropped outside a runtime (never in the host, where requests live on its tasks),
+        // the body goes with it as before.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                use http_body_util::BodyExt;
+                while let Some(Ok(_)) = body.frame().await {}
+            });
+        }
+    }
+}

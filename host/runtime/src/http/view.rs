@@ -18,7 +18,10 @@ use wasmtime_wasi_http::{
     WasiHttpView,
 };
 
+use http_body_util::BodyExt;
+
 use super::allow_list::Target;
+use super::body::DrainedRequestBody;
 use super::client::SendFuture;
 use super::grant::HttpGrant;
 use super::report::Refusals;
@@ -148,6 +151,8 @@ impl WasiHttpHooks for Hooks {
         _options: Option<RequestOptions>,
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<SendFuture> {
+        // Whatever drops the request before its body's end, the guest's writes still land.
+        let request = request.map(|body| DrainedRequestBody::new(body).boxed_unsync());
         match &self.grant {
             Some(grant) => {
                 let send = grant
