@@ -491,6 +491,25 @@ async fn records_released_at_their_last_delivery_are_counted_as_archived() {
     .await;
     assert_eq!(archived, 10, "each record once, at its second delivery");
     let host = Arc::try_unwrap(host).ok().expect("sole owner");
-    blocking(move || host.stop()).await;
+    let (_, _, log) = blocking(move || host.stop_with_log()).await;
+    // Named in the log as well, a line per batch: an operator can find what was archived.
+    let lines: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("records released at their last delivery"))
+        .collect();
+    assert!(!lines.is_empty() && lines.len() <= 10, "{log:#?}");
+    let named: usize = lines
+        .iter()
+        .map(|l| l.matches(&format!("{topic}-0@")).count())
+        .sum();
+    assert_eq!(named, 10, "every archived record named once: {lines:#?}");
+    for offset in 0..10 {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("{topic}-0@{offset}"))),
+            "offset {offset} not named: {lines:#?}"
+        );
+    }
     wait_until_drained(&group);
 }

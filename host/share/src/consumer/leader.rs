@@ -29,7 +29,7 @@ use super::decisions::{
     MAX_UNRECORDED_OFFSETS, by_partition, count_type, cuts_a_batch, fetch_ask, plan_unrecorded,
     served,
 };
-use super::shared::Shared;
+use super::shared::{AtLimit, Shared};
 use super::types::{AckOutcome, AcquireMode, Delivery, RoundTrip, ShareRecord};
 use crate::ledger::{AckKind, TopicIdPartition};
 use crate::session::{SessionOutcome, ShareSession};
@@ -184,13 +184,11 @@ impl LeaderWorker {
         };
         if !due.is_empty() {
             let mut ledger = self.shared.ledger.lock();
-            let (mut released, mut at_limit) = (0, 0u64);
+            let (mut released, mut at_limit) = (0, AtLimit::default());
             for ((tp, offset), held) in due {
                 if ledger.record(tp, offset, AckKind::Release).is_ok() {
                     released += 1;
-                    if archive_at.is_some_and(|limit| held.deliveries >= limit) {
-                        at_limit += 1;
-                    }
+                    at_limit.note(archive_at, held.deliveries, tp, offset);
                 }
             }
             drop(ledger);

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use sharehost_kafka::{KafkaClient, KafkaError};
 
 use super::heartbeat::heartbeat_loop;
-use super::shared::{Confirmation, LeaderState, Shared};
+use super::shared::{AtLimit, Confirmation, LeaderState, Shared};
 use super::supervisor::fetch_supervisor;
 use super::types::{
     AckOutcome, ConsumerStats, Delivery, LOCK_MARGIN, Settle, Settled, ShareConsumerConfig,
@@ -428,7 +428,7 @@ impl ShareConsumer {
         let leaders_of = self
             .shared
             .leaders_of(verdicts.iter().map(|(r, _)| &r.partition));
-        let (mut recorded, mut finals, mut at_limit) = (false, 0, 0u64);
+        let (mut recorded, mut finals, mut at_limit) = (false, 0, AtLimit::default());
         let archive_at = self.shared.config.archive_at;
         let results = {
             let mut leaders = self.shared.leaders.lock();
@@ -470,10 +470,13 @@ impl ShareConsumer {
                     if kind != AckKind::Renew {
                         finals += 1;
                     }
-                    if kind == AckKind::Release
-                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
-                    {
-                        at_limit += 1;
+                    if kind == AckKind::Release {
+                        at_limit.note(
+                            archive_at,
+                            record.delivery_count,
+                            record.partition,
+                            record.record.offset,
+                        );
                     }
                     Ok(true)
                 })
@@ -498,10 +501,11 @@ impl ShareConsumer {
         let auto_renew = self.shared.config.auto_renew_after.is_some();
         let archive_at = self.shared.config.archive_at;
         let now = Instant::now();
-        let (mut recorded, mut finals, mut at_limit, mut holds) = (false, 0usize, 0u64, false);
+        let (mut recorded, mut finals, mut holds) = (false, 0usize, false);
+        let mut at_limit = AtLimit::default();
         let mut replayed = 0u64;
         let mut again = Vec::new();
-        let (mut run_finals, mut run_at_limit) = (0usize, 0u64);
+        let (mut run_finals, mut run_at_limit) = (0usize, AtLimit::default());
         let wake_at: Vec<Option<usize>>;
         let results: Vec<Settled> = {
             let mut leaders = self.shared.leaders.lock();
@@ -547,10 +551,8 @@ impl ShareConsumer {
                     }
                     recorded = true;
                     finals += 1;
-                    if *kind == AckKind::Release
-                        && archive_at.is_some_and(|limit| record.delivery_count >= limit)
-                    {
-                        at_limit += 1;
+                    if *kind == AckKind::Release {
+                        at_limit.note(archive_at, record.delivery_count, key.0, key.1);
                     }
                     return Settled::Taken;
                 }
@@ -605,10 +607,8 @@ impl ShareConsumer {
                 st.outstanding.remove(&key);
                 recorded = true;
                 finals += 1;
-                if kind == AckKind::Release
-                    && archive_at.is_some_and(|limit| record.delivery_count >= limit)
-                {
-                    at_limit += 1;
+                if kind == AckKind::Release {
+                    at_limit.note(archive_at, record.delivery_count, key.0, key.1);
                 }
                 result
             };
@@ -622,7 +622,7 @@ impl ShareConsumer {
                     && let Some(at_limit) = settle_run(st, &mut ledger, &head[..len], archive_at)
                 {
                     run_finals += len;
-                    run_at_limit += at_limit;
+                    run_at_limit.merge(at_limit);
                     results.extend(std::iter::repeat_n(Settled::Taken, len));
                     i += len;
                     continue;
@@ -638,7 +638,7 @@ impl ShareConsumer {
         };
         recorded |= run_finals > 0;
         finals += run_finals;
-        at_limit += run_at_limit;
+        at_limit.merge(run_at_limit);
         self.shared.counted_finals(finals, at_limit);
         if replayed > 0 {
             self.shared
@@ -673,7 +673,7 @@ impl ShareConsumer {
     /// gives them back at once: the next member honours the delay no less than a redelivery
     /// does). Returns how many were released.
     pub fn release_holds(&self) -> usize {
-        let (mut released, mut at_limit) = (0, 0u64);
+        let (mut released, mut at_limit) = (0, AtLimit::default());
         let archive_at = self.shared.config.archive_at;
         {
             let mut leaders = self.shared.leaders.lock();
@@ -692,9 +692,7 @@ impl ShareConsumer {
                     };
                     if ledger.record(key.0, key.1, AckKind::Release).is_ok() {
                         released += 1;
-                        if archive_at.is_some_and(|limit| held.deliveries >= limit) {
-                            at_limit += 1;
-                        }
+                        at_limit.note(archive_at, held.deliveries, key.0, key.1);
                     }
                 }
             }
@@ -806,15 +804,15 @@ fn same_run(a: &ShareRecord, b: &ShareRecord) -> bool {
 
 /// Settles a run ([`run_len`]) at once when every record of it is held by `st` in its session
 /// and none has a verdict pending: one look-up of the partition's records and one run of the
-/// ledger for all, where each record cost a look-up in both. Returns how many of them release
-/// a record at the group's delivery limit; `None` (nothing changed) leaves the run to be
+/// ledger for all, where each record cost a look-up in both. Returns the records it released at
+/// the group's delivery limit; `None` (nothing changed) leaves the run to be
 /// settled one by one, with the outcome that has.
 fn settle_run(
     st: &mut LeaderState,
     ledger: &mut AckLedger,
     run: &[(&ShareRecord, Settle)],
     archive_at: Option<i16>,
-) -> Option<u64> {
+) -> Option<AtLimit> {
     let ((head, Settle::Final(kind)), Some((tail, _))) = (run.first()?, run.last()) else {
         return None;
     };
@@ -831,13 +829,13 @@ fn settle_run(
         Some(run.len()),
         "held a moment ago, under the same lock"
     );
-    Some(match (kind, archive_at) {
-        (AckKind::Release, Some(limit)) => run
-            .iter()
-            .filter(|(r, _)| r.delivery_count >= limit)
-            .count() as u64,
-        _ => 0,
-    })
+    let mut at_limit = AtLimit::default();
+    if *kind == AckKind::Release {
+        for (r, _) in run {
+            at_limit.note(archive_at, r.delivery_count, r.partition, r.record.offset);
+        }
+    }
+    Some(at_limit)
 }
 
 /// Whether a settle wakes the leaders' tasks: a renewal or a hold (`urgent`) at once, since
@@ -942,7 +940,7 @@ mod tests {
                 let at_limit = if kind == AckKind::Release {
                     run.iter().filter(|(r, _)| r.delivery_count >= 2).count() as u64
                 } else { 0 };
-                prop_assert_eq!(got, Some(at_limit));
+                prop_assert_eq!(got.map(|a| a.count()), Some(at_limit));
             }
             let held_now = |s: &LeaderState| s.outstanding.iter().map(|(k, _)| k).collect::<Vec<_>>();
             prop_assert_eq!(held_now(&st), held_now(&one_st));

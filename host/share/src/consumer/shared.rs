@@ -343,6 +343,48 @@ impl Pace {
     }
 }
 
+/// Most records one [`AtLimit`] names (the rest are counted): one log line per batch.
+const AT_LIMIT_NAMED: usize = 16;
+
+/// The records one settle released at the group's delivery limit: counted, and the first few
+/// named for the log ([`Shared::counted_finals`]).
+#[derive(Debug, Default)]
+pub(super) struct AtLimit {
+    count: u64,
+    some: Vec<(TopicIdPartition, i64)>,
+}
+
+impl AtLimit {
+    /// Notes a release of `offset` of `tp` when `deliveries` reached `limit`.
+    pub(super) fn note(
+        &mut self,
+        limit: Option<i16>,
+        deliveries: i16,
+        tp: TopicIdPartition,
+        offset: i64,
+    ) {
+        if limit.is_some_and(|l| deliveries >= l) {
+            self.count += 1;
+            if self.some.len() < AT_LIMIT_NAMED {
+                self.some.push((tp, offset));
+            }
+        }
+    }
+
+    /// How many were released at the limit.
+    #[cfg(test)]
+    pub(super) fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Adds what `other` noted.
+    pub(super) fn merge(&mut self, other: AtLimit) {
+        self.count += other.count;
+        let room = AT_LIMIT_NAMED.saturating_sub(self.some.len());
+        self.some.extend(other.some.into_iter().take(room));
+    }
+}
+
 impl Shared {
     /// The leader serving each of `partitions` now, in order. A batch's records come in runs of
     /// one partition, so the route is asked once per run, not once per record.
@@ -416,18 +458,40 @@ impl Shared {
         );
     }
 
-    /// Counts `finals` verdicts out of the in-flight bound (and into the pacing rate), and
-    /// `at_limit` releases at the group's delivery limit.
-    pub(super) fn counted_finals(&self, finals: usize, at_limit: u64) {
+    /// Counts `finals` verdicts out of the in-flight bound (and into the pacing rate), and the
+    /// releases at the group's delivery limit, which it also logs in one line: the broker
+    /// archives each of those records, so the log says which (a counter alone left an
+    /// operator no way to find them).
+    pub(super) fn counted_finals(&self, finals: usize, at_limit: AtLimit) {
         if finals > 0 {
             self.out_of_flight(finals);
             self.finals.fetch_add(finals as u64, Ordering::Relaxed);
         }
-        if at_limit > 0 {
-            self.stats
-                .released_at_limit
-                .fetch_add(at_limit, Ordering::Relaxed);
+        if at_limit.count == 0 {
+            return;
         }
+        self.stats
+            .released_at_limit
+            .fetch_add(at_limit.count, Ordering::Relaxed);
+        let mut offsets = at_limit
+            .some
+            .iter()
+            .map(|(tp, o)| format!("{}-{}@{o}", self.topic_name(tp), tp.partition))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if at_limit.count > at_limit.some.len() as u64 {
+            offsets.push_str(&format!(
+                " and {} more",
+                at_limit.count - at_limit.some.len() as u64
+            ));
+        }
+        tracing::warn!(
+            group = %self.config.group,
+            released = at_limit.count,
+            delivery_limit = self.config.archive_at,
+            records = %offsets,
+            "records released at their last delivery: the broker archives them now (a copy is kept only where the group has a broker-side dead-letter topic; a pipeline's dead_letter_topic with a delivery_cap under the limit dead-letters such records itself)"
+        );
     }
 
     /// How many records this consumer may hold now: 0 while it does not acquire, else
