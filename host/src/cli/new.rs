@@ -123,7 +123,14 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
          [[pipeline]]\nname = \"{name}\"\ntopics = [\"{name}-in\"]\ngroup = \"{name}\"\n\
          component = \"{component}\"\nconfig = {{ max-bytes = \"8\" }}\n{memory}\
          # Read what the topic holds already (a new share group starts at the latest record).\n\
-         start = \"earliest\"\n"
+         start = \"earliest\"\n\
+         # Nothing lost: a record the plugin rejects goes to the dead-letter topic with its\n\
+         # reason, and so does one delivered a 4th time (the plugin kept faulting on it,\n\
+         # releasing it or retrying it), without reaching the plugin again: before the group's\n\
+         # delivery limit (5 by default) would have the broker archive it with no copy kept.\n\
+         # Create the topic beside {name}-in.\n\
+         dead_letter_topic = \"{name}-dlq\"\n\
+         delivery_cap = 4\n"
     );
     let records = "{\"value\":\"small\"}\n{\"value\":\"far too large\",\"offset\":1}\n{\"value\":null,\"offset\":2}\n";
     let steps = match lang {
@@ -155,6 +162,9 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
          ```sh\n{steps}\
          sharehost test-plugin {component} --input records.jsonl --manifest manifest.toml\n\
          sharehost check manifest.toml\n\
+         # the input and dead-letter topics, on the broker the manifest names:\n\
+         kafka-topics.sh --bootstrap-server 127.0.0.1:9092 --create --topic {name}-in\n\
+         kafka-topics.sh --bootstrap-server 127.0.0.1:9092 --create --topic {name}-dlq\n\
          sharehost run manifest.toml\n```\n",
         lang = match lang {
             Lang::Rust => "Rust",

@@ -66,6 +66,9 @@ pub async fn check(path: &Path) -> Result<()> {
             short(&p.active_hash()),
             trust_note(spec)
         );
+        for warning in spec.loss_warnings() {
+            println!("warning: {warning}");
+        }
     }
     println!("ok: {} is valid", path.display());
     Ok(())
@@ -557,6 +560,9 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     let manifest = Manifest::load(path)?;
     let token = admin_token(&manifest)?;
     log_trust(&manifest);
+    for warning in manifest.pipelines.iter().flat_map(|p| p.loss_warnings()) {
+        tracing::warn!("{warning}");
+    }
     let runtime = plugin_runtime(&manifest)?;
     let metrics = Arc::new(Metrics::new());
     let state_dir = sharehost::persisted::default_state_dir();

@@ -154,6 +154,40 @@ pub struct ShadowSpec {
 }
 
 impl PipelineSpec {
+    /// What this pipeline would let the broker archive with no copy kept, one sentence each
+    /// naming the key that keeps it: `check` prints them and `run` logs them at start. Records
+    /// the plugin rejects, and records released at their last delivery (by the plugin's
+    /// `release` or `retry`, or a fault under `fault_policy = "release"`), are archived by the
+    /// broker; a
+    /// `dead_letter_topic` keeps the rejected ones, a `delivery_cap` under the group's limit
+    /// dead-letters the others before their last delivery, and a broker-side dead-letter
+    /// topic keeps everything the broker archives. Empty when nothing can be lost so.
+    pub fn loss_warnings(&self) -> Vec<String> {
+        if self.broker_dead_letter_topic.is_some() {
+            return Vec::new();
+        }
+        let name = &self.name;
+        if self.dead_letter_topic.is_none() {
+            return vec![format!(
+                "pipeline {name}: no `dead_letter_topic`: records the plugin rejects, and \
+                 records released at the group's delivery limit (e.g. a record that faults at \
+                 every delivery), are archived by the broker with no copy kept; set \
+                 `dead_letter_topic` and a `delivery_cap` under the group's limit \
+                 (`share.delivery.count.limit`, 5 by default) to keep them"
+            )];
+        }
+        if self.delivery_cap.is_none() {
+            return vec![format!(
+                "pipeline {name}: `dead_letter_topic` without `delivery_cap`: a record released \
+                 at every delivery (the plugin's `release` or `retry`, or a fault under \
+                 `fault_policy = \"release\"`) is archived by the broker at the group's \
+                 delivery limit without a dead letter; set `delivery_cap` under the group's \
+                 limit (`share.delivery.count.limit`, 5 by default: e.g. 4)"
+            )];
+        }
+        Vec::new()
+    }
+
     /// What this pipeline grants its plugin that `before` (the same pipeline as the host
     /// ran it; `None` for a pipeline new to the host) did not: outputs added or pointed at
     /// another topic, outbound hosts added, secrets added or read from elsewhere, signatures
@@ -678,6 +712,36 @@ mod tests {
     use super::{FaultPolicy, InstanceModeSpec, StartPosition};
     use crate::manifest::defaults;
     use crate::manifest::testing::{MINIMAL, dir, parse};
+
+    #[test]
+    fn check_warns_of_what_the_broker_would_archive_with_no_copy_naming_the_key() {
+        let with = |extra: &str| {
+            let m = parse(&format!("{MINIMAL}{extra}\n")).expect("valid");
+            m.pipelines[0].loss_warnings()
+        };
+        let none = with("");
+        assert_eq!(none.len(), 1);
+        assert!(
+            none[0].contains("pipeline orders: no `dead_letter_topic`")
+                && none[0].contains("`delivery_cap`"),
+            "{none:?}"
+        );
+        let uncapped = with("dead_letter_topic = \"orders-dlq\"");
+        assert_eq!(uncapped.len(), 1);
+        assert!(
+            uncapped[0].contains("without `delivery_cap`"),
+            "{uncapped:?}"
+        );
+        // Rejecting faults leaves the plugin's own releases and retries to the limit.
+        assert_eq!(
+            with("dead_letter_topic = \"orders-dlq\"\nfault_policy = \"reject\"").len(),
+            1
+        );
+        // Kept: capped under the limit, or the broker's own dead-letter topic keeps what it
+        // archives.
+        assert!(with("dead_letter_topic = \"orders-dlq\"\ndelivery_cap = 4").is_empty());
+        assert!(with("broker_dead_letter_topic = \"dlq.orders\"").is_empty());
+    }
 
     #[test]
     fn a_minimal_manifest_gets_the_documented_defaults() {
