@@ -21,7 +21,7 @@ use std::process::Command;
 #[allow(dead_code)]
 mod pricing_service;
 
-use sharehost::runtime::{BatchOutcome, PluginLimits, Verdict};
+use sharehost::runtime::{BatchOutcome, HttpGrant, HttpSettings, PluginLimits, Verdict};
 use sharehost_tests::{guest, plugin_record, plugin_runtime, repo_root};
 
 const LANGUAGES: [(&str, &str); 3] = [
@@ -261,6 +261,51 @@ fn the_enrichers_retry_alike_when_the_pricing_service_does_not_answer() {
             >= 10,
         "{rust:#?}"
     );
+}
+
+#[test]
+fn a_javascript_plugin_fetching_100_times_a_batch_runs_20_batches_at_32_mib_without_a_fault() {
+    // StarlingMonkey lets go of a finished fetch's handles only when its garbage collector
+    // runs: on a reused instance they piled up until the third batch faulted. The host now
+    // replaces an instance that still holds half of what it may between batches.
+    let (_service, url) = pricing_service();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let runtime = plugin_runtime();
+        let grant = HttpGrant::new(HttpSettings {
+            allowed_outbound_hosts: vec![url.clone()],
+            request_timeout: std::time::Duration::from_secs(30),
+            max_response_bytes: 1 << 20,
+            max_concurrent: 32,
+            ca_file: None,
+        })
+        .expect("grant");
+        let deadline = std::time::Duration::from_secs(60);
+        let limits = PluginLimits {
+            max_memory: 32 << 20,
+            batch_deadline: deadline,
+            wall_deadline: Some(deadline),
+            http: Some(grant),
+            ..PluginLimits::default()
+        };
+        let config = vec![("url".to_owned(), format!("{url}/price/A-1"))];
+        let mut plugin = runtime
+            .load(&guest("fetch_errors_js"), limits, config)
+            .await
+            .expect("loads");
+        let batch: Vec<_> = (0..100).map(|i| plugin_record(i, "get", &[])).collect();
+        for n in 0..20 {
+            match plugin.handle(&batch).await {
+                BatchOutcome::Verdicts(v) => {
+                    assert!(v.iter().all(|v| *v == Verdict::Accept), "batch {n}: {v:?}")
+                }
+                BatchOutcome::Fault(f) => panic!("batch {n} faulted: {f:?}"),
+            }
+        }
+        let stats = plugin.stats();
+        assert_eq!(stats.faults, 0, "{stats:?}");
+        assert!(stats.recycled_for_resources >= 1, "{stats:?}");
+    });
 }
 
 /// A loopback port nobody listens on (bound, then let go).

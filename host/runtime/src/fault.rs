@@ -212,8 +212,9 @@ pub(crate) fn classify(
             format!(
                 "the plugin holds more host resources at once (HTTP requests and responses, \
                  header maps, streams, pollables) than its memory limit allows: {} for {} MiB \
-                 (64 per MiB of memory_limit_mib); hold fewer at once (e.g. send_all in \
-                 smaller groups) or raise the limit",
+                 (64 per MiB of memory_limit_mib); hold fewer at once (fewer requests in \
+                 flight in one call: send_all in smaller groups in Rust and Python, fewer \
+                 fetches under one Promise.all in JavaScript) or raise the limit",
                 max_resources(limit),
                 limit >> 20
             ),

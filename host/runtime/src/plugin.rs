@@ -107,6 +107,10 @@ pub struct PluginStats {
     /// Instances replaced between batches because they had used 3/4 of their memory
     /// headroom (a guest that leaks per call is recycled before it faults).
     pub recycled_for_memory: u64,
+    /// Instances replaced between batches because they still held half the host resources
+    /// they may hold (a guest runtime that lets go of its requests' handles only when its
+    /// garbage collector runs, as JavaScript's does, is recycled before a batch faults).
+    pub recycled_for_resources: u64,
 }
 
 /// A warm instance and how many batches it has served.
@@ -133,6 +137,20 @@ impl Warm {
         let used = self.store.data().limiter().memory_bytes;
         let headroom = max_memory.saturating_sub(self.baseline_memory);
         used > self.baseline_memory + headroom / 4 * 3
+    }
+
+    /// Whether the instance, between calls, still holds half the host resources it may hold
+    /// at once. StarlingMonkey (JavaScript) drops a finished `fetch`'s handles (its request,
+    /// response, header maps, streams and pollables: 7 for a GET) only when its garbage
+    /// collector finalizes their objects, which a plugin allocating little never triggers,
+    /// so 100 requests a batch filled the table of a 32 MiB instance by the third batch
+    /// and faulted it. The guest cannot be told to let go, and the host cannot take a handle
+    /// the guest may still drop; a fresh instance frees them all. A walk of the table
+    /// (thousands of entries at most) once per batch.
+    fn near_resource_limit(&mut self) -> bool {
+        let table = &mut self.store.data_mut().table;
+        let max = table.max_capacity();
+        table.iter_mut().count() > max / 2
     }
 }
 
@@ -571,6 +589,13 @@ impl Plugin {
                     limit = self.limits.max_memory,
                     batches = warm.batches,
                     "replacing an instance that used 3/4 of its memory headroom"
+                );
+            } else if warm.near_resource_limit() {
+                self.stats.recycled_for_resources += 1;
+                tracing::debug!(
+                    plugin = %self.name,
+                    batches = warm.batches,
+                    "replacing an instance that still holds half the host resources it may"
                 );
             } else {
                 self.warm = Some(warm);

@@ -297,6 +297,7 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
             },
             "instances": plugin.stats().instances,
             "recycled_for_memory": plugin.stats().recycled_for_memory,
+            "recycled_for_resources": plugin.stats().recycled_for_resources,
             "allocator": plugin.placement().allocator.name(),
             "allocator_reason": plugin.placement().reason,
             "plugin": plugin.name(),
