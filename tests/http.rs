@@ -547,6 +547,37 @@ async fn the_rust_sdk_names_a_body_over_the_cap_too_large_and_a_stalled_body_a_t
 }
 
 #[tokio::test]
+async fn the_rust_sdk_names_a_post_to_a_host_not_granted_denied_and_to_no_listener_connect() {
+    // The SDK writes a request's body after handing the request over: the host refused it at
+    // once (or its connection failed) and stopped reading, so the body's write failed and the
+    // author got `Connect("stream closed")` instead of the request's own error.
+    let idle = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let grant = HttpGrant::new(settings(&[format!("http://127.0.0.1:{idle}")])).expect("grant");
+    let deadline = Duration::from_secs(60);
+    let mut plugin = plugin_with("fixture_sdk_http", grant, deadline, deadline).await;
+    let verdicts = fetch(
+        &mut plugin,
+        &[
+            "POST http://127.0.0.1:9/x".to_owned(),
+            format!("POST http://127.0.0.1:{idle}/x"),
+        ],
+    )
+    .await;
+    assert!(reason(&verdicts[0]).starts_with("Denied: "), "{verdicts:?}");
+    assert!(
+        reason(&verdicts[1]).starts_with("Connect: "),
+        "{verdicts:?}"
+    );
+    assert!(
+        !reason(&verdicts[1]).contains("stream closed"),
+        "{verdicts:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_send_all_holding_more_than_the_resource_cap_faults_naming_the_bound() {
     // 4,000 requests at once with the Rust SDK: each holds a request, its future and a
     // pollable in the host, past the 2,048 host resources a 32 MiB plugin may hold.
