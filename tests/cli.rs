@@ -283,3 +283,117 @@ fn new_refuses_an_sdk_path_that_would_break_cargo_toml() {
     assert!(!dir.join("quoted").exists(), "nothing written");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `sharehost ARGS` with `stdin` and returns (success, stdout, stderr).
+fn sharehost_with_input(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write as _;
+    let mut child = Command::new(sharehost_tests::sharehost_bin!())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sharehost");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait for sharehost");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// What a consumed line says of its record: key, value and headers as JSON.
+fn payload(line: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+    serde_json::json!([v["key"], v["value"], v["headers"]]).to_string()
+}
+
+#[test]
+fn produce_and_consume_carry_keys_values_and_headers_through_a_topic_as_json_lines() {
+    let boot = bootstrap();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let topic = sharehost_tests::unique("cli-io");
+    rt.block_on(async {
+        sharehost_tests::client()
+            .await
+            .create_topic(&topic, 3, 1, &[])
+            .await
+            .expect("create topic")
+    });
+    let input = [
+        r#"{"key":"a","value":"one","headers":[["h","x"],["g",null]]}"#,
+        r#"{"value":{"base64":"/wA="}}"#,
+        r#"{"key":"b","value":null}"#,
+        r#"{"key":"a","value":"two"}"#,
+    ];
+    let (ok, _, stderr) = sharehost_with_input(
+        &["produce", &topic, "--bootstrap", &boot],
+        &(input.join("\n") + "\n"),
+    );
+    assert!(ok && stderr.contains("produced 4 records"), "{stderr}");
+    let (ok, stdout, stderr) = sharehost_with_input(
+        &["consume", &topic, "--from-beginning", "--bootstrap", &boot],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    let mut got: Vec<String> = stdout.lines().map(payload).collect();
+    let mut want: Vec<String> = input
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("input");
+            let headers = v.get("headers").cloned().unwrap_or(serde_json::json!([]));
+            serde_json::json!([
+                v.get("key").cloned().unwrap_or_default(),
+                v["value"],
+                headers
+            ])
+            .to_string()
+        })
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{stdout}");
+    // One key, one partition, in the order produced.
+    let a: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(r#""key":"a""#))
+        .collect();
+    assert!(
+        a.len() == 2 && a[0].contains("one") && a[1].contains("two"),
+        "{stdout}"
+    );
+    // What consume prints, produce (and test-plugin) read back.
+    let (ok, _, stderr) = sharehost_with_input(
+        &["produce", &topic, "--bootstrap", &boot, "--input", "-"],
+        &stdout,
+    );
+    assert!(ok && stderr.contains("produced 4 records"), "{stderr}");
+    let (ok, stdout, _) = sharehost_with_input(
+        &[
+            "consume",
+            &topic,
+            "--from-beginning",
+            "--max",
+            "5",
+            "--bootstrap",
+            &boot,
+        ],
+        "",
+    );
+    assert!(ok && stdout.lines().count() == 5, "{stdout}");
+    // A topic that does not exist, and a line that is not JSON, each named in one line.
+    let (ok, _, stderr) =
+        sharehost_with_input(&["produce", "no-such-topic-cli", "--bootstrap", &boot], "");
+    assert!(!ok);
+    assert_one_error_line(&stderr, &["topic no-such-topic-cli does not exist"]);
+    let (ok, _, stderr) =
+        sharehost_with_input(&["produce", &topic, "--bootstrap", &boot], "{\"value\":\n");
+    assert!(!ok);
+    assert_one_error_line(&stderr, &["standard input", "line 1"]);
+}

@@ -31,6 +31,12 @@ enum Command {
     /// Read a pipeline's dead-letter topic (plain fetch, no group): list the dead letters with
     /// their provenance, or replay chosen ones to their original topic, once.
     Dlq(sharehost::dlq::DlqArgs),
+    /// Produce test records to a topic from JSON lines (test-plugin's input format), with the
+    /// host's own Kafka client: no Java tools needed.
+    Produce(cli::topics::ProduceArgs),
+    /// Print a topic's records as JSON lines (test-plugin's input format), read committed, no
+    /// group: a pipeline's outputs and dead letters read back.
+    Consume(cli::topics::ConsumeArgs),
     /// Control a running host over its admin API: pipelines, versions, swap, rollback,
     /// shadow, canary, promote.
     Ctl(cli::ctl::CtlArgs),
@@ -123,6 +129,10 @@ fn main() -> ExitCode {
                 .map(|_| ()),
             Command::Fleet(args) => cli::fleet::run(args).await,
             Command::New(args) => cli::new::run(&args),
+            Command::Produce(args) => cli::topics::produce(args).await,
+            Command::Consume(args) => {
+                cli::topics::consume(args, &mut std::io::stdout().lock()).await
+            }
             Command::Ctl(args) => cli::ctl::run(&args, &mut std::io::stdout().lock()).await,
         }
     });

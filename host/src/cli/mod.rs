@@ -1,5 +1,6 @@
 //! The `sharehost` subcommands, one file each, where a newcomer looks for them: `run` (and
-//! `check`), `test-plugin`, `probe`, `ctl`, `fleet` and `new`. `dlq`'s arguments and printing
+//! `check`), `test-plugin`, `probe`, `ctl`, `fleet`, `new`, and `produce` and `consume`
+//! (`topics.rs`). `dlq`'s arguments and printing
 //! live in the library beside its typed reading ([`sharehost::dlq`]), which the console calls too.
 
 pub(crate) mod ctl;
@@ -8,3 +9,4 @@ pub(crate) mod new;
 pub(crate) mod probe;
 pub(crate) mod run;
 pub(crate) mod test_plugin;
+pub(crate) mod topics;

@@ -43,7 +43,13 @@ pub(crate) struct ProbeArgs {
 }
 
 impl ClusterArgs {
-    fn connection_config(&self) -> Result<ConnectionConfig> {
+    /// The bootstrap list given.
+    pub(crate) fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The connection the flags describe (TLS, SASL with the password from the environment).
+    pub(crate) fn connection_config(&self) -> Result<ConnectionConfig> {
         let mut config = ConnectionConfig::new("sharehost");
         if self.tls || self.tls_ca.is_some() {
             config = config.with_tls(&TlsSettings {
