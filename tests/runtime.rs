@@ -411,7 +411,11 @@ async fn panic_is_a_panic_fault_with_the_message() {
 async fn wrong_verdict_count_is_a_fault() {
     let (kind, message) = contained("fixture_wrong_count").await;
     assert_eq!(kind, FaultKind::WrongVerdictCount);
-    assert_eq!(message, "2 verdicts for 3 records");
+    assert_eq!(
+        message,
+        "2 verdicts for 3 records: return exactly one verdict per record, in the records' \
+         order (a handle_batch that skips a record or adds one)"
+    );
 }
 
 #[tokio::test]
@@ -423,7 +427,11 @@ async fn a_flood_of_verdicts_is_refused_before_it_is_lifted() {
         .await;
     let fault = outcome.fault().expect("a fault");
     assert_eq!(fault.kind, FaultKind::WrongVerdictCount);
-    assert_eq!(fault.message, "100002 verdicts for 2 records");
+    assert!(
+        fault
+            .message
+            .starts_with("100002 verdicts for 2 records: return exactly one verdict per record")
+    );
     assert_eq!(
         plugin.handle(&good_batch()).await,
         BatchOutcome::Verdicts(vec![Verdict::Accept; 2])

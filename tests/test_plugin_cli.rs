@@ -281,6 +281,37 @@ fn the_emit_bounds_and_the_retry_cap_are_flags_and_unaccepted_emits_are_marked_d
 }
 
 #[test]
+fn a_record_that_emitted_to_an_output_nobody_maps_is_shown_rejected_as_a_pipeline_rejects_it() {
+    // The plugin releases it after its emit was refused: a pipeline dead-letters such a record
+    // whatever the plugin answered, and test-plugin shows what the pipeline would do.
+    let file = input(
+        "unmapped",
+        concat!(
+            r#"{"value":"emit-release:nowhere:y"}"#,
+            "\n",
+            r#"{"value":"emit-release:valid:y"}"#,
+            "\n"
+        ),
+    );
+    let (ok, stdout, stderr) = run(&[
+        guest("fixture_actor").as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+        "--output".as_ref(),
+        "valid".as_ref(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines = json_lines(&stdout);
+    assert_eq!(lines[0]["verdict"], "reject", "{stdout}");
+    assert_eq!(
+        lines[0]["reason"], r#"emitted to output "nowhere", which --output does not map"#,
+        "{stdout}"
+    );
+    assert_eq!(lines[1]["verdict"], "release", "{stdout}");
+    assert_eq!(lines[2]["summary"]["verdicts"]["reject"], 1, "{stdout}");
+}
+
+#[test]
 fn http_refusals_name_the_test_plugin_flags_not_the_manifest_keys() {
     let file = input("http-flags", "{\"value\":\"http://127.0.0.1:9/\"}\n");
     let component = guest("fixture_http_fetch");

@@ -299,7 +299,9 @@ pub enum EmitError {
     #[error("no such record in the batch being judged")]
     NoSuchRecord,
     /// The manifest's `[pipeline.outputs]` has no output of this name.
-    #[error("unknown output `{0}` (not in the manifest's [pipeline.outputs])")]
+    #[error(
+        "unknown output `{0}` (not in the manifest's [pipeline.outputs], or test-plugin's --output)"
+    )]
     UnknownOutput(String),
     /// The batch already emitted the most records the manifest allows (carried here).
     #[error("too many emits: the batch already emitted {0}, the manifest's max_emits_per_batch")]

@@ -28,7 +28,7 @@ function emitErrorMessage(kind, detail) {
     case 'no-such-record':
       return 'emit refused: no such record in the batch being judged';
     case 'unknown-output':
-      return `emit refused: unknown output \`${detail}\` (not in the manifest's [pipeline.outputs])`;
+      return `emit refused: unknown output \`${detail}\` (not in the manifest's [pipeline.outputs], or test-plugin's --output)`;
     case 'too-many-emits':
       return `emit refused: too many emits: the batch already emitted ${detail}, the manifest's max_emits_per_batch`;
     case 'too-many-bytes':

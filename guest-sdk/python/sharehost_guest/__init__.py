@@ -198,7 +198,10 @@ class UnknownOutput(EmitError):
 
     def __init__(self, output: str) -> None:
         self.output = output
-        super().__init__(f"unknown output `{output}` (not in the manifest's [pipeline.outputs])")
+        super().__init__(
+            f"unknown output `{output}` (not in the manifest's [pipeline.outputs],"
+            " or test-plugin's --output)"
+        )
 
 
 class TooManyEmits(EmitError):

@@ -48,7 +48,7 @@ def test_verdicts_are_converted_in_order(seen):
 def test_emits_go_to_the_host_and_refusals_become_emit_errors(seen):
     assert seen["emits"] == [[0, "out", "k", [["h", None]]]]
     assert seen["results"][5] == [
-        "Verdict_Reject{'value': \"unknown output `nowhere` (not in the manifest's [pipeline.outputs])\"}",
+        "Verdict_Reject{'value': \"unknown output `nowhere` (not in the manifest's [pipeline.outputs], or test-plugin's --output)\"}",
         "Verdict_Reject{'value': 'time.time() is not available in a sharehost Python plugin "
         "(the component has no clock): use record.timestamp'}",
     ]

@@ -91,7 +91,10 @@ pub async fn with_verdict_bounds<F: Future>(bounds: VerdictBounds, call: F) -> F
 pub enum VerdictLiftError {
     /// The guest returned a different number of verdicts than records (checked before any
     /// verdict is read).
-    #[error("{got} verdicts for {expected} records")]
+    #[error(
+        "{got} verdicts for {expected} records: return exactly one verdict per record, in the \
+         records' order (a handle_batch that skips a record or adds one)"
+    )]
     WrongCount {
         /// Verdicts the guest claims to return.
         got: u64,

@@ -231,6 +231,12 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
         None => flag_settings(&args, config)?,
     };
     let secrets = init.secrets.clone();
+    let granted = limits.outputs.names.clone();
+    let where_mapped = if args.manifest.is_some() {
+        "the pipeline's [pipeline.outputs]"
+    } else {
+        "--output"
+    };
     let loading = std::time::Instant::now();
     let mut plugin = runtime
         .load_with(&args.component, limits, init)
@@ -260,8 +266,17 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
             .zip(outcome.verdicts_or(&fault_policy))
             .enumerate()
         {
-            *counts.entry(verdict.kind()).or_default() += 1;
             let mine: Vec<_> = emits.iter().filter(|e| e.record == i).collect();
+            // As a pipeline does: a record that emitted to an output nobody maps ends rejected
+            // (dead-lettered) whatever the plugin answered.
+            let verdict = match mine.iter().find(|e| !granted.contains(&e.output)) {
+                Some(e) => Verdict::Reject(Some(format!(
+                    "emitted to output {:?}, which {where_mapped} does not map",
+                    &*e.output
+                ))),
+                None => verdict,
+            };
+            *counts.entry(verdict.kind()).or_default() += 1;
             // A pipeline produces a record's emits only when it ends accepted.
             if matches!(verdict, Verdict::Accept) {
                 emitted += mine.len() as u64;
