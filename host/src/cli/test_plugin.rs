@@ -42,7 +42,8 @@ pub(crate) struct TestPluginArgs {
     /// the manifest's `[pipeline.secrets]`). Never taken as a value on the command line.
     #[arg(long = "secret-env", value_name = "NAME=ENV_VAR")]
     secret_env: Vec<String>,
-    /// Wall-clock deadline per batch, in milliseconds (default: the CPU deadline).
+    /// Wall-clock deadline per batch, in milliseconds (default: 3 × the CPU deadline, as a
+    /// pipeline's `wall_deadline_ms`).
     #[arg(long)]
     wall_deadline_ms: Option<u64>,
     /// Longest `retry` delay a verdict keeps, in ms; a longer one is shown cut to it, as a
