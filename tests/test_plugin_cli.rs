@@ -95,6 +95,34 @@ fn faulted_batches_get_the_release_policy_and_are_counted() {
 }
 
 #[test]
+fn a_faulting_batch_is_split_as_a_pipeline_splits_it_and_only_its_poison_record_faults() {
+    let file = input(
+        "isolate",
+        "{\"value\":\"ok\"}\n{\"value\":\"ok\"}\n{\"value\":\"bad\"}\n{\"value\":\"ok\"}\n",
+    );
+    let (ok, stdout, stderr) = run(&[
+        guest("fixture_panic").as_os_str(),
+        "--input".as_ref(),
+        file.as_os_str(),
+    ]);
+    assert!(ok, "{stderr}");
+    let lines = json_lines(&stdout);
+    let verdicts: Vec<&str> = lines[..4]
+        .iter()
+        .map(|l| l["verdict"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        verdicts,
+        ["accept", "accept", "release", "accept"],
+        "{stdout}"
+    );
+    assert_eq!(lines[2]["fault"], "panic", "{stdout}");
+    assert!(lines[0].get("fault").is_none(), "{stdout}");
+    // The whole batch's call, its half with the poison record, and that record alone.
+    assert_eq!(lines[4]["summary"]["faults"]["panic"], 3, "{stdout}");
+}
+
+#[test]
 fn bad_input_is_one_clear_error_naming_the_line_or_item() {
     let good = input("good", "{\"value\":\"x\"}\n");
     let bad = input("bad", "{\"value\":\"x\"}\n{\"value\":1}\n");

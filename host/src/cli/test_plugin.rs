@@ -255,18 +255,27 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     let mut out = stdout.lock();
     for batch in records.chunks(batch_size) {
         let started = std::time::Instant::now();
-        let outcome = plugin.handle(batch).await;
+        // As a pipeline judges it: a faulting batch is split to find the records that fault
+        // on their own, and the others keep the verdicts the plugin gave them.
+        let judged = plugin
+            .handle_isolating(
+                batch,
+                &fault_policy,
+                sharehost::pipeline::MAX_ISOLATION_CALLS,
+            )
+            .await;
         batch_us.push(started.elapsed().as_secs_f64() * 1e6);
-        let fault = outcome.fault().cloned();
-        if let Some(f) = &fault {
+        for f in &judged.faults {
             *faults.entry(f.kind.as_str()).or_default() += 1;
         }
-        let emits = plugin.take_emits();
-        for (i, (record, verdict)) in batch
-            .iter()
-            .zip(outcome.verdicts_or(&fault_policy))
-            .enumerate()
-        {
+        let emits = judged.emits;
+        for (i, (record, verdict)) in batch.iter().zip(judged.verdicts).enumerate() {
+            let fault = judged
+                .faulted
+                .iter()
+                .find(|(r, _)| *r == i)
+                .and_then(|(_, f)| judged.faults.get(*f))
+                .cloned();
             let mine: Vec<_> = emits.iter().filter(|e| e.record == i).collect();
             // As a pipeline does: a record that emitted to an output nobody maps ends rejected
             // (dead-lettered) whatever the plugin answered.

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use crate::runtime::{BatchOutcome, Fault, FaultKind, Judged, Plugin, Record, Verdict};
 
-/// Most extra plugin calls spent isolating poison records in a faulting batch.
-const MAX_ISOLATION_CALLS: usize = 16;
+/// Most extra plugin calls spent isolating poison records in a faulting batch (a pipeline's,
+/// and `test-plugin`'s, which shows what a pipeline would do).
+pub const MAX_ISOLATION_CALLS: usize = 16;
 
 /// A trusted batch handler compiled into the process, in place of a Wasm component. It runs
 /// through exactly the same pipeline (batching, verdicts, acknowledgements, dead letters,

@@ -60,7 +60,7 @@ use tokio_util::sync::CancellationToken;
 use crate::kafka::KafkaClient;
 
 pub use handle::Pipeline;
-pub use handler::NativeHandler;
+pub use handler::{MAX_ISOLATION_CALLS, NativeHandler};
 pub use settled::settled_topic;
 pub use sharehost_api::{
     GrantsStatus, PipelineStatus, VersionCounters, VersionInfo, VersionsStatus,
