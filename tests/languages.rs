@@ -308,6 +308,38 @@ fn a_javascript_plugin_fetching_100_times_a_batch_runs_20_batches_at_32_mib_with
     });
 }
 
+#[test]
+fn a_javascript_plugin_without_a_default_export_is_one_line_naming_the_fix() {
+    let dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-js-export"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let plugin = dir.join("plugin.js");
+    std::fs::write(
+        &plugin,
+        "import { Plugin, accept } from '@sharehost/guest';\n\
+         export class Mine extends Plugin { handle() { return accept(); } }\n",
+    )
+    .expect("write the plugin");
+    let out = Command::new("node")
+        .arg(repo_root().join("guest-sdk/js/build.mjs"))
+        .arg(&plugin)
+        .arg(dir.join("out.wasm"))
+        .output()
+        .expect("run sharehost-build-js");
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "sharehost-build-js: {} has no default export: end it with `export default class \
+             MyPlugin extends Plugin {{ ... }}` (or `export default` an object with handle or \
+             handleBatch)\n",
+            plugin.display()
+        ),
+        "one line, no stack, nothing about the generated entry"
+    );
+    assert!(!dir.join("out.wasm").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A loopback port nobody listens on (bound, then let go).
 fn idle_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

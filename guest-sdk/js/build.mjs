@@ -60,6 +60,28 @@ const ALLOWED_IMPORTS = [
 /** What a plugin that calls `fetch` imports besides: granted by a pipeline's outbound hosts. */
 const HTTP_IMPORTS = ['wasi:http/types', 'wasi:http/outgoing-handler'];
 
+/** `file:line:column: ` of an esbuild message, or nothing when it has no place. */
+function where(m) {
+  const l = m?.location;
+  return l ? `${l.file}:${l.line}:${l.column}: ` : '';
+}
+
+/**
+ * What a failed bundle tells the author, one line per error and no stack: the plugin module
+ * not exporting a plugin as its default (the generated entry imports `default`) is said as
+ * that, with the fix; anything else as esbuild located it in the plugin's own files.
+ */
+export function bundleErrors(errors, plugin, cause) {
+  if (errors.length === 0) return `sharehost-build-js: bundling ${plugin} failed: ${cause?.message ?? cause}\n`;
+  return errors
+    .map((e) =>
+      /No matching export in .* for import "default"/.test(e.text)
+        ? `sharehost-build-js: ${plugin} has no default export: end it with \`export default class MyPlugin extends Plugin { ... }\` (or \`export default\` an object with handle or handleBatch)\n`
+        : `sharehost-build-js: ${where(e)}${e.text}\n`,
+    )
+    .join('');
+}
+
 function usage(msg) {
   if (msg) process.stderr.write(`sharehost-build-js: ${msg}\n`);
   process.stderr.write('usage: sharehost-build-js PLUGIN.js OUT.wasm [--wit WIT_FILE_OR_DIR] [--keep-bundle]\n');
@@ -216,33 +238,42 @@ async function main(argv) {
   const workDir = join(tmpdir(), `sharehost-build-js-${process.pid}`);
   mkdirSync(workDir, { recursive: true });
   const bundlePath = join(workDir, `${basename(plugin, '.js')}.bundle.js`);
-  const bundled = await esbuild.build({
-    stdin: { contents: entry, resolveDir: dirname(plugin), sourcefile: 'sharehost-entry.js', loader: 'js' },
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    target: 'es2022',
-    write: false,
-    outfile: bundlePath,
-    sourcemap: 'external',
-    sourcesContent: false,
-    inject: [join(SDK_DIR, 'src', 'fetch.js')],
-    logLevel: 'warning',
-    external: ['sharehost:plugin/*', 'wasi:*'],
-    plugins: [
-      {
-        name: 'sharehost-guest',
-        setup(build) {
-          build.onResolve({ filter: /^@sharehost\/guest(\/.*)?$/ }, (args) => {
-            const sub = args.path.slice('@sharehost/guest'.length);
-            const file = sdkEntries[sub];
-            if (!file) return { errors: [{ text: `@sharehost/guest has no entry ${args.path}` }] };
-            return { path: join(SDK_DIR, 'src', file) };
-          });
+  let bundled;
+  try {
+    bundled = await esbuild.build({
+      stdin: { contents: entry, resolveDir: dirname(plugin), sourcefile: 'sharehost-entry.js', loader: 'js' },
+      bundle: true,
+      format: 'esm',
+      platform: 'neutral',
+      target: 'es2022',
+      write: false,
+      outfile: bundlePath,
+      sourcemap: 'external',
+      sourcesContent: false,
+      inject: [join(SDK_DIR, 'src', 'fetch.js')],
+      // Errors are said below, in the plugin's terms (esbuild's would point into the generated
+      // entry); warnings as esbuild says them.
+      logLevel: 'silent',
+      external: ['sharehost:plugin/*', 'wasi:*'],
+      plugins: [
+        {
+          name: 'sharehost-guest',
+          setup(build) {
+            build.onResolve({ filter: /^@sharehost\/guest(\/.*)?$/ }, (args) => {
+              const sub = args.path.slice('@sharehost/guest'.length);
+              const file = sdkEntries[sub];
+              if (!file) return { errors: [{ text: `@sharehost/guest has no entry ${args.path}` }] };
+              return { path: join(SDK_DIR, 'src', file) };
+            });
+          },
         },
-      },
-    ],
-  });
+      ],
+    });
+  } catch (e) {
+    process.stderr.write(bundleErrors(e?.errors ?? [], plugin, e));
+    process.exit(1);
+  }
+  for (const w of bundled.warnings ?? []) process.stderr.write(`sharehost-build-js: warning: ${where(w)}${w.text}\n`);
   const js = bundled.outputFiles.find((f) => f.path.endsWith('.js'));
   const map = bundled.outputFiles.find((f) => f.path.endsWith('.map'));
   const usesFetch = js.text.includes(USES_FETCH);
