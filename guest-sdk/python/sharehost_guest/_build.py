@@ -182,6 +182,10 @@ def componentize(
     # The plugin's own directory is where it imports from; the SDK is always this copy.
     env = dict(os.environ)
     env.pop("VIRTUAL_ENV", None)
+    # componentize-py is Rust: with these set, a mistake in the plugin came buried under its
+    # stack (30 frames and more); the author needs the plugin's Python traceback alone.
+    env.pop("RUST_BACKTRACE", None)
+    env.pop("RUST_LIB_BACKTRACE", None)
     return subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
 
 
@@ -231,7 +235,7 @@ def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None
             with_http = True
             result = componentize(cpy, work, directory, module, wasi, True, extra or [], raw)
         if result.returncode != 0:
-            sys.stderr.write(result.stdout + result.stderr)
+            sys.stderr.write(failure_text(result.stdout + result.stderr))
             raise BuildError(f"componentize-py failed ({result.returncode})")
         sys.stderr.write(result.stdout)
         if wasi == "stub":
@@ -254,6 +258,18 @@ def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None
         f"{out_path.stat().st_size} bytes, {took:.1f} s)\n"
     )
     return out_path
+
+
+def failure_text(output: str) -> str:
+    """componentize-py's failure as the author needs it: the Python traceback of importing the
+    plugin (its own frames and the error), without componentize-py's frames around it or a Rust
+    backtrace; any other failure as componentize-py said it, backtrace cut."""
+    text = output.split("\nStack backtrace:", 1)[0]
+    marker = "AssertionError: Traceback (most recent call last):"
+    if marker in text:
+        inner = text.split(marker, 1)[1].split("\nCaused by:", 1)[0]
+        return "Traceback (most recent call last):" + inner.rstrip() + "\n"
+    return text.rstrip() + "\n"
 
 
 def _needs_http(result: subprocess.CompletedProcess) -> bool:
