@@ -120,6 +120,9 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
         "# `sharehost check manifest.toml` loads it as `run` would; `sharehost run manifest.toml`\n\
          # runs it (docs/manifest.md).\n\
          [cluster]\nbootstrap = \"127.0.0.1:9092\"\n\n\
+         # The admin API (metrics, health, the console) on a free port, logged at start: two\n\
+         # projects, or a project beside another host, run side by side.\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n\n\
          [[pipeline]]\nname = \"{name}\"\ntopics = [\"{name}-in\"]\ngroup = \"{name}\"\n\
          component = \"{component}\"\nconfig = {{ max-bytes = \"8\" }}\n{memory}\
          # Read what the topic holds already (a new share group starts at the latest record).\n\
