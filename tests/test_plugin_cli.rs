@@ -603,3 +603,56 @@ fn emits_are_listed_with_secret_values_redacted_and_marked() {
     );
     assert!(!stdout.contains("tok-4f2a9c-value"), "{stdout}");
 }
+
+#[test]
+fn a_component_tested_without_a_manifest_is_found_compiled_by_a_manifest_with_another_memory_limit()
+{
+    // The cache entry's key held the runtime's memory limit, which shapes no code outside the
+    // compact pool: test-plugin's own 64 MiB and a project's 32 MiB compiled the same
+    // component twice, and `check` after `test-plugin` compiled again.
+    let dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-test-plugin-cache"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let component = guest("order_validator");
+    let manifest = dir.join("manifest.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "[cluster]\nbootstrap = \"127.0.0.1:9\"\n\n\
+             [[pipeline]]\nname = \"p\"\ntopics = [\"o\"]\ngroup = \"g\"\ncomponent = \"{}\"\n\
+             memory_limit_mib = 32\n",
+            component.display()
+        ),
+    )
+    .expect("manifest");
+    let file = input("cache", "{\"value\":\"x\"}\n");
+    let compiled = |extra: &[&std::ffi::OsStr]| {
+        let out = Command::new(sharehost_tests::sharehost_bin!())
+            .arg("test-plugin")
+            .arg(&component)
+            .arg("--input")
+            .arg(&file)
+            .args(extra)
+            .env("SHAREHOST_LOG", "off")
+            .env("SHAREHOST_CACHE_DIR", dir.join("cache"))
+            .output()
+            .expect("run sharehost");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}");
+        json_lines(&stdout)
+            .last()
+            .map(|s| s["summary"]["compiled"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(compiled(&[]), "now");
+    assert_eq!(
+        compiled(&["--manifest".as_ref(), manifest.as_os_str()]),
+        "from the cache"
+    );
+    let entries = std::fs::read_dir(dir.join("cache"))
+        .expect("cache dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .count();
+    assert_eq!(entries, 1, "one compiled entry for both");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -165,7 +165,7 @@ impl PluginRuntime {
             Some(dir) => Some(Cache::open(
                 &primary.engine,
                 dir,
-                &code_settings(&config, allocator, memory),
+                &code_settings(allocator, memory),
             )?),
             None => None,
         };
@@ -409,25 +409,23 @@ impl MemorySettings {
 
 /// The runtime settings that shape compiled code beyond what wasmtime's
 /// `precompile_compatibility_hash` covers, as stable text for the cache key: the allocator
-/// actually chosen and the plugin memory limit (the compact pool compiles the limit in as the
-/// memory reservation, so an artifact built for 4096 MiB must never serve a 64 MiB runtime,
-/// nor the reverse), plus the reservation and guard each allocator configures, and the pool
-/// slot's share (which decides whether an entry loads into the pool or on-demand).
-fn code_settings(
-    config: &RuntimeConfig,
-    allocator: AllocatorKind,
-    memory: MemorySettings,
-) -> String {
+/// actually chosen, the reservation and guard each allocator configures (the compact pool
+/// compiles the plugin memory limit in as the memory reservation, so an artifact built for
+/// 4096 MiB must never serve a 64 MiB runtime, nor the reverse), and the pool slot's share
+/// (which decides whether an entry loads into the pool or on-demand). Not the memory limit
+/// itself where no reservation carries it: it shapes no code then, and keyed on it,
+/// `test-plugin` (its own limit) and `run` (the manifest's) compiled the same component into
+/// two entries.
+fn code_settings(allocator: AllocatorKind, memory: MemorySettings) -> String {
     let (reservation, guard, growth) = match memory.compact_reservation {
         Some(r) => (r, 64u64 << 10, 0u64),
         // wasmtime's defaults on 64-bit hosts.
         None => (0, 0, 0),
     };
     format!(
-        "v2 allocator={allocator:?} max_plugin_memory={} memory_reservation={reservation} \
+        "v3 allocator={allocator:?} memory_reservation={reservation} \
          memory_guard={guard} reservation_for_growth={growth} opt=speed epochs=1 cow=1 \
-         slot={CORE_INSTANCES_PER_SLOT}/{MEMORIES_PER_SLOT}/{TABLES_PER_SLOT}",
-        config.max_plugin_memory
+         slot={CORE_INSTANCES_PER_SLOT}/{MEMORIES_PER_SLOT}/{TABLES_PER_SLOT}"
     )
 }
 
@@ -498,4 +496,33 @@ fn build_engine(config: &RuntimeConfig) -> Result<(Engine, AllocatorKind), Runti
     }))
     .map(|e| (e, AllocatorKind::OnDemand))
     .map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+}
+
+#[cfg(test)]
+mod code_settings_tests {
+    use super::*;
+
+    #[test]
+    fn the_compact_pool_keys_its_cache_on_the_memory_limit_it_compiles_in() {
+        let with = |mib: usize, allocator| {
+            let config = RuntimeConfig {
+                max_plugin_memory: mib << 20,
+                ..RuntimeConfig::default()
+            };
+            code_settings(allocator, MemorySettings::of(&config, allocator))
+        };
+        // An artifact built for 4096 MiB must never serve a 64 MiB compact runtime.
+        assert_ne!(
+            with(64, AllocatorKind::PoolingCompact),
+            with(4096, AllocatorKind::PoolingCompact)
+        );
+        assert_eq!(
+            with(64, AllocatorKind::Pooling),
+            with(4096, AllocatorKind::Pooling)
+        );
+        assert_ne!(
+            with(64, AllocatorKind::Pooling),
+            with(64, AllocatorKind::PoolingCompact)
+        );
+    }
 }
