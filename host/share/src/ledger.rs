@@ -203,25 +203,30 @@ impl Offsets {
         if kind == AckKind::Renew {
             self.renews += 1;
         }
-        // Join the run ending just before (the common case: verdicts in offset order), then
-        // the one starting just after.
-        let mut first = offset;
-        let mut last = offset;
-        if let Some((f, r)) = self.runs.range(..offset).next_back()
-            && offset.checked_sub(1) == Some(r.last)
+        self.insert_joined(offset, offset, kind);
+        old_kind
+    }
+
+    /// Inserts the run `first..=last` of `kind` (its offsets hold no run), joined with the run
+    /// ending just before it (the common case: verdicts in offset order) and the one starting
+    /// just after, when they have the same verdict.
+    fn insert_joined(&mut self, first: i64, last: i64, kind: AckKind) {
+        let mut from = first;
+        let mut to = last;
+        if let Some((f, r)) = self.runs.range(..first).next_back()
+            && first.checked_sub(1) == Some(r.last)
             && r.kind == kind
         {
-            first = *f;
+            from = *f;
         }
-        if let Some(next) = offset.checked_add(1)
+        if let Some(next) = last.checked_add(1)
             && let Some(r) = self.runs.get(&next).copied()
             && r.kind == kind
         {
             self.runs.remove(&next);
-            last = r.last;
+            to = r.last;
         }
-        self.runs.insert(first, Run { last, kind });
-        old_kind
+        self.runs.insert(from, Run { last: to, kind });
     }
 
     /// Sets `kind` (final) for every offset of `first..=last` when none of them has a
@@ -242,22 +247,7 @@ impl Offsets {
             return false;
         };
         self.len += n;
-        let mut from = first;
-        let mut to = last;
-        if let Some((f, r)) = self.runs.range(..first).next_back()
-            && first.checked_sub(1) == Some(r.last)
-            && r.kind == kind
-        {
-            from = *f;
-        }
-        if let Some(next) = last.checked_add(1)
-            && let Some(r) = self.runs.get(&next).copied()
-            && r.kind == kind
-        {
-            self.runs.remove(&next);
-            to = r.last;
-        }
-        self.runs.insert(from, Run { last: to, kind });
+        self.insert_joined(first, last, kind);
         true
     }
 

@@ -848,8 +848,6 @@ fn settle_wakes(wake_at: &[Option<usize>], in_flight: usize, recorded: bool, urg
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use proptest::prelude::*;
     use tokio::time::Instant;
     use uuid::Uuid;
@@ -865,20 +863,7 @@ mod tests {
     }
 
     fn record(p: i32, offset: i64, session: u64) -> ShareRecord {
-        ShareRecord {
-            topic: Arc::from("t"),
-            partition: tp(p),
-            delivery_count: 1 + (offset % 3) as i16,
-            record: sharehost_kafka::ConsumedRecord {
-                offset,
-                timestamp: 0,
-                key: None,
-                value: None,
-                headers: Vec::new(),
-            },
-            session,
-            stint: 1,
-        }
+        ShareRecord::bare(tp(p), offset, session, 1 + (offset % 3) as i16)
     }
 
     fn final_kind() -> impl Strategy<Value = AckKind> {

@@ -827,20 +827,8 @@ mod tests {
 
     #[test]
     fn a_record_is_held_under_the_delivery_and_session_it_came_with_only() {
-        let record = |session: u64, deliveries: i16| ShareRecord {
-            topic: Arc::from("t"),
-            partition: tp(0),
-            delivery_count: deliveries,
-            record: sharehost_kafka::ConsumedRecord {
-                offset: 5,
-                timestamp: 0,
-                key: None,
-                value: None,
-                headers: Vec::new(),
-            },
-            session,
-            stint: 1,
-        };
+        let record =
+            |session: u64, deliveries: i16| ShareRecord::bare(tp(0), 5, session, deliveries);
         let mut st = LeaderState {
             session: 3,
             ..LeaderState::default()

@@ -163,6 +163,31 @@ pub struct ShareRecord {
 }
 
 impl ShareRecord {
+    /// A record without key, value or headers, of topic `t` and stint 1: what the engine's
+    /// unit tests hold, settle and check.
+    #[cfg(test)]
+    pub(super) fn bare(
+        partition: TopicIdPartition,
+        offset: i64,
+        session: u64,
+        delivery_count: i16,
+    ) -> Self {
+        ShareRecord {
+            topic: Arc::from("t"),
+            partition,
+            delivery_count,
+            record: ConsumedRecord {
+                offset,
+                timestamp: 0,
+                key: None,
+                value: None,
+                headers: Vec::new(),
+            },
+            session,
+            stint: 1,
+        }
+    }
+
     /// Where the engine keeps it: its partition and offset.
     pub(super) fn key(&self) -> (TopicIdPartition, i64) {
         (self.partition, self.record.offset)
