@@ -317,15 +317,29 @@ fn payload(line: &str) -> String {
 #[test]
 fn produce_and_consume_carry_keys_values_and_headers_through_a_topic_as_json_lines() {
     let boot = bootstrap();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
     let topic = sharehost_tests::unique("cli-io");
-    rt.block_on(async {
-        sharehost_tests::client()
-            .await
-            .create_topic(&topic, 3, 1, &[])
-            .await
-            .expect("create topic")
-    });
+    let create = |extra: &[&str]| {
+        let mut args = vec![
+            "create-topics",
+            &topic,
+            "--partitions",
+            "3",
+            "--bootstrap",
+            &boot,
+        ];
+        args.extend_from_slice(extra);
+        sharehost_with_input(&args, "")
+    };
+    let (ok, _, stderr) = create(&[]);
+    assert!(ok && stderr.contains("3 partitions"), "{stderr}");
+    let (ok, _, stderr) = create(&[]);
+    assert!(!ok);
+    assert_one_error_line(
+        &stderr,
+        &[&format!("creating topic {topic}"), "TopicAlreadyExists"],
+    );
+    let (ok, _, stderr) = create(&["--if-not-exists"]);
+    assert!(ok && stderr.contains("exists already"), "{stderr}");
     let input = [
         r#"{"key":"a","value":"one","headers":[["h","x"],["g",null]]}"#,
         r#"{"value":{"base64":"/wA="}}"#,

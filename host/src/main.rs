@@ -31,6 +31,9 @@ enum Command {
     /// Read a pipeline's dead-letter topic (plain fetch, no group): list the dead letters with
     /// their provenance, or replay chosen ones to their original topic, once.
     Dlq(sharehost::dlq::DlqArgs),
+    /// Create topics (a pipeline's input, outputs, dead letters) with the host's own Kafka
+    /// client: no Java tools needed.
+    CreateTopics(cli::topics::CreateTopicsArgs),
     /// Produce test records to a topic from JSON lines (test-plugin's input format), with the
     /// host's own Kafka client: no Java tools needed.
     Produce(cli::topics::ProduceArgs),
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
                 .map(|_| ()),
             Command::Fleet(args) => cli::fleet::run(args).await,
             Command::New(args) => cli::new::run(&args),
+            Command::CreateTopics(args) => cli::topics::create_topics(args).await,
             Command::Produce(args) => cli::topics::produce(args).await,
             Command::Consume(args) => {
                 cli::topics::consume(args, &mut std::io::stdout().lock()).await

@@ -165,9 +165,7 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
          ```sh\n{steps}\
          sharehost test-plugin {component} --input records.jsonl --manifest manifest.toml\n\
          sharehost check manifest.toml\n\
-         # the input and dead-letter topics, on the broker the manifest names:\n\
-         kafka-topics.sh --bootstrap-server 127.0.0.1:9092 --create --topic {name}-in\n\
-         kafka-topics.sh --bootstrap-server 127.0.0.1:9092 --create --topic {name}-dlq\n\
+         sharehost create-topics {name}-in {name}-dlq --manifest manifest.toml --if-not-exists\n\
          sharehost produce {name}-in --manifest manifest.toml --input records.jsonl\n\
          sharehost run manifest.toml\n\
          sharehost consume {name}-dlq --manifest manifest.toml --from-beginning   # the rejected, with their reasons\n```\n",

@@ -1,6 +1,6 @@
-//! `sharehost produce` and `sharehost consume`: test data in and out of a topic with the host's
-//! own Kafka client, in the JSON lines `test-plugin` reads, so an author needs no Java tools
-//! to feed a pipeline and read back what it wrote (its outputs, its dead letters).
+//! `sharehost create-topics`, `produce` and `consume`: topics made, and test data in and out of
+//! them, with the host's own Kafka client, in the JSON lines `test-plugin` reads, so an author
+//! needs no Java tools to feed a pipeline and read back what it wrote (outputs, dead letters).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -100,6 +100,53 @@ pub(crate) struct ConsumeArgs {
     target: Target,
 }
 
+/// `sharehost create-topics NAME...`.
+#[derive(Args)]
+pub(crate) struct CreateTopicsArgs {
+    /// The topics to create (a pipeline's input, outputs and dead-letter topic).
+    #[arg(required = true)]
+    names: Vec<String>,
+    /// Partitions of each.
+    #[arg(long, default_value_t = 1)]
+    partitions: i32,
+    /// Replicas of each partition.
+    #[arg(long, default_value_t = 1)]
+    replication_factor: i16,
+    /// A topic that exists already is fine (its partitions are left as they are).
+    #[arg(long)]
+    if_not_exists: bool,
+    #[command(flatten)]
+    target: Target,
+}
+
+/// Creates the topics, one after the other; says each on stderr.
+pub(crate) async fn create_topics(args: CreateTopicsArgs) -> Result<()> {
+    if args.partitions < 1 {
+        bail!("--partitions must be at least 1 (got {})", args.partitions);
+    }
+    let client = args.target.connect().await?;
+    for name in &args.names {
+        match client
+            .create_topic(name, args.partitions, args.replication_factor, &[])
+            .await
+        {
+            Ok(_) => eprintln!(
+                "created {name} ({} partition{})",
+                args.partitions,
+                if args.partitions == 1 { "" } else { "s" }
+            ),
+            Err(e)
+                if args.if_not_exists
+                    && e.code() == Some(kafka_protocol::ResponseError::TopicAlreadyExists) =>
+            {
+                eprintln!("{name} exists already");
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating topic {name}")),
+        }
+    }
+    Ok(())
+}
+
 /// Produces the input's records; says how many went to which partitions on stderr.
 pub(crate) async fn produce(args: ProduceArgs) -> Result<()> {
     let records = match args.input.as_deref().filter(|p| p.as_os_str() != "-") {
@@ -196,7 +243,9 @@ async fn topic_meta(client: &KafkaClient, topic: &str) -> Result<Vec<i32>> {
         .topic(topic)
         .filter(|m| !m.partitions.is_empty())
         .with_context(|| {
-            format!("topic {topic} does not exist (create it first, e.g. kafka-topics.sh --create --topic {topic})")
+            format!(
+                "topic {topic} does not exist (create it first: sharehost create-topics {topic})"
+            )
         })?;
     Ok(meta.partitions.iter().map(|p| p.index).collect())
 }
