@@ -59,11 +59,8 @@ pub(super) struct LeaderState {
 }
 
 impl LeaderState {
-    /// Holds a record the broker just acquired for this member, its lock started `now`;
-    /// returns whether it was not held already. A record whose lock expired while the caller
-    /// still held it comes back in the same session under the same key: it is one record held
-    /// all the same (the first final verdict for either copy settles it, the other is moot),
-    /// so the in-flight count takes it once.
+    /// Holds one record as [`LeaderState::hold_all`] does; returns whether it was not held
+    /// already.
     #[cfg(test)]
     pub(super) fn hold(
         &mut self,
@@ -74,9 +71,12 @@ impl LeaderState {
         self.hold_all(key.0, [(key.1, deliveries)], now) == 1
     }
 
-    /// Holds the records of `tp` a fetch just acquired (offset and delivery count, ascending)
-    /// as [`LeaderState::hold`] holds one, with one look-up of the partition for all; returns
-    /// how many were not held already.
+    /// Holds the records of `tp` the broker just acquired for this member (offset and delivery
+    /// count, ascending), their locks started `now`, with one look-up of the partition for
+    /// all; returns how many were not held already. A record whose lock expired while the
+    /// caller still held it comes back in the same session under the same key: it is one
+    /// record held all the same (the first final verdict for either copy settles it, the other
+    /// is moot), so the in-flight count takes it once.
     pub(super) fn hold_all(
         &mut self,
         tp: TopicIdPartition,
