@@ -485,6 +485,78 @@ async fn a_member_that_leaves_and_a_new_one_that_joins_share_the_work() {
     assert_eq!(set.len(), accepted.len(), "none twice");
 }
 
+/// A member holding records of a partition that moves to a newcomer still judges them: its
+/// verdicts reach the broker (they once waited in the ledger for a session that had forgotten
+/// the partition, and the records were judged again by the newcomer after their lock ran out).
+#[tokio::test]
+async fn records_held_when_a_partition_moves_to_a_new_member_are_still_judged_by_the_old_one() {
+    init_logging();
+    let client = Arc::new(client().await);
+    let (topic, ids) = topic_with_records(&client, 2, 30).await;
+    let group = fresh_group(&client, None).await;
+    let first = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("first");
+    let mut held: Vec<ShareRecord> = Vec::new();
+    while held.len() < ids.len() {
+        held.extend(next_records(&first).await);
+    }
+    let mut assignment = first.assignment();
+    let second = ShareConsumer::start(client.clone(), start_config(&group, &[&topic]))
+        .await
+        .expect("second");
+    let kept = tokio::time::timeout(
+        Duration::from_secs(60),
+        assignment.wait_for(|a| a.len() == 1),
+    )
+    .await
+    .expect("the newcomer takes a partition within 60 s")
+    .expect("assignment watch")
+    .clone();
+    let moved: Vec<&ShareRecord> = held
+        .iter()
+        .filter(|r| !kept.contains(&r.partition))
+        .collect();
+    assert_eq!(moved.len(), 30, "the records of the partition that moved");
+    // The kept partition's verdicts first: the request carrying them forgets the moved
+    // partition from the session, as a busy member's next fetch does.
+    for r in held.iter().filter(|r| kept.contains(&r.partition)) {
+        assert!(
+            first.acknowledge(r, AckKind::Accept).expect("ack"),
+            "still held"
+        );
+    }
+    assert!(first.flush(Duration::from_secs(30)).await);
+    for r in &moved {
+        assert!(
+            first.acknowledge(r, AckKind::Accept).expect("ack"),
+            "still held after its partition moved"
+        );
+    }
+    assert!(
+        first.flush(Duration::from_secs(30)).await,
+        "the moved partition's verdicts reached the broker too"
+    );
+    let refused: Vec<_> = first
+        .take_outcomes()
+        .into_iter()
+        .filter(|o| o.error.is_some())
+        .collect();
+    assert!(refused.is_empty(), "the broker took them all: {refused:?}");
+    assert_eq!(
+        first
+            .stats()
+            .acks_ok
+            .load(std::sync::atomic::Ordering::Relaxed),
+        60
+    );
+    first.close(Duration::from_secs(30)).await;
+    second.close(Duration::from_secs(30)).await;
+    let accepted: HashSet<String> = held.iter().map(value).collect();
+    assert_eq!(accepted, ids, "the first member judged every record once");
+    sharehost_tests::broker::wait_until_drained(&group);
+}
+
 #[tokio::test]
 async fn one_consumer_subscribes_to_several_topics() {
     init_logging();

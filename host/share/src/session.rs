@@ -117,13 +117,20 @@ impl ShareSession {
             wanted.difference(&self.in_session).copied().collect()
         };
         listed.extend(acks.iter().map(|(tp, _)| *tp));
+        // Acks for a partition this leader no longer serves are listed and forgotten at once
+        // (the broker adds Topics before removing Forgotten): they are processed, and nothing
+        // is fetched from it. That holds for a partition still in the session and for one
+        // forgotten earlier whose records this member still held and has judged since.
         let forgotten_set: BTreeSet<TopicIdPartition> = if self.is_opening() {
             BTreeSet::new()
         } else {
-            self.in_session.difference(wanted).copied().collect()
+            self.in_session
+                .iter()
+                .chain(acks.iter().map(|(tp, _)| tp))
+                .filter(|tp| !wanted.contains(tp))
+                .copied()
+                .collect()
         };
-        // Acks for a partition that is being forgotten are still listed (the broker adds Topics
-        // before removing Forgotten), so they are processed before the partition leaves.
         let mut by_tp: std::collections::BTreeMap<TopicIdPartition, PartitionAcks> = listed
             .iter()
             .map(|tp| {
@@ -360,6 +367,25 @@ mod tests {
         s.on_response(None, false, Some(&r.wanted));
         assert_eq!(s.partitions(), &second);
         assert_eq!(s.epoch(), 2);
+        // Verdicts made later for records of partition 1 (held while it moved away) are
+        // listed and forgotten again: the broker takes them and fetches nothing from it.
+        let r = s.fetch_request(&second, acks(tp(1, 1))).expect("continue");
+        let listed: Vec<i32> = r.topics[0].partitions.iter().map(|p| p.partition).collect();
+        assert_eq!(listed, vec![1], "only the late verdicts' partition");
+        assert_eq!(r.topics[0].partitions[0].batches.len(), 1);
+        assert_eq!(
+            r.forgotten,
+            vec![ForgottenTopic {
+                topic_id: Uuid::from_u128(1),
+                partitions: vec![1]
+            }]
+        );
+        s.on_response(None, false, Some(&r.wanted));
+        assert_eq!(
+            s.partitions(),
+            &second,
+            "partition 1 never rejoins the session"
+        );
     }
 
     #[test]

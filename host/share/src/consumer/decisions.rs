@@ -124,9 +124,12 @@ pub(super) fn count_type(acks: &[(TopicIdPartition, Vec<AckBatch>)], kind: AckKi
         .sum()
 }
 
-/// The partitions whose verdicts `leader`'s requests carry: those it should serve now, plus
-/// those still in its session (their verdicts ride on the request that forgets them), but never
-/// one routed to another leader: its leadership moved, the old leader would refuse the verdicts
+/// The partitions whose verdicts `leader`'s requests carry: those it should serve now, those
+/// still in its session (their verdicts ride on the request that forgets them), and those last
+/// routed to it and no longer assigned to this member (the records it still held when the
+/// partition moved to another member stay acquired by this one until judged: their verdicts go
+/// to this leader, or they would wait out their lock and be judged again elsewhere). Never one
+/// routed to another leader: its leadership moved, the old leader would refuse the verdicts
 /// and the new leader's session owns the partition now.
 pub(super) fn served(
     leader: i32,
@@ -134,10 +137,15 @@ pub(super) fn served(
     in_session: &BTreeSet<TopicIdPartition>,
     route: &Route,
 ) -> BTreeSet<TopicIdPartition> {
+    let routed_here = route
+        .iter()
+        .filter(|(_, l)| **l == leader)
+        .map(|(tp, _)| tp);
     wanted
         .iter()
         .chain(in_session)
         .filter(|tp| route.get(tp).is_none_or(|l| *l == leader))
+        .chain(routed_here)
         .copied()
         .collect()
 }
@@ -400,6 +408,9 @@ mod tests {
         assert_eq!(new, set(&[0]));
         // A partition nobody routed yet (first assignment) is served by whoever wants it.
         assert_eq!(served(3, &set(&[9]), &BTreeSet::new(), &route), set(&[9]));
+        // Partition 1 left this member and leader 1's session forgot it, but records this
+        // member held of it are judged later: leader 1 still carries their verdicts.
+        assert_eq!(served(1, &set(&[2]), &set(&[2]), &route), set(&[1, 2]));
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub struct ShareConsumer {
     stop_fetching: CancellationToken,
     leave: CancellationToken,
     tasks: tokio::sync::Mutex<JoinSet<()>>,
+    assignment: watch::Receiver<BTreeSet<TopicIdPartition>>,
 }
 
 impl ShareConsumer {
@@ -81,6 +82,7 @@ impl ShareConsumer {
             assign_tx,
             leave.clone(),
         ));
+        let assignment = assign_rx.clone();
         tasks.spawn(fetch_supervisor(
             shared.clone(),
             assign_rx,
@@ -93,12 +95,21 @@ impl ShareConsumer {
             stop_fetching,
             leave,
             tasks: tokio::sync::Mutex::new(tasks),
+            assignment,
         })
     }
 
     /// The member id this consumer uses.
     pub fn member_id(&self) -> &str {
         &self.shared.member_id
+    }
+
+    /// The partitions the group coordinator assigns this member, as a watch: an operator's view
+    /// of where the work is, and something to await when the assignment changes (another
+    /// member joins or leaves). Records acquired before a partition left stay this member's
+    /// to judge.
+    pub fn assignment(&self) -> watch::Receiver<BTreeSet<TopicIdPartition>> {
+        self.assignment.clone()
     }
 
     /// Counters.
