@@ -515,8 +515,8 @@ fn a_python_or_javascript_exception_reaches_the_records_fault_with_its_message_a
     }
 }
 
-/// Runs `cmd` in `dir`, failing the test with its output when it fails.
-fn run_in(dir: &Path, cmd: &mut Command, what: &str) {
+/// Runs `cmd` in `dir`, failing the test with its output when it fails; returns its stdout.
+fn run_in(dir: &Path, cmd: &mut Command, what: &str) -> String {
     let out = cmd
         .current_dir(dir)
         .output()
@@ -528,6 +528,16 @@ fn run_in(dir: &Path, cmd: &mut Command, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The SHA-256 `sharehost build` reports for what it built.
+fn built_digest(said: &str) -> String {
+    said.lines()
+        .find_map(|l| l.split("sha256 ").nth(1))
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("sharehost build said no digest: {said}"))
+        .to_owned()
 }
 
 #[test]
@@ -545,11 +555,13 @@ fn a_new_javascript_project_builds_passes_its_own_test_and_judges_its_records() 
     new_project_builds_passes_its_own_test_and_judges_its_records("js");
 }
 
-/// `sharehost new LANG NAME` in a folder outside the repository: the project's own native test
-/// passes, its component (built with the language's build command) judges the project's sample
-/// records as the plugin says, through `test-plugin --manifest` with the project's manifest, and
-/// `sharehost check` accepts the manifest. One test per language, so that the three builds run
-/// side by side.
+/// `sharehost new LANG NAME` in a folder outside the repository, the SDK installed from the
+/// package `new` had built under target/sdk (never from the checkout's sources): the project's
+/// own native test passes; `sharehost build` makes its component where the manifest names it,
+/// and makes the same bytes again; the component judges the project's sample records as the
+/// plugin says, through `test-plugin --manifest` with the project's manifest, and `sharehost
+/// check` accepts the manifest. One test per language, so that the three builds run side by
+/// side.
 fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
     let root = repo_root();
     let parent = std::env::temp_dir().join(sharehost_tests::unique("sharehost-new"));
@@ -563,8 +575,15 @@ fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
     );
     let dir = parent.join(&name);
     let module = name.replace('-', "_");
+    let mut build = Command::new(sharehost);
+    build.arg("build");
     let component = match lang {
         "rust" => {
+            let cargo_toml = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");
+            assert!(
+                cargo_toml.contains("target/sdk/rust/sharehost-guest"),
+                "the packaged crate: {cargo_toml}"
+            );
             // The examples' target folders hold the SDK's dependencies built with the same
             // profiles, and their lockfile the versions: a project's first build compiles
             // only itself (an author's first build compiles the SDK once too).
@@ -577,27 +596,43 @@ fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
                     .env("CARGO_TARGET_DIR", root.join("examples/target")),
                 "cargo test",
             );
-            let target = root.join("target/guest-build");
-            run_in(
-                &dir,
-                Command::new("cargo")
-                    .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2"])
-                    .env("CARGO_TARGET_DIR", &target),
-                "cargo build",
-            );
-            // Where the project's manifest names it, as without a shared target folder.
-            let built = dir.join(format!("target/wasm32-wasip2/release/{module}.wasm"));
-            std::fs::create_dir_all(built.parent().expect("parent")).expect("dir");
-            std::fs::copy(
-                target.join(format!("wasm32-wasip2/release/{module}.wasm")),
-                &built,
-            )
-            .expect("copy the component");
-            built
+            // `sharehost build` copies the component from the shared target folder to where
+            // the project's manifest names it.
+            build.env("CARGO_TARGET_DIR", root.join("target/guest-build"));
+            dir.join(format!("target/wasm32-wasip2/release/{module}.wasm"))
         }
         "python" => {
-            let sdk = root.join("guest-sdk/python");
-            let out = Command::new(sdk.join("toolchain"))
+            let wheel = std::fs::read_to_string(dir.join("README.md"))
+                .expect("README")
+                .lines()
+                .find_map(|l| l.split('"').nth(1).filter(|w| w.ends_with(".whl")))
+                .map(PathBuf::from)
+                .expect("the README names the wheel");
+            assert!(wheel.starts_with(root.join("target/sdk")), "{wheel:?}");
+            // The project's venv, as its README makes it, holding the wheel (no index: the
+            // SDK has no dependencies); `sharehost build` finds .venv/bin/sharehost-build-py.
+            run_in(
+                &dir,
+                Command::new("python3").args(["-m", "venv", ".venv"]),
+                "python3 -m venv",
+            );
+            run_in(
+                &dir,
+                Command::new(".venv/bin/python")
+                    .args(["-m", "pip", "install", "--quiet", "--no-index", "--no-deps"])
+                    .arg(&wheel),
+                "pip install the wheel",
+            );
+            let site = run_in(
+                &dir,
+                Command::new(".venv/bin/python").args([
+                    "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                ]),
+                "the venv's site-packages",
+            );
+            // pytest (pinned) is the SDK toolchain's: the venv has no index to install it from.
+            let out = Command::new(root.join("guest-sdk/python/toolchain"))
                 .arg("--with-pytest")
                 .output()
                 .expect("the Python toolchain");
@@ -611,18 +646,17 @@ fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
                 &dir,
                 Command::new(toolchain.join("bin/python"))
                     .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-                    .env("PYTHONPATH", &sdk),
+                    .env("PYTHONPATH", site.trim()),
                 "pytest",
-            );
-            // `sharehost-build-py`, as the SDK's wheel installs it.
-            run_in(
-                &dir,
-                Command::new(sdk.join("build")).args(["plugin.py", &format!("{module}.wasm")]),
-                "sharehost-build-py",
             );
             dir.join(format!("{module}.wasm"))
         }
         _ => {
+            let package = std::fs::read_to_string(dir.join("package.json")).expect("package.json");
+            assert!(
+                package.contains("target/sdk/js/sharehost-guest-"),
+                "{package}"
+            );
             run_in(
                 &dir,
                 Command::new("npm").args(["install", "--silent", "--no-audit", "--no-fund"]),
@@ -633,14 +667,25 @@ fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
                 Command::new("npm").args(["test", "--silent"]),
                 "npm test",
             );
-            run_in(
-                &dir,
-                Command::new("npm").args(["run", "--silent", "build"]),
-                "npm run build",
-            );
             dir.join(format!("{module}.wasm"))
         }
     };
+    let first = built_digest(&run_in(&dir, &mut build, "sharehost build"));
+    assert!(component.is_file(), "{component:?}");
+    if lang == "rust" {
+        // cargo would not build again what has not changed.
+        std::fs::remove_file(&component).expect("remove the component");
+        run_in(
+            &dir,
+            Command::new("touch").arg("src/lib.rs"),
+            "touch the source",
+        );
+    }
+    let second = built_digest(&run_in(&dir, &mut build, "sharehost build again"));
+    assert_eq!(
+        first, second,
+        "{lang}: the same source built the same bytes"
+    );
     let (ok, lines, stderr) = test_plugin_with(
         &component,
         &dir.join("records.jsonl"),
@@ -679,4 +724,166 @@ fn new_project_builds_passes_its_own_test_and_judges_its_records(lang: &str) {
     assert!(checked.status.success(), "{lang}: {said}");
     // The project's own manifest loses nothing: a dead-letter topic and a cap under the limit.
     assert!(!said.contains("warning:"), "{lang}: {said}");
+}
+
+/// `sharehost dev` in a new project: it builds and judges the project's records, then, when
+/// the author saves a change, builds again and shows the verdict that changed beside what it
+/// was, and only that one.
+#[test]
+fn sharehost_dev_rebuilds_on_a_save_and_shows_the_verdict_that_changed() {
+    use std::io::BufRead;
+
+    let root = repo_root();
+    let parent = std::env::temp_dir().join(sharehost_tests::unique("sharehost-dev"));
+    std::fs::create_dir_all(&parent).expect("temp dir");
+    let sharehost = sharehost_tests::sharehost_bin!();
+    run_in(
+        &parent,
+        Command::new(sharehost).args(["new", "rust", "dev-loop"]),
+        "sharehost new",
+    );
+    let dir = parent.join("dev-loop");
+    std::fs::copy(root.join("examples/Cargo.lock"), dir.join("Cargo.lock"))
+        .expect("copy the lockfile");
+    let mut child = Command::new(sharehost)
+        .arg("dev")
+        .current_dir(&dir)
+        .env("CARGO_TARGET_DIR", root.join("target/guest-build"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start sharehost dev");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let wait_for = |want: &str, seen: &mut Vec<String>| -> Vec<String> {
+        let mut since = Vec::new();
+        loop {
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(600))
+                .unwrap_or_else(|_| panic!("sharehost dev never said {want:?}: {seen:#?}"));
+            seen.push(line.clone());
+            since.push(line.clone());
+            if line.contains(want) {
+                return since;
+            }
+        }
+    };
+    let first = wait_for("watching", &mut seen);
+    assert!(
+        first.iter().any(|l| l == "  test-0@2: reject (tombstone)"),
+        "{first:#?}"
+    );
+    assert!(
+        first.iter().any(|l| l == "3 records: 1 accept, 2 reject"),
+        "{first:#?}"
+    );
+    let lib = dir.join("src/lib.rs");
+    let source = std::fs::read_to_string(&lib).expect("lib.rs");
+    std::fs::write(&lib, source.replace("\"tombstone\"", "\"no value\"")).expect("save");
+    let second = wait_for("watching", &mut seen);
+    let _ = child.kill();
+    let _ = child.wait();
+    let changed: Vec<&String> = second.iter().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(
+        changed,
+        ["  test-0@2: reject (no value)  (was reject (tombstone))"],
+        "only the changed verdict: {second:#?}"
+    );
+}
+
+/// `guest-sdk/pack` builds the three SDK packages (a wheel, an npm tarball, the packaged
+/// crate) from copies: nothing appears in, or changes under, the checkout's SDK sources (a
+/// wheel built in place left build/ and egg-info there, npm pack's prepack a copy of the WIT).
+#[test]
+fn the_sdk_packages_are_built_without_writing_into_the_checkout() {
+    let root = repo_root();
+    let status = || {
+        let out = Command::new("git")
+            .args([
+                "status",
+                "--porcelain",
+                "--ignored",
+                "--untracked-files=all",
+            ])
+            .args(["--", "guest-sdk", "wit"])
+            .current_dir(&root)
+            .output()
+            .expect("git status");
+        assert!(out.status.success());
+        // Python's byte-code caches come and go with other tests' builds of the SDK.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.contains("__pycache__") && !l.contains(".pytest_cache"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let before = status();
+    let out_dir = std::env::temp_dir().join(sharehost_tests::unique("sharehost-pack"));
+    let said = run_in(
+        &root,
+        Command::new(root.join("guest-sdk/pack"))
+            .arg("--out")
+            .arg(&out_dir),
+        "guest-sdk/pack",
+    );
+    assert_eq!(
+        status(),
+        before,
+        "the checkout's SDK sources are as they were"
+    );
+    let packages: Vec<(&str, PathBuf)> = said
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(lang, path)| (lang, PathBuf::from(path)))
+        .collect();
+    let langs: Vec<&str> = packages.iter().map(|(l, _)| *l).collect();
+    assert_eq!(langs, ["rust", "python", "js"]);
+    for (lang, path) in &packages {
+        assert!(path.starts_with(&out_dir), "{lang}: {path:?}");
+        assert!(path.exists(), "{lang}: {path:?}");
+    }
+    // What each package holds: the contract, and the build command for Python and JS.
+    let crate_dir = &packages[0].1;
+    assert!(crate_dir.join("wit/plugin.wit").is_file());
+    assert!(crate_dir.join("src/lib.rs").is_file());
+    let list = |cmd: &mut Command| {
+        let out = cmd.output().expect("list the package");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let wheel = list(
+        Command::new("python3")
+            .args(["-m", "zipfile", "-l"])
+            .arg(&packages[1].1),
+    );
+    for file in [
+        "sharehost_guest/_build.py",
+        "sharehost_guest/wit/plugin.wit",
+        "entry_points.txt",
+    ] {
+        assert!(wheel.contains(file), "the wheel lacks {file}: {wheel}");
+    }
+    let tarball = list(Command::new("tar").arg("tzf").arg(&packages[2].1));
+    for file in [
+        "package/build.mjs",
+        "package/wit/plugin.wit",
+        "package/toolchain/package-lock.json",
+    ] {
+        assert!(
+            tarball.contains(file),
+            "the tarball lacks {file}: {tarball}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
 }

@@ -50,6 +50,12 @@ enum Command {
     /// test, sample records, a manifest and a README with the commands; it builds and passes
     /// its test as made.
     New(cli::new::NewArgs),
+    /// Build a plugin project into its component (Rust, Python or JavaScript, with the
+    /// toolchain its SDK pins), where the project's manifest names it; prints its SHA-256.
+    Build(cli::build::BuildArgs),
+    /// The author's loop: build, judge the project's records with test-plugin, and again on
+    /// every change to the project, printing the verdicts that changed.
+    Dev(cli::build::DevArgs),
 }
 
 /// `sharehost run MANIFEST`.
@@ -132,6 +138,8 @@ fn main() -> ExitCode {
                 .map(|_| ()),
             Command::Fleet(args) => cli::fleet::run(args).await,
             Command::New(args) => cli::new::run(&args),
+            Command::Build(args) => cli::build::run_build(&args),
+            Command::Dev(args) => cli::build::run_dev(&args),
             Command::CreateTopics(args) => cli::topics::create_topics(args).await,
             Command::Produce(args) => cli::topics::produce(args).await,
             Command::Consume(args) => {

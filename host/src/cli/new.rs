@@ -3,8 +3,12 @@
 //! `max-bytes`), a native unit test, sample records, a manifest and a README with the commands
 //! (docs/plugin-guide.md, where each step is explained).
 //!
+//! The project depends on the SDK as a package (a wheel, an npm tarball, a packaged crate),
+//! which `guest-sdk/pack` builds under the checkout's `target/sdk/`: the author's installs
+//! never write into the checkout's sources, and the project sees what a published SDK holds.
+//!
 //! The templates are files under `host/templates/`, filled by plain `{{name}}` replacement:
-//! four placeholders need no template engine.
+//! five placeholders need no template engine.
 
 use std::path::{Path, PathBuf};
 
@@ -33,8 +37,8 @@ pub struct NewArgs {
     /// Where to make the project's folder (default: here).
     #[arg(long, default_value = ".")]
     dir: PathBuf,
-    /// The sharehost checkout whose SDKs the project depends on (default: the one this
-    /// binary was built from).
+    /// The sharehost checkout whose SDK packages the project depends on (default: the one
+    /// this binary was built from); its `guest-sdk/pack` builds them into its `target/sdk/`.
     #[arg(long)]
     sdk: Option<PathBuf>,
 }
@@ -42,8 +46,9 @@ pub struct NewArgs {
 /// One generated file: its path in the project and its text.
 type File = (&'static str, String);
 
-/// The project's files for `lang`, placeholders filled.
-fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
+/// The project's files for `lang`, placeholders filled: `sdk` is the checkout (for the guide),
+/// `package` the SDK package the project installs.
+fn files(lang: Lang, name: &str, sdk: &Path, package: &Path) -> Vec<File> {
     let module = name.replace('-', "_");
     let ty: String = name
         .split(['-', '_'])
@@ -60,6 +65,7 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
             .replace("{{module}}", &module)
             .replace("{{type}}", &ty)
             .replace("{{sdk}}", &sdk.display().to_string())
+            .replace("{{package}}", &package.display().to_string())
     };
     // Each language's own files: (path in the project, template text).
     let (component, memory, templates): (String, &str, &[(&str, &str)]) = match lang {
@@ -140,21 +146,20 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
         Lang::Rust => format!(
             "cargo test                                        # the native test\n\
              rustup target add wasm32-wasip2\n\
-             cargo build --release --target wasm32-wasip2      # {component}\n"
+             sharehost build                                   # {component}\n"
         ),
         Lang::Python => format!(
             "python3 -m venv .venv && . .venv/bin/activate\n\
-             python3 -m pip wheel --no-deps \"{sdk}/guest-sdk/python\" -w /tmp/sharehost-wheels\n\
-             pip install /tmp/sharehost-wheels/sharehost_guest-*.whl pytest\n\
+             pip install \"{package}\" pytest   # the SDK\n\
              python -m pytest -q                               # the native test\n\
-             sharehost-build-py plugin.py {component}\n",
-            sdk = sdk.display()
+             sharehost build                                   # {component}\n",
+            package = package.display()
         ),
         Lang::Js => format!(
-            "npm install                                       # the SDK, from {sdk}/guest-sdk/js\n\
+            "npm install                                       # the SDK, {package}\n\
              npm test                                          # the native test\n\
-             npm run build                                     # {component}\n",
-            sdk = sdk.display()
+             sharehost build                                   # {component}\n",
+            package = package.display()
         ),
     };
     let readme = format!(
@@ -164,6 +169,7 @@ fn files(lang: Lang, name: &str, sdk: &Path) -> Vec<File> {
          ({sdk}) explains every step.\n\n\
          ```sh\n{steps}\
          sharehost test-plugin {component} --input records.jsonl --manifest manifest.toml\n\
+         sharehost dev                                     # build and judge records.jsonl again on every save\n\
          sharehost check manifest.toml\n\
          sharehost create-topics {name}-in {name}-dlq --manifest manifest.toml --if-not-exists\n\
          sharehost produce {name}-in --manifest manifest.toml --input records.jsonl\n\
@@ -215,6 +221,34 @@ fn writable_path(sdk: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Builds the SDK package for `lang` with the checkout's `guest-sdk/pack` (into its
+/// `target/sdk/`) and returns its path: built each time, so a project never gets a package
+/// older than the checkout's SDK.
+fn pack(sdk: &Path, lang: Lang) -> Result<PathBuf> {
+    let name = match lang {
+        Lang::Rust => "rust",
+        Lang::Python => "python",
+        Lang::Js => "js",
+    };
+    let script = sdk.join("guest-sdk/pack");
+    let out = std::process::Command::new(&script)
+        .arg(name)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {name} failed ({}): the {name} SDK package could not be built",
+            script.display(),
+            out.status
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}\t")).map(PathBuf::from))
+        .with_context(|| format!("{} {name} named no package", script.display()))
+}
+
 /// Runs `sharehost new`: writes the project into `DIR/NAME`, refusing a folder that exists.
 pub fn run(args: &NewArgs) -> Result<()> {
     if !valid_name(&args.name) {
@@ -248,7 +282,9 @@ pub fn run(args: &NewArgs) -> Result<()> {
             root.display()
         );
     }
-    for (path, text) in files(args.lang, &args.name, &sdk) {
+    let package = pack(&sdk, args.lang)?;
+    writable_path(&package)?;
+    for (path, text) in files(args.lang, &args.name, &sdk, &package) {
         let file = root.join(path);
         if let Some(parent) = file.parent() {
             std::fs::create_dir_all(parent)
@@ -271,13 +307,19 @@ mod tests {
     #[test]
     fn names_are_filled_into_every_file_and_no_placeholder_is_left() {
         for lang in [Lang::Rust, Lang::Python, Lang::Js] {
-            let files = files(lang, "size-check", Path::new("/opt/sharehost"));
+            let files = files(
+                lang,
+                "size-check",
+                Path::new("/opt/sharehost"),
+                Path::new("/opt/sharehost/target/sdk/pkg"),
+            );
             for (path, text) in &files {
                 assert!(!text.contains("{{"), "{lang:?} {path}: {text}");
             }
             let all: String = files.iter().map(|(_, t)| t.as_str()).collect();
             assert!(all.contains("SizeCheck"), "{lang:?}");
-            assert!(all.contains("/opt/sharehost/guest-sdk"), "{lang:?}");
+            assert!(all.contains("/opt/sharehost/target/sdk/pkg"), "{lang:?}");
+            assert!(!all.contains("/opt/sharehost/guest-sdk"), "{lang:?}");
             assert!(all.contains("size_check.wasm"), "{lang:?}");
         }
     }
