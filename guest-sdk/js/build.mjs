@@ -3,7 +3,7 @@
 // object, importing `@sharehost/guest`) into a WebAssembly component the sharehost host
 // accepts (world `plugin` of `sharehost:plugin@0.2.0`).
 //
-//   sharehost-build-js PLUGIN.js OUT.wasm [--wit WIT_FILE_OR_DIR] [--keep-bundle]
+//   sharehost-build-js PLUGIN.js OUT.wasm [--wit WIT_FILE_OR_DIR] [--keep-bundle] [--no-cache]
 //
 // Steps, and why:
 //  1. esbuild bundles the plugin, this SDK and the component glue (src/component.js) into one
@@ -27,13 +27,23 @@
 //  3. The component's imports are checked against what the host allows (with wasi:http only
 //     for a plugin that fetches); anything else fails the build, naming the import.
 //
+// The same inputs give the same bytes. Two runs of componentize-js on one bundle do not:
+// Wizer runs the engine's initialization with the host's real WASI randomness and monotonic
+// clock, and the snapshot keeps what SpiderMonkey drew from them (hash-code keys, GC
+// timestamps), along with the paths of the temporary directories the initialization read;
+// componentize-js 0.23.0 and Wizer 10 have no option to fix either. So a component is kept
+// under the digest of what it was made from (the bundle, the WIT, the features, the
+// toolchain) in ~/.cache/sharehost/js-builds/, and the same inputs are answered with its
+// bytes: a rebuild of unchanged source is instant and the host's compile cache keeps its
+// entry (`--no-cache` builds anew).
+//
 // The toolchain is installed from toolchain/package-lock.json (`npm ci`) the first time into
 // a per-user cache, ~/.cache/sharehost/js-toolchain/<lock hash>/ ($SHAREHOST_JS_TOOLCHAIN
 // overrides), never into the SDK's or the plugin's directory.
 
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { copyFileSync, cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { homedir, tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
@@ -84,7 +94,7 @@ export function bundleErrors(errors, plugin, cause) {
 
 function usage(msg) {
   if (msg) process.stderr.write(`sharehost-build-js: ${msg}\n`);
-  process.stderr.write('usage: sharehost-build-js PLUGIN.js OUT.wasm [--wit WIT_FILE_OR_DIR] [--keep-bundle]\n');
+  process.stderr.write('usage: sharehost-build-js PLUGIN.js OUT.wasm [--wit WIT_FILE_OR_DIR] [--keep-bundle] [--no-cache]\n');
   process.exit(2);
 }
 
@@ -148,6 +158,56 @@ async function load(dir, name) {
   return import(pathToFileURL(path).href);
 }
 
+/** Components kept by their inputs' digest; the oldest go first. */
+const KEPT_BUILDS = 16;
+
+/** Where built components are kept by the digest of their inputs. */
+function keptBuilds() {
+  const cache = process.env.XDG_CACHE_HOME || join(homedir(), '.cache');
+  return join(cache, 'sharehost', 'js-builds');
+}
+
+/** Every file under `dir`, by relative path, in a fixed order. */
+function filesUnder(dir, prefix = '') {
+  return readdirSync(dir, { withFileTypes: true })
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+    .flatMap((e) => (e.isDirectory() ? filesUnder(join(dir, e.name), `${prefix}${e.name}/`) : [[`${prefix}${e.name}`, join(dir, e.name)]]));
+}
+
+/**
+ * The SHA-256 of what componentize-js is given: the bundle (with its line table), the WIT
+ * (world and contract), the features left out and the toolchain (its directory is named by
+ * its lockfile's digest).
+ */
+export function inputsDigest(source, witDir, features, toolchain) {
+  const h = createHash('sha256');
+  h.update(`${toolchain}\0${features.join(',')}\0`);
+  for (const [rel, path] of filesUnder(witDir)) {
+    const data = readFileSync(path);
+    h.update(`${rel}\0${data.length}\0`).update(data);
+  }
+  return h.update(source).digest('hex');
+}
+
+/** Keeps `component` as the build of `digest`, dropping the oldest past KEPT_BUILDS; a failure
+ * to keep is not the build's failure. */
+function keep(digest, component) {
+  try {
+    const dir = keptBuilds();
+    mkdirSync(dir, { recursive: true });
+    const part = join(dir, `${digest}.wasm.${process.pid}`);
+    writeFileSync(part, component);
+    renameSync(part, join(dir, `${digest}.wasm`));
+    const builds = readdirSync(dir)
+      .filter((f) => f.endsWith('.wasm'))
+      .map((f) => [join(dir, f), statSync(join(dir, f)).mtimeMs])
+      .sort((a, b) => b[1] - a[1]);
+    for (const [old] of builds.slice(KEPT_BUILDS)) rmSync(old, { force: true });
+  } catch (e) {
+    process.stderr.write(`sharehost-build-js: the build is not kept for the next one (${e?.message ?? e})\n`);
+  }
+}
+
 /** The WIT the component is built against: world `plugin-js` and its dependencies. */
 function writeWit(into, contract) {
   cpSync(join(SDK_DIR, 'world'), into, { recursive: true });
@@ -204,10 +264,12 @@ async function main(argv) {
   const positional = [];
   let wit;
   let keepBundle = false;
+  let fresh = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (a === '--wit') wit = argv[++i];
     else if (a === '--keep-bundle') keepBundle = true;
+    else if (a === '--no-cache') fresh = true;
     else if (a === '-h' || a === '--help') usage();
     else if (a.startsWith('-')) usage(`unknown option ${a}`);
     else positional.push(a);
@@ -283,14 +345,31 @@ async function main(argv) {
   writeFileSync(bundlePath, source);
   const bundledAt = performance.now();
 
-  // 2. Componentize.
+  // 2. Componentize, unless these very inputs were componentized before.
+  const witDir = writeWit(join(workDir, 'wit'), witPath);
+  const features = usesFetch ? DISABLED_FEATURES : [...DISABLED_FEATURES, 'http'];
+  const digest = inputsDigest(source, witDir, features, toolchain);
+  const kept = join(keptBuilds(), `${digest}.wasm`);
+  if (!fresh && existsSync(kept)) {
+    const component = readFileSync(kept);
+    mkdirSync(dirname(out), { recursive: true });
+    writeFileSync(out, component);
+    if (keepBundle) writeFileSync(out.replace(/\.wasm$/, '') + '.bundle.js', source);
+    rmSync(workDir, { recursive: true, force: true });
+    const now = new Date();
+    utimesSync(kept, now, now);
+    process.stderr.write(
+      `sharehost-build-js: ${out} (${(component.length / 1e6).toFixed(1)} MB${usesFetch ? ', fetch: imports wasi:http' : ''}, inputs unchanged: the bytes built from them before; --no-cache builds anew) in ${((performance.now() - started) / 1000).toFixed(1)} s\n`,
+    );
+    return;
+  }
   let component;
   try {
     ({ component } = await componentize({
       sourcePath: bundlePath,
-      witPath: writeWit(join(workDir, 'wit'), witPath),
+      witPath: witDir,
       worldName: 'plugin-js',
-      disableFeatures: usesFetch ? DISABLED_FEATURES : [...DISABLED_FEATURES, 'http'],
+      disableFeatures: features,
     }));
   } catch (e) {
     process.stderr.write(`sharehost-build-js: componentize-js failed (bundle kept at ${bundlePath}):\n${e?.stack ?? e}\n`);
@@ -306,6 +385,7 @@ async function main(argv) {
   }
   mkdirSync(dirname(out), { recursive: true });
   writeFileSync(out, component);
+  keep(digest, component);
   if (keepBundle) writeFileSync(out.replace(/\.wasm$/, '') + '.bundle.js', source);
   rmSync(workDir, { recursive: true, force: true });
   const done = performance.now();

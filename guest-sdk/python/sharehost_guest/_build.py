@@ -1,7 +1,7 @@
 """sharehost-build-py: builds a Python sharehost plugin into a WebAssembly component the host
 accepts (contract ``sharehost:plugin@0.2.0``).
 
-Usage: ``sharehost-build-py [--wasi stub|deny] [--http] PLUGIN OUT.wasm [componentize-py options]``
+Usage: ``sharehost-build-py [--wasi stub|deny] [--http] [--no-cache] PLUGIN OUT.wasm [componentize-py options]``
 
 - ``PLUGIN``: a plugin module file (``path/to/my_plugin.py``), or a directory holding
   ``plugin.py`` or exactly one other module (``test_*.py``, ``*_test.py``, ``conftest.py`` and
@@ -17,11 +17,20 @@ Usage: ``sharehost-build-py [--wasi stub|deny] [--http] PLUGIN OUT.wasm [compone
 
 Module-level code runs once, at build time: the component starts from that snapshot. The
 pinned toolchain is installed into a per-user cache the first time (``_toolchain``).
+
+The same inputs give the same bytes: componentize-py 0.25.1 does not build the same bytes
+twice (its build-time interpreter draws a random hash secret and file times into the snapshot,
+and orders its WASI stubs by an unordered map, with no option to fix any of them), so a build
+is kept under the digest of its inputs (the plugin's directory, the SDK, the flags, the
+toolchain) in ``~/.cache/sharehost/py-builds`` and the same inputs are answered with its bytes:
+a rebuild of unchanged source is instant and the host's compile cache keeps its entry.
+``--no-cache`` builds anew.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import pathlib
 import re
@@ -53,6 +62,16 @@ ALLOWED_WITH_HTTP = ("wasi:http/types@", "wasi:http/outgoing-handler@")
 #: The namespace the SDK's own WASI imports carry through a ``--wasi stub`` build (see
 #: ``_imports``).
 STUB_NAMESPACE = "sharehost-wasi"
+
+
+#: Builds kept by their inputs' digest; the oldest go first.
+KEPT_BUILDS = 16
+#: Directories never part of a build's inputs: installs, caches and version control (the
+#: component's own ``__pycache__`` writes would otherwise change the inputs of the next build).
+NOT_INPUTS = {"__pycache__", ".venv", "venv", "node_modules", "target", ".git", ".pytest_cache"}
+#: A directory larger than this is built without looking for a kept build: hashing it would
+#: cost more than it saves.
+MOST_INPUT_BYTES = 256 << 20
 
 
 class BuildError(Exception):
@@ -180,8 +199,14 @@ def componentize(
     if wasi == "stub":
         cmd.append("--stub-wasi")
     # The plugin's own directory is where it imports from; the SDK is always this copy.
+    # componentize-py puts the site-packages of $VIRTUAL_ENV, or without one those of the
+    # Python it finds on PATH, on the component's module path: a build would take whatever
+    # the building machine happens to have installed. An empty venv directory gives it none;
+    # a plugin's own dependencies come with `-p`.
     env = dict(os.environ)
-    env.pop("VIRTUAL_ENV", None)
+    no_packages = work / "no-site-packages"
+    no_packages.mkdir(exist_ok=True)
+    env["VIRTUAL_ENV"] = str(no_packages)
     # componentize-py is Rust: with these set, a mistake in the plugin came buried under its
     # stack (30 frames and more); the author needs the plugin's Python traceback alone.
     env.pop("RUST_BACKTRACE", None)
@@ -215,9 +240,52 @@ def deny_filesystem_and_sockets(tools: pathlib.Path, work: pathlib.Path, full: p
     run(tools / "wac", "plug", full, "--plug", work / "deny.wasm", "-o", out)
 
 
+def inputs_digest(directories: List[pathlib.Path], settings: str) -> Optional[str]:
+    """The SHA-256 of what a build reads: every file under ``directories`` (but
+    :data:`NOT_INPUTS` and built components), by relative path and content, and ``settings``;
+    ``None`` when they hold more than :data:`MOST_INPUT_BYTES`."""
+    h = hashlib.sha256(settings.encode())
+    total = 0
+    for index, top in enumerate(directories):
+        files = []
+        for root, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d not in NOT_INPUTS)
+            files.extend(pathlib.Path(root) / n for n in names if not n.endswith((".wasm", ".pyc")))
+        for f in sorted(files):
+            data = f.read_bytes()
+            total += len(data)
+            if total > MOST_INPUT_BYTES:
+                return None
+            rel = f.relative_to(top).as_posix()
+            h.update(f"\0{index}\0{rel}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def _kept_builds() -> pathlib.Path:
+    return _toolchain.cache_root() / "py-builds"
+
+
+def _keep(digest: str, component: bytes) -> None:
+    """Keeps ``component`` as the build of ``digest``, dropping the oldest past
+    :data:`KEPT_BUILDS`. A failure to keep is not the build's failure."""
+    try:
+        kept = _kept_builds()
+        kept.mkdir(parents=True, exist_ok=True)
+        part = kept / f"{digest}.wasm.{os.getpid()}"
+        part.write_bytes(component)
+        part.replace(kept / f"{digest}.wasm")
+        builds = sorted(kept.glob("*.wasm"), key=lambda f: f.stat().st_mtime, reverse=True)
+        for old in builds[KEPT_BUILDS:]:
+            old.unlink(missing_ok=True)
+    except OSError as e:
+        sys.stderr.write(f"build: the build is not kept for the next one ({e})\n")
+
+
 def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None,
-          extra: Optional[List[str]] = None) -> pathlib.Path:
-    """Builds ``plugin`` into ``out``; returns the path written."""
+          extra: Optional[List[str]] = None, fresh: bool = False) -> pathlib.Path:
+    """Builds ``plugin`` into ``out`` (the kept build of the same inputs unless ``fresh``);
+    returns the path written."""
     if wasi not in ("stub", "deny"):
         raise BuildError(f"--wasi must be stub or deny (got '{wasi}')")
     directory, module = find_module(plugin)
@@ -225,8 +293,26 @@ def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None
     cpy = venv / "bin" / "componentize-py"
     out_path = pathlib.Path(out).resolve()
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with_http = uses_http(directory) if http is None else http
     started = time.monotonic()
+    extra_dirs = [pathlib.Path(p) for flag, p in zip(extra or [], (extra or [])[1:])
+                  if flag in ("-p", "--python-path") and pathlib.Path(p).is_dir()]
+    digest = None if fresh else inputs_digest(
+        [directory, SDK_DIR / "sharehost_guest", *extra_dirs],
+        f"componentize-py {_toolchain.COMPONENTIZE_PY}\nmodule {module}\nwasi {wasi}\n"
+        f"http {http}\nextra {extra or []}\n",
+    )
+    if digest is not None:
+        kept = _kept_builds() / f"{digest}.wasm"
+        if kept.is_file():
+            component = kept.read_bytes()
+            out_path.write_bytes(component)
+            kept.touch()
+            sys.stderr.write(
+                f"build: {out} (inputs unchanged: the bytes built from them before, "
+                f"{len(component)} bytes, {time.monotonic() - started:.1f} s; --no-cache builds anew)\n"
+            )
+            return out_path
+    with_http = uses_http(directory) if http is None else http
     with tempfile.TemporaryDirectory(prefix="sharehost-build-py-") as tmp:
         work = pathlib.Path(tmp)
         raw = work / "raw.wasm"
@@ -252,6 +338,8 @@ def build(plugin: str, out: str, wasi: str = "stub", http: Optional[bool] = None
         if refused:
             raise BuildError(f"the component imports {', '.join(refused)}, which the host refuses")
         out_path.write_bytes(component)
+    if digest is not None:
+        _keep(digest, component)
     took = time.monotonic() - started
     sys.stderr.write(
         f"build: {out} (--wasi {wasi}{', wasi:http' if with_http else ''}, "
@@ -283,10 +371,13 @@ def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     wasi = os.environ.get("SHAREHOST_PY_WASI", "stub")
     http: Optional[bool] = None
-    while args and (args[0] in ("--wasi", "--http") or args[0].startswith("--wasi=")):
+    fresh = False
+    while args and (args[0] in ("--wasi", "--http", "--no-cache") or args[0].startswith("--wasi=")):
         a = args.pop(0)
         if a == "--http":
             http = True
+        elif a == "--no-cache":
+            fresh = True
         elif a == "--wasi":
             wasi = args.pop(0) if args else ""
         else:
@@ -295,7 +386,7 @@ def main(argv=None) -> int:
         print(_usage(), file=sys.stderr)
         return 2
     try:
-        build(args[0], args[1], wasi, http, args[2:])
+        build(args[0], args[1], wasi, http, args[2:], fresh)
     except BuildError as e:
         print(f"build: {e}", file=sys.stderr)
         return 1

@@ -37,3 +37,27 @@ def test_a_plugin_import_error_is_its_python_traceback_alone():
 def test_another_failure_is_kept_but_for_the_backtrace():
     text = failure_text("error: something else\n\nStack backtrace:\n   0: frame\n")
     assert text == "error: something else\n"
+
+
+def test_the_inputs_digest_follows_the_source_and_not_the_builds_own_leftovers(tmp_path):
+    from sharehost_guest._build import inputs_digest
+
+    (tmp_path / "plugin.py").write_text("X = 1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "table.txt").write_text("a\n")
+    first = inputs_digest([tmp_path], "settings")
+    assert first == inputs_digest([tmp_path], "settings")
+    # What the build and the author's tools leave beside the source is not an input.
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "plugin.cpython-314.pyc").write_bytes(b"\0")
+    (tmp_path / "plugin.wasm").write_bytes(b"\0asm")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "x").write_text("y")
+    assert inputs_digest([tmp_path], "settings") == first
+    # The source, a data file, a new module and the settings are.
+    assert inputs_digest([tmp_path], "other settings") != first
+    (tmp_path / "data" / "table.txt").write_text("b\n")
+    second = inputs_digest([tmp_path], "settings")
+    assert second != first
+    (tmp_path / "helper.py").write_text("")
+    assert inputs_digest([tmp_path], "settings") != second
