@@ -577,6 +577,34 @@ async fn the_rust_sdk_names_a_post_to_a_host_not_granted_denied_and_to_no_listen
     );
 }
 
+/// The same through the Python SDK: what the guide promises a Python author, `Denied` for a
+/// host the pipeline does not grant and `Connect` for a port nobody listens on, each before
+/// the 3 MB body was read.
+#[tokio::test]
+async fn the_python_sdk_names_a_post_to_a_host_not_granted_denied_and_to_no_listener_connect() {
+    let idle = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let grant = HttpGrant::new(settings(&[format!("http://127.0.0.1:{idle}")])).expect("grant");
+    let deadline = Duration::from_secs(60);
+    let mut plugin = plugin_with("http_errors_py", grant, deadline, deadline).await;
+    let verdicts = fetch(
+        &mut plugin,
+        &[
+            "POST http://127.0.0.1:9/x".to_owned(),
+            format!("POST http://127.0.0.1:{idle}/x"),
+            format!("GET http://127.0.0.1:{idle}/x"),
+        ],
+    )
+    .await;
+    assert!(reason(&verdicts[0]).starts_with("Denied: "), "{verdicts:?}");
+    for v in &verdicts[1..] {
+        assert!(reason(v).starts_with("Connect: "), "{verdicts:?}");
+        assert!(!reason(v).contains("stream closed"), "{verdicts:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_send_all_holding_more_than_the_resource_cap_faults_naming_the_bound() {
     // 4,000 requests at once with the Rust SDK: each holds a request, its future and a
