@@ -365,19 +365,11 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn lang_name(lang: Lang) -> &'static str {
-    match lang {
-        Lang::Rust => "Rust",
-        Lang::Python => "Python",
-        Lang::Js => "JavaScript",
-    }
-}
-
 fn report(p: &Project, b: &Built) -> String {
     format!(
         "built {} ({}, {} bytes, sha256 {}) in {:.1} s",
         b.path.display(),
-        lang_name(p.lang),
+        p.lang.name(),
         b.bytes,
         b.sha256,
         b.took.as_secs_f64()

@@ -26,6 +26,26 @@ pub enum Lang {
     Js,
 }
 
+impl Lang {
+    /// The language's name as an author says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
+        }
+    }
+
+    /// The name `guest-sdk/pack` takes and prints.
+    fn pack_name(self) -> &'static str {
+        match self {
+            Lang::Rust => "rust",
+            Lang::Python => "python",
+            Lang::Js => "js",
+        }
+    }
+}
+
 /// `sharehost new LANG NAME`.
 #[derive(Args)]
 pub struct NewArgs {
@@ -175,11 +195,7 @@ fn files(lang: Lang, name: &str, sdk: &Path, package: &Path) -> Vec<File> {
          sharehost produce {name}-in --manifest manifest.toml --input records.jsonl\n\
          sharehost run manifest.toml\n\
          sharehost consume {name}-dlq --manifest manifest.toml --from-beginning   # the rejected, with their reasons\n```\n",
-        lang = match lang {
-            Lang::Rust => "Rust",
-            Lang::Python => "Python",
-            Lang::Js => "JavaScript",
-        },
+        lang = lang.name(),
         sdk = sdk.display(),
     );
     let mut out = code;
@@ -225,11 +241,7 @@ fn writable_path(sdk: &Path) -> Result<()> {
 /// `target/sdk/`) and returns its path: built each time, so a project never gets a package
 /// older than the checkout's SDK.
 fn pack(sdk: &Path, lang: Lang) -> Result<PathBuf> {
-    let name = match lang {
-        Lang::Rust => "rust",
-        Lang::Python => "python",
-        Lang::Js => "js",
-    };
+    let name = lang.pack_name();
     let script = sdk.join("guest-sdk/pack");
     let out = std::process::Command::new(&script)
         .arg(name)
@@ -293,9 +305,9 @@ pub fn run(args: &NewArgs) -> Result<()> {
         std::fs::write(&file, text).with_context(|| format!("cannot write {}", file.display()))?;
     }
     println!(
-        "made {} ({:?} plugin); its README.md lists the commands to test, build and run it",
+        "made {} ({} plugin); its README.md lists the commands to test, build and run it",
         root.display(),
-        args.lang
+        args.lang.name()
     );
     Ok(())
 }
