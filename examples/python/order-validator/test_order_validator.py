@@ -147,7 +147,7 @@ def test_config_default_and_refusals():
 def test_rejections_are_logged_at_debug_with_the_offset():
     testing.reset()
     p = testing.instantiate(OrderValidator)
-    batch = testing.batch([dict(value=b"{oops", offset=41), dict(value=b"[]", offset=42)])
+    batch = testing.records(dict(value=b"{oops", offset=41), dict(value=b"[]", offset=42))
     assert p.handle(batch) == [reject("not JSON"), reject("not a JSON object")]
     logs = testing.take_logs()
     assert logs[0][0] == "debug" and logs[0][1].startswith("not JSON: ")

@@ -50,6 +50,7 @@ __all__ = [
     "retry",
     "log",
     "export",
+    "records_of",
     "RESERVED_HEADER_PREFIX",
     "NULL_SPAN",
 ]
@@ -362,11 +363,20 @@ class Record:
         return _utf8(self.key)
 
     def header(self, key: str, default=None) -> Optional[bytes]:
-        """The value of the first header named ``key`` (None for a null value); ``default``
-        when there is no such header. Use :attr:`headers` to tell absent from null."""
+        """The value of the first header named ``key`` as bytes (None for a null value);
+        ``default`` when there is no such header. Use :attr:`headers` to tell absent from null,
+        :meth:`header_str` for text."""
         for k, v in self.headers:
             if k == key:
                 return v
+        return default
+
+    def header_str(self, key: str, default=None) -> Optional[str]:
+        """The value of the first header named ``key`` as UTF-8 text (None when null or not
+        valid UTF-8, like :meth:`value_str`); ``default`` when there is no such header."""
+        for k, v in self.headers:
+            if k == key:
+                return _utf8(v)
         return default
 
     def emit(

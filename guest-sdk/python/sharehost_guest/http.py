@@ -87,6 +87,15 @@ def _find(headers: Sequence[Tuple[str, bytes]], name: str) -> Optional[bytes]:
     return None
 
 
+def _text(v: Optional[bytes]) -> Optional[str]:
+    if v is None:
+        return None
+    try:
+        return v.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 # --------------------------------------------------------------------------------------------
 # Errors (the Rust SDK's `HttpError` variants, as exception classes)
 
@@ -208,8 +217,14 @@ class Request:
         return self
 
     def header_value(self, name: str) -> Optional[bytes]:
-        """The value of the first header named ``name`` (case-insensitive), or None."""
+        """The value of the first header named ``name`` (case-insensitive) as bytes, or None.
+        (``header(name, value)`` adds a header, as in the Rust SDK.)"""
         return _find(self.headers, name)
+
+    def header_str(self, name: str) -> Optional[str]:
+        """The value of the first header named ``name`` (case-insensitive) as UTF-8 text; None
+        when absent or not valid UTF-8."""
+        return _text(_find(self.headers, name))
 
     def validate(self) -> None:
         """Raises :class:`InvalidRequest` unless the request can be sent as built (an absolute
@@ -271,8 +286,13 @@ class Response:
         self.body = _bytes("body", body)
 
     def header(self, name: str) -> Optional[bytes]:
-        """The value of the first header named ``name`` (case-insensitive), or None."""
+        """The value of the first header named ``name`` (case-insensitive) as bytes, or None."""
         return _find(self.headers, name)
+
+    def header_str(self, name: str) -> Optional[str]:
+        """The value of the first header named ``name`` (case-insensitive) as UTF-8 text; None
+        when absent or not valid UTF-8."""
+        return _text(_find(self.headers, name))
 
     @property
     def ok(self) -> bool:

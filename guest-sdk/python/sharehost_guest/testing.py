@@ -145,17 +145,24 @@ def record(
     return Record(_encode([spec]), 0)
 
 
-def records(*values: Union[bytes, str, None], **metadata) -> List[Record]:
-    """A batch of records with these values (indices and offsets 0, 1, 2, ...); keyword
-    arguments (``key``, ``headers``, ``topic``, ``delivery_count``, ...) apply to all."""
-    return batch([dict(value=v, **metadata) for v in values])
-
-
-def batch(specs: Iterable[dict]) -> List[Record]:
-    """A batch from per-record dicts with the keyword arguments of :func:`record` (a missing
-    ``offset`` is the record's index), decoded from one columnar buffer like the host's."""
-    encoded = _encode([_spec(**s) for s in specs])
+def records(*values: Union[bytes, str, None, dict], **metadata) -> List[Record]:
+    """A batch of records (indices and offsets 0, 1, 2, ...), decoded from one columnar buffer
+    like the host's. Each argument is a value (bytes, str or None for a tombstone) or a dict
+    with the keyword arguments of :func:`record` for that record alone (a missing ``offset``
+    is its index); keyword arguments (``key``, ``headers``, ``topic``, ``delivery_count``, ...)
+    apply to every record that does not set its own."""
+    encoded = batch(
+        [{**metadata, **v} if isinstance(v, dict) else dict(metadata, value=v) for v in values]
+    )
     return [Record(encoded, i) for i in range(len(encoded.offsets))]
+
+
+def batch(specs: Iterable[dict]) -> Columns:
+    """The contract's columnar batch (what a component's ``handle`` receives) for per-record
+    dicts with the keyword arguments of :func:`record` (a missing ``offset`` is the record's
+    index). :func:`records` gives its records; :func:`sharehost_guest.records_of` decodes any
+    batch the way the component glue does."""
+    return _encode([_spec(**s) for s in specs])
 
 
 def instantiate(cls: type, config=(), secrets=()) -> Plugin:

@@ -48,12 +48,10 @@ def clean():
 
 def test_default_handle_gives_one_verdict_per_record_in_order_and_state_persists():
     p = testing.instantiate(Echo)
-    batch = testing.batch(
-        [
-            dict(value="x"),
-            dict(value="y", headers=[("verdict", "renew")]),
-            dict(value="z", headers=[("verdict", b"bad")]),
-        ]
+    batch = testing.records(
+        "x",
+        dict(value="y", headers=[("verdict", "renew")]),
+        dict(value="z", headers=[("verdict", b"bad")]),
     )
     assert p.handle(batch) == [accept(), renew(), reject("bad")]
     assert p.handle(testing.records("a", "b")) == [accept(), accept()]
@@ -66,12 +64,10 @@ def test_init_refuses_with_the_message():
 
 
 def test_records_decode_spans_nulls_and_headers_from_one_buffer():
-    rs = testing.batch(
-        [
-            dict(value=None, key=b"k1", headers=[("a", None), ("b", b"")], offset=7),
-            dict(value=b"", key=None, topic="other", partition=3, delivery_count=2, timestamp=9),
-            dict(value="h\u00e9", key=b"", headers=[("a", "1"), ("a", "2")]),
-        ]
+    rs = testing.records(
+        dict(value=None, key=b"k1", headers=[("a", None), ("b", b"")], offset=7),
+        dict(value=b"", key=None, topic="other", partition=3, delivery_count=2, timestamp=9),
+        dict(value="h\u00e9", key=b"", headers=[("a", "1"), ("a", "2")]),
     )
     a, b, c = rs
     assert (a.value, a.key, a.offset, a.index, a.topic) == (None, b"k1", 7, 0, "test")
@@ -83,12 +79,30 @@ def test_records_decode_spans_nulls_and_headers_from_one_buffer():
     assert b.headers == []
     assert c.value_str() == "h\u00e9" and c.key == b"" and c.key_str() == ""
     assert c.header("a") == b"1" and c.offset == 2
+    # Text like the JavaScript SDK's headerText: None for null or not UTF-8, default if absent.
+    assert c.header_str("a") == "1" and a.header_str("a", "absent") is None
+    assert a.header_str("zz", "absent") == "absent"
+    assert testing.record(headers=[("h", b"\xff")]).header_str("h") is None
     # The same at every delivery: topic, partition and offset.
     assert (a.idempotency_key, b.idempotency_key) == ("test/0/7", "other/3/1")
     # The columns really are spans into one buffer with 0xffffffff for null.
     cols = a._b
     assert cols.value_spans[0] == sg.NULL_SPAN and cols.key_spans[2] == sg.NULL_SPAN
     assert cols.data.count(b"k1") == 1
+
+
+def test_batch_is_the_hosts_columnar_batch_and_records_take_values_or_specs():
+    cols = testing.batch([dict(value="a", key="k"), dict(value=None, offset=9)])
+    assert isinstance(cols, testing.Columns)
+    assert cols.offsets == [0, 9] and cols.value_spans[2] == sg.NULL_SPAN
+    a, b = sg.records_of(cols)
+    assert (a.value, a.key, b.value, b.offset) == (b"a", b"k", None, 9)
+    # Keyword arguments apply to every record; a spec's own fields win.
+    rs = testing.records(b"x", dict(value="y", key="own"), key="shared", delivery_count=3)
+    assert [(r.value, r.key, r.delivery_count, r.offset) for r in rs] == [
+        (b"x", b"shared", 3, 0),
+        (b"y", b"own", 3, 1),
+    ]
 
 
 def test_fields_are_read_only_when_used():
@@ -163,6 +177,18 @@ def test_refused_emits_raise_the_named_error_and_are_not_collected():
     )
     with pytest.raises(TypeError):
         r.emit("out", value=12)
+
+
+def test_http_headers_read_as_bytes_or_as_text_whatever_their_case():
+    from sharehost_guest import http
+
+    req = http.Request.post("http://127.0.0.1:8088/score").bearer_auth("t0ken")
+    assert req.header_value("Authorization") == b"Bearer t0ken"
+    assert req.header_str("authorization") == "Bearer t0ken"
+    assert req.header_str("missing") is None and req.header_value("missing") is None
+    res = http.Response(503, headers=[("Retry-After", "7"), ("x-raw", b"\xff")])
+    assert res.header("retry-after") == b"7" and res.header_str("RETRY-AFTER") == "7"
+    assert res.header_str("x-raw") is None and res.header("x-raw") == b"\xff"
 
 
 def test_logs_are_collected_with_their_level():
