@@ -5,6 +5,11 @@
 //! request, so a pipeline shows its `retry` verdicts; `--token T` requires
 //! `Authorization: Bearer T` (401 otherwise); `--delay-ms D` answers after D ms.
 //!
+//! It also scores orders for the plugin guide's fraud check (examples/fraud-check):
+//! `POST /score` with an order `{"id": ..., "amount": N, ...}` answers `{"score": floor(N / 10)}`
+//! (400 for a body that is not such an order), with the same `--token` and `--delay-ms`; with
+//! `--throttle-every N` every Nth request answers 503 there, so the fraud check's retry shows.
+//!
 //! `cargo run -p sharehost --example pricing_service -- --listen 127.0.0.1:8088`
 //! (loopback addresses only).
 
@@ -17,7 +22,10 @@ use anyhow::{Context, bail};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router, routing::get};
+use axum::{
+    Json, Router,
+    routing::{get, post},
+};
 use clap::Parser;
 
 /// Command line (and the settings of [`app`]).
@@ -82,6 +90,30 @@ async fn price(
     Json(serde_json::json!({ "sku": sku, "unit_price": unit_price })).into_response()
 }
 
+/// `POST /score`: an order's fraud score, from its amount.
+async fn score(State(s): State<Arc<Service>>, headers: HeaderMap, body: String) -> Response {
+    let n = s.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    tokio::time::sleep(Duration::from_millis(s.args.delay_ms)).await;
+    if let Some(token) = &s.args.token
+        && headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            != Some(format!("Bearer {token}").as_str())
+    {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    if s.args.throttle_every > 0 && n % s.args.throttle_every == 0 {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let order: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    match (order["id"].as_str(), order["amount"].as_f64()) {
+        (Some(_), Some(amount)) => {
+            Json(serde_json::json!({ "score": (amount / 10.0).floor() as i64 })).into_response()
+        }
+        _ => StatusCode::BAD_REQUEST.into_response(),
+    }
+}
+
 /// The service's routes with these settings (`listen` is not read): what `main` serves, and
 /// what tests serve on a port of their own.
 pub fn app(args: Args) -> Router {
@@ -91,6 +123,7 @@ pub fn app(args: Args) -> Router {
     });
     Router::new()
         .route("/price/{sku}", get(price))
+        .route("/score", post(score))
         .with_state(service)
 }
 

@@ -77,7 +77,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Watch(Arc<(Mutex<u64>, Condvar)>);
 
 impl Watch {
-    pub(crate) fn bump(&self) {
+    /// Wakes every [`Watch::wait_until`] to check its condition again: each report of a host
+    /// started with this `Watch` does, and so may anything else a test waits on (records it
+    /// reads back, say).
+    pub fn bump(&self) {
         *lock(&self.0.0) += 1;
         self.0.1.notify_all();
     }
