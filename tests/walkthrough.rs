@@ -13,10 +13,9 @@
 //! builds and runs go side by side.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -24,6 +23,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use sharehost_tests::host::{HostProcess, Watch};
+use sharehost_tests::topics::{Follower, consume_all};
 use sharehost_tests::{bootstrap, repo_root, sharehost_bin, unique};
 
 /// Orders produced per language.
@@ -212,88 +212,6 @@ fn build(language: &str, dir: &Path) -> PathBuf {
     }
 }
 
-/// `sharehost consume TOPIC --from-beginning --follow` in the background: every record it
-/// prints is kept (and wakes `watch`) until it is dropped.
-struct Follower {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    ended: Arc<Mutex<bool>>,
-}
-
-impl Follower {
-    /// Starts following `topic` with the cluster of `manifest`.
-    fn start(manifest: &Path, topic: &str, watch: &Watch) -> Follower {
-        let mut child = Command::new(sharehost_bin!())
-            .args([
-                "consume",
-                topic,
-                "--from-beginning",
-                "--follow",
-                "--manifest",
-            ])
-            .arg(manifest)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sharehost consume");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
-        let ended: Arc<Mutex<bool>> = Arc::default();
-        let (kept, end, bell) = (lines.clone(), ended.clone(), watch.clone());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                kept.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(line);
-                bell.bump();
-            }
-            *end.lock().unwrap_or_else(PoisonError::into_inner) = true;
-            bell.bump();
-        });
-        Follower {
-            child,
-            lines,
-            ended,
-        }
-    }
-
-    /// The records' keys printed so far.
-    fn keys(&self) -> BTreeSet<String> {
-        self.lines
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter_map(|v| v["key"].as_str().map(str::to_owned))
-            .collect()
-    }
-
-    /// Whether its output ended (the process exited).
-    fn ended(&self) -> bool {
-        *self.ended.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Drop for Follower {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Every record of `topic` from its beginning to its end, as `sharehost consume` prints them.
-fn consume(manifest: &Path, topic: &str) -> Vec<Value> {
-    run(
-        Command::new(sharehost_bin!())
-            .args(["consume", topic, "--from-beginning", "--manifest"])
-            .arg(manifest),
-        "sharehost consume",
-    )
-    .lines()
-    .map(|l| serde_json::from_str(l).expect("consume prints JSON lines"))
-    .collect()
-}
-
 /// The text of header `name` of a consumed record.
 fn header<'a>(record: &'a Value, name: &str) -> Option<&'a str> {
     record["headers"]
@@ -383,8 +301,8 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
 
     // Read back as the records land: the wait ends when every order is out.
     let watch = Watch::default();
-    let out = Follower::start(&manifest, &scored, &watch);
-    let dead = Follower::start(&manifest, &dlq, &watch);
+    let out = Follower::start(sharehost_bin!(), &manifest, &scored, &watch);
+    let dead = Follower::start(sharehost_bin!(), &manifest, &dlq, &watch);
     let host = HostProcess::start_watched_with_env(
         sharehost,
         &manifest,
@@ -416,7 +334,7 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
     // The ledger, from the topics read again to their ends now that the host has stopped.
     let by_id: BTreeMap<&str, &Order> = orders.iter().map(|o| (o.id.as_str(), o)).collect();
     let mut fates: BTreeMap<String, Vec<Fate>> = BTreeMap::new();
-    for record in consume(&manifest, &scored) {
+    for record in consume_all(sharehost_bin!(), &manifest, &scored) {
         let id = record["key"]
             .as_str()
             .expect("a scored order is keyed")
@@ -436,7 +354,7 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
         fates.entry(id).or_default().push(Fate::Scored(score));
     }
     let scored_records: usize = fates.values().map(Vec::len).sum();
-    for record in consume(&manifest, &dlq) {
+    for record in consume_all(sharehost_bin!(), &manifest, &dlq) {
         let id = record["key"]
             .as_str()
             .expect("a dead letter keeps its key")

@@ -31,6 +31,7 @@ pub mod pipeline;
 pub mod provenance;
 pub mod recent_faults;
 pub mod rollout;
+pub mod schema;
 pub mod tenants;
 pub mod writes;
 

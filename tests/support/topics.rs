@@ -191,3 +191,117 @@ async fn read_to_end(
     }
     records
 }
+
+/// `sharehost consume TOPIC --from-beginning --follow` in the background: every record it
+/// prints is kept (and wakes `watch`) until it is dropped. What an author does to watch a
+/// pipeline's outputs and dead letters arrive.
+pub struct Follower {
+    child: std::process::Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ended: std::sync::Arc<std::sync::Mutex<bool>>,
+}
+
+impl Follower {
+    /// Starts following `topic` with the cluster of `manifest`, running `bin` (the `sharehost`
+    /// binary).
+    pub fn start(
+        bin: &std::path::Path,
+        manifest: &std::path::Path,
+        topic: &str,
+        watch: &crate::host::Watch,
+    ) -> Follower {
+        use std::io::BufRead;
+        use std::sync::PoisonError;
+        let mut child = std::process::Command::new(bin)
+            .args([
+                "consume",
+                topic,
+                "--from-beginning",
+                "--follow",
+                "--manifest",
+            ])
+            .arg(manifest)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start sharehost consume");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let ended: std::sync::Arc<std::sync::Mutex<bool>> = Default::default();
+        let (kept, end, bell) = (lines.clone(), ended.clone(), watch.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                kept.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+                bell.bump();
+            }
+            *end.lock().unwrap_or_else(PoisonError::into_inner) = true;
+            bell.bump();
+        });
+        Follower {
+            child,
+            lines,
+            ended,
+        }
+    }
+
+    /// The records printed so far, as JSON.
+    pub fn records(&self) -> Vec<serde_json::Value> {
+        self.lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The records' keys printed so far.
+    pub fn keys(&self) -> std::collections::BTreeSet<String> {
+        self.records()
+            .iter()
+            .filter_map(|v| v["key"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Whether its output ended (the process exited).
+    pub fn ended(&self) -> bool {
+        *self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every record of `topic` from its beginning to its end, as `sharehost consume` (`bin`) prints
+/// them with the cluster of `manifest`.
+pub fn consume_all(
+    bin: &std::path::Path,
+    manifest: &std::path::Path,
+    topic: &str,
+) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(bin)
+        .args(["consume", topic, "--from-beginning", "--manifest"])
+        .arg(manifest)
+        .output()
+        .expect("run sharehost consume");
+    assert!(
+        out.status.success(),
+        "sharehost consume {topic} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("consume prints JSON lines"))
+        .collect()
+}

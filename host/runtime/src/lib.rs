@@ -76,7 +76,7 @@ pub use functions::{
 };
 pub use http::{
     AllowedOrigin, HttpCounts, HttpGrant, HttpGrantError, HttpSettings, HttpStats, OriginError,
-    parse_allowed_origin,
+    parse_allowed_origin, tls_connector,
 };
 pub use outputs::{
     DEFAULT_MAX_EMIT_BYTES_PER_BATCH, DEFAULT_MAX_EMITS_PER_BATCH, Emit, EmitHeader, OutputGrant,

@@ -77,25 +77,32 @@ pub(super) fn secrets(
     let mut secrets = Vec::new();
     for (secret, source) in &p.secrets {
         let field = format!("{field}.secrets.{secret}");
-        let table = source.get_ref().as_table();
-        let key = |k: &str| table.and_then(|t| t.get(k)).and_then(toml::Value::as_str);
-        let only = table.is_some_and(|t| t.len() == 1);
-        let source = match (key("env"), key("file")) {
-            (Some(var), None) if only && !var.is_empty() => SecretSource::Env(var.to_owned()),
-            (None, Some(file)) if only && !file.is_empty() => {
-                SecretSource::File(cx.path(&Spanned::new(source.span(), file.to_owned())))
-            }
-            _ => {
-                return Err(cx.err(
-                    Some(source.span()),
-                    field,
-                    "set exactly one of { env = \"VAR\" } or { file = \"path\" } (secrets never go in the manifest)",
-                ));
-            }
-        };
-        secrets.push((secret.clone(), source));
+        secrets.push((secret.clone(), secret_source(cx, source, field)?));
     }
     Ok(secrets)
+}
+
+/// Where one secret is read from: exactly one of `{ env = "VAR" }` or `{ file = "path" }`. A
+/// value written in its place is refused without being quoted.
+pub(super) fn secret_source(
+    cx: &Ctx<'_>,
+    source: &Spanned<toml::Value>,
+    field: String,
+) -> Result<SecretSource, ManifestError> {
+    let table = source.get_ref().as_table();
+    let key = |k: &str| table.and_then(|t| t.get(k)).and_then(toml::Value::as_str);
+    let only = table.is_some_and(|t| t.len() == 1);
+    match (key("env"), key("file")) {
+        (Some(var), None) if only && !var.is_empty() => Ok(SecretSource::Env(var.to_owned())),
+        (None, Some(file)) if only && !file.is_empty() => Ok(SecretSource::File(
+            cx.path(&Spanned::new(source.span(), file.to_owned())),
+        )),
+        _ => Err(cx.err(
+            Some(source.span()),
+            field,
+            "set exactly one of { env = \"VAR\" } or { file = \"path\" } (secrets never go in the manifest)",
+        )),
+    }
 }
 
 /// Outbound HTTP: granted when `allowed_outbound_hosts` lists a host, checked by the runtime's

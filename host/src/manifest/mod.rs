@@ -32,6 +32,7 @@ pub mod limits;
 mod pipeline;
 mod raw;
 mod runtime;
+mod schema;
 mod secret;
 #[cfg(test)]
 mod testing;
@@ -48,6 +49,7 @@ pub use pipeline::{
     FaultPolicy, Guarantee, InstanceModeSpec, PipelineSpec, ShadowSpec, StartPosition,
 };
 pub use runtime::RuntimeSpec;
+pub use schema::{SchemaAuthSpec, SchemaSpec};
 pub use secret::SecretSource;
 
 use crate::runtime::{RuntimeConfig, TrustPolicy};

@@ -112,6 +112,8 @@ pub struct PipelineSpec {
     /// it has one (it replaces the host's), else the host's `[trust]`; `None`: no signature
     /// needed. Goes into the plugin's limits, so every load of the pipeline checks it.
     pub trust: Option<Arc<TrustPolicy>>,
+    /// Schema-encoded records (`[pipeline.schema]`): decoded for the plugin, emits encoded.
+    pub schema: Option<super::schema::SchemaSpec>,
     /// A candidate to shadow from the start (`shadow`, resolved against the manifest's
     /// folder) and the fraction of batches it sees (`shadow_sample`, default 1).
     pub shadow: Option<ShadowSpec>,
@@ -322,6 +324,7 @@ fn validate(
     let start = start_position(cx, p, field)?;
     let wall_ms = wall_deadline_ms(cx, p, field, cpu_ms)?;
     let outputs = grants::outputs(cx, p, field)?;
+    let schema = super::schema::schema(cx, p, field, &outputs)?;
     let secrets = grants::secrets(cx, p, field)?;
     let http = grants::http(cx, p, field)?;
     let recycle_after = cx.int(
@@ -382,6 +385,7 @@ fn validate(
         secrets,
         http,
         trust,
+        schema,
         shadow,
     })
 }

@@ -125,6 +125,28 @@ pub(super) struct RawTrust {
     pub(super) keys_file: Option<Spanned<String>>,
 }
 
+/// `[pipeline.schema]`: the schema registry and how keys, values and emits are encoded.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSchema {
+    pub(super) registry: Spanned<String>,
+    #[serde(default)]
+    pub(super) value: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) key: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) outputs: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pub(super) ca_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) username: Option<Spanned<String>>,
+    // Read as plain TOML values, as `[pipeline.secrets]` are: never quoted back.
+    #[serde(default)]
+    pub(super) password: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    pub(super) token: Option<Spanned<toml::Value>>,
+}
+
 /// `[[pipeline]]`, with its `outputs`, `secrets` and `trust` sub-tables.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,6 +214,8 @@ pub(super) struct RawPipeline {
     pub(super) http_ca_file: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) trust: Option<Spanned<RawTrust>>,
+    #[serde(default)]
+    pub(super) schema: Option<Spanned<RawSchema>>,
     #[serde(default)]
     pub(super) shadow: Option<Spanned<String>>,
     #[serde(default)]

@@ -86,6 +86,9 @@ pub(super) struct Counters {
     pub(super) joined: AtomicBool,
     pub(super) engine: EngineCounts,
     pub(super) writes: WriteCounts,
+    /// Batches waiting for the schema registry (to decode their records or encode their
+    /// emits): while any does, the pipeline shows degraded.
+    pub(super) schema_waiting: std::sync::atomic::AtomicUsize,
     pub(super) stall: Mutex<SwapStall>,
     /// The last fault of records released for one, for their dead letter at the cap.
     pub(super) last_faults: Mutex<LastFaults>,
@@ -187,6 +190,7 @@ impl Counters {
             joined: AtomicBool::new(false),
             engine: EngineCounts::default(),
             writes: WriteCounts::default(),
+            schema_waiting: std::sync::atomic::AtomicUsize::new(0),
             stall: Mutex::new(SwapStall::default()),
             last_faults: Mutex::new(LastFaults::default()),
             recent_faults: Arc::default(),

@@ -19,7 +19,7 @@ use crate::kafka::KafkaClient;
 use crate::kafka::records::Header;
 use crate::metrics::Metrics;
 use crate::persisted::{Claim, MemberIdentity};
-use crate::runtime::{Header as RuntimeHeader, Record};
+use crate::runtime::{Emit, Header as RuntimeHeader, Record, Verdict};
 use crate::share::consumer::{
     AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
 };
@@ -583,20 +583,169 @@ impl Pipeline {
         }
         let mut batch = batch;
         let mut records: Arc<[Record]> = batch.iter_mut().map(plugin_record).collect();
-        let Some(j) = self.judge(&batch, &records).await else {
+        let schemas = self.grants.schemas.clone();
+        let decoded = match schemas.as_deref().filter(|s| s.decodes()) {
+            Some(s) => match Arc::get_mut(&mut records) {
+                Some(own) => {
+                    let mut wait = RegistryWait::new(self);
+                    let decoded = loop {
+                        match s.decode(own).await {
+                            Ok(d) => break Some(d),
+                            Err(e) => {
+                                if !wait.failed(ctx, &e).await {
+                                    break None;
+                                }
+                            }
+                        }
+                    };
+                    drop(wait);
+                    let Some(d) = decoded else {
+                        give_back(&mut batch, &mut records);
+                        release_all(&ctx.consumer, &batch);
+                        return;
+                    };
+                    Some(d)
+                }
+                None => None,
+            },
+            None => None,
+        };
+        let faults: Vec<Option<String>> = decoded
+            .as_ref()
+            .filter(|d| d.fault_count() > 0)
+            .map(|d| d.faults.clone())
+            .unwrap_or_default();
+        let judged = if faults.is_empty() {
+            let j = self.judge(&batch, &records).await;
+            if let Some(j) = &j {
+                self.note(&batch, &records, j);
+            }
+            j.map(|j| (j.version.hash.clone(), j.judged.verdicts, j.judged.emits))
+        } else {
+            self.judge_decodable(&batch, &records, &faults).await
+        };
+        give_back(&mut batch, &mut records);
+        if let Some(d) = decoded {
+            for (s, original) in batch.iter_mut().zip(d.into_originals()) {
+                if let Some((key, value)) = original {
+                    s.record.key = key;
+                    s.record.value = value;
+                }
+            }
+        }
+        let Some((hash, mut verdicts, mut emits)) = judged else {
             release_all(&ctx.consumer, &batch);
             return;
         };
-        self.note(&batch, &records, &j);
-        give_back(&mut batch, &mut records);
+        if let Some(s) = schemas.as_deref()
+            && !emits.is_empty()
+            && !self.encode_emits(ctx, s, &mut verdicts, &mut emits).await
+        {
+            release_all(&ctx.consumer, &batch);
+            return;
+        }
         let rules = Rules {
             outputs: &self.spec.outputs,
             max_renewals: self.spec.max_renewals,
             max_retry_delay: self.spec.max_retry_delay,
         };
-        let hash = j.version.hash.clone();
-        let p = plan(j.judged.verdicts, j.judged.emits, rules);
+        let p = plan(verdicts, emits, rules);
         self.act(ctx, &batch, p, &hash, permit).await;
+    }
+
+    /// Judges the records of `batch` that decoded (the plugin never sees the others) and gives
+    /// each of the others a reject with its reason: the verdicts and emits of the whole batch,
+    /// in its order.
+    async fn judge_decodable(
+        &self,
+        batch: &[ShareRecord],
+        records: &Arc<[Record]>,
+        faults: &[Option<String>],
+    ) -> Option<(String, Vec<Verdict>, Vec<Emit>)> {
+        let good: Vec<usize> = (0..batch.len())
+            .filter(|i| faults.get(*i).is_none_or(Option::is_none))
+            .collect();
+        for (i, why) in faults.iter().enumerate() {
+            if let (Some(why), Some(r)) = (why, batch.get(i)) {
+                tracing::warn!(pipeline = %self.spec.name, topic = %r.topic, partition = r.partition.partition, offset = r.record.offset, "record not decoded, rejected: {why}");
+            }
+        }
+        let mut verdicts: Vec<Verdict> = faults
+            .iter()
+            .map(|f| match f {
+                Some(why) => Verdict::Reject(Some(why.clone())),
+                None => Verdict::Release,
+            })
+            .collect();
+        if good.is_empty() {
+            let hash = self.versions.active().hash.clone();
+            return Some((hash, verdicts, Vec::new()));
+        }
+        let sub_batch: Vec<ShareRecord> =
+            good.iter().filter_map(|&i| batch.get(i).cloned()).collect();
+        let sub_records: Arc<[Record]> = good
+            .iter()
+            .filter_map(|&i| records.get(i).cloned())
+            .collect();
+        let j = self.judge(&sub_batch, &sub_records).await?;
+        self.note(&sub_batch, &sub_records, &j);
+        for (k, v) in j.judged.verdicts.into_iter().enumerate() {
+            if let Some(slot) = good.get(k).and_then(|&i| verdicts.get_mut(i)) {
+                *slot = v;
+            }
+        }
+        let emits = j
+            .judged
+            .emits
+            .into_iter()
+            .filter_map(|mut e| {
+                e.record = *good.get(e.record)?;
+                Some(e)
+            })
+            .collect();
+        Some((j.version.hash.clone(), verdicts, emits))
+    }
+
+    /// Encodes each emit to an output with a schema; a record whose emit does not conform is
+    /// rejected with the reason (its emits dropped). Waits while the registry cannot be
+    /// reached; `false` when the pipeline stopped meanwhile.
+    async fn encode_emits(
+        &self,
+        ctx: &BatchContext,
+        schemas: &crate::schema::Schemas,
+        verdicts: &mut [Verdict],
+        emits: &mut Vec<Emit>,
+    ) -> bool {
+        let mut refused: Vec<(usize, String)> = Vec::new();
+        let mut wait = RegistryWait::new(self);
+        for e in emits.iter_mut() {
+            if refused.iter().any(|(r, _)| *r == e.record) {
+                continue;
+            }
+            let answer = loop {
+                match schemas.encode(&e.output, e.value.as_deref()).await {
+                    Ok(a) => break a,
+                    Err(err) => {
+                        if !wait.failed(ctx, &err).await {
+                            return false;
+                        }
+                    }
+                }
+            };
+            match answer {
+                None => {}
+                Some(Ok(encoded)) => e.value = encoded,
+                Some(Err(why)) => refused.push((e.record, why)),
+            }
+        }
+        for (record, why) in &refused {
+            if let Some(v) = verdicts.get_mut(*record) {
+                tracing::warn!(pipeline = %self.spec.name, "emit not encoded, its record rejected: {why}");
+                *v = Verdict::Reject(Some(why.clone()));
+            }
+        }
+        emits.retain(|e| !refused.iter().any(|(r, _)| *r == e.record));
+        true
     }
 
     /// Publishes what the engine counted (see [`super::counters::Counters::publish_engine`]).
@@ -640,6 +789,53 @@ impl Pipeline {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(LAG_INTERVAL) => {}
             }
+        }
+    }
+}
+
+/// A batch waiting for the schema registry (to decode its records or encode its emits): while
+/// it cannot be reached the pipeline shows degraded, the error is its last error (logged once
+/// per outage) and the batch waits, holding its records (nothing released, nothing lost).
+struct RegistryWait<'a> {
+    pipeline: &'a Pipeline,
+    waiting: bool,
+    backoff: Duration,
+}
+
+impl<'a> RegistryWait<'a> {
+    fn new(pipeline: &'a Pipeline) -> Self {
+        Self {
+            pipeline,
+            waiting: false,
+            backoff: Duration::from_millis(200),
+        }
+    }
+
+    /// Notes `e` and waits before the next ask (200 ms, doubling to 5 s); `false` when the
+    /// pipeline stops meanwhile.
+    async fn failed(&mut self, ctx: &BatchContext, e: &crate::schema::Unreachable) -> bool {
+        let p = self.pipeline;
+        if !self.waiting {
+            self.waiting = true;
+            p.counters.schema_waiting.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(pipeline = %p.spec.name, "{e}; the batch waits for it, holding its records");
+            *p.last_error.lock() = Some(e.to_string());
+        }
+        let backoff = self.backoff;
+        self.backoff = (backoff * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            _ = ctx.stop.cancelled() => false,
+            _ = tokio::time::sleep(backoff) => true,
+        }
+    }
+}
+
+impl Drop for RegistryWait<'_> {
+    fn drop(&mut self) {
+        if self.waiting {
+            let p = self.pipeline;
+            p.counters.schema_waiting.fetch_sub(1, Ordering::Relaxed);
+            tracing::info!(pipeline = %p.spec.name, "the schema registry answers again, or the batch gave up waiting");
         }
     }
 }

@@ -18,7 +18,9 @@ impl Pipeline {
             name: self.spec.name.clone(),
             state: match state.as_str() {
                 "running" if !c.joined.load(Ordering::Relaxed) => "joining".to_owned(),
-                "running" if waiting > 0 => "degraded".to_owned(),
+                "running" if waiting > 0 || c.schema_waiting.load(Ordering::Relaxed) > 0 => {
+                    "degraded".to_owned()
+                }
                 _ => state,
             },
             writes_waiting: waiting as u64,

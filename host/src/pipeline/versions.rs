@@ -278,6 +278,9 @@ pub(super) struct Grants {
     pub(super) http: Option<Arc<HttpGrant>>,
     pub(super) outputs: Arc<OutputGrant>,
     pub(super) secrets: Arc<Secrets>,
+    /// The schema registry's client and the formats, when `[pipeline.schema]` names them: the
+    /// host decodes records for the plugin and encodes its emits (never the plugin itself).
+    pub(super) schemas: Option<Arc<crate::schema::Schemas>>,
 }
 
 impl Grants {
@@ -292,10 +295,21 @@ impl Grants {
                 ),
                 None => None,
             };
+            let schemas = match &spec.schema {
+                Some(s) => {
+                    let auth = s.resolve_auth(&spec.name)?;
+                    Some(Arc::new(
+                        crate::schema::Schemas::new(&s.settings, auth, &spec.outputs)
+                            .map_err(|e| format!("schema: {e}"))?,
+                    ))
+                }
+                None => None,
+            };
             Ok(Grants {
                 http,
                 outputs: Arc::new(spec.output_grant()),
                 secrets: Arc::new(spec.resolve_secrets()?),
+                schemas,
             })
         };
         built().map_err(|message| SwapError {

@@ -211,8 +211,10 @@ impl HttpGrant {
 /// The largest `http_ca_file` read, in bytes.
 const MAX_CA_FILE_BYTES: u64 = 4 << 20;
 
-/// The grant's rustls client: the system roots plus the CA file, HTTP/1.1 by ALPN.
-fn tls_connector(
+/// The grant's rustls client: the system roots plus the CA file, HTTP/1.1 by ALPN. Other
+/// clients of the host that speak HTTP/1.1 over TLS (the schema registry's) use it too, so
+/// the host trusts one set of roots, read one way.
+pub fn tls_connector(
     ca_file: Option<&std::path::Path>,
     needs_roots: bool,
 ) -> Result<tokio_rustls::TlsConnector, HttpGrantError> {

@@ -55,6 +55,6 @@ mod report;
 mod view;
 
 pub use allow_list::{AllowedOrigin, OriginError, parse_allowed_origin};
-pub use grant::{HttpGrant, HttpGrantError, HttpSettings};
+pub use grant::{HttpGrant, HttpGrantError, HttpSettings, tls_connector};
 pub use report::{HttpCounts, HttpStats};
 pub(crate) use view::{HttpCtx, MAX_FIELDS_BYTES};

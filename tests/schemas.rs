@@ -1,0 +1,464 @@
+//! Schema-encoded records against the real broker and a real schema registry (`dev/registry`,
+//! Apicurio Registry's Confluent-compatible API): records written by Confluent's own Avro
+//! serializer (dev/schema_records.py) are decoded by the host and judged by the fraud check as
+//! the JSON it reads anyway; its emits are encoded with the output's registered schema and read
+//! back by Confluent's own deserializer. A record naming a schema id the registry does not know
+//! and one whose payload does not decode are dead-lettered with their own bytes and a reason
+//! naming the id. A registry that cannot be reached holds the batch (the pipeline degraded),
+//! and nothing is lost when it answers again.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+use sharehost_tests::host::{HostProcess, Watch};
+use sharehost_tests::topics::{Follower, consume_all};
+use sharehost_tests::{bootstrap, guest, repo_root, sharehost_bin, unique};
+
+#[path = "../host/examples/pricing_service.rs"]
+#[allow(dead_code)]
+mod pricing_service;
+
+/// The registry's Confluent-compatible API: `dev/registry up`'s, or `SHAREHOST_REGISTRY`.
+fn registry() -> String {
+    let url = std::env::var("SHAREHOST_REGISTRY")
+        .unwrap_or_else(|_| "http://127.0.0.1:18081/apis/ccompat/v7".to_owned());
+    let ok = Command::new(repo_root().join("dev/registry"))
+        .arg("status")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok || std::env::var("SHAREHOST_REGISTRY").is_ok(),
+        "no schema registry: start one with `dev/registry up` (dev/test does), or set SHAREHOST_REGISTRY"
+    );
+    url
+}
+
+/// Runs dev/schema_records.py with `args`, `input` on its standard input; its output lines.
+fn schema_records(args: &[&str], input: &str) -> Vec<String> {
+    let mut child = Command::new("python3")
+        .arg(repo_root().join("dev/schema_records.py"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dev/schema_records.py");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write its input");
+    let out = child.wait_with_output().expect("dev/schema_records.py");
+    assert!(
+        out.status.success(),
+        "dev/schema_records.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn schema_file(name: &str) -> String {
+    repo_root()
+        .join("tests/fixtures/schemas")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The scoring service (the repository's example) on a free port, with its token.
+fn scoring_service(token: &str) -> (tokio::runtime::Runtime, String) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let app = pricing_service::app(pricing_service::Args {
+        token: Some(token.to_owned()),
+        ..Default::default()
+    });
+    let addr: SocketAddr = rt.block_on(sharehost_tests::serve_on_loopback(app));
+    (rt, format!("http://{addr}"))
+}
+
+/// A manifest for the fraud check on `input`, its `scored` output Avro, its values Avro.
+fn manifest(dir: &Path, registry: &str, score_url: &str, topics: &Topics) -> PathBuf {
+    let path = dir.join("manifest.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[cluster]
+bootstrap = "{boot}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[pipeline]]
+name = "fraud-check-avro"
+topics = ["{input}"]
+group = "{input}-group"
+component = "{component}"
+config = {{ score-url = "{score_url}/score" }}
+start = "earliest"
+allowed_outbound_hosts = ["{score_url}"]
+dead_letter_topic = "{dlq}"
+delivery_cap = 4
+[pipeline.outputs]
+scored = "{scored}"
+[pipeline.secrets]
+scoring-token = {{ env = "SCORING_TOKEN" }}
+[pipeline.schema]
+registry = "{registry}"
+value = "avro"
+[pipeline.schema.outputs]
+scored = "avro"
+"#,
+            boot = bootstrap(),
+            input = topics.input,
+            dlq = topics.dlq,
+            scored = topics.scored,
+            component = guest("fraud_check").display(),
+        ),
+    )
+    .expect("write the manifest");
+    path
+}
+
+struct Topics {
+    input: String,
+    scored: String,
+    dlq: String,
+}
+
+/// The orders, encoded by Confluent's Avro serializer (which registers the Order schema).
+fn encoded_orders(registry: &str, topic: &str, n: usize) -> (Vec<Value>, Vec<String>) {
+    let orders: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({"id": format!("o-{i:02}"), "amount": 5.0 + (i * 37 % 700) as f64, "customer": format!("c-{}", i % 5), "quantity": (i % 4) as i64})
+        })
+        .collect();
+    let input: String = orders.iter().map(|o| format!("{o}\n")).collect();
+    let lines = schema_records(
+        &[
+            "encode",
+            "--registry",
+            registry,
+            "--format",
+            "avro",
+            "--schema",
+            &schema_file("order.avsc"),
+            "--topic",
+            topic,
+            "--key-field",
+            "id",
+        ],
+        &input,
+    );
+    (orders, lines)
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd.output().expect(what);
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn base64_of(record: &Value) -> Option<&str> {
+    record["value"]["base64"].as_str()
+}
+
+#[test]
+fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_dead_lettered() {
+    let registry = registry();
+    let token = unique("token");
+    let (_service, score_url) = scoring_service(&token);
+    let base = unique("avro");
+    let topics = Topics {
+        input: format!("{base}-orders"),
+        scored: format!("{base}-scored"),
+        dlq: format!("{base}-dlq"),
+    };
+    let dir = std::env::temp_dir().join(&base);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let manifest = manifest(&dir, &registry, &score_url, &topics);
+    // The output's schema, registered as its producers' team would.
+    schema_records(
+        &[
+            "register",
+            "--registry",
+            &registry,
+            "--format",
+            "avro",
+            "--schema",
+            &schema_file("scored-order.avsc"),
+            "--topic",
+            &topics.scored,
+        ],
+        "",
+    );
+    let (orders, mut lines) = encoded_orders(&registry, &topics.input, 20);
+    // A record naming a schema id nobody registered, and one with a real id whose payload is
+    // not the Order it says it is.
+    let real_id = {
+        let first: Value = serde_json::from_str(&lines[0]).expect("a record");
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(base64_of(&first).expect("base64"))
+            .expect("base64");
+        u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]])
+    };
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let unknown: Vec<u8> = [&[0u8, 0x7f, 0xff, 0xff, 0xf0][..], &[2, b'x']].concat();
+    let garbled: Vec<u8> = [&[0u8][..], &real_id.to_be_bytes(), &[0xff; 12]].concat();
+    lines.push(json!({"key": "unknown-id", "value": {"base64": b64(&unknown)}}).to_string());
+    lines.push(json!({"key": "garbled", "value": {"base64": b64(&garbled)}}).to_string());
+    let input = dir.join("records.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
+    let bin = sharehost_bin!();
+    run(
+        Command::new(bin)
+            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
+            .arg("--manifest")
+            .arg(&manifest),
+        "create-topics",
+    );
+    run(
+        Command::new(bin)
+            .args(["produce", &topics.input, "--manifest"])
+            .arg(&manifest)
+            .arg("--input")
+            .arg(&input),
+        "produce",
+    );
+
+    let watch = Watch::default();
+    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
+    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
+    let host = HostProcess::start_watched_with_env(
+        bin,
+        &manifest,
+        "schemas-avro",
+        &watch,
+        &[("SCORING_TOKEN", &token)],
+    );
+    let scoring_max = 80.0;
+    let expect_scored = orders
+        .iter()
+        .filter(|o| (o["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() <= scoring_max)
+        .count();
+    let expect_dead = orders.len() - expect_scored + 2;
+    watch.wait_until("every order scored or dead-lettered", || {
+        assert!(!host.seen().ended, "the host ended");
+        out.records().len() >= expect_scored && dead.records().len() >= expect_dead
+    });
+    let (_, _, log) = host.stop_with_log();
+    drop((out, dead));
+
+    // What the host wrote to the output, read by Confluent's Avro deserializer.
+    let scored = consume_all(bin, &manifest, &topics.scored);
+    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
+    let decoded: Vec<Value> = schema_records(
+        &[
+            "decode",
+            "--registry",
+            &registry,
+            "--format",
+            "avro",
+            "--with-schema-id",
+        ],
+        &consumed,
+    )
+    .iter()
+    .map(|l| serde_json::from_str(l).expect("JSON"))
+    .collect();
+    assert_eq!(decoded.len(), expect_scored, "{decoded:#?}");
+    let by_id: BTreeMap<&str, &Value> = orders
+        .iter()
+        .map(|o| (o["id"].as_str().unwrap_or(""), o))
+        .collect();
+    for d in &decoded {
+        let v = &d["value"];
+        let order = by_id[v["id"].as_str().expect("an id")];
+        let mut want = (*order).clone();
+        want["score"] = json!((order["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64);
+        assert_eq!(v, &want, "the order and its score, as Avro");
+    }
+
+    // The dead letters: the plugin's rejects (scores over the maximum), and the two records
+    // the host could not decode, with their own bytes and the reason naming the id.
+    let dlq = consume_all(bin, &manifest, &topics.dlq);
+    let reason = |key: &str| -> (Option<String>, Option<String>) {
+        let r = dlq
+            .iter()
+            .find(|r| r["key"] == key)
+            .unwrap_or_else(|| panic!("{key} not dead-lettered: {dlq:#?}"));
+        let reason = r["headers"].as_array().and_then(|h| {
+            h.iter()
+                .find(|h| h[0] == "sharehost.reason")
+                .and_then(|h| h[1].as_str().map(str::to_owned))
+        });
+        (reason, base64_of(r).map(str::to_owned))
+    };
+    let (why, bytes) = reason("unknown-id");
+    assert_eq!(
+        bytes.as_deref(),
+        Some(b64(&unknown).as_str()),
+        "its own bytes"
+    );
+    assert_eq!(
+        why.as_deref(),
+        Some("value: schema id 2147483632 is not in the registry")
+    );
+    let (why, bytes) = reason("garbled");
+    assert_eq!(
+        bytes.as_deref(),
+        Some(b64(&garbled).as_str()),
+        "its own bytes"
+    );
+    let why = why.expect("a reason");
+    assert!(
+        why.starts_with(&format!(
+            "value: schema id {real_id}: the payload does not decode as Avro"
+        )),
+        "{why}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("record not decoded, rejected")),
+        "the host says so"
+    );
+}
+
+/// A loopback TCP forwarder to `target` on `port`, until the runtime is dropped: the path to
+/// the real registry the test opens when it chooses.
+fn forward(rt: &tokio::runtime::Runtime, port: u16, target: SocketAddr) {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+        .expect("the forwarder's port is free again");
+    rt.spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
+    let registry = registry();
+    let registry_addr: SocketAddr = {
+        let uri: http::Uri = registry.parse().expect("the registry's URL");
+        let authority = uri.authority().expect("an authority").as_str().to_owned();
+        std::net::ToSocketAddrs::to_socket_addrs(&authority)
+            .expect("resolves")
+            .next()
+            .expect("an address")
+    };
+    // A port nothing listens on yet: the host finds the registry refused until the test opens
+    // the path to it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let path = registry
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(_, p)| p)
+        .unwrap_or("");
+    let through = format!("http://127.0.0.1:{port}/{path}");
+    let token = unique("token");
+    let (_service, score_url) = scoring_service(&token);
+    let base = unique("avro-outage");
+    let topics = Topics {
+        input: format!("{base}-orders"),
+        scored: format!("{base}-scored"),
+        dlq: format!("{base}-dlq"),
+    };
+    let dir = std::env::temp_dir().join(&base);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let manifest = manifest(&dir, &through, &score_url, &topics);
+    schema_records(
+        &[
+            "register",
+            "--registry",
+            &registry,
+            "--format",
+            "avro",
+            "--schema",
+            &schema_file("scored-order.avsc"),
+            "--topic",
+            &topics.scored,
+        ],
+        "",
+    );
+    let (orders, lines) = encoded_orders(&registry, &topics.input, 10);
+    let input = dir.join("records.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
+    let bin = sharehost_bin!();
+    run(
+        Command::new(bin)
+            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
+            .arg("--manifest")
+            .arg(&manifest),
+        "create-topics",
+    );
+    run(
+        Command::new(bin)
+            .args(["produce", &topics.input, "--manifest"])
+            .arg(&manifest)
+            .arg("--input")
+            .arg(&input),
+        "produce",
+    );
+    let watch = Watch::default();
+    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
+    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
+    let host = HostProcess::start_watched_with_env(
+        bin,
+        &manifest,
+        "schemas-outage",
+        &watch,
+        &[("SCORING_TOKEN", &token)],
+    );
+    host.wait_for_log("the batch waits for it, holding its records");
+    let state = host.status()[0]["state"].clone();
+    assert_eq!(state, "degraded", "{}", host.status());
+    assert!(out.records().is_empty() && dead.records().is_empty());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    forward(&rt, port, registry_addr);
+    watch.wait_until("every order out once the registry answers", || {
+        assert!(!host.seen().ended, "the host ended");
+        let mut done = out.keys();
+        done.extend(dead.keys());
+        orders
+            .iter()
+            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
+    });
+    host.stop_with_log();
+    drop((out, dead));
+    let mut seen = consume_all(bin, &manifest, &topics.scored);
+    seen.extend(consume_all(bin, &manifest, &topics.dlq));
+    let mut keys: Vec<String> = seen
+        .iter()
+        .filter_map(|r| r["key"].as_str().map(str::to_owned))
+        .collect();
+    keys.sort();
+    let mut want: Vec<String> = orders
+        .iter()
+        .filter_map(|o| o["id"].as_str().map(str::to_owned))
+        .collect();
+    want.sort();
+    assert_eq!(keys, want, "every order once, none lost");
+}
