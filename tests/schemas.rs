@@ -240,6 +240,54 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
         "produce",
     );
 
+    // Offline first, as an author would: test-plugin with the pipeline's manifest decodes
+    // through the same registry and shows the two records that do not decode rejected, in
+    // their places.
+    let offline = Command::new(bin)
+        .arg("test-plugin")
+        .arg(guest("fraud_check"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--manifest")
+        .arg(&manifest)
+        .env("SCORING_TOKEN", &token)
+        .output()
+        .expect("run test-plugin");
+    assert!(
+        offline.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+    let verdicts: Vec<(String, String)> = String::from_utf8_lossy(&offline.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.get("summary").is_none())
+        .map(|v| {
+            (
+                v["verdict"].as_str().unwrap_or("?").to_owned(),
+                v["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(verdicts.len(), orders.len() + 2, "{verdicts:?}");
+    assert!(
+        verdicts[..orders.len()].iter().all(|(v, _)| v == "accept"),
+        "{verdicts:?}"
+    );
+    assert_eq!(
+        verdicts[orders.len()],
+        (
+            "reject".to_owned(),
+            "value: schema id 2147483632 is not in the registry".to_owned()
+        )
+    );
+    assert!(
+        verdicts[orders.len() + 1]
+            .1
+            .starts_with(&format!("value: schema id {real_id}: ")),
+        "{verdicts:?}"
+    );
+
     let watch = Watch::default();
     let out = Follower::start(bin, &manifest, &topics.scored, &watch);
     let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);

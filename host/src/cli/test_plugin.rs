@@ -87,13 +87,15 @@ pub(crate) struct TestPluginArgs {
 }
 
 /// What test-plugin runs a component with: the runtime, its limits and `init`, the longest
-/// retry delay a verdict keeps, and records per batch.
+/// retry delay a verdict keeps, records per batch, and the pipeline's schemas (its
+/// `[pipeline.schema]`: records decoded and emits checked as `run` does).
 type PluginSetup = (
     sharehost::runtime::PluginRuntime,
     sharehost::runtime::PluginLimits,
     sharehost::runtime::PluginInit,
     u64,
     usize,
+    Option<sharehost::schema::Schemas>,
 );
 
 /// test-plugin's settings from its flags.
@@ -158,6 +160,7 @@ fn flag_settings(args: &TestPluginArgs, config: Vec<(String, String)>) -> Result
         init,
         args.max_retry_delay_ms,
         args.batch_size,
+        None,
     ))
 }
 
@@ -200,12 +203,24 @@ fn pipeline_settings(
     spec.config.extend(config);
     let (limits, init) = sharehost::pipeline::plugin_setup(&spec)?;
     let runtime = super::run::plugin_runtime(&manifest)?;
+    let schemas = match &spec.schema {
+        Some(s) => {
+            let auth = s.resolve_auth(&spec.name).map_err(anyhow::Error::msg)?;
+            Some(sharehost::schema::Schemas::new(
+                &s.settings,
+                auth,
+                &spec.outputs,
+            )?)
+        }
+        None => None,
+    };
     Ok((
         runtime,
         limits,
         init,
         u64::try_from(spec.max_retry_delay.as_millis()).unwrap_or(u64::MAX),
         spec.batch_size,
+        schemas,
     ))
 }
 
@@ -225,12 +240,34 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     // read as the stream it is, and /dev/zero is refused at its first 16 MiB).
     let input = std::fs::File::open(&args.input)
         .with_context(|| format!("input {}", args.input.display()))?;
-    let records = read_jsonl(&mut std::io::BufReader::new(input), MAX_INPUT_LINE_BYTES)
+    let mut records = read_jsonl(&mut std::io::BufReader::new(input), MAX_INPUT_LINE_BYTES)
         .with_context(|| format!("input {}", args.input.display()))?;
-    let (runtime, limits, init, max_retry, batch_size) = match &args.manifest {
+    let (runtime, limits, init, max_retry, batch_size, schemas) = match &args.manifest {
         Some(path) => pipeline_settings(path, args.pipeline.as_deref(), config)?,
         None => flag_settings(&args, config)?,
     };
+    // As a pipeline with `[pipeline.schema]` does: the plugin reads each record decoded into
+    // JSON; one that does not decode is rejected with its reason and never reaches it.
+    let mut undecodable: BTreeMap<usize, (sharehost::runtime::Record, String)> = BTreeMap::new();
+    let positions: Vec<usize>;
+    if let Some(s) = schemas.as_ref().filter(|s| s.decodes()) {
+        let decoded = s.decode(&mut records).await?;
+        let faults = decoded.faults;
+        let mut kept = Vec::with_capacity(records.len());
+        for (i, (r, f)) in records.into_iter().zip(faults).enumerate() {
+            match f {
+                Some(why) => {
+                    undecodable.insert(i, (r, why));
+                }
+                None => kept.push((i, r)),
+            }
+        }
+        let (places, decodable): (Vec<usize>, Vec<_>) = kept.into_iter().unzip();
+        records = decodable;
+        positions = places;
+    } else {
+        positions = (0..records.len()).collect();
+    }
     let secrets = init.secrets.clone();
     let granted = limits.outputs.names.clone();
     let where_mapped = if args.manifest.is_some() {
@@ -251,8 +288,31 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     let mut batch_us = Vec::new();
     let mut emitted = 0u64;
     let mut discarded = 0u64;
+    let undecoded = undecodable.len();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    let mut positions = positions.into_iter();
+    // The records that did not decode, each shown (rejected, as a pipeline dead-letters it)
+    // where it stood in the input.
+    let mut write_undecodable = |out: &mut std::io::StdoutLock<'_>,
+                                 before: usize,
+                                 counts: &mut BTreeMap<&'static str, u64>|
+     -> Result<()> {
+        while let Some(entry) = undecodable.first_entry() {
+            if *entry.key() >= before {
+                break;
+            }
+            let (record, why) = entry.remove();
+            let verdict = Verdict::Reject(Some(why));
+            *counts.entry(verdict.kind()).or_default() += 1;
+            writeln!(
+                out,
+                "{}",
+                verdict_line(&record, &verdict, None, &[], max_retry, &secrets)
+            )?;
+        }
+        Ok(())
+    };
     for batch in records.chunks(batch_size) {
         let started = std::time::Instant::now();
         // As a pipeline judges it: a faulting batch is split to find the records that fault
@@ -279,13 +339,27 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
             let mine: Vec<_> = emits.iter().filter(|e| e.record == i).collect();
             // As a pipeline does: a record that emitted to an output nobody maps ends rejected
             // (dead-lettered) whatever the plugin answered.
-            let verdict = match mine.iter().find(|e| !granted.contains(&e.output)) {
+            let mut verdict = match mine.iter().find(|e| !granted.contains(&e.output)) {
                 Some(e) => Verdict::Reject(Some(format!(
                     "emitted to output {:?}, which {where_mapped} does not map",
                     &*e.output
                 ))),
                 None => verdict,
             };
+            // And one whose emit does not fit its output's schema.
+            if let Some(s) = &schemas {
+                for e in &mine {
+                    if let Some(Err(why)) = s.encode(&e.output, e.value.as_deref()).await? {
+                        verdict = Verdict::Reject(Some(why));
+                        break;
+                    }
+                }
+            }
+            write_undecodable(
+                &mut out,
+                positions.next().unwrap_or(usize::MAX),
+                &mut counts,
+            )?;
             *counts.entry(verdict.kind()).or_default() += 1;
             // A pipeline produces a record's emits only when it ends accepted.
             if matches!(verdict, Verdict::Accept) {
@@ -300,6 +374,7 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
             )?;
         }
     }
+    write_undecodable(&mut out, usize::MAX, &mut counts)?;
     let mean = if batch_us.is_empty() {
         0.0
     } else {
@@ -307,7 +382,7 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     };
     let summary = serde_json::json!({
         "summary": {
-            "records": records.len(),
+            "records": records.len() + undecoded,
             "batches": batch_us.len(),
             "verdicts": counts,
             "emits": emitted,
