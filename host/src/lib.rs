@@ -32,6 +32,7 @@ pub mod provenance;
 pub mod recent_faults;
 pub mod rollout;
 pub mod schema;
+pub mod telemetry;
 pub mod tenants;
 pub mod writes;
 

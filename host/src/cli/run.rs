@@ -564,6 +564,10 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
         tracing::warn!("{warning}");
     }
     let runtime = plugin_runtime(&manifest)?;
+    if let Some(t) = &manifest.telemetry {
+        sharehost::telemetry::install(t)?;
+        tracing::info!(collector = %t.otlp_endpoint, sample = t.sample, "tracing batches and records");
+    }
     let metrics = Arc::new(Metrics::new());
     let state_dir = sharehost::persisted::default_state_dir();
     let tenants = Arc::new(Tenants::new(
@@ -753,6 +757,7 @@ pub async fn run(path: &Path, strict: bool) -> Result<()> {
     }
     admin_stop.cancel();
     let _ = admin_task.await;
+    sharehost::telemetry::shutdown();
     if !failures.is_empty() {
         bail!("{}", failures.join("; "));
     }

@@ -72,6 +72,8 @@ pub struct Manifest {
     pub trust: Option<Arc<TrustPolicy>>,
     /// The fleet this host is one of (`[fleet]`); `None`: a host on its own.
     pub fleet: Option<FleetSpec>,
+    /// OpenTelemetry traces (`[telemetry]`), when it names a collector.
+    pub telemetry: Option<crate::telemetry::TelemetrySpec>,
     /// The pipelines, in file order.
     pub pipelines: Vec<PipelineSpec>,
 }
@@ -147,6 +149,10 @@ impl Manifest {
             Some(f) => Some(fleet::validate(&cx, f, trust.as_ref())?),
             None => None,
         };
+        let telemetry = match &raw.telemetry {
+            Some(t) => Some(telemetry(&cx, t)?),
+            None => None,
+        };
         let pipelines = pipeline::validate_all(
             &cx,
             &raw.pipelines,
@@ -160,7 +166,69 @@ impl Manifest {
             runtime,
             trust,
             fleet,
+            telemetry,
             pipelines,
         })
+    }
+}
+
+/// `[telemetry]`: an `http://` collector (OTLP over HTTP), a sample in 0..=1 (default 1: every
+/// trace), a service name (default `sharehost`).
+fn telemetry(
+    cx: &context::Ctx<'_>,
+    t: &toml::Spanned<raw::RawTelemetry>,
+) -> Result<crate::telemetry::TelemetrySpec, ManifestError> {
+    let t = t.get_ref();
+    let endpoint = t.otlp_endpoint.get_ref().trim_end_matches('/').to_owned();
+    let uri: Option<http::Uri> = endpoint.parse().ok();
+    if !uri.is_some_and(|u| u.scheme_str() == Some("http") && u.host().is_some()) {
+        return Err(cx.err(
+            Some(t.otlp_endpoint.span()),
+            "telemetry.otlp_endpoint",
+            "must be an http:// URL of a collector's OTLP/HTTP port, e.g. http://127.0.0.1:4318 (https is not supported yet: run the collector beside the host)",
+        ));
+    }
+    let sample = match &t.sample {
+        None => 1.0,
+        Some(s) if (0.0..=1.0).contains(s.get_ref()) => *s.get_ref(),
+        Some(s) => {
+            return Err(cx.err(
+                Some(s.span()),
+                "telemetry.sample",
+                "must be within 0..=1 (the fraction of new traces kept)",
+            ));
+        }
+    };
+    Ok(crate::telemetry::TelemetrySpec {
+        otlp_endpoint: endpoint,
+        sample,
+        service_name: t
+            .service_name
+            .as_ref()
+            .map_or_else(|| "sharehost".to_owned(), |s| s.get_ref().clone()),
+    })
+}
+
+#[cfg(test)]
+mod telemetry_tests {
+    use super::testing::{MINIMAL, parse};
+
+    #[test]
+    fn telemetry_is_an_http_collector_and_a_sample_within_0_and_1() {
+        let with = |t: &str| parse(&format!("[telemetry]\n{t}\n{MINIMAL}"));
+        let m = with("otlp_endpoint = \"http://127.0.0.1:4318/\"").expect("valid");
+        let t = m.telemetry.expect("telemetry");
+        assert_eq!(
+            (t.otlp_endpoint.as_str(), t.sample, t.service_name.as_str()),
+            ("http://127.0.0.1:4318", 1.0, "sharehost")
+        );
+        let e = with("otlp_endpoint = \"https://c:4318\"")
+            .expect_err("https")
+            .to_string();
+        assert!(e.contains("telemetry.otlp_endpoint"), "{e}");
+        let e = with("otlp_endpoint = \"http://c:4318\"\nsample = 1.5")
+            .expect_err("sample")
+            .to_string();
+        assert!(e.contains("telemetry.sample"), "{e}");
     }
 }

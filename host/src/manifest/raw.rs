@@ -23,8 +23,21 @@ pub(super) struct RawManifest {
     pub(super) trust: Option<Spanned<RawTrust>>,
     #[serde(default)]
     pub(super) fleet: Option<Spanned<RawFleet>>,
+    #[serde(default)]
+    pub(super) telemetry: Option<Spanned<RawTelemetry>>,
     #[serde(default, rename = "pipeline")]
     pub(super) pipelines: Vec<RawPipeline>,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTelemetry {
+    pub(super) otlp_endpoint: Spanned<String>,
+    #[serde(default)]
+    pub(super) sample: Option<Spanned<f64>>,
+    #[serde(default)]
+    pub(super) service_name: Option<Spanned<String>>,
 }
 
 /// `[fleet]`.

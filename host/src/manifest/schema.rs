@@ -135,3 +135,50 @@ pub(super) fn schema(
     };
     Ok(Some(SchemaSpec { settings, auth }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{MINIMAL, parse};
+    use crate::schema::Format;
+
+    #[test]
+    fn a_schema_table_is_checked_against_the_outputs_and_its_credentials() {
+        let with = |extra: &str| {
+            parse(&format!(
+                "{MINIMAL}[pipeline.outputs]\nscored = \"orders-scored\"\n[pipeline.schema]\n{extra}"
+            ))
+        };
+        let m = with("registry = \"http://127.0.0.1:18081/apis/ccompat/v7/\"\nvalue = \"avro\"\n[pipeline.schema.outputs]\nscored = \"avro\"\n")
+            .expect("valid");
+        let s = m.pipelines[0].schema.as_ref().expect("a schema");
+        assert_eq!(
+            s.settings.registry,
+            "http://127.0.0.1:18081/apis/ccompat/v7"
+        );
+        assert_eq!(
+            (s.settings.value, s.settings.key),
+            (Format::Avro, Format::Raw)
+        );
+        assert_eq!(s.settings.outputs["scored"], Format::Avro);
+        let e = with("registry = \"http://r\"\n[pipeline.schema.outputs]\nother = \"avro\"\n")
+            .expect_err("not an output")
+            .to_string();
+        assert!(e.contains("schema.outputs.other"), "{e}");
+        let e = with("registry = \"http://r\"\nvalue = \"protobuf\"\n")
+            .expect_err("not a format")
+            .to_string();
+        assert!(e.contains("schema.value"), "{e}");
+        let e = with("registry = \"ftp://r\"\n")
+            .expect_err("not http")
+            .to_string();
+        assert!(e.contains("schema.registry"), "{e}");
+        let e = with("registry = \"http://r\"\nusername = \"u\"\n")
+            .expect_err("no password")
+            .to_string();
+        assert!(e.contains("password"), "{e}");
+        let e = with("registry = \"http://r\"\ntoken = \"t0ken-in-the-manifest\"\n")
+            .expect_err("a value, not a source")
+            .to_string();
+        assert!(!e.contains("t0ken-in-the-manifest"), "never quoted: {e}");
+    }
+}

@@ -49,6 +49,7 @@ mod rollouts;
 mod run_loop;
 pub mod settled;
 mod status;
+mod traced;
 mod transact;
 mod versions;
 

@@ -582,6 +582,9 @@ impl Pipeline {
             return;
         }
         let mut batch = batch;
+        // Traced only when [telemetry] is on: otherwise this is the batch's whole cost of it.
+        let trace = crate::telemetry::current()
+            .map(|t| super::traced::BatchTrace::start(t, &self.spec.name, &batch));
         let mut records: Arc<[Record]> = batch.iter_mut().map(plugin_record).collect();
         let schemas = self.grants.schemas.clone();
         let decoded = match schemas.as_deref().filter(|s| s.decodes()) {
@@ -644,6 +647,10 @@ impl Pipeline {
             release_all(&ctx.consumer, &batch);
             return;
         }
+        if let Some(t) = &trace {
+            t.judged(&verdicts);
+            t.stamp(&mut emits);
+        }
         let rules = Rules {
             outputs: &self.spec.outputs,
             max_renewals: self.spec.max_renewals,
@@ -651,6 +658,9 @@ impl Pipeline {
         };
         let p = plan(verdicts, emits, rules);
         self.act(ctx, &batch, p, &hash, permit).await;
+        if let Some(t) = trace {
+            t.end();
+        }
     }
 
     /// Judges the records of `batch` that decoded (the plugin never sees the others) and gives
