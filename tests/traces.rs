@@ -1,9 +1,9 @@
 //! OpenTelemetry traces against the real broker and a real OpenTelemetry Collector
 //! (`dev/otelcol`, OTLP in, its file exporter read by `dev/traces.py`): a record produced with a
 //! producer's `traceparent` is judged in the producer's trace (the batch's span and the
-//! record's are its children, with the verdict on the record's), and the record the plugin
-//! emits carries the record's span as its own `traceparent`, so the output's consumer
-//! continues the same trace.
+//! record's are its children, with the verdict on the record's), the plugin's HTTP call to the
+//! scoring service carries the batch's span, and the record the plugin emits carries the
+//! record's span as its own `traceparent`, so the output's consumer continues the same trace.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -13,9 +13,32 @@ use sharehost_tests::host::{HostProcess, Watch};
 use sharehost_tests::topics::{Follower, consume_all};
 use sharehost_tests::{bootstrap, guest, repo_root, sharehost_bin, unique};
 
-#[path = "../host/examples/pricing_service.rs"]
-#[allow(dead_code)]
-mod pricing_service;
+/// A scoring service that keeps the `traceparent` of every call it gets.
+fn scoring_service() -> (
+    tokio::runtime::Runtime,
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let kept = seen.clone();
+    let app = axum::Router::new().route(
+        "/score",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let kept = kept.clone();
+            async move {
+                if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+                    kept.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(tp.to_owned());
+                }
+                json!({"score": 12}).to_string()
+            }
+        }),
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let addr: SocketAddr = rt.block_on(sharehost_tests::serve_on_loopback(app));
+    (rt, format!("http://{addr}"), seen)
+}
 
 /// The collector's OTLP/HTTP endpoint (`dev/otelcol up`, which dev/test starts).
 fn collector() -> String {
@@ -70,13 +93,7 @@ fn random_hex(bytes: usize) -> String {
 fn a_record_is_judged_in_its_producers_trace_and_its_emit_continues_it() {
     let endpoint = collector();
     let token = unique("token");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let app = pricing_service::app(pricing_service::Args {
-        token: Some(token.clone()),
-        ..Default::default()
-    });
-    let addr: SocketAddr = rt.block_on(sharehost_tests::serve_on_loopback(app));
-    let score_url = format!("http://{addr}");
+    let (_service, score_url, calls) = scoring_service();
     let base = unique("traces");
     let (input, scored, dlq) = (
         format!("{base}-orders"),
@@ -179,6 +196,20 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
         input.as_str()
     );
     assert_eq!(record["attributes"]["messaging.kafka.offset"], 0);
+
+    // The plugin's call to the scoring service continued the batch's span.
+    let calls = calls
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        calls,
+        [format!(
+            "00-{trace}-{}-01",
+            batch["span_id"].as_str().expect("a span id")
+        )],
+        "the scoring service got the batch's span as its parent"
+    );
 
     // The emitted order carries the record's span: its consumer continues the trace there.
     let emitted = consume_all(bin, &manifest, &scored);

@@ -42,6 +42,9 @@ pub(crate) struct Call<'a> {
     pub(crate) records: Option<u32>,
     /// The call's CPU meter: host work done for the call on other tasks is charged to it.
     pub(crate) meter: &'a Arc<CpuMeter>,
+    /// The trace context the host judges this batch in (a W3C `traceparent`), handed on to
+    /// the outbound requests the call makes; `None` when the host does not trace it.
+    pub(crate) traceparent: Option<&'a http::HeaderValue>,
 }
 
 /// How a call ended, for the counters a capability keeps.

@@ -193,6 +193,8 @@ pub struct Plugin {
     /// Emits of the last call that returned verdicts.
     emits: Vec<Emit>,
     stats: PluginStats,
+    /// The trace context of the batch the next calls judge (see [`Plugin::set_traceparent`]).
+    traceparent: Option<http::HeaderValue>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -252,6 +254,7 @@ impl Plugin {
             wire: WireBatch::default(),
             emits: Vec::new(),
             stats: PluginStats::default(),
+            traceparent: None,
         };
         // Instantiate and init once now, so a bad configuration is refused at load (and an
         // export of the wrong type as a wrong world).
@@ -316,6 +319,14 @@ impl Plugin {
     /// The contract version the component implements.
     pub fn contract(&self) -> Contract {
         self.contract
+    }
+
+    /// Sets the trace context (a W3C `traceparent` value) the next calls judge their batch in:
+    /// every outbound HTTP request they make that carries no `traceparent` of its own gets this
+    /// one, so the service called continues the host's trace. `None` (or a value that cannot
+    /// be a header) sends none.
+    pub fn set_traceparent(&mut self, traceparent: Option<&str>) {
+        self.traceparent = traceparent.and_then(|t| http::HeaderValue::from_str(t).ok());
     }
 
     /// Takes the emits of the last [`Plugin::handle`] call that returned verdicts (record
@@ -514,7 +525,7 @@ impl Plugin {
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
         let state = warm.store.data_mut();
-        state.begin_call(cpu, wall, u32::try_from(n).ok());
+        state.begin_call(cpu, wall, u32::try_from(n).ok(), self.traceparent.as_ref());
         let meter = state.meter();
         warm.store.set_epoch_deadline(1);
         let handle = warm.handle;
@@ -617,7 +628,7 @@ impl Plugin {
         .into_store(self.pre.component().engine());
         let (cpu, wall) = (self.limits.batch_deadline, self.limits.wall_budget());
         let _ticking = self.runtime.guest_running();
-        store.data_mut().begin_call(cpu, wall, None);
+        store.data_mut().begin_call(cpu, wall, None, None);
         let meter = store.data().meter();
         store.set_epoch_deadline(1);
         let init_fault = |kind: FaultKind, message: String| Fault {

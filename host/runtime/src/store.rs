@@ -157,7 +157,13 @@ impl StoreState {
     /// own, see [`CpuMeter`]: waiting in host calls, e.g. on HTTP, does not count) within `wall`
     /// of wall time. `records` opens the outputs for a `handle` call over that many records
     /// (`None`: `init`, where every emit is refused).
-    pub(crate) fn begin_call(&mut self, cpu: Duration, wall: Duration, records: Option<u32>) {
+    pub(crate) fn begin_call(
+        &mut self,
+        cpu: Duration,
+        wall: Duration,
+        records: Option<u32>,
+        traceparent: Option<&http::HeaderValue>,
+    ) {
         let now = Instant::now();
         self.clock = CallClock::new(cpu, now + wall.max(cpu));
         self.turn.started();
@@ -166,6 +172,7 @@ impl StoreState {
         self.caps.begin_call(&Call {
             records,
             meter: &meter,
+            traceparent,
         });
     }
 

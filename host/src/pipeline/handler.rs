@@ -42,16 +42,19 @@ pub(super) enum Handler {
 impl Handler {
     /// Verdicts and emits for `records` plus the faults met, and the handler back (`None`
     /// when its instance was lost: the runtime shut down mid-call). A plugin runs on the
-    /// runtime's guest threads; `on_fault` says what a faulted batch gets.
+    /// runtime's guest threads; `on_fault` says what a faulted batch gets; `traceparent` is the
+    /// trace context its outbound requests carry (when the host traces the batch).
     pub(super) async fn judge(
         self,
         records: Arc<[Record]>,
         policy: &Verdict,
         on_fault: OnFault,
+        traceparent: Option<&str>,
     ) -> (Option<Handler>, Judged) {
         let n = records.len();
         match self {
-            Handler::Wasm(plugin) => {
+            Handler::Wasm(mut plugin) => {
+                plugin.set_traceparent(traceparent);
                 let owned = policy.clone();
                 let done = plugin
                     .on_guest_threads(move |p| {
@@ -160,7 +163,7 @@ mod tests {
         let batch: Arc<[Record]> = records(3).into();
         let good = Handler::Native(Arc::new(Native { short: false }));
         let (back, judged) = good
-            .judge(batch.clone(), &Verdict::Release, OnFault::Isolate)
+            .judge(batch.clone(), &Verdict::Release, OnFault::Isolate, None)
             .await;
         assert!(back.is_some(), "the handler comes back");
         let Judged {
@@ -173,7 +176,7 @@ mod tests {
         let Judged {
             verdicts, faults, ..
         } = bad
-            .judge(batch, &Verdict::Release, OnFault::Isolate)
+            .judge(batch, &Verdict::Release, OnFault::Isolate, None)
             .await
             .1;
         assert_eq!(

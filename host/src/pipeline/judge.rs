@@ -42,12 +42,19 @@ impl Pipeline {
         &self,
         batch: &[ShareRecord],
         records: &Arc<[Record]>,
+        traceparent: Option<&str>,
     ) -> Option<Judgement> {
         let policy = self.fault_verdict();
         if let Some(run) = self.rollouts.canary_for_next() {
             let candidate = run.version();
             match self
-                .judge_on(candidate, records, &policy, OnFault::WholeBatch)
+                .judge_on(
+                    candidate,
+                    records,
+                    &policy,
+                    OnFault::WholeBatch,
+                    traceparent,
+                )
                 .await
             {
                 Some((judged, elapsed)) if judged.faults.is_empty() => {
@@ -101,7 +108,7 @@ impl Pipeline {
         }
         let version = self.versions.active();
         let Some((judged, elapsed)) = self
-            .judge_on(&version, records, &policy, OnFault::Isolate)
+            .judge_on(&version, records, &policy, OnFault::Isolate, traceparent)
             .await
         else {
             tracing::error!(pipeline = %self.spec.name, version = %short(&version.hash), records = batch.len(), "no free instance of the active version: batch released");
@@ -125,10 +132,13 @@ impl Pipeline {
         records: &Arc<[Record]>,
         policy: &Verdict,
         on_fault: OnFault,
+        traceparent: Option<&str>,
     ) -> Option<(Judged, Duration)> {
         let handler = version.instances.lock().pop()?;
         let started = Instant::now();
-        let (handler, judged) = handler.judge(records.clone(), policy, on_fault).await;
+        let (handler, judged) = handler
+            .judge(records.clone(), policy, on_fault, traceparent)
+            .await;
         let elapsed = started.elapsed();
         if let Some(handler) = handler {
             version.instances.lock().push(handler);

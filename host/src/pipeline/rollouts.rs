@@ -357,7 +357,9 @@ impl ShadowRun {
             };
             let started = Instant::now();
             // Its emits are dropped with `judged`: a shadow never produces anything.
-            let (handler, judged) = handler.judge(records, &policy, OnFault::Isolate).await;
+            let (handler, judged) = handler
+                .judge(records, &policy, OnFault::Isolate, None)
+                .await;
             let elapsed = started.elapsed();
             if let Some(handler) = handler {
                 run.version.instances.lock().push(handler);

@@ -613,19 +613,22 @@ impl Pipeline {
             },
             None => None,
         };
+        // The plugin's outbound requests continue the batch's span.
+        let traceparent = trace.as_ref().and_then(|t| t.batch_traceparent());
         let faults: Vec<Option<String>> = decoded
             .as_ref()
             .filter(|d| d.fault_count() > 0)
             .map(|d| d.faults.clone())
             .unwrap_or_default();
         let judged = if faults.is_empty() {
-            let j = self.judge(&batch, &records).await;
+            let j = self.judge(&batch, &records, traceparent.as_deref()).await;
             if let Some(j) = &j {
                 self.note(&batch, &records, j);
             }
             j.map(|j| (j.version.hash.clone(), j.judged.verdicts, j.judged.emits))
         } else {
-            self.judge_decodable(&batch, &records, &faults).await
+            self.judge_decodable(&batch, &records, &faults, traceparent.as_deref())
+                .await
         };
         give_back(&mut batch, &mut records);
         if let Some(d) = decoded {
@@ -671,6 +674,7 @@ impl Pipeline {
         batch: &[ShareRecord],
         records: &Arc<[Record]>,
         faults: &[Option<String>],
+        traceparent: Option<&str>,
     ) -> Option<(String, Vec<Verdict>, Vec<Emit>)> {
         let good: Vec<usize> = (0..batch.len())
             .filter(|i| faults.get(*i).is_none_or(Option::is_none))
@@ -697,7 +701,7 @@ impl Pipeline {
             .iter()
             .filter_map(|&i| records.get(i).cloned())
             .collect();
-        let j = self.judge(&sub_batch, &sub_records).await?;
+        let j = self.judge(&sub_batch, &sub_records, traceparent).await?;
         self.note(&sub_batch, &sub_records, &j);
         for (k, v) in j.judged.verdicts.into_iter().enumerate() {
             if let Some(slot) = good.get(k).and_then(|&i| verdicts.get_mut(i)) {

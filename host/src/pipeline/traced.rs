@@ -52,6 +52,12 @@ impl BatchTrace {
         }
     }
 
+    /// The batch's span as a `traceparent` value (when sampled): the context the plugin's
+    /// outbound requests carry.
+    pub(super) fn batch_traceparent(&self) -> Option<String> {
+        self.telemetry.traceparent(&self.batch)
+    }
+
     /// Notes each record's verdict (and reason) on its span.
     pub(super) fn judged(&self, verdicts: &[Verdict]) {
         for (span, v) in self.records.iter().zip(verdicts) {

@@ -95,6 +95,7 @@ impl HttpCtxBuilder {
             hooks: Hooks {
                 grant: self.grant,
                 meter: None,
+                traceparent: None,
                 refusals: Arc::new(Refusals::new(self.plugin, self.pipeline, self.secrets)),
             },
         }
@@ -126,9 +127,14 @@ impl HttpCtx {
     /// A call begins: its refusal budget is full again, and the host work of requests it
     /// starts (the exchange, its connection, its body) is charged to `meter`, the call's: it
     /// counts against the call's CPU deadline.
-    pub(crate) fn begin_call(&mut self, meter: Arc<CpuMeter>) {
+    pub(crate) fn begin_call(
+        &mut self,
+        meter: Arc<CpuMeter>,
+        traceparent: Option<&http::HeaderValue>,
+    ) {
         self.hooks.refusals.reset();
         self.hooks.meter = Some(meter);
+        self.hooks.traceparent = traceparent.cloned();
     }
 
     /// The call ended: says how many of its refusals were not logged, if any.
@@ -142,6 +148,8 @@ struct Hooks {
     grant: Option<Arc<HttpGrant>>,
     refusals: Arc<Refusals>,
     meter: Option<Arc<CpuMeter>>,
+    /// The host's trace context for the call, set on each request that carries none.
+    traceparent: Option<http::HeaderValue>,
 }
 
 impl WasiHttpHooks for Hooks {
@@ -152,7 +160,13 @@ impl WasiHttpHooks for Hooks {
         _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
     ) -> Box<SendFuture> {
         // Whatever drops the request before its body's end, the guest's writes still land.
-        let request = request.map(|body| DrainedRequestBody::new(body).boxed_unsync());
+        let mut request = request.map(|body| DrainedRequestBody::new(body).boxed_unsync());
+        // The service called continues the host's trace, unless the plugin chose a context.
+        if let Some(tp) = &self.traceparent
+            && !request.headers().contains_key("traceparent")
+        {
+            request.headers_mut().insert("traceparent", tp.clone());
+        }
         match &self.grant {
             Some(grant) => {
                 let send = grant
@@ -214,7 +228,7 @@ impl Capability for HttpCtx {
     }
 
     fn begin_call(&mut self, call: &Call<'_>) {
-        HttpCtx::begin_call(self, call.meter.clone());
+        HttpCtx::begin_call(self, call.meter.clone(), call.traceparent);
     }
 
     /// Says how many of the call's refusals were not logged, if any. Its counters are the
