@@ -85,8 +85,8 @@ fn scoring_service(token: &str) -> (tokio::runtime::Runtime, String) {
     (rt, format!("http://{addr}"))
 }
 
-/// A manifest for the fraud check on `input`, its `scored` output Avro, its values Avro.
-fn manifest(dir: &Path, registry: &str, score_url: &str, topics: &Topics) -> PathBuf {
+/// A manifest for the fraud check on `input`, its values and its `scored` output in `format`.
+fn manifest(dir: &Path, registry: &str, score_url: &str, topics: &Topics, format: &str) -> PathBuf {
     let path = dir.join("manifest.toml");
     std::fs::write(
         &path,
@@ -113,9 +113,9 @@ scored = "{scored}"
 scoring-token = {{ env = "SCORING_TOKEN" }}
 [pipeline.schema]
 registry = "{registry}"
-value = "avro"
+value = "{format}"
 [pipeline.schema.outputs]
-scored = "avro"
+scored = "{format}"
 "#,
             boot = bootstrap(),
             input = topics.input,
@@ -134,8 +134,15 @@ struct Topics {
     dlq: String,
 }
 
-/// The orders, encoded by Confluent's Avro serializer (which registers the Order schema).
-fn encoded_orders(registry: &str, topic: &str, n: usize) -> (Vec<Value>, Vec<String>) {
+/// The orders, encoded by Confluent's serializer for `format` (which registers the Order
+/// schema, `schema`).
+fn encoded_orders(
+    registry: &str,
+    topic: &str,
+    n: usize,
+    format: &str,
+    schema: &str,
+) -> (Vec<Value>, Vec<String>) {
     let orders: Vec<Value> = (0..n)
         .map(|i| {
             json!({"id": format!("o-{i:02}"), "amount": 5.0 + (i * 37 % 700) as f64, "customer": format!("c-{}", i % 5), "quantity": (i % 4) as i64})
@@ -148,9 +155,9 @@ fn encoded_orders(registry: &str, topic: &str, n: usize) -> (Vec<Value>, Vec<Str
             "--registry",
             registry,
             "--format",
-            "avro",
+            format,
             "--schema",
-            &schema_file("order.avsc"),
+            &schema_file(schema),
             "--topic",
             topic,
             "--key-field",
@@ -188,7 +195,7 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
     };
     let dir = std::env::temp_dir().join(&base);
     std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &registry, &score_url, &topics);
+    let manifest = manifest(&dir, &registry, &score_url, &topics, "avro");
     // The output's schema, registered as its producers' team would.
     schema_records(
         &[
@@ -204,7 +211,7 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
         ],
         "",
     );
-    let (orders, mut lines) = encoded_orders(&registry, &topics.input, 20);
+    let (orders, mut lines) = encoded_orders(&registry, &topics.input, 20, "avro", "order.avsc");
     // A record naming a schema id nobody registered, and one with a real id whose payload is
     // not the Order it says it is.
     let real_id = {
@@ -436,7 +443,7 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
     };
     let dir = std::env::temp_dir().join(&base);
     std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &through, &score_url, &topics);
+    let manifest = manifest(&dir, &through, &score_url, &topics, "avro");
     schema_records(
         &[
             "register",
@@ -451,7 +458,7 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
         ],
         "",
     );
-    let (orders, lines) = encoded_orders(&registry, &topics.input, 10);
+    let (orders, lines) = encoded_orders(&registry, &topics.input, 10, "avro", "order.avsc");
     let input = dir.join("records.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
     let bin = sharehost_bin!();
@@ -509,4 +516,117 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
         .collect();
     want.sort();
     assert_eq!(keys, want, "every order once, none lost");
+}
+
+#[test]
+fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_its_record() {
+    let registry = registry();
+    let token = unique("token");
+    let (_service, score_url) = scoring_service(&token);
+    let base = unique("jsonschema");
+    let topics = Topics {
+        input: format!("{base}-orders"),
+        scored: format!("{base}-scored"),
+        dlq: format!("{base}-dlq"),
+    };
+    let dir = std::env::temp_dir().join(&base);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let manifest = manifest(&dir, &registry, &score_url, &topics, "json-schema");
+    // The output's schema allows scores up to 50: the fraud check's higher ones do not fit.
+    schema_records(
+        &[
+            "register",
+            "--registry",
+            &registry,
+            "--format",
+            "json-schema",
+            "--schema",
+            &schema_file("scored-order.schema.json"),
+            "--topic",
+            &topics.scored,
+        ],
+        "",
+    );
+    let (orders, lines) = encoded_orders(
+        &registry,
+        &topics.input,
+        20,
+        "json-schema",
+        "order.schema.json",
+    );
+    let input = dir.join("records.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
+    let bin = sharehost_bin!();
+    run(
+        Command::new(bin)
+            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
+            .arg("--manifest")
+            .arg(&manifest),
+        "create-topics",
+    );
+    run(
+        Command::new(bin)
+            .args(["produce", &topics.input, "--manifest"])
+            .arg(&manifest)
+            .arg("--input")
+            .arg(&input),
+        "produce",
+    );
+    let score = |o: &Value| (o["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64;
+    let fits: Vec<&Value> = orders.iter().filter(|o| score(o) <= 50).collect();
+    assert!(fits.len() < orders.len() && !fits.is_empty(), "both kinds");
+    let watch = Watch::default();
+    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
+    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
+    let host = HostProcess::start_watched_with_env(
+        bin,
+        &manifest,
+        "schemas-json",
+        &watch,
+        &[("SCORING_TOKEN", &token)],
+    );
+    watch.wait_until("every order scored or dead-lettered", || {
+        assert!(!host.seen().ended, "the host ended");
+        let mut done = out.keys();
+        done.extend(dead.keys());
+        orders
+            .iter()
+            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
+    });
+    host.stop_with_log();
+    drop((out, dead));
+    let scored = consume_all(bin, &manifest, &topics.scored);
+    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
+    let decoded: Vec<Value> = schema_records(
+        &["decode", "--registry", &registry, "--format", "json-schema"],
+        &consumed,
+    )
+    .iter()
+    .map(|l| serde_json::from_str(l).expect("JSON"))
+    .collect();
+    assert_eq!(decoded.len(), fits.len(), "{decoded:#?}");
+    for d in &decoded {
+        let order = orders
+            .iter()
+            .find(|o| o["id"] == d["id"])
+            .expect("a known order");
+        let mut want = order.clone();
+        want["score"] = json!(score(order));
+        assert_eq!(d, &want);
+    }
+    let dlq = consume_all(bin, &manifest, &topics.dlq);
+    assert_eq!(dlq.len(), orders.len() - fits.len(), "{dlq:#?}");
+    for r in &dlq {
+        let reason = r["headers"]
+            .as_array()
+            .and_then(|h| h.iter().find(|h| h[0] == "sharehost.reason"))
+            .and_then(|h| h[1].as_str())
+            .unwrap_or_default();
+        assert!(
+            reason.starts_with("output scored (schema id ")
+                && reason.contains("does not conform to the JSON Schema")
+                && reason.contains("/score"),
+            "{reason}"
+        );
+    }
 }

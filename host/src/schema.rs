@@ -5,7 +5,10 @@
 //!
 //! Formats: Avro (apache-avro; the plugin sees the value as JSON: records and maps as objects,
 //! unions as their branch's value, enums as their symbol's name, bytes and fixed as arrays of
-//! numbers) and JSON Schema (the payload is JSON already; only the framing is taken off).
+//! numbers) and JSON Schema (the payload is JSON already; only the framing is taken off, and an
+//! emit is validated against its output's schema with the `jsonschema` crate: no remote
+//! reference fetched, patterns on the linear `regex` engine, so a schema cannot make the host
+//! reach out or backtrack without end).
 //! Schemas are fetched by id from the registry's Confluent-compatible API once and kept (at most
 //! [`MAX_SCHEMAS`]); an output's schema is its subject's latest version under the topic name
 //! strategy (`<topic>-value`), read once.
@@ -136,7 +139,9 @@ pub enum SchemaSetupError {
 #[derive(Debug)]
 enum Parsed {
     Avro(apache_avro::Schema),
-    Json,
+    /// A JSON Schema, compiled (validation of emits; records are taken as their producer's
+    /// serializer wrote them).
+    Json(Box<jsonschema::Validator>),
     /// A schema type this host does not decode (Protobuf), or one it refuses (a recursive Avro
     /// schema, whose decoding depth only the payload would bound): each record using it is a
     /// fault naming why.
@@ -222,7 +227,17 @@ fn parse_schema(answer: &SchemaAnswer) -> Parsed {
             },
             Err(e) => Parsed::Refused(format!("its Avro schema does not parse: {e}")),
         },
-        "JSON" => Parsed::Json,
+        "JSON" => match serde_json::from_str::<serde_json::Value>(&answer.schema)
+            .map_err(|e| e.to_string())
+            .and_then(|schema| {
+                jsonschema::options()
+                    .with_pattern_options(jsonschema::PatternOptions::regex())
+                    .build(&schema)
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(v) => Parsed::Json(Box::new(v)),
+            Err(e) => Parsed::Refused(format!("its JSON Schema does not compile: {e}")),
+        },
         other => Parsed::Refused(format!(
             "its schema type is {other}, which this host does not decode (avro and json-schema are)"
         )),
@@ -641,12 +656,12 @@ fn decode_payload(
                 .map(Bytes::from)
                 .map_err(|e| format!("schema id {id}: {e}"))
         }
-        (Parsed::Json, Format::JsonSchema) => {
+        (Parsed::Json(_), Format::JsonSchema) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(payload)
                 .map_err(|e| format!("schema id {id}: the payload is not JSON: {e}"))?;
             Ok(Bytes::copy_from_slice(payload))
         }
-        (Parsed::Avro(_), f) | (Parsed::Json, f) => Err(format!(
+        (Parsed::Avro(_), f) | (Parsed::Json(_), f) => Err(format!(
             "schema id {id} is {}, not {} as the pipeline says",
             match schema {
                 Parsed::Avro(_) => "Avro",
@@ -675,7 +690,20 @@ fn encode_payload(id: u32, schema: &Parsed, format: Format, value: &[u8]) -> Res
                 .map_err(|e| format!("the emit does not encode as Avro: {e}"))?;
             out.extend_from_slice(&datum);
         }
-        (Parsed::Json, Format::JsonSchema) => out.extend_from_slice(value),
+        (Parsed::Json(validator), Format::JsonSchema) => {
+            if let Err(e) = validator.validate(&json) {
+                let at = e.instance_path().to_string();
+                return Err(format!(
+                    "the emit does not conform to the JSON Schema: {e}{}",
+                    if at.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (at {at})")
+                    }
+                ));
+            }
+            out.extend_from_slice(value);
+        }
         (_, f) => {
             return Err(format!(
                 "the subject's latest schema is not {} as the pipeline says",
@@ -785,6 +813,36 @@ mod tests {
         assert!(why.contains("PROTOBUF"), "{why}");
         let why = decode_payload(5, &avro(ORDER), Format::JsonSchema, b"{}").expect_err("refused");
         assert!(why.contains("is Avro, not json-schema"), "{why}");
+    }
+
+    #[test]
+    fn a_json_schema_emit_is_validated_and_framed_and_a_bad_schema_refused() {
+        let json = |schema: &str| {
+            parse_schema(&SchemaAnswer {
+                schema: schema.into(),
+                schema_type: Some("JSON".into()),
+                id: None,
+            })
+        };
+        let schema = json(
+            r#"{"type":"object","properties":{"score":{"type":"integer","maximum":50}},"required":["score"]}"#,
+        );
+        let framed =
+            encode_payload(9, &schema, Format::JsonSchema, br#"{"score":12}"#).expect("conforms");
+        assert_eq!(&framed[..], &b"\0\0\0\0\x09{\"score\":12}"[..]);
+        let why = encode_payload(9, &schema, Format::JsonSchema, br#"{"score":70}"#)
+            .expect_err("over the maximum");
+        assert!(
+            why.contains("does not conform to the JSON Schema") && why.contains("/score"),
+            "{why}"
+        );
+        let decoded = decode_payload(9, &schema, Format::JsonSchema, br#"{"score":70}"#)
+            .expect("records are taken as written");
+        assert_eq!(&decoded[..], br#"{"score":70}"#);
+        match json(r#"{"$ref":"https://example.invalid/remote.json"}"#) {
+            Parsed::Refused(why) => assert!(why.contains("does not compile"), "{why}"),
+            other => panic!("a remote reference is never fetched: {other:?}"),
+        }
     }
 
     #[test]
