@@ -630,3 +630,102 @@ fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_
         );
     }
 }
+
+#[test]
+fn protobuf_records_are_judged_as_json_and_emits_are_protobuf() {
+    let registry = registry();
+    let token = unique("token");
+    let (_service, score_url) = scoring_service(&token);
+    let base = unique("protobuf");
+    let topics = Topics {
+        input: format!("{base}-orders"),
+        scored: format!("{base}-scored"),
+        dlq: format!("{base}-dlq"),
+    };
+    let dir = std::env::temp_dir().join(&base);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let manifest = manifest(&dir, &registry, &score_url, &topics, "protobuf");
+    schema_records(
+        &[
+            "register",
+            "--registry",
+            &registry,
+            "--format",
+            "protobuf",
+            "--schema",
+            &schema_file("scored-order.proto"),
+            "--topic",
+            &topics.scored,
+        ],
+        "",
+    );
+    let (orders, lines) = encoded_orders(&registry, &topics.input, 12, "protobuf", "order.proto");
+    let input = dir.join("records.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
+    let bin = sharehost_bin!();
+    run(
+        Command::new(bin)
+            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
+            .arg("--manifest")
+            .arg(&manifest),
+        "create-topics",
+    );
+    run(
+        Command::new(bin)
+            .args(["produce", &topics.input, "--manifest"])
+            .arg(&manifest)
+            .arg("--input")
+            .arg(&input),
+        "produce",
+    );
+    let watch = Watch::default();
+    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
+    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
+    let host = HostProcess::start_watched_with_env(
+        bin,
+        &manifest,
+        "schemas-protobuf",
+        &watch,
+        &[("SCORING_TOKEN", &token)],
+    );
+    watch.wait_until("every order scored or dead-lettered", || {
+        assert!(!host.seen().ended, "the host ended");
+        let mut done = out.keys();
+        done.extend(dead.keys());
+        orders
+            .iter()
+            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
+    });
+    host.stop_with_log();
+    let dead_records = dead.records();
+    assert!(dead_records.is_empty(), "{dead_records:#?}");
+    drop((out, dead));
+    let scored = consume_all(bin, &manifest, &topics.scored);
+    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
+    let decoded: Vec<Value> = schema_records(
+        &[
+            "decode",
+            "--registry",
+            &registry,
+            "--format",
+            "protobuf",
+            "--schema",
+            &schema_file("scored-order.proto"),
+        ],
+        &consumed,
+    )
+    .iter()
+    .map(|l| serde_json::from_str(l).expect("JSON"))
+    .collect();
+    assert_eq!(decoded.len(), orders.len(), "{decoded:#?}");
+    for d in &decoded {
+        let order = orders
+            .iter()
+            .find(|o| o["id"] == d["id"])
+            .expect("a known order");
+        let score = (order["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64;
+        assert_eq!(d["score"].as_i64(), Some(score), "{d}");
+        assert_eq!(d["amount"], order["amount"], "{d}");
+        assert_eq!(d["customer"], order["customer"], "{d}");
+    }
+}

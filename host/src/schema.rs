@@ -48,6 +48,8 @@ pub enum Format {
     Raw,
     /// Avro in the registry's wire format.
     Avro,
+    /// Protobuf in the registry's wire format (with its message indexes).
+    Protobuf,
     /// JSON Schema in the registry's wire format.
     JsonSchema,
 }
@@ -58,6 +60,7 @@ impl Format {
         match self {
             Format::Raw => "raw",
             Format::Avro => "avro",
+            Format::Protobuf => "protobuf",
             Format::JsonSchema => "json-schema",
         }
     }
@@ -67,6 +70,7 @@ impl Format {
         match s {
             "raw" => Some(Format::Raw),
             "avro" => Some(Format::Avro),
+            "protobuf" => Some(Format::Protobuf),
             "json-schema" => Some(Format::JsonSchema),
             _ => None,
         }
@@ -142,6 +146,8 @@ enum Parsed {
     /// A JSON Schema, compiled (validation of emits; records are taken as their producer's
     /// serializer wrote them).
     Json(Box<jsonschema::Validator>),
+    /// A Protobuf schema's file: message indexes pick a message in it.
+    Protobuf(prost_reflect::FileDescriptor),
     /// A schema type this host does not decode (Protobuf), or one it refuses (a recursive Avro
     /// schema, whose decoding depth only the payload would bound): each record using it is a
     /// fault naming why.
@@ -238,10 +244,102 @@ fn parse_schema(answer: &SchemaAnswer) -> Parsed {
             Ok(v) => Parsed::Json(Box::new(v)),
             Err(e) => Parsed::Refused(format!("its JSON Schema does not compile: {e}")),
         },
+        "PROTOBUF" => match protobuf_file(&answer.schema) {
+            Ok(file) => Parsed::Protobuf(file),
+            Err(e) => Parsed::Refused(format!("its Protobuf schema does not compile: {e}")),
+        },
         other => Parsed::Refused(format!(
-            "its schema type is {other}, which this host does not decode (avro and json-schema are)"
+            "its schema type is {other}, which this host does not decode (avro, protobuf and json-schema are)"
         )),
     }
+}
+
+/// The one file a Protobuf schema is: `.proto` text as the Confluent API serves it, compiled in
+/// memory (only Google's well-known types may be imported: nothing is read from disk), or a
+/// base64 `FileDescriptorProto`, which some serializers register instead.
+fn protobuf_file(schema: &str) -> Result<prost_reflect::FileDescriptor, String> {
+    use base64::Engine as _;
+    use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
+    const NAME: &str = "schema.proto";
+    let looks_encoded = !schema.contains([';', ' ', '\n', '{']);
+    if looks_encoded
+        && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(schema.trim())
+    {
+        let mut pool = prost_reflect::DescriptorPool::global();
+        pool.decode_file_descriptor_proto(bytes.as_slice())
+            .map_err(|e| e.to_string())?;
+        return pool
+            .files()
+            .last()
+            .ok_or_else(|| "an empty descriptor".to_owned());
+    }
+    struct One(String);
+    impl FileResolver for One {
+        fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+            if name == NAME {
+                File::from_source(name, &self.0)
+            } else {
+                Err(protox::Error::file_not_found(name))
+            }
+        }
+    }
+    let mut chain = ChainFileResolver::new();
+    chain.add(One(schema.to_owned()));
+    chain.add(GoogleFileResolver::new());
+    let mut compiler = protox::Compiler::with_file_resolver(chain);
+    compiler.open_file(NAME).map_err(|e| e.to_string())?;
+    compiler
+        .descriptor_pool()
+        .get_file_by_name(NAME)
+        .ok_or_else(|| "the compiled schema has no file".to_owned())
+}
+
+/// Most message indexes a Protobuf payload may name: far deeper than any real nesting.
+const MAX_MESSAGE_INDEXES: usize = 32;
+
+/// Reads one zig-zag varint (the message indexes' encoding).
+fn zigzag(bytes: &mut &[u8]) -> Option<i64> {
+    let mut value: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+    }
+    None
+}
+
+/// The message a payload's indexes name in `file`, and the payload after them.
+fn protobuf_message<'p>(
+    file: &prost_reflect::FileDescriptor,
+    mut payload: &'p [u8],
+) -> Result<(prost_reflect::MessageDescriptor, &'p [u8]), String> {
+    let count = zigzag(&mut payload).ok_or("the message indexes are cut short")?;
+    let indexes: Vec<i64> = if count == 0 {
+        vec![0]
+    } else {
+        let n = usize::try_from(count)
+            .ok()
+            .filter(|n| *n <= MAX_MESSAGE_INDEXES)
+            .ok_or_else(|| format!("{count} message indexes"))?;
+        (0..n)
+            .map(|_| zigzag(&mut payload).ok_or("the message indexes are cut short"))
+            .collect::<Result<_, _>>()?
+    };
+    let pick = |i: i64, mut it: Box<dyn Iterator<Item = prost_reflect::MessageDescriptor> + '_>| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| it.nth(i))
+            .ok_or_else(|| format!("no message at index {i}"))
+    };
+    let mut message = pick(indexes[0], Box::new(file.messages()))?;
+    for &i in &indexes[1..] {
+        let children: Vec<_> = message.child_messages().collect();
+        message = pick(i, Box::new(children.into_iter()))?;
+    }
+    Ok((message, payload))
 }
 
 /// The name of a named type that refers to itself, directly or through others, if any.
@@ -656,15 +754,34 @@ fn decode_payload(
                 .map(Bytes::from)
                 .map_err(|e| format!("schema id {id}: {e}"))
         }
+        (Parsed::Protobuf(file), Format::Protobuf) => {
+            let (message, body) =
+                protobuf_message(file, payload).map_err(|e| format!("schema id {id}: {e}"))?;
+            let value = prost_reflect::DynamicMessage::decode(message, body).map_err(|e| {
+                format!("schema id {id}: the payload does not decode as Protobuf: {e}")
+            })?;
+            let mut out = serde_json::Serializer::new(Vec::new());
+            value
+                .serialize_with_options(
+                    &mut out,
+                    &prost_reflect::SerializeOptions::new()
+                        .use_proto_field_name(true)
+                        .stringify_64_bit_integers(false)
+                        .skip_default_fields(false),
+                )
+                .map_err(|e| format!("schema id {id}: the message has no JSON form: {e}"))?;
+            Ok(Bytes::from(out.into_inner()))
+        }
         (Parsed::Json(_), Format::JsonSchema) => {
             serde_json::from_slice::<serde::de::IgnoredAny>(payload)
                 .map_err(|e| format!("schema id {id}: the payload is not JSON: {e}"))?;
             Ok(Bytes::copy_from_slice(payload))
         }
-        (Parsed::Avro(_), f) | (Parsed::Json(_), f) => Err(format!(
+        (Parsed::Avro(_) | Parsed::Json(_) | Parsed::Protobuf(_), f) => Err(format!(
             "schema id {id} is {}, not {} as the pipeline says",
             match schema {
                 Parsed::Avro(_) => "Avro",
+                Parsed::Protobuf(_) => "Protobuf",
                 _ => "JSON Schema",
             },
             f.name()
@@ -689,6 +806,23 @@ fn encode_payload(id: u32, schema: &Parsed, format: Format, value: &[u8]) -> Res
                 .and_then(|w| w.write_value_to_vec(value))
                 .map_err(|e| format!("the emit does not encode as Avro: {e}"))?;
             out.extend_from_slice(&datum);
+        }
+        (Parsed::Protobuf(file), Format::Protobuf) => {
+            // An output's emits are its schema's first message (message index [0], one zero
+            // byte), as the Confluent serializer writes a file's first message.
+            let message = file
+                .messages()
+                .next()
+                .ok_or("the output's Protobuf schema has no message")?;
+            let mut de = serde_json::Deserializer::from_slice(value);
+            let dynamic = prost_reflect::DynamicMessage::deserialize_with_options(
+                message,
+                &mut de,
+                &prost_reflect::DeserializeOptions::new(),
+            )
+            .map_err(|e| format!("the emit does not conform to the Protobuf schema: {e}"))?;
+            out.push(0);
+            out.extend_from_slice(&prost_reflect::prost::Message::encode_to_vec(&dynamic));
         }
         (Parsed::Json(validator), Format::JsonSchema) => {
             if let Err(e) = validator.validate(&json) {
@@ -810,7 +944,7 @@ mod tests {
             id: None,
         });
         let why = decode_payload(4, &proto, Format::Avro, b"").expect_err("refused");
-        assert!(why.contains("PROTOBUF"), "{why}");
+        assert!(why.contains("is Protobuf, not avro"), "{why}");
         let why = decode_payload(5, &avro(ORDER), Format::JsonSchema, b"{}").expect_err("refused");
         assert!(why.contains("is Avro, not json-schema"), "{why}");
     }
@@ -842,6 +976,72 @@ mod tests {
         match json(r#"{"$ref":"https://example.invalid/remote.json"}"#) {
             Parsed::Refused(why) => assert!(why.contains("does not compile"), "{why}"),
             other => panic!("a remote reference is never fetched: {other:?}"),
+        }
+    }
+
+    const ORDER_PROTO: &str = "syntax = \"proto3\";\npackage t;\nmessage Order {\n  string id = 1;\n  double amount = 2;\n  int32 quantity = 3;\n  message Line { string sku = 1; }\n}\nmessage Other { bool b = 1; }\n";
+
+    fn proto() -> Parsed {
+        parse_schema(&SchemaAnswer {
+            schema: ORDER_PROTO.into(),
+            schema_type: Some("PROTOBUF".into()),
+            id: None,
+        })
+    }
+
+    #[test]
+    fn a_protobuf_payload_becomes_json_by_its_message_indexes_and_json_goes_back() {
+        let schema = proto();
+        let framed = encode_payload(
+            4,
+            &schema,
+            Format::Protobuf,
+            br#"{"id":"o-1","amount":12.5,"quantity":3}"#,
+        )
+        .expect("encodes");
+        assert_eq!(&framed[..6], &[0, 0, 0, 0, 4, 0], "id 4, message index [0]");
+        let (id, payload) = framing(&framed).expect("framed");
+        let json = decode_payload(id, &schema, Format::Protobuf, payload).expect("decodes");
+        let v: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        assert_eq!(
+            v,
+            serde_json::json!({"id": "o-1", "amount": 12.5, "quantity": 3})
+        );
+        // Indexes [1]: the file's second message; [0, 0]: Order's nested Line.
+        let other = decode_payload(4, &schema, Format::Protobuf, &[2, 2, 8, 1]).expect("Other");
+        assert_eq!(&other[..], br#"{"b":true}"#);
+        let line =
+            decode_payload(4, &schema, Format::Protobuf, &[4, 0, 0, 10, 1, b'x']).expect("Line");
+        assert_eq!(&line[..], br#"{"sku":"x"}"#);
+        let why = encode_payload(4, &schema, Format::Protobuf, br#"{"nope":1}"#)
+            .expect_err("an unknown field");
+        assert!(
+            why.contains("does not conform to the Protobuf schema"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_hostile_protobuf_payload_is_a_reason() {
+        let schema = proto();
+        for payload in [
+            &[][..],
+            &[0x7f],
+            &[0xfe, 0xff, 0xff, 0xff, 0x0f],
+            &[2, 40],
+            &[0, 0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+            &[0xff; 12],
+        ] {
+            let why = decode_payload(6, &schema, Format::Protobuf, payload).expect_err("refused");
+            assert!(why.starts_with("schema id 6: "), "{why}");
+        }
+        match parse_schema(&SchemaAnswer {
+            schema: "syntax = \"proto3\"; import \"secret/file.proto\";".into(),
+            schema_type: Some("PROTOBUF".into()),
+            id: None,
+        }) {
+            Parsed::Refused(why) => assert!(why.contains("does not compile"), "{why}"),
+            other => panic!("no file is read from disk: {other:?}"),
         }
     }
 

@@ -75,6 +75,7 @@ fn format(
         &[
             ("raw", Format::Raw),
             ("avro", Format::Avro),
+            ("protobuf", Format::Protobuf),
             ("json-schema", Format::JsonSchema),
         ],
         Format::Raw,
@@ -164,7 +165,7 @@ mod tests {
             .expect_err("not an output")
             .to_string();
         assert!(e.contains("schema.outputs.other"), "{e}");
-        let e = with("registry = \"http://r\"\nvalue = \"protobuf\"\n")
+        let e = with("registry = \"http://r\"\nvalue = \"thrift\"\n")
             .expect_err("not a format")
             .to_string();
         assert!(e.contains("schema.value"), "{e}");
