@@ -1,8 +1,9 @@
 //! The operator's kit run for real: the image `dev/image` builds and the resources of
 //! `deploy/kubernetes`, played with `podman kube play` against the local broker (pods on the
 //! host's network). The pods become ready, judge every record, and drain when stopped; the
-//! autoscaling example's lag query rises with a backlog and falls as it drains. The ledger is
-//! kept outside the engine, from what the ledger plugin in each pod logs.
+//! autoscaling example's lag query rises with a backlog and falls as it drains; a pod of the
+//! StatefulSet killed and replaced rejoins as the member it was. The ledger is kept outside
+//! the engine, from what the ledger plugin in each pod logs.
 //!
 //! The podman tests are ignored by `cargo test`: they need the image, which takes a release
 //! build of its own. `dev/kube-test` builds it and runs them (`--ignored`); CI runs that after
@@ -11,11 +12,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
+use sharehost::kafka::{Compression, KafkaClient, ProduceRecord};
 use sharehost_tests::host::{PATIENCE, Seen, Watch};
 use sharehost_tests::ledger::{Ledger, report};
-use sharehost_tests::pods::{self, Played, PodLog, image, podman_ok};
+use sharehost_tests::pods::{self, Ending, Played, PodLog, Workload, image, podman_ok};
 use sharehost_tests::signing::Signer;
 use sharehost_tests::{blocking, bootstrap, client, fresh_group, guest, produce_ids, unique};
 
@@ -188,12 +192,23 @@ fn play_until_ready(
     watch: &Watch,
 ) -> (Played, Vec<PodLog>) {
     let rendered = pods::render(prefix, manifest, trusted, &dir.join("plugins"));
-    let played = rendered.play(dir);
+    follow_until_ready(rendered.play(dir), watch)
+}
+
+/// Follows every pod's log of `played` and waits until each is ready ([`wait_ready`]).
+fn follow_until_ready(played: Played, watch: &Watch) -> (Played, Vec<PodLog>) {
     let logs: Vec<PodLog> = (0..played.pods.len())
         .map(|i| played.follow(i, watch))
         .collect();
+    wait_ready(&logs);
+    (played, logs)
+}
+
+/// Waits until every pod of `logs` answers `/readyz` 200 (joined and writing) and `/healthz`
+/// 200, as the kubelet's probes would see. Polling: a probe is a request, not an event.
+fn wait_ready(logs: &[PodLog]) {
     let deadline = Instant::now() + PATIENCE;
-    for log in &logs {
+    for log in logs {
         loop {
             let (code, body) = log.http("GET", "/readyz");
             if code == 200 {
@@ -208,7 +223,6 @@ fn play_until_ready(
         }
         assert_eq!(log.http("GET", "/healthz").0, 200, "liveness");
     }
-    (played, logs)
 }
 
 /// Every id the ledger plugin judged in any of `logs`.
@@ -437,6 +451,356 @@ async fn the_autoscaling_querys_lag_rises_with_a_backlog_and_falls_as_it_drains(
     ));
 }
 
+/// The replacement test's topic: six partitions, three for each of the two pods.
+const REPLACED_PARTITIONS: i32 = 6;
+/// Records per partition every tenth of a second while a pod is replaced: 300 a second in all.
+const PER_TICK: u64 = 5;
+
+/// The partition [`steady`] writes record `id` to.
+fn partition_of(id: &str) -> Option<i32> {
+    let id: u64 = id.parse().ok()?;
+    i32::try_from((id / PER_TICK) % REPLACED_PARTITIONS as u64).ok()
+}
+
+/// Produces ids 0, 1, 2, ... at 300 records a second (every tenth of a second [`PER_TICK`]
+/// to each partition in turn) while `on` holds, counting them in `produced`; returns them. A
+/// timer paces it: the rate is the point, nothing is waited for.
+async fn steady(
+    client: Arc<KafkaClient>,
+    topic: String,
+    on: Arc<AtomicBool>,
+    produced: Arc<AtomicU64>,
+) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = 0u64;
+    while on.load(Ordering::SeqCst) {
+        tick.tick().await;
+        for p in 0..REPLACED_PARTITIONS {
+            let batch: Vec<String> = (next..next + PER_TICK).map(|i| i.to_string()).collect();
+            next += PER_TICK;
+            let records: Vec<ProduceRecord> = batch
+                .iter()
+                .map(|id| ProduceRecord {
+                    value: Some(Bytes::from(id.clone())),
+                    ..Default::default()
+                })
+                .collect();
+            client
+                .produce(&topic, p, &records, Compression::Lz4)
+                .await
+                .unwrap_or_else(|e| panic!("produce to {topic}: {e}"));
+            ids.extend(batch);
+            produced.store(next, Ordering::SeqCst);
+        }
+    }
+    ids
+}
+
+/// The member id a host's log says its pipeline runs as (its last `pipeline running` line).
+fn member_of(lines: &[String]) -> Option<String> {
+    lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("pipeline running"))
+        .and_then(|l| l.split("\"member\":\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .map(str::to_owned)
+}
+
+/// The verdicts in `container`'s log so far, each with the time its host logged it (the
+/// JSON log's `timestamp`): `(when, id)`.
+fn logged_verdicts(container: &str) -> Vec<(SystemTime, String)> {
+    let out = pods::podman()
+        .args(["logs", container])
+        .output()
+        .expect("run podman logs");
+    // The host logs on stderr; podman hands both streams back as they were.
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let mut verdicts = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.split("ledger accepted=").nth(1) else {
+            continue;
+        };
+        let Some(at) = line
+            .split("\"timestamp\":\"")
+            .nth(1)
+            .and_then(|t| t.split('"').next())
+            .and_then(utc_time)
+        else {
+            continue;
+        };
+        let ids = rest
+            .split(|c: char| !(c.is_ascii_digit() || c == ','))
+            .next()
+            .unwrap_or_default();
+        verdicts.extend(
+            ids.split(',')
+                .filter(|i| !i.is_empty())
+                .map(|i| (at, i.to_owned())),
+        );
+    }
+    verdicts
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction]Z`, the host's log time, as a `SystemTime`.
+fn utc_time(text: &str) -> Option<SystemTime> {
+    let text = text.strip_suffix('Z')?;
+    let (date, time) = text.split_once('T')?;
+    let mut d = date.split('-').map(|n| n.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, fraction) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|n| n.parse::<i64>().ok());
+    let (h, min, sec) = (t.next()??, t.next()??, t.next()??);
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = u64::try_from(days * 86_400 + h * 3600 + min * 60 + sec).ok()?;
+    let digits: String = fraction.chars().take(9).collect();
+    let nanos: u64 = format!("{digits:0<9}").parse().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
+}
+
+/// Seconds from `from` to `to`, negative when `to` came first.
+fn seconds(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+/// How one replaced pod went ([`replace_a_pod`]).
+struct Replaced {
+    what: String,
+    old_member: String,
+    new_member: String,
+    /// The replacement logged that its member id came from its name.
+    named: bool,
+    /// The partitions the old pod judged in its last verdicts before it went.
+    held: Vec<i32>,
+    /// Per partition, from the old pod's end (SIGKILL or SIGTERM) to the first verdict on it
+    /// seen after, and from the replacement container's start to that verdict, in seconds.
+    gaps: BTreeMap<i32, (f64, f64)>,
+    /// From the old pod's end to the replacement container's start (podman's part).
+    played_after: f64,
+    ledger: Ledger,
+}
+
+impl Replaced {
+    /// One line for the report and docs/deploy.md.
+    fn line(&self) -> String {
+        let held: Vec<String> = self
+            .held
+            .iter()
+            .filter_map(|p| {
+                self.gaps
+                    .get(p)
+                    .map(|(end, start)| format!("p{p} {end:.2} s ({start:.2} s)"))
+            })
+            .collect();
+        let others = self
+            .gaps
+            .iter()
+            .filter(|(p, _)| !self.held.contains(p))
+            .map(|(_, (end, _))| *end)
+            .fold(0.0f64, f64::max);
+        format!(
+            "kube play, a replaced pod ({}): member {} -> {}{}; the old pod's partitions judged again after its end (after the replacement's start): {}; the other pod's partitions at most {others:.2} s; the replacement started {:.2} s after the end; {}",
+            self.what,
+            self.old_member,
+            self.new_member,
+            if self.named { " (from its name)" } else { "" },
+            held.join(", "),
+            self.played_after,
+            self.ledger
+        )
+    }
+}
+
+/// Two pods of `workload` (played as Pods from its template: tests/support/pods.rs) judge
+/// records arriving at 300 a second on six partitions of a group with the broker's default
+/// session timeout (45 s); pod 0 goes as `ending` says and its replacement is played from the
+/// template with new, empty `emptyDir`s (its state directory among them), as a controller
+/// would. Waits until every partition is judged again and every record is judged.
+async fn replace_a_pod(workload: Workload, ending: Ending) -> Replaced {
+    let client = Arc::new(client().await);
+    let topic = unique("kube-replace");
+    client
+        .create_topic(&topic, REPLACED_PARTITIONS, 1, &[])
+        .await
+        .expect("create topic");
+    let group = fresh_group(&client, None).await;
+    let dir = scratch("replace");
+    let trusted = signed_ledger(&dir);
+    let text = manifest("orders", &topic, &group, "");
+    let watch = Watch::default();
+    let prefix = unique("r").chars().take(10).collect::<String>();
+    let on = Arc::new(AtomicBool::new(true));
+    let produced = Arc::new(AtomicU64::new(0));
+    let producer = tokio::spawn(steady(
+        client.clone(),
+        topic.clone(),
+        on.clone(),
+        produced.clone(),
+    ));
+
+    let w = watch.clone();
+    let (played, logs, old, old_member, ended_at, started_at, first_after) = blocking(move || {
+        let rendered = pods::render_pods(&prefix, workload, &text, &trusted, &dir.join("plugins"));
+        let (mut played, mut logs) = follow_until_ready(rendered.play(&dir), &w);
+        // Both pods judging the steady stream, each its share of the partitions, past the
+        // group's first assignments: each has judged 100 of the records produced from two
+        // seconds after both were ready (a kill while the coordinator still moves partitions
+        // measures the rebalance, not the replacement).
+        let mark = produced.load(Ordering::SeqCst) + 600;
+        w.wait_until("both pods judging the steady stream", || {
+            logs.iter().all(|l| {
+                l.seen()
+                    .accepted
+                    .iter()
+                    .filter(|id| id.parse::<u64>().is_ok_and(|i| i >= mark))
+                    .count()
+                    >= 100
+            })
+        });
+        let old_member = member_of(&logs[0].lines()).expect("pod 0 logged its member id");
+        let survivor_before = logs[1].seen().accepted.len();
+        let ended_at = SystemTime::now();
+        let code = played.end(0, ending);
+        let old = logs.remove(0).ended();
+        match ending {
+            Ending::Killed => assert_eq!(code, 137, "pod 0 was killed"),
+            Ending::Drained => assert_eq!(code, 0, "pod 0 drained and exited 0"),
+        }
+        let started_at = played.replace(0);
+        let new = played.follow(0, &w);
+        // Every partition judged again, by the pods still there.
+        let survivor = &logs[0];
+        w.wait_until("every partition judged again after the replacement", || {
+            let later = survivor.seen().accepted.split_off(survivor_before);
+            let partitions: std::collections::BTreeSet<i32> = later
+                .iter()
+                .chain(&new.seen().accepted)
+                .filter_map(|id| partition_of(id))
+                .collect();
+            partitions.len() == REPLACED_PARTITIONS as usize && member_of(&new.lines()).is_some()
+        });
+        // When: the hosts' own log times, not when this test read the lines (podman is slow
+        // to hand them over while it plays a pod).
+        let mut first: BTreeMap<i32, SystemTime> = BTreeMap::new();
+        for container in [&played.containers[0], &played.containers[1]] {
+            for (at, id) in logged_verdicts(container) {
+                if let Some(p) = partition_of(&id)
+                    && at >= ended_at
+                {
+                    let t = first.entry(p).or_insert(at);
+                    *t = (*t).min(at);
+                }
+            }
+        }
+        logs.insert(0, new);
+        (played, logs, old, old_member, ended_at, started_at, first)
+    })
+    .await;
+    on.store(false, Ordering::SeqCst);
+    let ids = producer.await.expect("the producer");
+    let n = ids.len();
+    let old_ids: std::collections::HashSet<String> = old
+        .0
+        .accepted
+        .iter()
+        .chain(&old.0.rejected)
+        .cloned()
+        .collect();
+    // The partitions the old pod judged last (its final 100 verdicts, a third of a second).
+    let mut held: Vec<i32> = old
+        .0
+        .accepted
+        .iter()
+        .rev()
+        .take(100)
+        .filter_map(|id| partition_of(id))
+        .collect();
+    held.sort_unstable();
+    held.dedup();
+    let new_lines = logs[0].lines();
+    let new_member = member_of(&new_lines).expect("the replacement logged its member id");
+    let named = new_lines
+        .iter()
+        .any(|l| l.contains("the member derived from this host's name"));
+    let rest = blocking(move || {
+        watch.wait_until("every id judged", || {
+            let mut all = judged(&logs);
+            all.extend(old_ids.iter().cloned());
+            all.len() >= n
+        });
+        stop_all(&played, logs)
+    })
+    .await;
+    let what = format!("{workload:?}, {ending:?}");
+    let mut ledger = Ledger::new(&format!("kube play, a replaced pod ({what})"), ids);
+    old.0.record(&mut ledger);
+    for (seen, _) in &rest {
+        seen.record(&mut ledger);
+    }
+    ledger.check();
+    Replaced {
+        what,
+        old_member,
+        new_member,
+        named,
+        held,
+        gaps: first_after
+            .into_iter()
+            .map(|(p, t)| (p, (seconds(ended_at, t), seconds(started_at, t))))
+            .collect(),
+        played_after: seconds(ended_at, started_at),
+        ledger,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the image and podman: dev/kube-test builds the image and runs it"]
+async fn a_replaced_statefulset_pod_rejoins_as_the_member_it_was_and_loses_nothing() {
+    // SHAREHOST_KUBE_REPLACEMENTS adds the comparisons docs/deploy.md reports (each a
+    // WORKLOAD-ENDING pair: statefulset or deployment, killed or drained); by default the
+    // StatefulSet's pod is killed, the case a kept member id is for.
+    let wanted = std::env::var("SHAREHOST_KUBE_REPLACEMENTS")
+        .unwrap_or_else(|_| "statefulset-killed".to_owned());
+    for case in wanted.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let (workload, ending) = match case {
+            "statefulset-killed" => (Workload::StatefulSet, Ending::Killed),
+            "statefulset-drained" => (Workload::StatefulSet, Ending::Drained),
+            "deployment-killed" => (Workload::Deployment, Ending::Killed),
+            "deployment-drained" => (Workload::Deployment, Ending::Drained),
+            other => panic!("SHAREHOST_KUBE_REPLACEMENTS: unknown case {other}"),
+        };
+        let r = replace_a_pod(workload, ending).await;
+        report(&r.line());
+        match workload {
+            Workload::StatefulSet => {
+                assert_eq!(
+                    r.new_member, r.old_member,
+                    "the replacement rejoined as the member the old pod was"
+                );
+                assert!(
+                    r.named,
+                    "its member id came from its name: its state directory was new"
+                );
+            }
+            // The Deployment sets no name: its replacement is a new member, whose wait for
+            // the dead one's partitions is what the StatefulSet avoids.
+            Workload::Deployment => assert_ne!(r.new_member, r.old_member),
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs the image and podman: dev/kube-test builds the image and runs it"]
 fn the_image_is_small_static_non_root_and_has_no_shell() {
@@ -552,4 +916,72 @@ fn the_resources_agree_with_the_host_and_with_each_other() {
         "the query's labels (pipeline, topic, partition) are the host's"
     );
     assert!(manifest.contains(&format!("name = \"{pipeline}\"")));
+}
+
+#[test]
+fn the_statefulset_is_the_deployment_with_a_name_for_each_pod() {
+    let base = pods::base_resources();
+    let dep = base
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the base's Deployment");
+    let docs = pods::component_resources("statefulset");
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Deployment"),
+        "the component takes the Deployment's place: both would run twice the hosts"
+    );
+    let sts = docs
+        .iter()
+        .find(|d| d["kind"] == "StatefulSet")
+        .expect("a StatefulSet");
+    for key in ["replicas", "selector"] {
+        assert_eq!(sts["spec"][key], dep["spec"][key], "{key}");
+    }
+    assert_eq!(sts["metadata"], dep["metadata"]);
+    let governing = docs
+        .iter()
+        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == sts["spec"]["serviceName"])
+        .expect("its serviceName is a Service of the component");
+    assert_eq!(governing["spec"]["clusterIP"], "None", "headless");
+    // The pod template is the Deployment's with one more variable: the pod's own name, from
+    // which the host derives each pipeline's member id.
+    let name_var = sharehost::persisted::MEMBER_NAME_ENV;
+    let mut template = sts["spec"]["template"].clone();
+    let env = template["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .expect("env");
+    let at = env
+        .iter()
+        .position(|e| e["name"] == name_var)
+        .unwrap_or_else(|| panic!("the StatefulSet sets {name_var}"));
+    let var = env.remove(at);
+    assert_eq!(var["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(
+        template, dep["spec"]["template"],
+        "otherwise the Deployment's pod template"
+    );
+    // A Deployment's pods share their template: one name would be every pod's.
+    let dep_env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env");
+    assert!(
+        !dep_env.iter().any(|e| e["name"] == name_var),
+        "the Deployment must not set {name_var}"
+    );
+}
+
+#[test]
+fn a_hosts_log_time_reads_as_utc() {
+    let at = |s: &str| {
+        utc_time(s)
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map(|d| d.as_micros())
+    };
+    assert_eq!(at("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(at("2000-02-29T23:59:59Z"), Some(951_868_799_000_000));
+    assert_eq!(
+        at("2026-12-06T05:11:21.416083Z"),
+        Some(1_796_533_881_416_083)
+    );
+    assert_eq!(at("2026-12-06T05:11:21"), None, "UTC only");
 }

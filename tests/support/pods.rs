@@ -19,10 +19,21 @@
 //! - probes become `curl` healthchecks run inside the container (the image has no shell and no
 //!   curl, and no systemd here runs them): the test asks `/readyz` and `/healthz` itself, from
 //!   outside, as a kubelet does.
+//!
+//! Podman 4.3 plays no StatefulSet ("does not contain any supported kube kind"), and replaces
+//! no single pod of a Deployment it played. [`render_pods`] therefore plays a workload as the
+//! `kind: Pod` documents its controller would create from its template: a StatefulSet's as
+//! `NAME-0`, `NAME-1`, ... (the names it keeps), a Deployment's under names of their own.
+//! [`Played::replace`] does what the controller does when one goes: the old pod is killed
+//! or stopped and removed, and a pod from the same template is played in its place, under the
+//! same name for a StatefulSet and a new one for a Deployment, with new (empty) volumes for
+//! its `emptyDir`s, as a new pod gets. The downward API's `metadata.name` (`fieldRef`) is
+//! podman's own: the Pod document's name.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use base64::prelude::BASE64_STANDARD;
@@ -75,6 +86,43 @@ pub fn base_resources() -> Vec<Value> {
     files.iter().flat_map(|f| yaml_docs(&dir.join(f))).collect()
 }
 
+/// The base's documents as the kustomize component `deploy/kubernetes/NAME` changes them: the
+/// documents its `$patch: delete` patches name removed, the files of its `resources` added.
+/// Those are the only changes this reads (the components here make no others).
+pub fn component_resources(name: &str) -> Vec<Value> {
+    let dir = crate::repo_root().join("deploy/kubernetes").join(name);
+    let component = yaml_docs(&dir.join("kustomization.yaml"));
+    let component = &component[0];
+    assert_eq!(
+        component["kind"], "Component",
+        "{name} is a kustomize component"
+    );
+    let mut docs = base_resources();
+    for patch in component["patches"].as_array().into_iter().flatten() {
+        let text = patch["patch"].as_str().expect("an inline patch");
+        let target: Value = serde_yaml_ng::from_str(text).expect("a patch in YAML");
+        assert_eq!(
+            target["$patch"], "delete",
+            "{name}: this test reads only `$patch: delete` patches"
+        );
+        let before = docs.len();
+        docs.retain(|d| {
+            !(d["kind"] == target["kind"] && d["metadata"]["name"] == target["metadata"]["name"])
+        });
+        assert_eq!(
+            docs.len() + 1,
+            before,
+            "{name}: its patch deletes one document"
+        );
+    }
+    for f in component["resources"].as_array().into_iter().flatten() {
+        docs.extend(yaml_docs(
+            &dir.join(f.as_str().expect("a resource file name")),
+        ));
+    }
+    docs
+}
+
 /// The YAML documents of `path` as JSON values (empty documents skipped).
 pub fn yaml_docs(path: &Path) -> Vec<Value> {
     let text =
@@ -102,14 +150,77 @@ pub struct Rendered {
     pub docs: Vec<Value>,
     /// The Secret documents.
     pub secrets: Vec<Value>,
-    /// The Deployment's `terminationGracePeriodSeconds`.
+    /// The workload's `terminationGracePeriodSeconds`.
     pub grace_seconds: u64,
-    /// The Deployment's name after the prefix.
+    /// The workload's name after the prefix.
     pub deployment: String,
     /// Its replicas.
     pub replicas: u64,
     /// The container's name.
     pub container: String,
+    /// The pods podman will run, in replica order.
+    pub pods: Vec<String>,
+    /// How a replaced pod is made ([`render_pods`] only).
+    template: Option<Template>,
+}
+
+/// Which workload of `deploy/kubernetes` [`render_pods`] plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// The base's Deployment: a replaced pod gets a new name.
+    Deployment,
+    /// The `statefulset` component's StatefulSet: a replaced pod keeps its name.
+    StatefulSet,
+}
+
+/// A workload's pod template, made ready to play, and how its pods are named.
+#[derive(Debug, Clone)]
+struct Template {
+    workload: Workload,
+    /// The workload's name after the prefix.
+    name: String,
+    /// `metadata` and `spec` of the template, after [`adapt_pod`].
+    metadata: Value,
+    spec: Value,
+    /// The documents a replacement is played with (ConfigMaps its volumes name).
+    configmaps: Vec<Value>,
+}
+
+impl Template {
+    /// The Pod document of the pod called `name`, its `emptyDir` volumes named with `suffix`
+    /// (a new pod's are new and empty).
+    fn pod(&self, name: &str, suffix: &str) -> Value {
+        let mut spec = self.spec.clone();
+        let mut fresh = Vec::new();
+        for v in spec["volumes"].as_array_mut().into_iter().flatten() {
+            if v.get("emptyDir").is_some() {
+                let old = v["name"].as_str().expect("volume name").to_owned();
+                v["name"] = json!(format!("{old}{suffix}"));
+                fresh.push(old);
+            }
+        }
+        for c in spec["containers"].as_array_mut().into_iter().flatten() {
+            for m in c["volumeMounts"].as_array_mut().into_iter().flatten() {
+                let old = m["name"].as_str().expect("mount name").to_owned();
+                if fresh.contains(&old) {
+                    m["name"] = json!(format!("{old}{suffix}"));
+                }
+            }
+        }
+        let mut metadata = self.metadata.clone();
+        metadata["name"] = json!(name);
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+    }
+
+    /// The name of replica `i`'s pod; `generation` counts its replacements (0: the first).
+    fn pod_name(&self, i: usize, generation: usize) -> String {
+        match (self.workload, generation) {
+            // A StatefulSet's pod is NAME-ORDINAL, whatever replaced it.
+            (Workload::StatefulSet, _) | (Workload::Deployment, 0) => format!("{}-{i}", self.name),
+            // A Deployment's replacement is a new pod with a name of its own.
+            (Workload::Deployment, g) => format!("{}-{i}-r{g}", self.name),
+        }
+    }
 }
 
 /// Renders the base for a test: names prefixed with `prefix` (and every reference to them),
@@ -117,15 +228,7 @@ pub struct Rendered {
 /// host's network (the broker listens on 127.0.0.1 and advertises that address), the image
 /// from [`image`], and the `plugins` volume a host directory.
 pub fn render(prefix: &str, manifest: &str, trusted: &str, plugins: &Path) -> Rendered {
-    let mut docs = base_resources();
-    let p = |n: &Value| format!("{prefix}-{}", n.as_str().expect("a name"));
-    let cm = find(&mut docs, "ConfigMap", "sharehost-manifest");
-    cm["data"]["manifest.toml"] = json!(manifest);
-    cm["data"]["trusted.pub"] = json!(trusted);
-    for d in &mut docs {
-        let name = p(&d["metadata"]["name"]);
-        d["metadata"]["name"] = json!(name);
-    }
+    let mut docs = prepare(base_resources(), prefix, manifest, trusted);
     let dep = docs
         .iter_mut()
         .find(|d| d["kind"] == "Deployment")
@@ -136,6 +239,105 @@ pub fn render(prefix: &str, manifest: &str, trusted: &str, plugins: &Path) -> Re
     let grace_seconds = pod["terminationGracePeriodSeconds"]
         .as_u64()
         .expect("the Deployment sets terminationGracePeriodSeconds");
+    let container = adapt_pod(pod, prefix, plugins);
+    let (secrets, docs) = docs.into_iter().partition(|d| d["kind"] == "Secret");
+    Rendered {
+        prefix: prefix.to_owned(),
+        docs,
+        secrets,
+        grace_seconds,
+        pods: (0..replicas)
+            .map(|i| format!("{deployment}-pod-{i}"))
+            .collect(),
+        deployment,
+        replicas,
+        container,
+        template: None,
+    }
+}
+
+/// [`render`] for `workload`, played as the `kind: Pod` documents its controller would make
+/// of its template (podman 4.3 has no StatefulSet, and replaces no single pod of a
+/// Deployment): `NAME-0`, `NAME-1`, ... Their pods can then be replaced one at a time
+/// ([`Played::replace`]).
+pub fn render_pods(
+    prefix: &str,
+    workload: Workload,
+    manifest: &str,
+    trusted: &str,
+    plugins: &Path,
+) -> Rendered {
+    let (kind, docs) = match workload {
+        Workload::Deployment => ("Deployment", base_resources()),
+        Workload::StatefulSet => ("StatefulSet", component_resources("statefulset")),
+    };
+    let docs = prepare(docs, prefix, manifest, trusted);
+    let (mut found, mut docs): (Vec<Value>, Vec<Value>) =
+        docs.into_iter().partition(|d| d["kind"] == kind);
+    assert_eq!(found.len(), 1, "one {kind}");
+    let mut wl = found.remove(0);
+    let name = wl["metadata"]["name"].as_str().expect("name").to_owned();
+    let replicas = wl["spec"]["replicas"].as_u64().unwrap_or(1);
+    let mut template = wl["spec"]["template"].take();
+    let grace_seconds = template["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("the workload sets terminationGracePeriodSeconds");
+    let container = adapt_pod(&mut template["spec"], prefix, plugins);
+    let template = Template {
+        workload,
+        name: name.clone(),
+        metadata: template["metadata"].clone(),
+        spec: template["spec"].clone(),
+        configmaps: docs
+            .iter()
+            .filter(|d| d["kind"] == "ConfigMap")
+            .cloned()
+            .collect(),
+    };
+    let pods: Vec<String> = (0..usize::try_from(replicas).unwrap_or(1))
+        .map(|i| template.pod_name(i, 0))
+        .collect();
+    // Each pod its own `emptyDir`s, as a kubelet gives them (podman's Deployment shares one
+    // volume among its pods).
+    docs.extend(
+        pods.iter()
+            .enumerate()
+            .map(|(i, p)| template.pod(p, &format!("-p{i}"))),
+    );
+    let (secrets, docs) = docs.into_iter().partition(|d| d["kind"] == "Secret");
+    Rendered {
+        prefix: prefix.to_owned(),
+        docs,
+        secrets,
+        grace_seconds,
+        deployment: name,
+        replicas,
+        container,
+        pods,
+        template: Some(template),
+    }
+}
+
+/// `docs` with the test's manifest and keys in the ConfigMap and every name prefixed.
+fn prepare(mut docs: Vec<Value>, prefix: &str, manifest: &str, trusted: &str) -> Vec<Value> {
+    let cm = find(&mut docs, "ConfigMap", "sharehost-manifest");
+    cm["data"]["manifest.toml"] = json!(manifest);
+    cm["data"]["trusted.pub"] = json!(trusted);
+    for d in &mut docs {
+        let name = format!(
+            "{prefix}-{}",
+            d["metadata"]["name"].as_str().expect("a name")
+        );
+        d["metadata"]["name"] = json!(name);
+    }
+    docs
+}
+
+/// Changes a pod spec the way a podman test must (the host's network, the image, the
+/// plugins' host directory, prefixed names for the ConfigMaps, Secrets and `emptyDir`s, no
+/// `ports`); returns the application container's name.
+fn adapt_pod(pod: &mut Value, prefix: &str, plugins: &Path) -> String {
+    let p = |n: &Value| format!("{prefix}-{}", n.as_str().expect("a name"));
     pod["hostNetwork"] = json!(true);
     pod["dnsPolicy"] = json!("ClusterFirstWithHostNet");
     for v in pod["volumes"].as_array_mut().expect("volumes") {
@@ -177,16 +379,23 @@ pub fn render(prefix: &str, manifest: &str, trusted: &str, plugins: &Path) -> Re
             }
         }
     }
-    let (secrets, docs) = docs.into_iter().partition(|d| d["kind"] == "Secret");
-    Rendered {
-        prefix: prefix.to_owned(),
-        docs,
-        secrets,
-        grace_seconds,
-        deployment,
-        replicas,
-        container,
-    }
+    container
+}
+
+/// The volumes podman makes for `pod` (a pod spec): one per ConfigMap, named after it, and
+/// one per `emptyDir`.
+fn pod_volumes(pod: &Value) -> Vec<String> {
+    pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| match v.get("configMap") {
+            // A ConfigMap becomes a volume named after it.
+            Some(cm) => cm["name"].as_str().map(str::to_owned),
+            None if v.get("emptyDir").is_some() => v["name"].as_str().map(str::to_owned),
+            None => None,
+        })
+        .collect()
 }
 
 /// A played set of resources; removed (pods, secrets, volumes) when dropped.
@@ -195,12 +404,16 @@ pub struct Played {
     prefix: String,
     secrets: Vec<String>,
     volumes: Vec<String>,
-    /// The Deployment's `terminationGracePeriodSeconds`.
+    /// The workload's `terminationGracePeriodSeconds`.
     pub grace_seconds: u64,
     /// Pod names, in replica order.
     pub pods: Vec<String>,
     /// Their application container's names.
     pub containers: Vec<String>,
+    container: String,
+    template: Option<Template>,
+    /// Replacements played so far.
+    replaced: usize,
 }
 
 impl Rendered {
@@ -227,49 +440,72 @@ impl Rendered {
             podman_ok(&["secret", "create", &name, &path.display().to_string()]);
             secrets.push(name);
         }
-        let volumes = self
-            .docs
-            .iter()
-            .filter(|d| d["kind"] == "Deployment")
-            .flat_map(|d| {
-                d["spec"]["template"]["spec"]["volumes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|v| match v.get("configMap") {
-                        // A ConfigMap becomes a volume named after it.
-                        Some(cm) => cm["name"].as_str().map(str::to_owned),
-                        None if v.get("emptyDir").is_some() => {
-                            v["name"].as_str().map(str::to_owned)
-                        }
-                        None => None,
-                    })
-                    .collect::<Vec<_>>()
-            });
+        let mut volumes: Vec<String> = Vec::new();
+        for d in &self.docs {
+            let pod = match d["kind"].as_str() {
+                Some("Deployment") => &d["spec"]["template"]["spec"],
+                Some("Pod") => &d["spec"],
+                _ => continue,
+            };
+            for v in pod_volumes(pod) {
+                if !volumes.contains(&v) {
+                    volumes.push(v);
+                }
+            }
+        }
         let played = Played {
             file: file.clone(),
             prefix: self.prefix.clone(),
             secrets,
-            volumes: volumes.collect(),
+            volumes,
             grace_seconds: self.grace_seconds,
-            pods: (0..self.replicas)
-                .map(|i| format!("{}-pod-{i}", self.deployment))
+            pods: self.pods.clone(),
+            containers: self
+                .pods
+                .iter()
+                .map(|p| format!("{p}-{}", self.container))
                 .collect(),
-            containers: (0..self.replicas)
-                .map(|i| format!("{}-pod-{i}-{}", self.deployment, self.container))
-                .collect(),
+            container: self.container.clone(),
+            template: self.template.clone(),
+            replaced: 0,
         };
         podman_ok(&["kube", "play", &file.display().to_string()]);
         played
     }
 }
 
+/// How [`Played::end`] makes a pod go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// SIGKILL: the host leaves nothing in order, as when a grace period runs out, a pod is
+    /// deleted by force or evicted without grace, or podman's `kube down` or `kube play
+    /// --replace` stops it. Its groups keep it as a member until their session timeout.
+    Killed,
+    /// SIGTERM and the grace period, as the kubelet stops a deleted pod: the host drains and
+    /// leaves its groups.
+    Drained,
+}
+
 impl Played {
     /// Stops `pod` as the kubelet does when a pod is deleted: SIGTERM, then SIGKILL after the
     /// Deployment's grace period. Returns the application container's exit code.
     pub fn stop(&self, replica: usize) -> i64 {
-        let grace = self.grace_seconds.to_string();
-        podman_ok(&["pod", "stop", "--time", &grace, &self.pods[replica]]);
+        self.end(replica, Ending::Drained)
+    }
+
+    /// Makes `replica`'s pod go as `ending` says; returns its application container's exit
+    /// code. The pod stays (its log can be read) until [`Played::replace`] or the end.
+    pub fn end(&self, replica: usize, ending: Ending) -> i64 {
+        match ending {
+            Ending::Drained => {
+                let grace = self.grace_seconds.to_string();
+                podman_ok(&["pod", "stop", "--time", &grace, &self.pods[replica]]);
+            }
+            Ending::Killed => {
+                podman_ok(&["kill", "--signal", "KILL", &self.containers[replica]]);
+                podman_ok(&["wait", &self.containers[replica]]);
+            }
+        }
         podman_ok(&[
             "inspect",
             "--format",
@@ -281,9 +517,65 @@ impl Played {
         .expect("an exit code")
     }
 
-    /// `podman kube down` on the played file (after [`Played::stop`], so every host drained).
+    /// What the workload's controller does once `replica`'s pod is gone ([`Played::end`]):
+    /// the old pod removed, and a new pod from the same template played in its place (under
+    /// the same name for a StatefulSet, a new one for a Deployment), with new, empty volumes
+    /// for its `emptyDir`s. Only for [`render_pods`]. Returns when the new container started.
+    pub fn replace(&mut self, replica: usize) -> SystemTime {
+        let template = self
+            .template
+            .clone()
+            .expect("a replaceable set of pods (render_pods)");
+        podman_ok(&["pod", "rm", "--force", &self.pods[replica]]);
+        self.replaced += 1;
+        let name = template.pod_name(replica, self.replaced);
+        let doc = template.pod(&name, &format!("-p{replica}-r{}", self.replaced));
+        for v in pod_volumes(&doc["spec"]) {
+            if !self.volumes.contains(&v) {
+                self.volumes.push(v);
+            }
+        }
+        let file = self
+            .file
+            .with_file_name(format!("replacement-{}.yaml", self.replaced));
+        let text: Vec<String> = template
+            .configmaps
+            .iter()
+            .chain([&doc])
+            .map(Value::to_string)
+            .collect();
+        std::fs::write(&file, text.join("\n---\n")).expect("write the replacement");
+        podman_ok(&["kube", "play", &file.display().to_string()]);
+        self.containers[replica] = format!("{name}-{}", self.container);
+        self.pods[replica] = name;
+        self.started_at(replica)
+    }
+
+    /// When `replica`'s application container started, as podman recorded it.
+    pub fn started_at(&self, replica: usize) -> SystemTime {
+        let nanos: u64 = podman_ok(&[
+            "inspect",
+            "--format",
+            "{{.State.StartedAt.UnixNano}}",
+            &self.containers[replica],
+        ])
+        .trim()
+        .parse()
+        .expect("a start time");
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)
+    }
+
+    /// `podman kube down` on the played file (after [`Played::stop`], so every host drained);
+    /// with pods played from a template, `podman pod rm` of each instead (the played file
+    /// no longer names every pod once one was replaced).
     pub fn down(&self) {
-        podman_ok(&["kube", "down", &self.file.display().to_string()]);
+        if self.template.is_some() {
+            let mut args = vec!["pod", "rm", "--force"];
+            args.extend(self.pods.iter().map(String::as_str));
+            podman_ok(&args);
+        } else {
+            podman_ok(&["kube", "down", &self.file.display().to_string()]);
+        }
     }
 
     /// Where podman keeps the volume the Deployment calls `name` (an `emptyDir`), on this

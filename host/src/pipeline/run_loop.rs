@@ -18,7 +18,7 @@ use super::plan::{Rules, plan};
 use crate::kafka::KafkaClient;
 use crate::kafka::records::Header;
 use crate::metrics::Metrics;
-use crate::persisted::{Claim, MemberIdentity};
+use crate::persisted::{MemberChoice, MemberIdentity, MemberName, MemberNameError};
 use crate::runtime::{Emit, Header as RuntimeHeader, Record, Verdict};
 use crate::share::consumer::{
     AcquireMode, RoundTrip, RoundTrips, ShareConsumer, ShareConsumerConfig, ShareRecord,
@@ -101,8 +101,12 @@ impl Pipeline {
         // `max_in_flight` holds unless a batch larger than any seen before arrives.
         cfg.acquire_mode = AcquireMode::Fitted;
         cfg.min_in_flight = spec.batch_size.saturating_mul(spec.concurrency);
-        // Held (locked) for as long as the pipeline runs: see `MemberIdentity`.
-        let identity = self.member_identity();
+        // Held (locked) for as long as the pipeline runs: see `MemberIdentity`. A name that
+        // cannot be used fails the run (retried): joining under a random id instead would
+        // quietly bring back the session-timeout wait the name is there to avoid.
+        let identity = self
+            .member_identity()
+            .map_err(|e| format!("pipeline {}: {e}", spec.name))?;
         cfg.member_id = identity.as_ref().map(|i| i.id().to_owned());
         cfg.observer = Some(Arc::new(RequestTimes {
             metrics: self.metrics.clone(),
@@ -515,27 +519,52 @@ impl Pipeline {
         }
     }
 
-    /// The member id this pipeline joined with before (beside its state file), claimed for
-    /// this process; `None` (join with a fresh id) without a state file, when another live
-    /// process holds it, or when the file cannot be used.
-    fn member_identity(&self) -> Option<MemberIdentity> {
-        let file = self.versions.state_file()?.with_extension("member");
-        match MemberIdentity::claim(&file, &fresh_member_id()) {
-            Ok(Claim::Claimed { identity, reused }) => {
-                if reused {
-                    tracing::info!(pipeline = %self.spec.name, member = identity.id(), "rejoining the group as the member this pipeline was before the restart");
+    /// The member id this pipeline joins with (`persisted::choose_member`): the one kept
+    /// beside its state file from an earlier run, claimed for this process; else the one
+    /// derived from the host's name (`SHAREHOST_MEMBER_NAME`), so that a replaced pod whose
+    /// state directory is new rejoins as the member it was; else a fresh one, kept for the next
+    /// restart. `None` (join with a fresh id, kept nowhere) when another live process holds it
+    /// or, without a name, when the state file cannot be used. An invalid name is an error.
+    fn member_identity(&self) -> Result<Option<MemberIdentity>, MemberNameError> {
+        let name = MemberName::from_env()?;
+        let spec = &self.spec;
+        let choice = crate::persisted::choose_member(
+            self.versions.state_file(),
+            name.as_ref(),
+            &spec.name,
+            &spec.group,
+            fresh_member_id,
+        );
+        let host = name.as_ref().map(MemberName::as_str);
+        match &choice {
+            MemberChoice::Kept { identity, reused } => {
+                if *reused {
+                    tracing::info!(pipeline = %spec.name, member = identity.id(), name = host, "rejoining the group as the member this pipeline was before the restart");
+                } else if let Some(host) = host {
+                    tracing::info!(pipeline = %spec.name, member = identity.id(), name = host, "joining the group as the member derived from this host's name");
                 }
-                Some(identity)
             }
-            Ok(Claim::Taken) => {
-                tracing::info!(pipeline = %self.spec.name, file = %file.display(), "another live process runs this pipeline with its kept member id: joining as a new member");
-                None
+            MemberChoice::Named { identity, unusable } => {
+                if let Some(e) = unusable {
+                    tracing::warn!(pipeline = %spec.name, "cannot keep the member id in the state directory: {e}");
+                }
+                tracing::info!(pipeline = %spec.name, member = identity.id(), name = host, "joining the group as the member derived from this host's name");
             }
-            Err(e) => {
-                tracing::warn!(pipeline = %self.spec.name, file = %file.display(), "cannot keep the member id across restarts: {e}");
-                None
+            MemberChoice::Taken { file } => {
+                if let Some(host) = host {
+                    tracing::warn!(pipeline = %spec.name, name = host, file = %file.display(), "another live process on this state directory runs this pipeline under the same name: joining as a new member (give every host a name of its own)");
+                } else {
+                    tracing::info!(pipeline = %spec.name, file = %file.display(), "another live process runs this pipeline with its kept member id: joining as a new member");
+                }
             }
+            MemberChoice::Fresh {
+                unusable: Some((file, e)),
+            } => {
+                tracing::warn!(pipeline = %spec.name, file = %file.display(), "cannot keep the member id across restarts: {e}");
+            }
+            MemberChoice::Fresh { unusable: None } => {}
         }
+        Ok(choice.into_identity())
     }
 
     /// Hands the next batch of `backlog` to a plugin instance, on a task of `running`.
