@@ -1,13 +1,13 @@
 //! Schema-encoded records against the real broker and a real schema registry (`dev/registry`,
-//! Apicurio Registry's Confluent-compatible API): records written by Confluent's own Avro
-//! serializer (dev/schema_records.py) are decoded by the host and judged by the fraud check as
-//! the JSON it reads anyway; its emits are encoded with the output's registered schema and read
-//! back by Confluent's own deserializer. A record naming a schema id the registry does not know
-//! and one whose payload does not decode are dead-lettered with their own bytes and a reason
-//! naming the id. A registry that cannot be reached holds the batch (the pipeline degraded),
-//! and nothing is lost when it answers again.
+//! Apicurio Registry's Confluent-compatible API): records written by Confluent's own Avro,
+//! Protobuf and JSON Schema serializers (dev/schema_records.py) are decoded by the host and
+//! judged by the fraud check as the JSON it reads anyway; its emits are encoded with the
+//! output's registered schema and read back by Confluent's own deserializers. A record naming a
+//! schema id the registry does not know and one whose payload does not decode are
+//! dead-lettered with their own bytes and a reason naming the id; an emit the output's schema
+//! refuses rejects its record. A registry that cannot be reached holds the batch (the pipeline
+//! degraded), and nothing is lost when it answers again.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -182,82 +182,221 @@ fn base64_of(record: &Value) -> Option<&str> {
     record["value"]["base64"].as_str()
 }
 
+/// The reason a dead letter carries.
+fn reason_of(record: &Value) -> String {
+    record["headers"]
+        .as_array()
+        .and_then(|h| h.iter().find(|h| h[0] == "sharehost.reason"))
+        .and_then(|h| h[1].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The fraud check on a topic in `format`, its `scored` output in the same format: the topics,
+/// the output's schema registered (as its consumers' team would), the orders encoded by
+/// Confluent's serializer, the manifest (its host reaching the registry at `host_registry`).
+struct Case {
+    registry: String,
+    token: String,
+    _service: tokio::runtime::Runtime,
+    topics: Topics,
+    dir: PathBuf,
+    manifest: PathBuf,
+    format: &'static str,
+    orders: Vec<Value>,
+    /// The encoded orders, as `sharehost produce` takes them.
+    lines: Vec<String>,
+}
+
+impl Case {
+    fn new(
+        format: &'static str,
+        input_schema: &str,
+        output_schema: &str,
+        n: usize,
+        host_registry: Option<&str>,
+    ) -> Case {
+        let registry = registry();
+        let token = unique("token");
+        let (service, score_url) = scoring_service(&token);
+        let base = unique(&format!("schemas-{format}"));
+        let topics = Topics {
+            input: format!("{base}-orders"),
+            scored: format!("{base}-scored"),
+            dlq: format!("{base}-dlq"),
+        };
+        let dir = std::env::temp_dir().join(&base);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let manifest = manifest(
+            &dir,
+            host_registry.unwrap_or(&registry),
+            &score_url,
+            &topics,
+            format,
+        );
+        schema_records(
+            &[
+                "register",
+                "--registry",
+                &registry,
+                "--format",
+                format,
+                "--schema",
+                &schema_file(output_schema),
+                "--topic",
+                &topics.scored,
+            ],
+            "",
+        );
+        let (orders, lines) = encoded_orders(&registry, &topics.input, n, format, input_schema);
+        Case {
+            registry,
+            token,
+            _service: service,
+            topics,
+            dir,
+            manifest,
+            format,
+            orders,
+            lines,
+        }
+    }
+
+    /// Writes the orders and `extra` records after them to the input file, creates the
+    /// topics and produces them; the input file.
+    fn produce(&self, extra: &[String]) -> PathBuf {
+        let input = self.dir.join("records.jsonl");
+        let all: Vec<&str> = self.lines.iter().chain(extra).map(String::as_str).collect();
+        std::fs::write(&input, all.join("\n") + "\n").expect("write the records");
+        let bin = sharehost_bin!();
+        let t = &self.topics;
+        run(
+            Command::new(bin)
+                .args(["create-topics", &t.input, &t.scored, &t.dlq])
+                .arg("--manifest")
+                .arg(&self.manifest),
+            "create-topics",
+        );
+        run(
+            Command::new(bin)
+                .args(["produce", &t.input, "--manifest"])
+                .arg(&self.manifest)
+                .arg("--input")
+                .arg(&input),
+            "produce",
+        );
+        input
+    }
+
+    /// Runs the host until every order and every one of `extra_keys` is in the output or the
+    /// dead-letter topic; `before` runs once the host started. The host's log.
+    fn run(
+        &self,
+        extra_keys: &[&str],
+        before: impl FnOnce(&HostProcess, &Follower, &Follower),
+    ) -> Vec<String> {
+        let bin = sharehost_bin!();
+        let watch = Watch::default();
+        let out = Follower::start(bin, &self.manifest, &self.topics.scored, &watch);
+        let dead = Follower::start(bin, &self.manifest, &self.topics.dlq, &watch);
+        let host = HostProcess::start_watched_with_env(
+            bin,
+            &self.manifest,
+            &format!("schemas-{}", self.format),
+            &watch,
+            &[("SCORING_TOKEN", &self.token)],
+        );
+        before(&host, &out, &dead);
+        let mut want: Vec<&str> = self
+            .orders
+            .iter()
+            .filter_map(|o| o["id"].as_str())
+            .collect();
+        want.extend(extra_keys);
+        watch.wait_until("every order scored or dead-lettered", || {
+            assert!(!host.seen().ended, "the host ended");
+            let mut done = out.keys();
+            done.extend(dead.keys());
+            want.iter().all(|k| done.contains(*k))
+        });
+        let (_, _, log) = host.stop_with_log();
+        log
+    }
+
+    /// The output as Confluent's deserializer reads it (`args` added to its command).
+    fn decoded_output(&self, args: &[&str]) -> Vec<Value> {
+        let scored = consume_all(sharehost_bin!(), &self.manifest, &self.topics.scored);
+        let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
+        let mut all = vec![
+            "decode",
+            "--registry",
+            &self.registry,
+            "--format",
+            self.format,
+        ];
+        all.extend(args);
+        schema_records(&all, &consumed)
+            .iter()
+            .map(|l| serde_json::from_str(l).expect("JSON"))
+            .collect()
+    }
+
+    /// The dead-letter topic, read to its end.
+    fn dead_letters(&self) -> Vec<Value> {
+        consume_all(sharehost_bin!(), &self.manifest, &self.topics.dlq)
+    }
+
+    /// The order `id` with the score the service gives it, as the output should hold it.
+    fn scored(&self, id: &Value) -> Value {
+        let order = self
+            .orders
+            .iter()
+            .find(|o| &o["id"] == id)
+            .unwrap_or_else(|| panic!("an unknown order {id}"));
+        let mut want = order.clone();
+        want["score"] = json!(score(order));
+        want
+    }
+}
+
+/// The scoring service's score of an order.
+fn score(order: &Value) -> i64 {
+    (order["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64
+}
+
 #[test]
 fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_dead_lettered() {
-    let registry = registry();
-    let token = unique("token");
-    let (_service, score_url) = scoring_service(&token);
-    let base = unique("avro");
-    let topics = Topics {
-        input: format!("{base}-orders"),
-        scored: format!("{base}-scored"),
-        dlq: format!("{base}-dlq"),
-    };
-    let dir = std::env::temp_dir().join(&base);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &registry, &score_url, &topics, "avro");
-    // The output's schema, registered as its producers' team would.
-    schema_records(
-        &[
-            "register",
-            "--registry",
-            &registry,
-            "--format",
-            "avro",
-            "--schema",
-            &schema_file("scored-order.avsc"),
-            "--topic",
-            &topics.scored,
-        ],
-        "",
-    );
-    let (orders, mut lines) = encoded_orders(&registry, &topics.input, 20, "avro", "order.avsc");
+    use base64::Engine as _;
+    let case = Case::new("avro", "order.avsc", "scored-order.avsc", 20, None);
     // A record naming a schema id nobody registered, and one with a real id whose payload is
     // not the Order it says it is.
     let real_id = {
-        let first: Value = serde_json::from_str(&lines[0]).expect("a record");
-        use base64::Engine as _;
+        let first: Value = serde_json::from_str(&case.lines[0]).expect("a record");
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(base64_of(&first).expect("base64"))
             .expect("base64");
         u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]])
     };
-    use base64::Engine as _;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let unknown: Vec<u8> = [&[0u8, 0x7f, 0xff, 0xff, 0xf0][..], &[2, b'x']].concat();
     let garbled: Vec<u8> = [&[0u8][..], &real_id.to_be_bytes(), &[0xff; 12]].concat();
-    lines.push(json!({"key": "unknown-id", "value": {"base64": b64(&unknown)}}).to_string());
-    lines.push(json!({"key": "garbled", "value": {"base64": b64(&garbled)}}).to_string());
-    let input = dir.join("records.jsonl");
-    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
-    let bin = sharehost_bin!();
-    run(
-        Command::new(bin)
-            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
-            .arg("--manifest")
-            .arg(&manifest),
-        "create-topics",
-    );
-    run(
-        Command::new(bin)
-            .args(["produce", &topics.input, "--manifest"])
-            .arg(&manifest)
-            .arg("--input")
-            .arg(&input),
-        "produce",
-    );
+    let input = case.produce(&[
+        json!({"key": "unknown-id", "value": {"base64": b64(&unknown)}}).to_string(),
+        json!({"key": "garbled", "value": {"base64": b64(&garbled)}}).to_string(),
+    ]);
+    let orders = &case.orders;
 
     // Offline first, as an author would: test-plugin with the pipeline's manifest decodes
     // through the same registry and shows the two records that do not decode rejected, in
     // their places.
-    let offline = Command::new(bin)
+    let offline = Command::new(sharehost_bin!())
         .arg("test-plugin")
         .arg(guest("fraud_check"))
         .arg("--input")
         .arg(&input)
         .arg("--manifest")
-        .arg(&manifest)
-        .env("SCORING_TOKEN", &token)
+        .arg(&case.manifest)
+        .env("SCORING_TOKEN", &case.token)
         .output()
         .expect("run test-plugin");
     assert!(
@@ -295,91 +434,43 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
         "{verdicts:?}"
     );
 
-    let watch = Watch::default();
-    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
-    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
-    let host = HostProcess::start_watched_with_env(
-        bin,
-        &manifest,
-        "schemas-avro",
-        &watch,
-        &[("SCORING_TOKEN", &token)],
-    );
-    let scoring_max = 80.0;
-    let expect_scored = orders
-        .iter()
-        .filter(|o| (o["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() <= scoring_max)
-        .count();
-    let expect_dead = orders.len() - expect_scored + 2;
-    watch.wait_until("every order scored or dead-lettered", || {
-        assert!(!host.seen().ended, "the host ended");
-        out.records().len() >= expect_scored && dead.records().len() >= expect_dead
-    });
-    let (_, _, log) = host.stop_with_log();
-    drop((out, dead));
+    let log = case.run(&["unknown-id", "garbled"], |_, _, _| {});
 
     // What the host wrote to the output, read by Confluent's Avro deserializer.
-    let scored = consume_all(bin, &manifest, &topics.scored);
-    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
-    let decoded: Vec<Value> = schema_records(
-        &[
-            "decode",
-            "--registry",
-            &registry,
-            "--format",
-            "avro",
-            "--with-schema-id",
-        ],
-        &consumed,
-    )
-    .iter()
-    .map(|l| serde_json::from_str(l).expect("JSON"))
-    .collect();
-    assert_eq!(decoded.len(), expect_scored, "{decoded:#?}");
-    let by_id: BTreeMap<&str, &Value> = orders
-        .iter()
-        .map(|o| (o["id"].as_str().unwrap_or(""), o))
-        .collect();
+    let decoded = case.decoded_output(&["--with-schema-id"]);
+    assert_eq!(decoded.len(), orders.len(), "{decoded:#?}");
     for d in &decoded {
         let v = &d["value"];
-        let order = by_id[v["id"].as_str().expect("an id")];
-        let mut want = (*order).clone();
-        want["score"] = json!((order["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64);
-        assert_eq!(v, &want, "the order and its score, as Avro");
+        assert_eq!(
+            v,
+            &case.scored(&v["id"]),
+            "the order and its score, as Avro"
+        );
     }
 
-    // The dead letters: the plugin's rejects (scores over the maximum), and the two records
-    // the host could not decode, with their own bytes and the reason naming the id.
-    let dlq = consume_all(bin, &manifest, &topics.dlq);
-    let reason = |key: &str| -> (Option<String>, Option<String>) {
+    // The two records the host could not decode, with their own bytes and the reason naming
+    // the id.
+    let dlq = case.dead_letters();
+    let letter = |key: &str| -> (String, Option<String>) {
         let r = dlq
             .iter()
             .find(|r| r["key"] == key)
             .unwrap_or_else(|| panic!("{key} not dead-lettered: {dlq:#?}"));
-        let reason = r["headers"].as_array().and_then(|h| {
-            h.iter()
-                .find(|h| h[0] == "sharehost.reason")
-                .and_then(|h| h[1].as_str().map(str::to_owned))
-        });
-        (reason, base64_of(r).map(str::to_owned))
+        (reason_of(r), base64_of(r).map(str::to_owned))
     };
-    let (why, bytes) = reason("unknown-id");
+    let (why, bytes) = letter("unknown-id");
     assert_eq!(
         bytes.as_deref(),
         Some(b64(&unknown).as_str()),
         "its own bytes"
     );
-    assert_eq!(
-        why.as_deref(),
-        Some("value: schema id 2147483632 is not in the registry")
-    );
-    let (why, bytes) = reason("garbled");
+    assert_eq!(why, "value: schema id 2147483632 is not in the registry");
+    let (why, bytes) = letter("garbled");
     assert_eq!(
         bytes.as_deref(),
         Some(b64(&garbled).as_str()),
         "its own bytes"
     );
-    let why = why.expect("a reason");
     assert!(
         why.starts_with(&format!(
             "value: schema id {real_id}: the payload does not decode as Avro"
@@ -433,84 +524,32 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
         .map(|(_, p)| p)
         .unwrap_or("");
     let through = format!("http://127.0.0.1:{port}/{path}");
-    let token = unique("token");
-    let (_service, score_url) = scoring_service(&token);
-    let base = unique("avro-outage");
-    let topics = Topics {
-        input: format!("{base}-orders"),
-        scored: format!("{base}-scored"),
-        dlq: format!("{base}-dlq"),
-    };
-    let dir = std::env::temp_dir().join(&base);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &through, &score_url, &topics, "avro");
-    schema_records(
-        &[
-            "register",
-            "--registry",
-            &registry,
-            "--format",
-            "avro",
-            "--schema",
-            &schema_file("scored-order.avsc"),
-            "--topic",
-            &topics.scored,
-        ],
-        "",
+    let case = Case::new(
+        "avro",
+        "order.avsc",
+        "scored-order.avsc",
+        10,
+        Some(&through),
     );
-    let (orders, lines) = encoded_orders(&registry, &topics.input, 10, "avro", "order.avsc");
-    let input = dir.join("records.jsonl");
-    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
-    let bin = sharehost_bin!();
-    run(
-        Command::new(bin)
-            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
-            .arg("--manifest")
-            .arg(&manifest),
-        "create-topics",
-    );
-    run(
-        Command::new(bin)
-            .args(["produce", &topics.input, "--manifest"])
-            .arg(&manifest)
-            .arg("--input")
-            .arg(&input),
-        "produce",
-    );
-    let watch = Watch::default();
-    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
-    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
-    let host = HostProcess::start_watched_with_env(
-        bin,
-        &manifest,
-        "schemas-outage",
-        &watch,
-        &[("SCORING_TOKEN", &token)],
-    );
-    host.wait_for_log("the batch waits for it, holding its records");
-    let state = host.status()[0]["state"].clone();
-    assert_eq!(state, "degraded", "{}", host.status());
-    assert!(out.records().is_empty() && dead.records().is_empty());
+    case.produce(&[]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    forward(&rt, port, registry_addr);
-    watch.wait_until("every order out once the registry answers", || {
-        assert!(!host.seen().ended, "the host ended");
-        let mut done = out.keys();
-        done.extend(dead.keys());
-        orders
-            .iter()
-            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
+    case.run(&[], |host, out, dead| {
+        host.wait_for_log("the batch waits for it, holding its records");
+        let state = host.status()[0]["state"].clone();
+        assert_eq!(state, "degraded", "{}", host.status());
+        assert!(out.records().is_empty() && dead.records().is_empty());
+        forward(&rt, port, registry_addr);
     });
-    host.stop_with_log();
-    drop((out, dead));
-    let mut seen = consume_all(bin, &manifest, &topics.scored);
-    seen.extend(consume_all(bin, &manifest, &topics.dlq));
+    let bin = sharehost_bin!();
+    let mut seen = consume_all(bin, &case.manifest, &case.topics.scored);
+    seen.extend(case.dead_letters());
     let mut keys: Vec<String> = seen
         .iter()
         .filter_map(|r| r["key"].as_str().map(str::to_owned))
         .collect();
     keys.sort();
-    let mut want: Vec<String> = orders
+    let mut want: Vec<String> = case
+        .orders
         .iter()
         .filter_map(|o| o["id"].as_str().map(str::to_owned))
         .collect();
@@ -520,108 +559,27 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
 
 #[test]
 fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_its_record() {
-    let registry = registry();
-    let token = unique("token");
-    let (_service, score_url) = scoring_service(&token);
-    let base = unique("jsonschema");
-    let topics = Topics {
-        input: format!("{base}-orders"),
-        scored: format!("{base}-scored"),
-        dlq: format!("{base}-dlq"),
-    };
-    let dir = std::env::temp_dir().join(&base);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &registry, &score_url, &topics, "json-schema");
     // The output's schema allows scores up to 50: the fraud check's higher ones do not fit.
-    schema_records(
-        &[
-            "register",
-            "--registry",
-            &registry,
-            "--format",
-            "json-schema",
-            "--schema",
-            &schema_file("scored-order.schema.json"),
-            "--topic",
-            &topics.scored,
-        ],
-        "",
-    );
-    let (orders, lines) = encoded_orders(
-        &registry,
-        &topics.input,
-        20,
+    let case = Case::new(
         "json-schema",
         "order.schema.json",
+        "scored-order.schema.json",
+        20,
+        None,
     );
-    let input = dir.join("records.jsonl");
-    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
-    let bin = sharehost_bin!();
-    run(
-        Command::new(bin)
-            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
-            .arg("--manifest")
-            .arg(&manifest),
-        "create-topics",
-    );
-    run(
-        Command::new(bin)
-            .args(["produce", &topics.input, "--manifest"])
-            .arg(&manifest)
-            .arg("--input")
-            .arg(&input),
-        "produce",
-    );
-    let score = |o: &Value| (o["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64;
-    let fits: Vec<&Value> = orders.iter().filter(|o| score(o) <= 50).collect();
-    assert!(fits.len() < orders.len() && !fits.is_empty(), "both kinds");
-    let watch = Watch::default();
-    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
-    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
-    let host = HostProcess::start_watched_with_env(
-        bin,
-        &manifest,
-        "schemas-json",
-        &watch,
-        &[("SCORING_TOKEN", &token)],
-    );
-    watch.wait_until("every order scored or dead-lettered", || {
-        assert!(!host.seen().ended, "the host ended");
-        let mut done = out.keys();
-        done.extend(dead.keys());
-        orders
-            .iter()
-            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
-    });
-    host.stop_with_log();
-    drop((out, dead));
-    let scored = consume_all(bin, &manifest, &topics.scored);
-    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
-    let decoded: Vec<Value> = schema_records(
-        &["decode", "--registry", &registry, "--format", "json-schema"],
-        &consumed,
-    )
-    .iter()
-    .map(|l| serde_json::from_str(l).expect("JSON"))
-    .collect();
-    assert_eq!(decoded.len(), fits.len(), "{decoded:#?}");
+    let fits = case.orders.iter().filter(|o| score(o) <= 50).count();
+    assert!(fits < case.orders.len() && fits > 0, "both kinds");
+    case.produce(&[]);
+    case.run(&[], |_, _, _| {});
+    let decoded = case.decoded_output(&[]);
+    assert_eq!(decoded.len(), fits, "{decoded:#?}");
     for d in &decoded {
-        let order = orders
-            .iter()
-            .find(|o| o["id"] == d["id"])
-            .expect("a known order");
-        let mut want = order.clone();
-        want["score"] = json!(score(order));
-        assert_eq!(d, &want);
+        assert_eq!(d, &case.scored(&d["id"]));
     }
-    let dlq = consume_all(bin, &manifest, &topics.dlq);
-    assert_eq!(dlq.len(), orders.len() - fits.len(), "{dlq:#?}");
+    let dlq = case.dead_letters();
+    assert_eq!(dlq.len(), case.orders.len() - fits, "{dlq:#?}");
     for r in &dlq {
-        let reason = r["headers"]
-            .as_array()
-            .and_then(|h| h.iter().find(|h| h[0] == "sharehost.reason"))
-            .and_then(|h| h[1].as_str())
-            .unwrap_or_default();
+        let reason = reason_of(r);
         assert!(
             reason.starts_with("output scored (schema id ")
                 && reason.contains("does not conform to the JSON Schema")
@@ -633,99 +591,19 @@ fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_
 
 #[test]
 fn protobuf_records_are_judged_as_json_and_emits_are_protobuf() {
-    let registry = registry();
-    let token = unique("token");
-    let (_service, score_url) = scoring_service(&token);
-    let base = unique("protobuf");
-    let topics = Topics {
-        input: format!("{base}-orders"),
-        scored: format!("{base}-scored"),
-        dlq: format!("{base}-dlq"),
-    };
-    let dir = std::env::temp_dir().join(&base);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let manifest = manifest(&dir, &registry, &score_url, &topics, "protobuf");
-    schema_records(
-        &[
-            "register",
-            "--registry",
-            &registry,
-            "--format",
-            "protobuf",
-            "--schema",
-            &schema_file("scored-order.proto"),
-            "--topic",
-            &topics.scored,
-        ],
-        "",
-    );
-    let (orders, lines) = encoded_orders(&registry, &topics.input, 12, "protobuf", "order.proto");
-    let input = dir.join("records.jsonl");
-    std::fs::write(&input, lines.join("\n") + "\n").expect("write the records");
-    let bin = sharehost_bin!();
-    run(
-        Command::new(bin)
-            .args(["create-topics", &topics.input, &topics.scored, &topics.dlq])
-            .arg("--manifest")
-            .arg(&manifest),
-        "create-topics",
-    );
-    run(
-        Command::new(bin)
-            .args(["produce", &topics.input, "--manifest"])
-            .arg(&manifest)
-            .arg("--input")
-            .arg(&input),
-        "produce",
-    );
-    let watch = Watch::default();
-    let out = Follower::start(bin, &manifest, &topics.scored, &watch);
-    let dead = Follower::start(bin, &manifest, &topics.dlq, &watch);
-    let host = HostProcess::start_watched_with_env(
-        bin,
-        &manifest,
-        "schemas-protobuf",
-        &watch,
-        &[("SCORING_TOKEN", &token)],
-    );
-    watch.wait_until("every order scored or dead-lettered", || {
-        assert!(!host.seen().ended, "the host ended");
-        let mut done = out.keys();
-        done.extend(dead.keys());
-        orders
-            .iter()
-            .all(|o| done.contains(o["id"].as_str().unwrap_or("")))
-    });
-    host.stop_with_log();
-    let dead_records = dead.records();
-    assert!(dead_records.is_empty(), "{dead_records:#?}");
-    drop((out, dead));
-    let scored = consume_all(bin, &manifest, &topics.scored);
-    let consumed: String = scored.iter().map(|r| format!("{r}\n")).collect();
-    let decoded: Vec<Value> = schema_records(
-        &[
-            "decode",
-            "--registry",
-            &registry,
-            "--format",
-            "protobuf",
-            "--schema",
-            &schema_file("scored-order.proto"),
-        ],
-        &consumed,
-    )
-    .iter()
-    .map(|l| serde_json::from_str(l).expect("JSON"))
-    .collect();
-    assert_eq!(decoded.len(), orders.len(), "{decoded:#?}");
+    let case = Case::new("protobuf", "order.proto", "scored-order.proto", 12, None);
+    case.produce(&[]);
+    case.run(&[], |_, _, _| {});
+    assert!(case.dead_letters().is_empty());
+    let schema = schema_file("scored-order.proto");
+    let decoded = case.decoded_output(&["--schema", &schema]);
+    assert_eq!(decoded.len(), case.orders.len(), "{decoded:#?}");
     for d in &decoded {
-        let order = orders
-            .iter()
-            .find(|o| o["id"] == d["id"])
-            .expect("a known order");
-        let score = (order["amount"].as_f64().unwrap_or(0.0) / 10.0).floor() as i64;
-        assert_eq!(d["score"].as_i64(), Some(score), "{d}");
-        assert_eq!(d["amount"], order["amount"], "{d}");
-        assert_eq!(d["customer"], order["customer"], "{d}");
+        let want = case.scored(&d["id"]);
+        // Confluent's deserializer leaves out proto3's zero values: the fields that are never
+        // zero here are compared.
+        for field in ["id", "amount", "customer", "score"] {
+            assert_eq!(d[field], want[field], "{field}: {d}");
+        }
     }
 }

@@ -15,6 +15,8 @@
 //! - [`api`]: the admin API's routes and bodies, written once; [`admin`]: the server (metrics,
 //!   health, swap, rollout); `sharehost ctl` (in the binary's `cli`): its client.
 //! - [`dlq`]: reading and replaying dead letters; [`provenance`]: the header names written.
+//! - [`schema`]: records in the schema registry's wire format, decoded for plugins, emits
+//!   encoded; [`telemetry`]: OpenTelemetry traces of batches and records.
 //! - [`metrics`]: the registry passed down to everything that counts; [`host_threads`]: the
 //!   runtime the host's own work runs on.
 
