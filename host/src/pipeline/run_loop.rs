@@ -749,9 +749,10 @@ impl Pipeline {
         Some((j.version.hash.clone(), verdicts, emits))
     }
 
-    /// Encodes each emit to an output with a schema; a record whose emit does not conform is
-    /// rejected with the reason (its emits dropped). Waits while the registry cannot be
-    /// reached; `false` when the pipeline stopped meanwhile.
+    /// Encodes each emit of an accepted record to an output with a schema (the others' emits
+    /// are never produced); a record whose emit does not conform is rejected with the reason
+    /// (its emits dropped). Waits while the registry cannot be reached; `false` when the
+    /// pipeline stopped meanwhile.
     async fn encode_emits(
         &self,
         ctx: &BatchContext,
@@ -762,7 +763,8 @@ impl Pipeline {
         let mut refused: Vec<(usize, String)> = Vec::new();
         let mut wait = RegistryWait::new(self);
         for e in emits.iter_mut() {
-            if refused.iter().any(|(r, _)| *r == e.record) {
+            let accepted = matches!(verdicts.get(e.record), Some(Verdict::Accept));
+            if !accepted || refused.iter().any(|(r, _)| *r == e.record) {
                 continue;
             }
             let answer = loop {
