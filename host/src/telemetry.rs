@@ -213,6 +213,11 @@ impl Traced {
         self.cx.span().set_attribute(KeyValue::new(key, value));
     }
 
+    /// Whether the span is sampled (recorded and exported).
+    pub fn sampled(&self) -> bool {
+        self.cx.span().span_context().is_sampled()
+    }
+
     /// Ends the span now.
     pub fn end(self) {
         self.cx.span().end();

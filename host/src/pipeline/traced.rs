@@ -6,11 +6,13 @@ use crate::runtime::{Emit, EmitHeader, Verdict};
 use crate::share::consumer::ShareRecord;
 use crate::telemetry::{TRACEPARENT, Telemetry, Traced};
 
-/// The spans of one batch, ended together once the batch is acted on (or dropped).
+/// The spans of one batch, ended together once the batch is acted on (or dropped). A record
+/// without a producer's context in a batch nobody samples gets no span: it would record
+/// nothing, and starting one per record was most of what tracing cost when nothing is kept.
 pub(super) struct BatchTrace {
     telemetry: &'static Telemetry,
     batch: Traced,
-    records: Vec<Traced>,
+    records: Vec<Option<Traced>>,
 }
 
 impl BatchTrace {
@@ -32,17 +34,20 @@ impl BatchTrace {
             })
             .collect();
         let span = telemetry.batch(pipeline, batch.len(), &parents);
+        let sampled = span.sampled();
         let records = batch
             .iter()
             .zip(&parents)
             .map(|(r, parent)| {
-                telemetry.record(
-                    &span,
-                    parent.as_ref(),
-                    &r.topic,
-                    r.partition.partition,
-                    r.record.offset,
-                )
+                (sampled || parent.is_some()).then(|| {
+                    telemetry.record(
+                        &span,
+                        parent.as_ref(),
+                        &r.topic,
+                        r.partition.partition,
+                        r.record.offset,
+                    )
+                })
             })
             .collect();
         BatchTrace {
@@ -61,6 +66,7 @@ impl BatchTrace {
     /// Notes each record's verdict (and reason) on its span.
     pub(super) fn judged(&self, verdicts: &[Verdict]) {
         for (span, v) in self.records.iter().zip(verdicts) {
+            let Some(span) = span else { continue };
             span.set("sharehost.verdict", v.kind());
             if let Verdict::Reject(Some(reason)) = v {
                 span.set("sharehost.reason", reason.clone());
@@ -75,6 +81,7 @@ impl BatchTrace {
             let Some(value) = self
                 .records
                 .get(e.record)
+                .and_then(Option::as_ref)
                 .and_then(|span| self.telemetry.traceparent(span))
             else {
                 continue;
@@ -90,7 +97,7 @@ impl BatchTrace {
 
     /// Ends every span of the batch.
     pub(super) fn end(self) {
-        for span in self.records {
+        for span in self.records.into_iter().flatten() {
             span.end();
         }
         self.batch.end();
