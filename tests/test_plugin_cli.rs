@@ -656,3 +656,219 @@ fn a_component_tested_without_a_manifest_is_found_compiled_by_a_manifest_with_an
     assert_eq!(entries, 1, "one compiled entry for both");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[path = "../host/examples/pricing_service.rs"]
+#[allow(dead_code)]
+mod pricing_service;
+
+/// A manifest's pipeline for the fraud check on topic `orders`, its values and its `scored`
+/// output in `format`, naming a registry nobody answers at: a run that asked it would fail.
+fn schema_manifest(dir: &std::path::Path, score_url: &str, format: &str) -> PathBuf {
+    let manifest = dir.join("manifest.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"[cluster]
+bootstrap = "127.0.0.1:9"
+
+[[pipeline]]
+name = "fraud-check"
+topics = ["orders"]
+group = "g"
+component = "{component}"
+config = {{ score-url = "{score_url}/score" }}
+allowed_outbound_hosts = ["{score_url}"]
+[pipeline.outputs]
+scored = "orders-scored"
+[pipeline.secrets]
+scoring-token = {{ env = "SCORING_TOKEN" }}
+[pipeline.schema]
+registry = "http://127.0.0.1:9/apis/ccompat/v7"
+value = "{format}"
+[pipeline.schema.outputs]
+scored = "{format}"
+"#,
+            component = guest("fraud_check").display(),
+        ),
+    )
+    .expect("write manifest");
+    manifest
+}
+
+#[test]
+fn schema_files_stand_in_for_the_registry_and_records_written_as_json_are_encoded_first() {
+    use base64::Engine as _;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let app = pricing_service::app(pricing_service::Args {
+        token: Some("tok-schema".to_owned()),
+        ..Default::default()
+    });
+    let score_url = format!(
+        "http://{}",
+        rt.block_on(sharehost_tests::serve_on_loopback(app))
+    );
+    let dir = std::env::temp_dir().join(format!(
+        "sharehost-test-plugin-schema-files-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fixtures = sharehost_tests::repo_root().join("tests/fixtures/schemas");
+    let order = |id: &str, amount: f64, quantity: serde_json::Value| {
+        serde_json::json!({
+            "topic": "orders",
+            "key": id,
+            "value": serde_json::json!({"id": id, "amount": amount, "customer": "ann", "quantity": quantity}).to_string(),
+        })
+        .to_string()
+    };
+    // Framed by hand with an id no file has: what a captured record of another schema is.
+    let unknown = base64::engine::general_purpose::STANDARD.encode([0u8, 0, 0, 0, 99, 2, b'x']);
+    let file = input(
+        "schema-files",
+        &[
+            order("o-1", 125.0, 1.into()),
+            order("o-2", 900.0, 3.into()),
+            serde_json::json!({"topic": "orders", "key": "x", "value": {"base64": unknown}})
+                .to_string(),
+        ]
+        .join("\n"),
+    );
+    let test_plugin = |manifest: &std::path::Path, input: &std::path::Path, files: &[PathBuf]| {
+        let mut cmd = Command::new(sharehost_tests::sharehost_bin!());
+        cmd.arg("test-plugin")
+            .arg(guest("fraud_check"))
+            .arg("--input")
+            .arg(input)
+            .arg("--manifest")
+            .arg(manifest)
+            .env("SHAREHOST_LOG", "off")
+            .env("SCORING_TOKEN", "tok-schema");
+        for (subject, f) in ["orders-value", "orders-scored-value"].iter().zip(files) {
+            cmd.arg("--schema-file")
+                .arg(format!("{subject}={}", f.display()));
+        }
+        let out = cmd.output().expect("run test-plugin");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    for (format, input_schema, output_schema) in [
+        ("avro", "order.avsc", "scored-order.avsc"),
+        ("protobuf", "order.proto", "scored-order.proto"),
+    ] {
+        let manifest = schema_manifest(&dir, &score_url, format);
+        let files = [fixtures.join(input_schema), fixtures.join(output_schema)];
+        let (ok, stdout, stderr) = test_plugin(&manifest, &file, &files);
+        assert!(ok, "{format}: {stderr}");
+        let lines = json_lines(&stdout);
+        assert_eq!(lines[0]["verdict"], "accept", "{format}: {stdout}");
+        let emitted: serde_json::Value = serde_json::from_str(
+            lines[0]["emits"][0]["value"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{format}: an emit: {stdout}")),
+        )
+        .expect("the emit is JSON");
+        assert_eq!(
+            (emitted["id"].as_str(), emitted["score"].as_i64()),
+            (Some("o-1"), Some(12)),
+            "{format}: the plugin read the decoded order: {stdout}"
+        );
+        assert_eq!(lines[1]["verdict"], "reject", "{format}: {stdout}");
+        assert_eq!(lines[1]["reason"], "score 90 > 80", "{format}: {stdout}");
+        assert_eq!(
+            lines[2]["reason"], "value: schema id 99 is not in the schema files",
+            "{format}: {stdout}"
+        );
+    }
+
+    // The output's schema from a file refuses an emit that does not fit it: the score a string.
+    let strict = dir.join("scored-strict.avsc");
+    std::fs::write(
+        &strict,
+        std::fs::read_to_string(fixtures.join("scored-order.avsc"))
+            .expect("read")
+            .replace(
+                r#""name": "score", "type": "long""#,
+                r#""name": "score", "type": "string""#,
+            ),
+    )
+    .expect("write");
+    let manifest = schema_manifest(&dir, &score_url, "avro");
+    let (ok, stdout, stderr) =
+        test_plugin(&manifest, &file, &[fixtures.join("order.avsc"), strict]);
+    assert!(ok, "{stderr}");
+    let reason = json_lines(&stdout)[0]["reason"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        reason.starts_with(
+            "output scored (schema id 2): the emit does not conform to the Avro schema"
+        ),
+        "{stdout}"
+    );
+
+    // A record written as JSON that its schema cannot encode is the input's mistake: named.
+    let bad = input("schema-files-bad", &order("o-3", 1.0, 2.5.into()));
+    let (ok, _, stderr) = test_plugin(
+        &manifest,
+        &bad,
+        &[
+            fixtures.join("order.avsc"),
+            fixtures.join("scored-order.avsc"),
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("record 1 (topic orders, offset 0): value as subject orders-value (schema id 1): it does not conform to the Avro schema"),
+        "{stderr}"
+    );
+
+    // Schema files that cannot stand in for the registry are refused naming the file.
+    let no_type = dir.join("order.txt");
+    std::fs::write(&no_type, "{}").expect("write");
+    let broken = dir.join("broken.avsc");
+    std::fs::write(
+        &broken,
+        r#"{"type": "record", "name": "X", "fields": [{"name": "a"}]}"#,
+    )
+    .expect("write");
+    for (files, expected) in [
+        (
+            vec![no_type.clone()],
+            "order.txt: the type is told by the extension",
+        ),
+        (
+            vec![broken.clone()],
+            "broken.avsc: its Avro schema does not parse",
+        ),
+        (vec![dir.join("missing.avsc")], "missing.avsc: "),
+    ] {
+        let (ok, _, stderr) = test_plugin(&manifest, &file, &files);
+        assert!(!ok, "{files:?}");
+        assert!(stderr.contains(expected), "{files:?}: {stderr}");
+    }
+    for arg in ["orders-value", "=x.avsc", "orders-value@x=x.avsc"] {
+        let out = Command::new(sharehost_tests::sharehost_bin!())
+            .args([
+                "test-plugin",
+                "c.wasm",
+                "--input",
+                "i.jsonl",
+                "--manifest",
+                "m.toml",
+            ])
+            .args(["--schema-file", arg])
+            .output()
+            .expect("run");
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--schema-file"),
+            "{arg}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -137,6 +137,9 @@ pub enum SchemaSetupError {
     /// The TLS roots could not be read.
     #[error("registry TLS: {0}")]
     Tls(String),
+    /// A schema file (in place of the registry) cannot be used: names the file.
+    #[error("schema file {0}")]
+    File(String),
 }
 
 /// A schema, parsed once.
@@ -183,7 +186,16 @@ struct SchemaAnswer {
 /// the host already carries hyper and rustls; a general HTTP client would bring a second TLS
 /// stack for four GET requests.
 pub struct Registry {
+    /// The registry's base URL, or what stands in for it (the schema files).
     url: String,
+    /// Where schemas are asked for; `None` when they were all read from files up front.
+    endpoint: Option<Endpoint>,
+    by_id: Mutex<Kept>,
+    latest: Mutex<HashMap<String, (u32, Arc<Parsed>)>>,
+}
+
+/// Where the registry answers, and how the host signs in.
+struct Endpoint {
     https: bool,
     authority: String,
     host: String,
@@ -191,8 +203,43 @@ pub struct Registry {
     prefix: String,
     auth: Option<String>,
     tls: Option<tokio_rustls::TlsConnector>,
-    by_id: Mutex<Kept>,
-    latest: Mutex<HashMap<String, (u32, Arc<Parsed>)>>,
+}
+
+/// A schema read from a file in place of the registry, so that `test-plugin` runs offline:
+/// `SUBJECT[@ID]=FILE`, its type told by the file's extension (`.avsc`, `.proto`, `.json`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemaFile {
+    /// The subject it is the latest schema of, e.g. `orders-value`.
+    pub subject: String,
+    /// The id records framed with it carry (numbered from 1 in the order given otherwise).
+    pub id: Option<u32>,
+    /// The file.
+    pub path: std::path::PathBuf,
+}
+
+impl std::str::FromStr for SchemaFile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SchemaFile, String> {
+        let (name, path) = s
+            .split_once('=')
+            .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+            .ok_or_else(|| format!("{s:?}: expected SUBJECT=FILE or SUBJECT@ID=FILE"))?;
+        let (subject, id) = match name.rsplit_once('@') {
+            Some((subject, id)) => (
+                subject,
+                Some(id.parse::<u32>().map_err(|_| {
+                    format!("{s:?}: the id {id:?} is not a number from 0 to 4294967295")
+                })?),
+            ),
+            None => (name, None),
+        };
+        Ok(SchemaFile {
+            subject: subject.to_owned(),
+            id,
+            path: path.into(),
+        })
+    }
 }
 
 /// Schemas by id, the oldest forgotten past [`MAX_SCHEMAS`].
@@ -217,7 +264,9 @@ impl Kept {
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registry").field("url", &self.url).finish()
+        f.debug_struct("Registry")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
     }
 }
 
@@ -415,16 +464,94 @@ impl Registry {
         });
         Ok(Registry {
             url: url.to_owned(),
-            https,
-            authority,
-            host,
-            port,
-            prefix,
-            auth,
-            tls,
+            endpoint: Some(Endpoint {
+                https,
+                authority,
+                host,
+                port,
+                prefix,
+                auth,
+                tls,
+            }),
             by_id: Mutex::default(),
             latest: Mutex::default(),
         })
+    }
+
+    /// A registry of the schemas in `files`, read and compiled now: each is its subject's
+    /// latest schema and answers for its id; nothing else is known and nothing is fetched.
+    pub fn from_files(files: &[SchemaFile]) -> Result<Registry, SchemaSetupError> {
+        let mut by_id = Kept::default();
+        let mut latest = HashMap::new();
+        let mut next = 1u32;
+        for file in files {
+            let shown = file.path.display();
+            let schema_type = match file.path.extension().and_then(|e| e.to_str()) {
+                Some("avsc") => "AVRO",
+                Some("proto") => "PROTOBUF",
+                Some("json") => "JSON",
+                _ => {
+                    return Err(SchemaSetupError::File(format!(
+                        "{shown}: the type is told by the extension: .avsc (Avro), .proto (Protobuf) or .json (JSON Schema)"
+                    )));
+                }
+            };
+            let too_big = || {
+                SchemaSetupError::File(format!(
+                    "{shown}: larger than {} MiB, more than any schema",
+                    MAX_ANSWER_BYTES >> 20
+                ))
+            };
+            let size = std::fs::metadata(&file.path)
+                .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?
+                .len();
+            if size > MAX_ANSWER_BYTES as u64 {
+                return Err(too_big());
+            }
+            let text = std::fs::read_to_string(&file.path)
+                .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?;
+            if text.len() > MAX_ANSWER_BYTES {
+                return Err(too_big());
+            }
+            let parsed = parse_schema(&SchemaAnswer {
+                schema: text,
+                schema_type: Some(schema_type.to_owned()),
+                id: None,
+            });
+            if let Parsed::Refused(why) = &parsed {
+                return Err(SchemaSetupError::File(format!("{shown}: {why}")));
+            }
+            let id = file.id.unwrap_or(next);
+            if by_id.map.contains_key(&id) {
+                return Err(SchemaSetupError::File(format!(
+                    "{shown}: schema id {id} is another file's"
+                )));
+            }
+            next = next.max(id.saturating_add(1));
+            let parsed = Arc::new(parsed);
+            by_id.put(id, Some(parsed.clone()));
+            if latest.insert(file.subject.clone(), (id, parsed)).is_some() {
+                return Err(SchemaSetupError::File(format!(
+                    "{shown}: subject {} has a file already",
+                    file.subject
+                )));
+            }
+        }
+        Ok(Registry {
+            url: "the schema files".into(),
+            endpoint: None,
+            by_id: Mutex::new(by_id),
+            latest: Mutex::new(latest),
+        })
+    }
+
+    /// Where schemas come from, for reasons: "the registry" or "the schema files".
+    fn source(&self) -> &'static str {
+        if self.endpoint.is_some() {
+            "the registry"
+        } else {
+            "the schema files"
+        }
     }
 
     fn unreachable(&self, reason: impl Into<String>) -> Unreachable {
@@ -436,12 +563,15 @@ impl Registry {
 
     /// GETs `path` under the base; the status and the body (bounded).
     async fn get(&self, path: &str) -> Result<(http::StatusCode, Bytes), Unreachable> {
+        let Some(ep) = &self.endpoint else {
+            return Err(self.unreachable("no registry: the schemas are files"));
+        };
         let exchange = async {
-            let stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
+            let stream = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port))
                 .await
                 .map_err(|e| self.unreachable(format!("connect: {e}")))?;
-            let request = http::Request::get(format!("{}{path}", self.prefix))
-                .header(http::header::HOST, &self.authority)
+            let request = http::Request::get(format!("{}{path}", ep.prefix))
+                .header(http::header::HOST, &ep.authority)
                 .header(
                     http::header::ACCEPT,
                     "application/vnd.schemaregistry.v1+json, application/json",
@@ -450,15 +580,15 @@ impl Registry {
                     http::header::USER_AGENT,
                     concat!("sharehost/", env!("CARGO_PKG_VERSION")),
                 );
-            let request = match &self.auth {
+            let request = match &ep.auth {
                 Some(a) => request.header(http::header::AUTHORIZATION, a),
                 None => request,
             }
             .body(Empty::<Bytes>::new())
             .map_err(|e| self.unreachable(format!("request: {e}")))?;
-            let response = match (&self.tls, self.https) {
+            let response = match (&ep.tls, ep.https) {
                 (Some(tls), true) => {
-                    let name = rustls_pki_types::ServerName::try_from(self.host.clone())
+                    let name = rustls_pki_types::ServerName::try_from(ep.host.clone())
                         .map_err(|e| self.unreachable(format!("server name: {e}")))?;
                     let stream = tls
                         .connect(name, stream)
@@ -489,6 +619,9 @@ impl Registry {
         if let Some(kept) = self.by_id.lock().map.get(&id) {
             return Ok(kept.clone());
         }
+        if self.endpoint.is_none() {
+            return Ok(None);
+        }
         let (status, body) = self.get(&format!("/schemas/ids/{id}")).await?;
         let parsed = match status.as_u16() {
             200 => {
@@ -514,6 +647,9 @@ impl Registry {
     async fn latest(&self, subject: &str) -> Result<Option<(u32, Arc<Parsed>)>, Unreachable> {
         if let Some(kept) = self.latest.lock().get(subject) {
             return Ok(Some(kept.clone()));
+        }
+        if self.endpoint.is_none() {
+            return Ok(None);
         }
         let encoded: String = subject
             .bytes()
@@ -608,10 +744,33 @@ impl Schemas {
         auth: Option<RegistryAuth>,
         outputs: &BTreeMap<String, String>,
     ) -> Result<Schemas, SchemaSetupError> {
+        let registry = Registry::new(&settings.registry, auth, settings.ca_file.as_deref())?;
+        Ok(Schemas::with(settings, registry, outputs))
+    }
+
+    /// The schemas of a pipeline taken from `files` instead of its registry (which is never
+    /// asked): `test-plugin` offline.
+    pub fn from_files(
+        settings: &SchemaSettings,
+        files: &[SchemaFile],
+        outputs: &BTreeMap<String, String>,
+    ) -> Result<Schemas, SchemaSetupError> {
+        Ok(Schemas::with(
+            settings,
+            Registry::from_files(files)?,
+            outputs,
+        ))
+    }
+
+    fn with(
+        settings: &SchemaSettings,
+        registry: Registry,
+        outputs: &BTreeMap<String, String>,
+    ) -> Schemas {
         // Process-wide in apache-avro, set before any value is decoded; later calls keep it.
         apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
-        Ok(Schemas {
-            registry: Registry::new(&settings.registry, auth, settings.ca_file.as_deref())?,
+        Schemas {
+            registry,
             value: settings.value,
             key: settings.key,
             outputs: settings
@@ -624,7 +783,54 @@ impl Schemas {
                         .map(|topic| (name.clone(), (format!("{topic}-value"), *f)))
                 })
                 .collect(),
-        })
+        }
+    }
+
+    /// Encodes each key and value given as JSON, not yet framed, with the latest schema of its
+    /// topic's subject (`<topic>-key`, `<topic>-value`), as its producer's serializer would:
+    /// `test-plugin`'s records are written as the JSON they stand for, and the plugin then
+    /// reads what it would read from the topic. A value already framed (first byte zero) or not
+    /// JSON stays as it is. `Ok(Err(reason))` names the record (1-based) when one cannot be
+    /// encoded: the input is wrong, not the plugin.
+    pub async fn frame_json(
+        &self,
+        records: &mut [Record],
+    ) -> Result<Result<(), String>, Unreachable> {
+        for (i, r) in records.iter_mut().enumerate() {
+            for (part, format, slot) in [
+                ("key", self.key, &mut r.key),
+                ("value", self.value, &mut r.value),
+            ] {
+                let Some(bytes) = slot.as_deref().filter(|_| format != Format::Raw) else {
+                    continue;
+                };
+                if bytes.first() == Some(&0)
+                    || serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
+                {
+                    continue;
+                }
+                let subject = format!("{}-{part}", r.topic);
+                let at = || format!("record {} (topic {}, offset {})", i + 1, r.topic, r.offset);
+                let Some((id, schema)) = self.registry.latest(&subject).await? else {
+                    return Ok(Err(format!(
+                        "{}: {part} is JSON but subject {subject} has no schema in {}",
+                        at(),
+                        self.registry.source()
+                    )));
+                };
+                match encode_payload(id, &schema, format, bytes) {
+                    Ok(framed) => *slot = Some(framed),
+                    Err(why) => {
+                        return Ok(Err(format!(
+                            "{}: {part} as subject {subject} (schema id {id}): {}",
+                            at(),
+                            why.replace("the emit", "it")
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// Whether records are decoded before the plugin sees them.
@@ -695,7 +901,10 @@ impl Schemas {
             Err(why) => return Ok(Err(why)),
         };
         let Some(schema) = self.registry.by_id(id).await? else {
-            return Ok(Err(format!("schema id {id} is not in the registry")));
+            return Ok(Err(format!(
+                "schema id {id} is not in {}",
+                self.registry.source()
+            )));
         };
         Ok(decode_payload(id, &schema, format, payload).map(Some))
     }
@@ -716,7 +925,8 @@ impl Schemas {
         };
         let Some((id, schema)) = self.registry.latest(subject).await? else {
             return Ok(Some(Err(format!(
-                "output {output}: subject {subject} has no schema in the registry"
+                "output {output}: subject {subject} has no schema in {}",
+                self.registry.source()
             ))));
         };
         Ok(Some(
@@ -1069,10 +1279,47 @@ mod tests {
             None,
         )
         .expect("registry");
-        assert_eq!(r.prefix, "/apis/ccompat/v7");
-        assert_eq!((r.host.as_str(), r.port), ("127.0.0.1", 18081));
+        let ep = r.endpoint.as_ref().expect("an endpoint");
+        assert_eq!(ep.prefix, "/apis/ccompat/v7");
+        assert_eq!((ep.host.as_str(), ep.port), ("127.0.0.1", 18081));
         assert!(!format!("{r:?}").contains("hunter2"));
         let auth = RegistryAuth::Bearer("t0ken".into());
         assert!(!format!("{auth:?}").contains("t0ken"));
+    }
+
+    #[test]
+    fn schema_files_are_numbered_unless_given_an_id_and_may_not_share_an_id_or_subject() {
+        let dir =
+            std::env::temp_dir().join(format!("sharehost-schema-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let order = dir.join("order.avsc");
+        std::fs::write(&order, ORDER).expect("write");
+        let file = |s: &str| {
+            s.replace("FILE", &order.display().to_string())
+                .parse::<SchemaFile>()
+                .expect("parses")
+        };
+        let r = Registry::from_files(&[
+            file("a-value=FILE"),
+            file("b-value@7=FILE"),
+            file("c-value=FILE"),
+        ])
+        .expect("three files");
+        let ids: Vec<u32> = ["a-value", "b-value", "c-value"]
+            .iter()
+            .map(|s| r.latest.lock()[*s].0)
+            .collect();
+        assert_eq!(ids, [1, 7, 8]);
+        for files in [
+            vec![file("a-value=FILE"), file("a-value@2=FILE")],
+            vec![file("a-value@3=FILE"), file("b-value@3=FILE")],
+        ] {
+            assert!(matches!(
+                Registry::from_files(&files),
+                Err(SchemaSetupError::File(_))
+            ));
+        }
+        assert!("a-value@-1=x.avsc".parse::<SchemaFile>().is_err());
+        assert!("a-value".parse::<SchemaFile>().is_err());
     }
 }

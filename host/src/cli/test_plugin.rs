@@ -81,6 +81,16 @@ pub(crate) struct TestPluginArgs {
     /// The manifest's pipeline to take the settings of (needed when it has more than one).
     #[arg(long, requires = "manifest")]
     pipeline: Option<String>,
+    /// A schema read from a file instead of the pipeline's registry (repeatable; the registry
+    /// is then never asked): SUBJECT=FILE, e.g. orders-value=order.avsc, or SUBJECT@ID=FILE
+    /// for records given framed with that id. The type is told by the extension: .avsc,
+    /// .proto or .json (JSON Schema).
+    #[arg(
+        long = "schema-file",
+        value_name = "SUBJECT=FILE",
+        requires = "manifest"
+    )]
+    schema_files: Vec<sharehost::schema::SchemaFile>,
     /// Hide the plugin's own log lines (shown at info by default, as the host logs them).
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -171,6 +181,7 @@ fn pipeline_settings(
     path: &std::path::Path,
     pipeline: Option<&str>,
     config: Vec<(String, String)>,
+    schema_files: &[sharehost::schema::SchemaFile],
 ) -> Result<PluginSetup> {
     let manifest = sharehost::manifest::Manifest::load(path)?;
     let names = || {
@@ -204,6 +215,11 @@ fn pipeline_settings(
     let (limits, init) = sharehost::pipeline::plugin_setup(&spec)?;
     let runtime = super::run::plugin_runtime(&manifest)?;
     let schemas = match &spec.schema {
+        Some(s) if !schema_files.is_empty() => Some(sharehost::schema::Schemas::from_files(
+            &s.settings,
+            schema_files,
+            &spec.outputs,
+        )?),
         Some(s) => {
             let auth = s.resolve_auth(&spec.name).map_err(anyhow::Error::msg)?;
             Some(sharehost::schema::Schemas::new(
@@ -212,6 +228,11 @@ fn pipeline_settings(
                 &spec.outputs,
             )?)
         }
+        None if !schema_files.is_empty() => anyhow::bail!(
+            "--schema-file: pipeline {} of {} has no [pipeline.schema] saying which formats its topics use",
+            spec.name,
+            path.display()
+        ),
         None => None,
     };
     Ok((
@@ -243,7 +264,9 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     let mut records = read_jsonl(&mut std::io::BufReader::new(input), MAX_INPUT_LINE_BYTES)
         .with_context(|| format!("input {}", args.input.display()))?;
     let (runtime, limits, init, max_retry, batch_size, schemas) = match &args.manifest {
-        Some(path) => pipeline_settings(path, args.pipeline.as_deref(), config)?,
+        Some(path) => {
+            pipeline_settings(path, args.pipeline.as_deref(), config, &args.schema_files)?
+        }
         None => flag_settings(&args, config)?,
     };
     // As a pipeline with `[pipeline.schema]` does: the plugin reads each record decoded into
@@ -251,6 +274,12 @@ pub(crate) async fn run(args: TestPluginArgs) -> Result<()> {
     let mut undecodable: BTreeMap<usize, (sharehost::runtime::Record, String)> = BTreeMap::new();
     let positions: Vec<usize>;
     if let Some(s) = schemas.as_ref().filter(|s| s.decodes()) {
+        // Records written as the JSON they stand for are encoded first, as their producer
+        // would, so the plugin reads what the topic would give it.
+        s.frame_json(&mut records)
+            .await?
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("input {}", args.input.display()))?;
         let decoded = s.decode(&mut records).await?;
         let faults = decoded.faults;
         let mut kept = Vec::with_capacity(records.len());
