@@ -430,7 +430,104 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
         built,
         judged,
     );
+    drop(calls);
+    schema_encoded_offline(language, &component, &dir, &url, &token);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The same component on an Avro topic with an Avro `scored` output, offline: `test-plugin`
+/// with the schemas as files decodes each order into the JSON the plugin reads through its
+/// SDK's usual calls, and checks what it emits against the output's schema. The decoding is
+/// the host's, the same for every language (tests/schemas.rs runs it against the broker and a
+/// real registry); this shows each SDK reading what it hands over.
+fn schema_encoded_offline(language: &str, component: &Path, dir: &Path, url: &str, token: &str) {
+    let manifest = dir.join("schema.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"[cluster]
+bootstrap = "127.0.0.1:9"
+
+[[pipeline]]
+name = "fraud-check"
+topics = ["orders"]
+group = "g"
+component = "{component}"
+config = {{ score-url = "{url}/score" }}
+allowed_outbound_hosts = ["{url}"]
+[pipeline.outputs]
+scored = "scored"
+[pipeline.secrets]
+scoring-token = {{ env = "SCORING_TOKEN" }}
+[pipeline.schema]
+registry = "http://127.0.0.1:9/apis/ccompat/v7"
+value = "avro"
+[pipeline.schema.outputs]
+scored = "avro"
+"#,
+            component = component.display(),
+        ),
+    )
+    .expect("write the manifest");
+    let input = dir.join("avro-orders.jsonl");
+    let order = |id: &str, amount: f64| {
+        json!({"topic": "orders", "key": id, "value": json!({
+            "id": id, "amount": amount, "customer": "ann", "quantity": 2
+        }).to_string()})
+        .to_string()
+    };
+    std::fs::write(
+        &input,
+        [order("avro-1", 125.5), order("avro-2", 955.5)].join("\n"),
+    )
+    .expect("write the orders");
+    let schemas = repo_root().join("tests/fixtures/schemas");
+    let out = run(
+        Command::new(sharehost_bin!())
+            .arg("test-plugin")
+            .arg(component)
+            .arg("--input")
+            .arg(&input)
+            .arg("--manifest")
+            .arg(&manifest)
+            .arg("--schema-file")
+            .arg(format!(
+                "orders-value={}",
+                schemas.join("order.avsc").display()
+            ))
+            .arg("--schema-file")
+            .arg(format!(
+                "scored-value={}",
+                schemas.join("scored-order.avsc").display()
+            ))
+            .arg("--quiet")
+            .env("SHAREHOST_LOG", "off")
+            .env("SCORING_TOKEN", token),
+        "sharehost test-plugin with schema files",
+    );
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let emitted: Value = serde_json::from_str(
+        lines[0]["emits"][0]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{language}: no emit: {out}")),
+    )
+    .expect("the emit is JSON");
+    assert_eq!(
+        (lines[0]["verdict"].as_str(), &emitted),
+        (
+            Some("accept"),
+            &json!({"id": "avro-1", "amount": 125.5, "customer": "ann", "quantity": 2, "score": 12})
+        ),
+        "{language}: the Avro order read as JSON, scored, its emit fits the Avro output: {out}"
+    );
+    assert_eq!(
+        (lines[1]["verdict"].as_str(), lines[1]["reason"].as_str()),
+        (Some("reject"), Some("score 95 > 80")),
+        "{language}: {out}"
+    );
 }
 
 #[test]
