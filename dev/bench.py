@@ -27,6 +27,14 @@ set to start from the earliest offset, or a fresh classic group):
   wasm-eo-splitter  the splitter on a plain host with guarantee = "exactly-once": each batch's outputs and its
            settled record in one transaction (the group's settled log made and deleted per run): wasm-eo-splitter /
            wasm-splitter is what exactly-once costs;
+  wasm-avro  `sharehost run` as wasm, on a topic of the same size whose values are Avro orders written by Confluent's
+           serializer (dev/schema_records.py through dev/registry, 1000 distinct payloads written round-robin by
+           `sharehost produce --compression none`, as ProducerPerformance writes the raw topic), decoded by the host
+           ([pipeline.schema], the registry asked with its credentials): wasm-avro/wasm is what decoding costs;
+  wasm-trace-1pct, wasm-trace-all  wasm with [telemetry] exporting to dev/otelcol, 1 % and every record sampled:
+           against wasm (traces off) what traces cost. dev/registry and dev/otelcol are started for these kinds
+           when they do not run (and stopped at the end); the collector writes every span it gets to its file
+           (about 1 KB per record at wasm-trace-all: mind the disk with large BENCH_RECORDS);
   wasm-reader, native-reader        the same with target/guests/value_reader.wasm (reads every byte; rejects values
            not starting with `{` and ~1/16 by checksum) and its native twin (PIPELINE_BENCH_HANDLER=value-reader);
   wasm-validator, native-validator  the same with target/guests/order_validator.wasm (parses the JSON order) and its
@@ -61,7 +69,8 @@ env: BENCH_RECORDS (3000000)   records per topic (a multiple of BENCH_PARTITIONS
      BENCH_SIZES ("100 1024")  value sizes in bytes (at least 80: a JSON order has to fit)
      BENCH_PARTITIONS (6)      partitions per topic (6: 2 per process with 3 processes, all on one leader)
      BENCH_KINDS ("classic java krafka rdkafka wasm native wasm-reader native-reader wasm-validator native-validator")
-                               consumer kinds, of those (and wasm-fleet, wasm-splitter, wasm-fleet-splitter)
+                               consumer kinds, of those (and wasm-fleet, wasm-splitter, wasm-fleet-splitter,
+                               wasm-eo-splitter, wasm-avro, wasm-trace-1pct, wasm-trace-all)
      BENCH_PROCESSES ("1 3")   process counts of java, wasm, wasm-fleet and native
      BENCH_PEER_PROCESSES ("1")   process counts of classic, krafka and rdkafka
      BENCH_PLUGIN_PROCESSES ("1") process counts of the plugin work rows (wasm-reader ... native-validator)
@@ -107,6 +116,7 @@ table.md = the table + goals + machine + commit + command, logs, manifests, /usr
 The program behind the entry point dev/bench (standard library only); its tests are dev/test_bench.py.
 """
 
+import base64
 import dataclasses
 import filecmp
 import json
@@ -128,7 +138,16 @@ from bench_host import REPO, Die, Host, now_us  # noqa: E402
 NAME = "bench"
 KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-reader", "native-reader",
          "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter",
-         "wasm-eo-splitter")
+         "wasm-eo-splitter", "wasm-avro", "wasm-trace-1pct", "wasm-trace-all")
+# The trace kinds' sampling rates ([telemetry] sample).
+TRACE_SAMPLE = {"wasm-trace-1pct": 0.01, "wasm-trace-all": 1.0}
+# The Avro topic's schema: the raw topic's order, its padding in `note`.
+AVRO_ORDER = {"type": "record", "name": "BenchOrder", "namespace": "sharehost.bench", "fields": [
+    {"name": "id", "type": "string"}, {"name": "sku", "type": "string"}, {"name": "quantity", "type": "int"},
+    {"name": "price", "type": "double"}, {"name": "note", "type": "string"}]}
+# Records per `sharehost produce` call filling the Avro topic (it holds a call's records in memory): a multiple of
+# every partition count up to 10, so the round robin puts the same number on every partition.
+AVRO_PRODUCE_CHUNK = 2520 * 40
 # The kinds whose hosts are fleet hosts (a signed component, [trust] and [fleet] in the manifest).
 FLEET_KINDS = ("wasm-fleet", "wasm-fleet-splitter")
 # The splitter's outputs (examples/splitter): each run writes them to topics of its own, named after its group.
@@ -307,6 +326,27 @@ def order_payloads(size):
         if len(line.encode()) != size:
             raise Die(f"payloads of {size} B came out another size")
     return lines
+
+
+def avro_orders(size):
+    """1000 orders of AVRO_ORDER (the raw topic's shape), each with a `note` of the length that makes its value in
+    the registry's wire format (a zero byte, a 4-byte schema id, the Avro binary) exactly SIZE bytes."""
+    def varint_len(n):
+        return max(1, (n.bit_length() + 6) // 7)
+
+    def string_len(text):
+        return varint_len(2 * len(text)) + len(text)
+
+    orders = []
+    for i in range(1000):
+        o = {"id": f"o{i}", "sku": f"SKU-{i % 97}", "quantity": 1 + i % 9, "price": i % 50 + 0.5}
+        fixed = 5 + string_len(o["id"]) + string_len(o["sku"]) + varint_len(2 * o["quantity"]) + 8
+        pad = next((n for n in range(size - fixed, -1, -1) if fixed + varint_len(2 * n) + n == size), None)
+        if pad is None:
+            raise Die(f"an Avro order cannot be made exactly {size} B")
+        o["note"] = "".join(chr(97 + (i * 7 + j * 5 + j // 3) % 26) for j in range(pad))
+        orders.append(o)
+    return orders
 
 
 def result_lines(text, fields, numeric):
@@ -567,6 +607,7 @@ class Bench:
         self.out.mkdir(parents=True, exist_ok=True)
         self.broker = None
         self.live = []  # the processes of the run in progress: a run that failed half-way leaves them to be stopped
+        self.services = []  # dev/registry, dev/otelcol when this run started them
 
     # --- preparation ---
 
@@ -616,6 +657,31 @@ class Bench:
                 raise Die(f"no {self.krafka_bin} after the build")
         if cfg.has("rdkafka"):
             self.rdkafka_venv()
+        if cfg.has("wasm-avro"):
+            status = self.service("registry")
+            self.registry_url = next((line.split(": ", 1)[1] for line in status.splitlines()
+                                      if line.startswith("url: ")), None)
+            self.registry_password = next((line.rsplit("password: ", 1)[1] for line in status.splitlines()
+                                           if "password: " in line), None)
+            if not self.registry_url or not self.registry_password:
+                raise Die(f"dev/registry status did not say its url and password:\n{status}")
+        if any(cfg.has(k) for k in TRACE_SAMPLE):
+            self.service("otelcol")
+            self.collector = f"http://127.0.0.1:{os.environ.get('OTELCOL_OTLP_HTTP_PORT') or 14318}"
+
+    def service(self, name):
+        """dev/NAME (registry, otelcol) running: the one this checkout runs, or one started now and stopped at the
+        end. Its `status` output."""
+        tool = REPO / "dev" / name
+        status = subprocess.run([str(tool), "status"], capture_output=True, text=True)
+        if status.returncode != 0:
+            note(f"starting dev/{name} (stopped at the end)")
+            with open(self.out / f"{name}.log", "w") as log:
+                if subprocess.call([str(tool), "up"], stdout=log, stderr=subprocess.STDOUT) != 0:
+                    raise Die(f"dev/{name} up failed (see {self.out}/{name}.log)")
+            self.services.append(tool)
+            status = subprocess.run([str(tool), "status"], capture_output=True, text=True)
+        return status.stdout
 
     def quiet(self, argv, failure):
         if subprocess.call(list(map(str, argv)), stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL) != 0:
@@ -684,6 +750,42 @@ class Bench:
         if rc != 0:
             sys.stderr.write("\n".join(text.splitlines()[-20:]) + "\n")
             raise Die(f"producing to {topic} failed")
+        self.check_filled(topic, size, count)
+
+    def produce_avro(self, topic, size, count):
+        """A fresh topic of COUNT Avro orders of SIZE bytes, in the registry's wire format: 1000 orders encoded by
+        Confluent's serializer (which registers AVRO_ORDER under TOPIC-value), written round-robin without
+        compression (as ProducerPerformance writes the raw topic) by `sharehost produce`, a chunk at a time."""
+        b, out = self.broker, self.out
+        schema = out / "bench-order.avsc"
+        schema.write_text(json.dumps(AVRO_ORDER))
+        encoded = subprocess.run(
+            [sys.executable, str(REPO / "dev" / "schema_records.py"), "encode", "--registry", self.registry_url,
+             "--registry-user-info", f"sharehost:{self.registry_password}", "--format", "avro", "--schema",
+             str(schema), "--topic", topic],
+            input="".join(json.dumps(o) + "\n" for o in avro_orders(size)), capture_output=True, text=True)
+        if encoded.returncode != 0:
+            raise Die(f"dev/schema_records.py encode: {encoded.stderr.strip()}")
+        values = [json.loads(line)["value"]["base64"] for line in encoded.stdout.splitlines() if line.strip()]
+        if len(values) != 1000 or any(len(base64.b64decode(v)) != size for v in values):
+            raise Die(f"the Avro orders of {size} B came out another size or count")
+        lines = [json.dumps({"value": {"base64": v}}) + "\n" for v in values]
+        b.create_topic(topic, self.cfg.partitions, out / f"{topic}.create.log")
+        written = 0
+        with open(out / f"{topic}.produce.log", "w") as log:
+            while written < count:
+                n = min(AVRO_PRODUCE_CHUNK - AVRO_PRODUCE_CHUNK % self.cfg.partitions, count - written)
+                text = "".join(lines[(written + i) % len(lines)] for i in range(n))
+                done = subprocess.run([str(self.sharehost), "produce", topic, "--bootstrap", b.bootstrap,
+                                       "--compression", "none"], input=text, text=True, stdout=log, stderr=log)
+                if done.returncode != 0:
+                    raise Die(f"sharehost produce to {topic} failed (see {out}/{topic}.produce.log)")
+                written += n
+        self.check_filled(topic, size, count)
+
+    def check_filled(self, topic, size, count):
+        """TOPIC holds COUNT records (its end offsets written to TOPIC.offsets)."""
+        b, out = self.broker, self.out
         rc, text = b.tool("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", b.bootstrap, "--topic",
                           topic)
         if rc != 0:
@@ -753,12 +855,20 @@ class Bench:
             component, handler = self.guests["order_validator"], "order-validator"
         else:
             component, handler = self.guests["accept_all"], "accept-all"
+        env = {"PIPELINE_BENCH_HANDLER": handler}
+        if kind == "wasm-avro":
+            extra = (f'{extra.rstrip(chr(10))}\n[pipeline.schema]\nregistry = "{self.registry_url}"\nvalue = "avro"\n'
+                     'username = "sharehost"\npassword = { env = "REGISTRY_PASSWORD" }\n').lstrip("\n")
+            env["REGISTRY_PASSWORD"] = self.registry_password
         binary = [self.sharehost, "run"] if kind.startswith("wasm") else [self.pipeline_bench]
         ports = [cfg.admin_port + i for i in range(procs)]
         for i, port in enumerate(ports):
             if bench_host.port_in_use(port):
                 raise Die(f"admin port {port} is taken (set BENCH_ADMIN_PORT)")
             head = fleet_manifest_head(self.fleet_key, f"bench-{i}", group) if kind in FLEET_KINDS else ""
+            if kind in TRACE_SAMPLE:
+                head = (f'[telemetry]\notlp_endpoint = "{self.collector}"\nsample = {TRACE_SAMPLE[kind]}\n'
+                        f'service_name = "{group}"\n')
             text = bench_host.manifest(self.broker.bootstrap, port, [bench_host.Pipeline(
                 "bench", [topic], group, str(component), extra)], before=head)
             (out / f"{group}.{i}.toml").write_text(text)
@@ -767,7 +877,7 @@ class Bench:
         for i, port in enumerate(ports):
             name = f"{group}.{i}"
             host = Host([*binary, out / f"{name}.toml"], port, out / f"{name}.out", out / f"{name}.err",
-                        env={"PIPELINE_BENCH_HANDLER": handler}, time_report=out / f"{name}.time")
+                        env=env, time_report=out / f"{name}.time")
             self.live.append(host)
             hosts.append(host)
         profilers = ([self.perf_attach(h, out / f"{group}.{i}.perf.data") for i, h in enumerate(hosts)]
@@ -929,18 +1039,23 @@ class Bench:
         for size, runs in schedule(cfg):
             topic = f"bench-{size}b-{stamp}"
             self.produce(topic, size, cfg.records)
+            avro_topic = None
+            if any(kind == "wasm-avro" for _, kind in runs):
+                avro_topic = f"bench-{size}b-avro-{stamp}"
+                self.produce_avro(avro_topic, size, cfg.records)
             for procs, kind in runs:
+                source = avro_topic if kind == "wasm-avro" else topic
                 group = f"bench-{kind}-{size}b-{procs}p-{stamp}"
                 if kind != "classic":
                     self.fresh_group(group)
                 load = bench_host.load_now()
-                note(f"{kind}, {procs} process(es): reading {topic} in group {group} (load {load})")
+                note(f"{kind}, {procs} process(es): reading {source} in group {group} (load {load})")
                 row = f"{kind}-{size}b-{procs}p"
                 c0 = self.broker.counters()
                 profiling = cfg.jfr and self.broker.profile_start(row)
                 b0 = bench_host.cpu_ticks(self.broker.pid)
                 threads0 = bench_host.thread_ticks(self.broker.pid)
-                r = self.run_kind(kind, topic, group, procs, cfg.records)
+                r = self.run_kind(kind, source, group, procs, cfg.records)
                 broker_s = (bench_host.cpu_ticks(self.broker.pid) - b0) / bench_host.CLK_TCK
                 jit_s = self.broker_threads(row, threads0, broker_s)
                 if profiling:
@@ -959,7 +1074,9 @@ class Bench:
                      f"{status}; {r.extra}")
                 with open(results, "a") as f:
                     f.write(result_row(size, procs, kind, r, broker_s, load, lag, status))
-            self.broker.delete_topic(topic, out / f"{topic}.create.log")
+            for t in (topic, avro_topic):
+                if t is not None:
+                    self.broker.delete_topic(t, out / f"{t}.create.log")
         with open(out / "machine.txt", "a") as f:
             f.write(f"load at end: {bench_host.load_now(3)}\n")
         table(out, cfg.docs)
@@ -1029,6 +1146,9 @@ class Bench:
         self.live = []
         if self.broker is not None:
             self.broker.close()
+        for tool in self.services:
+            subprocess.call([str(tool), "down"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.services = []
 
 
 def peer_argv(kind, krafka_bin, bootstrap, topic, group, quota):

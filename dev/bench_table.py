@@ -29,12 +29,15 @@ import sys
 import tempfile
 
 # The table's row order within a size and process count, and each kind's name in the table.
-KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-reader", "native-reader",
-         "wasm-validator", "native-validator", "wasm-splitter", "wasm-fleet-splitter",
-         "wasm-eo-splitter")
+KINDS = ("classic", "java", "krafka", "rdkafka", "wasm", "wasm-fleet", "native", "wasm-avro", "wasm-trace-1pct",
+         "wasm-trace-all", "wasm-reader", "native-reader", "wasm-validator", "native-validator", "wasm-splitter",
+         "wasm-fleet-splitter", "wasm-eo-splitter")
 NAMES = {
     "wasm": "sharehost, Wasm accept-all",
     "wasm-fleet": "sharehost, Wasm accept-all, fleet host",
+    "wasm-avro": "sharehost, Wasm accept-all, Avro values decoded",
+    "wasm-trace-1pct": "sharehost, Wasm accept-all, traces 1 % sampled",
+    "wasm-trace-all": "sharehost, Wasm accept-all, traces 100 % sampled",
     "native": "sharehost, native accept-all",
     "wasm-reader": "sharehost, Wasm value-reader",
     "native-reader": "sharehost, native value-reader",
@@ -290,6 +293,13 @@ def render_body(rows):
     if lo is not None:
         out.append(goal("exactly-once ≥ 0.8× at-least-once steady (Wasm splitter), every pair", lo >= 0.8,
                         f"lowest {lo:.2f} ({'; '.join(detail)})"))
+    # What schema decoding and traces cost, against the same plugin on raw values with traces off (not goals: the
+    #    price of a feature a pipeline turns on).
+    for kind, what in (("wasm-avro", "Avro values decoded"), ("wasm-trace-1pct", "traces, 1 % sampled"),
+                       ("wasm-trace-all", "traces, every record sampled")):
+        _, detail = steady_pairs(rows, by_key, kind, "wasm", "host CPU")
+        if detail:
+            out.append(f"- {what}, against Wasm accept-all on raw values with traces off: {'; '.join(detail)}")
     # 8. The broker's CPU per 1M records at 100 B, without its JIT compilers, ≤ 1.0 s for every sharehost row that
     #    measured it, writes nothing (a splitter's broker also appends an output per record) and gives each
     #    producer batch verdicts of one kind: the value reader rejects about 1 in 16 records, scattered, and a

@@ -14,7 +14,12 @@ every `up` starts empty.
   * Apicurio 3 is built for Java 21: the JVM is the first Java 21+ among REGISTRY_JAVA, $JAVA_HOME, `java` on PATH
     and /usr/lib/jvm/*.
 
-`up` is done when the registry answers GET /apis/ccompat/v7/subjects; every wait polls for its event and is bounded by
+It runs as a production registry does: every /apis request needs basic credentials (user `sharehost`, password
+$REGISTRY_PASSWORD or `registry-secret`; Quarkus's embedded users and an `authenticated` path policy), and the API is
+served on https too (REGISTRY_TLS_PORT) with a certificate of a CA made for each `up` (openssl), so that the host's
+credentials and its TLS client are tested against a real server.
+
+`up` is done when the registry answers GET /apis/ccompat/v7/subjects with the credentials; every wait polls for its event and is bounded by
 a generous deadline, so a busy machine makes it longer, never a failure.
 """
 
@@ -32,6 +37,7 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+from base64 import b64encode
 from pathlib import Path
 
 DEV = Path(os.path.abspath(os.path.dirname(__file__)))
@@ -52,6 +58,7 @@ CCOMPAT = "/apis/ccompat/v7"
 # machine busy) and the CPU it took (5 s to 2 s). 256 MiB of heap is plenty for a test's few schemas.
 JVM_OPTS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xms64m", "-Xmx256m"]
 POLL_S = 0.2
+USER = "sharehost"
 
 
 class Die(Exception):
@@ -133,7 +140,7 @@ LOCAL = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_get(url, timeout=5, opener=LOCAL):
-    """(status, body) of a GET; (None, reason) when nothing answers."""
+    """(status, body) of a GET of a URL or a urllib Request; (None, reason) when nothing answers."""
     try:
         with opener.open(url, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
@@ -143,9 +150,12 @@ def http_get(url, timeout=5, opener=LOCAL):
         return None, str(e)
 
 
-def answers(port):
-    """Whether a schema registry answers the Confluent API's subject list on 127.0.0.1:PORT."""
-    status, body = http_get(f"http://127.0.0.1:{port}{CCOMPAT}/subjects")
+def answers(port, password):
+    """Whether a schema registry answers the Confluent API's subject list on 127.0.0.1:PORT to our credentials."""
+    token = b64encode(f"{USER}:{password}".encode()).decode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{CCOMPAT}/subjects",
+                                     headers={"Authorization": f"Basic {token}"})
+    status, body = http_get(request)
     if status != 200:
         return False
     try:
@@ -166,6 +176,9 @@ class Harness:
         self.version = env("APICURIO_VERSION", DEFAULT_VERSION)
         self.port = env_int("REGISTRY_PORT", 18081)
         self.management_port = env_int("REGISTRY_MANAGEMENT_PORT", 18082)
+        self.tls_port = env_int("REGISTRY_TLS_PORT", 18083)
+        self.password = env("REGISTRY_PASSWORD", "registry-secret")
+        self.tls = self.state / "tls"
         self.start_timeout = env_int("REGISTRY_START_TIMEOUT", 180)
         self.stop_timeout = env_int("REGISTRY_STOP_TIMEOUT", 30)
         self.maven_repo = env("SHAREHOST_MAVEN_URL", MAVEN_CENTRAL)
@@ -183,12 +196,19 @@ class Harness:
     def url(self):
         return f"http://127.0.0.1:{self.port}{CCOMPAT}"
 
+    def tls_url(self):
+        return f"https://127.0.0.1:{self.tls_port}{CCOMPAT}"
+
+    def answers(self):
+        return answers(self.port, self.password)
+
     def usage(self):
         return f"""usage: dev/registry COMMAND
 
   up        start Apicurio Registry {self.version} in memory on 127.0.0.1:{self.port} (its health and metrics on
             127.0.0.1:{self.management_port}) and wait until its Confluent-compatible API answers; print its URL
-            ("url: {self.url()}"). No-op when it already runs. The first call downloads
+            ("url: {self.url()}", its https URL, CA file, user and password). Every
+            /apis request needs the user {USER} and the password. No-op when it already runs. The first call downloads
             the registry (about 160 MB) into {self.cache}.
   down      stop it (SIGTERM, SIGKILL after REGISTRY_STOP_TIMEOUT) and delete the state dir; its schemas are gone
   status    print whether it runs; exit 0 if it runs and answers, 3 if it does not run, 4 if it runs but does not
@@ -197,7 +217,8 @@ class Harness:
   fetch     only download and unpack the registry into the cache (what `up` does first), e.g. while something builds
   help      this text
 
-env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION ({DEFAULT_VERSION}),
+env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), REGISTRY_TLS_PORT (18083, https),
+     REGISTRY_PASSWORD (the user {USER}'s, default registry-secret), APICURIO_VERSION ({DEFAULT_VERSION}),
      REGISTRY_JAVA (a Java {MIN_JAVA}+ binary; default: the first of $JAVA_HOME, PATH, /usr/lib/jvm),
      REGISTRY_START_TIMEOUT ({self.start_timeout} s to answer),
      REGISTRY_STOP_TIMEOUT ({self.stop_timeout} s from SIGTERM to SIGKILL),
@@ -293,7 +314,9 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
         if self.recorded.get("VERSION"):
             self.version = self.recorded["VERSION"]
             self.set_version_paths()
-        for key, attr in (("PORT", "port"), ("MANAGEMENT_PORT", "management_port")):
+        if self.recorded.get("PASSWORD"):
+            self.password = self.recorded["PASSWORD"]
+        for key, attr in (("PORT", "port"), ("MANAGEMENT_PORT", "management_port"), ("TLS_PORT", "tls_port")):
             if re.fullmatch(r"[0-9]+", self.recorded.get(key, "")):
                 setattr(self, attr, int(self.recorded[key]))
 
@@ -309,12 +332,33 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
         else:
             self.state.unlink()
 
+    def make_tls(self):
+        """A CA and a certificate for 127.0.0.1 and localhost signed by it, in the state dir (made anew each `up`)."""
+        if shutil.which("openssl") is None:
+            raise Die("openssl not found (the registry's https certificate is made with it)")
+        self.tls.mkdir(parents=True, exist_ok=True)
+        d = self.tls
+        (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for cmd in (
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256", "-days", "3650",
+             "-subj", "/CN=sharehost-dev-registry-ca", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt"],
+            ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-sha256", "-subj", "/CN=localhost",
+             "-keyout", f"{d}/server.key", "-out", f"{d}/server.csr"],
+            ["openssl", "x509", "-req", "-sha256", "-days", "825", "-in", f"{d}/server.csr", "-CA", f"{d}/ca.crt",
+             "-CAkey", f"{d}/ca.key", "-CAcreateserial", "-out", f"{d}/server.crt", "-extfile", f"{d}/server.ext"],
+        ):
+            r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Die(f"{' '.join(cmd[:3])} failed: {r.stderr.strip()}")
+
     def launch(self, java):
         self.state.mkdir(parents=True, exist_ok=True)
         self.marker.touch()
         (self.state / "tmp").mkdir(exist_ok=True)
+        self.make_tls()
         self.env_file.write_text(
-            f"VERSION={self.version}\nPORT={self.port}\nMANAGEMENT_PORT={self.management_port}\nJAVA={java}\n")
+            f"VERSION={self.version}\nPORT={self.port}\nMANAGEMENT_PORT={self.management_port}\n"
+            f"TLS_PORT={self.tls_port}\nPASSWORD={self.password}\nJAVA={java}\n")
         self.pid_file.unlink(missing_ok=True)
         props = {
             # Names this state dir on the command line: how pid() tells our JVM from any other process.
@@ -334,6 +378,18 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
             "apicurio.storage.snapshot.location": self.state / "tmp",
             "apicurio.import.work-dir": self.state / "tmp",
             "java.io.tmpdir": self.state / "tmp",
+            # https beside http, with the certificate make_tls() signed.
+            "quarkus.http.ssl-port": self.tls_port,
+            "quarkus.http.ssl.certificate.files": self.tls / "server.crt",
+            "quarkus.http.ssl.certificate.key-files": self.tls / "server.key",
+            # Basic credentials on every API request: Quarkus's embedded users (Apicurio's build enables them)
+            # and a path policy, as a registry in production asks for credentials.
+            "quarkus.http.auth.basic": "true",
+            "quarkus.security.users.embedded.enabled": "true",
+            "quarkus.security.users.embedded.plain-text": "true",
+            f"quarkus.security.users.embedded.users.{USER}": self.password,
+            "quarkus.http.auth.permission.apis.paths": "/apis/*",
+            "quarkus.http.auth.permission.apis.policy": "authenticated",
         }
         cmd = [java, *JVM_OPTS, *os.environ.get("SHAREHOST_REGISTRY_JVM_OPTS", "").split()]
         cmd += [f"-D{k}={v}" for k, v in props.items()]
@@ -355,7 +411,7 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
 
     def await_answer(self, t0):
         """Waits until the registry answers its Confluent API; a JVM gone means it failed (its log says why)."""
-        while not answers(self.port):
+        while not self.answers():
             self.proc.poll()
             if self.proc.returncode is not None:
                 tail(self.log)
@@ -382,12 +438,13 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
             if not wait_until(self.stop_timeout, self.gone, POLL_S):
                 raise Die(f"the registry (pid {pid}) survived SIGKILL for {self.stop_timeout}s")
         # A dying JVM loses its command line before the kernel closes its sockets: a prompt `up` would find them open.
-        for port in (self.port, self.management_port):
+        for port in (self.port, self.management_port, self.tls_port):
             if not wait_until(self.stop_timeout, lambda: not port_in_use(port, timeout=2), POLL_S):
                 note(f"127.0.0.1:{port} still accepts connections {self.stop_timeout}s after the registry exited")
 
     def print_where(self):
-        print(f"url: {self.url()}", flush=True)
+        print(f"url: {self.url()}\nhttps url: {self.tls_url()}\nca: {self.tls / 'ca.crt'}\n"
+              f"user: {USER}  password: {self.password}", flush=True)
 
     # --- commands ---
 
@@ -404,10 +461,13 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
         if pid is not None:
             wanted = self.port
             self.load_recorded()
+            if not self.recorded.get("TLS_PORT"):
+                raise Die(f"the registry in {self.state} was started by an older dev/registry (no credentials, no "
+                          "https); run 'dev/registry down' first")
             if os.environ.get("REGISTRY_PORT") and wanted != self.port:
                 raise Die(f"the registry already runs in {self.state} on port {self.port}, not {wanted}; run "
                           "'dev/registry down' first (or use another SHAREHOST_REGISTRY_DIR)")
-            if not wait_until(self.start_timeout, lambda: answers(self.port) or self.gone(), POLL_S) or self.gone():
+            if not wait_until(self.start_timeout, lambda: self.answers() or self.gone(), POLL_S) or self.gone():
                 raise Die(f"the registry (pid {pid}) runs but does not answer {self.url()}/subjects "
                           f"(log: {self.log}); 'dev/registry down' stops it")
             note(f"already running (pid {pid})")
@@ -415,7 +475,8 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
             return 0
         java = find_java()
         self.ensure_app()
-        for port, var in ((self.port, "REGISTRY_PORT"), (self.management_port, "REGISTRY_MANAGEMENT_PORT")):
+        for port, var in ((self.port, "REGISTRY_PORT"), (self.management_port, "REGISTRY_MANAGEMENT_PORT"),
+                          (self.tls_port, "REGISTRY_TLS_PORT")):
             if port_in_use(port):
                 raise Die(f"port 127.0.0.1:{port} is already in use (set {var} or free it)")
         t0 = time.monotonic()
@@ -449,7 +510,7 @@ env: REGISTRY_PORT (18081), REGISTRY_MANAGEMENT_PORT (18082), APICURIO_VERSION (
         if pid is None:
             print("not running")
             return 3
-        if not answers(self.port):
+        if not self.answers():
             print(f"running but not answering: pid {pid}, Apicurio Registry {self.version}, log {self.log}")
             return 4
         print(f"running: pid {pid}, Apicurio Registry {self.version} in memory, state {self.state}")

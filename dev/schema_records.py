@@ -24,8 +24,10 @@ runs (or any Confluent-compatible one), with its records in the JSON-lines forma
 
 F is avro, protobuf or json-schema. --registry URL (default $SHAREHOST_REGISTRY_URL, else
 http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7 with REGISTRY_PORT 18081) names the registry's Confluent-compatible
-API. Avro and JSON Schema decode with the writer's schema fetched from the registry by the record's id (FILE, when
-given, is the reader's schema). Protobuf takes the .proto of --schema (compiled with protoc from grpcio-tools into a
+API; --registry-user-info USER:PASSWORD (default $SHAREHOST_REGISTRY_USER_INFO, else dev/registry's user
+sharehost:$REGISTRY_PASSWORD, password registry-secret by default; "" for none) are its basic credentials,
+--registry-ca FILE the CA of an https registry. Avro and JSON Schema decode with the writer's schema fetched from the
+registry by the record's id (FILE, when given, is the reader's schema). Protobuf takes the .proto of --schema (compiled with protoc from grpcio-tools into a
 temporary directory) and its message --message (full or short name; default the file's first message).
 
 Protobuf and Apicurio Registry (dev/registry): Apicurio 3.3.3's Confluent API stores a schema as the client sent it,
@@ -129,6 +131,11 @@ def in_venv():
 # --- the command line ----------------------------------------------------------------------------------------------
 
 
+def default_user_info():
+    return os.environ.get("SHAREHOST_REGISTRY_USER_INFO") or (
+        f"sharehost:{os.environ.get('REGISTRY_PASSWORD') or 'registry-secret'}")
+
+
 def default_registry():
     return os.environ.get("SHAREHOST_REGISTRY_URL") or (
         f"http://127.0.0.1:{os.environ.get('REGISTRY_PORT') or 18081}/apis/ccompat/v7")
@@ -147,6 +154,8 @@ def parse_args(argv):
 
     def common(p, schema_required):
         p.add_argument("--registry", default=default_registry(), help="the Confluent-compatible API's URL")
+        p.add_argument("--registry-user-info", default=default_user_info(), help='USER:PASSWORD ("" for none)')
+        p.add_argument("--registry-ca", type=Path, help="the CA file of an https registry")
         p.add_argument("--format", required=True, choices=FORMATS)
         p.add_argument("--schema", required=schema_required, type=Path, help=".avsc, .proto or JSON Schema file")
         p.add_argument("--subject", help="the subject (default: TOPIC-value)")
@@ -180,10 +189,15 @@ def parse_args(argv):
 # --- the serdes (run in the venv) ----------------------------------------------------------------------------------
 
 
-def client(url):
+def client(args):
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return SchemaRegistryClient({"url": url})
+    conf = {"url": args.registry}
+    if args.registry_user_info:
+        conf["basic.auth.user.info"] = args.registry_user_info
+    if args.registry_ca:
+        conf["ssl.ca.location"] = str(args.registry_ca)
+    return SchemaRegistryClient(conf)
 
 
 def schema_type(fmt):
@@ -232,7 +246,7 @@ def subject_strategy(subject):
 def cmd_register(args):
     from confluent_kafka.schema_registry import Schema
 
-    c = client(args.registry)
+    c = client(args)
     schema = Schema(args.schema.read_text(), schema_type(args.format))
     schema_id = c.register_schema(args.subject, schema)
     registered = c.lookup_schema(args.subject, schema)
@@ -265,7 +279,7 @@ def cmd_encode(args):
 
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    ser = serializer(args, client(args.registry))
+    ser = serializer(args, client(args))
     ctx = SerializationContext(args.topic, MessageField.VALUE)
     for number, line in enumerate(sys.stdin, 1):
         if not line.strip():
@@ -337,7 +351,7 @@ def cmd_decode(args):
     from confluent_kafka.schema_registry.common.serde import SchemaId
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    c = client(args.registry)
+    c = client(args)
     de = deserializer(args, c)
     ctx = SerializationContext(args.topic, MessageField.VALUE)
     checked = set()

@@ -2,8 +2,8 @@
 """Tests of dev/schema_records.py against the real registry dev/registry runs: standard library only (the program
 installs its own venv), run as `python3 dev/test_schema_records.py` (or by pytest).
 
-The registry is one of these tests' own, on ports and a state dir of its own (TEST_REGISTRY_PORT, 28081, and the port
-after it; target/registry-test), started once for the class and stopped at the end. When it cannot be started (no
+The registry is one of these tests' own, on ports and a state dir of its own (TEST_REGISTRY_PORT, 28081, and the two
+ports after it; target/registry-test), started once for the class and stopped at the end. When it cannot be started (no
 Java 21+, no download, a port taken) every test FAILS: none is skipped. The orders are tests/fixtures/schemas'.
 """
 
@@ -24,6 +24,7 @@ PORT = int(os.environ.get("TEST_REGISTRY_PORT") or 28081)
 REGISTRY_ENV = {
     "REGISTRY_PORT": str(PORT),
     "REGISTRY_MANAGEMENT_PORT": str(PORT + 1),
+    "REGISTRY_TLS_PORT": str(PORT + 2),
     "SHAREHOST_REGISTRY_DIR": str(REPO / "target" / "registry-test"),
 }
 URL = f"http://127.0.0.1:{PORT}/apis/ccompat/v7"
@@ -54,7 +55,10 @@ def lines(text):
 def latest(subject):
     """The subject's latest version as the registry answers it (id, version, schemaType)."""
     no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with no_proxy.open(f"{URL}/subjects/{subject}/versions/latest", timeout=30) as r:
+    auth = base64.b64encode(b"sharehost:" + (os.environ.get("REGISTRY_PASSWORD") or "registry-secret").encode())
+    request = urllib.request.Request(f"{URL}/subjects/{subject}/versions/latest",
+                                     headers={"Authorization": f"Basic {auth.decode()}"})
+    with no_proxy.open(request, timeout=30) as r:
         return json.load(r)
 
 

@@ -22,6 +22,23 @@ use sharehost_tests::{bootstrap, guest, repo_root, sharehost_bin, unique};
 #[allow(dead_code)]
 mod pricing_service;
 
+/// The password of dev/registry's user `sharehost`: every API request needs it.
+fn registry_password() -> String {
+    std::env::var("REGISTRY_PASSWORD").unwrap_or_else(|_| "registry-secret".to_owned())
+}
+
+/// dev/registry's https URL of the same API (`SHAREHOST_REGISTRY_TLS`) and the CA that signed
+/// its certificate (`SHAREHOST_REGISTRY_CA`).
+fn registry_tls() -> (String, PathBuf) {
+    (
+        std::env::var("SHAREHOST_REGISTRY_TLS")
+            .unwrap_or_else(|_| "https://127.0.0.1:18083/apis/ccompat/v7".to_owned()),
+        std::env::var_os("SHAREHOST_REGISTRY_CA")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("target/registry/tls/ca.crt")),
+    )
+}
+
 /// The registry's Confluent-compatible API: `dev/registry up`'s, or `SHAREHOST_REGISTRY`.
 fn registry() -> String {
     let url = std::env::var("SHAREHOST_REGISTRY")
@@ -85,9 +102,16 @@ fn scoring_service(token: &str) -> (tokio::runtime::Runtime, String) {
     (rt, format!("http://{addr}"))
 }
 
-/// A manifest for the fraud check on `input`, its values and its `scored` output in `format`.
+/// A manifest for the fraud check on `input`, its values and its `scored` output in `format`;
+/// the host signs in to the registry with the password in `REGISTRY_PASSWORD`, and trusts
+/// dev/registry's CA when the URL is https.
 fn manifest(dir: &Path, registry: &str, score_url: &str, topics: &Topics, format: &str) -> PathBuf {
     let path = dir.join("manifest.toml");
+    let ca_file = if registry.starts_with("https:") {
+        format!("ca_file = \"{}\"\n", registry_tls().1.display())
+    } else {
+        String::new()
+    };
     std::fs::write(
         &path,
         format!(
@@ -113,7 +137,9 @@ scored = "{scored}"
 scoring-token = {{ env = "SCORING_TOKEN" }}
 [pipeline.schema]
 registry = "{registry}"
-value = "{format}"
+{ca_file}value = "{format}"
+username = "sharehost"
+password = {{ env = "REGISTRY_PASSWORD" }}
 [pipeline.schema.outputs]
 scored = "{format}"
 "#,
@@ -304,7 +330,10 @@ impl Case {
             &self.manifest,
             &format!("schemas-{}", self.format),
             &watch,
-            &[("SCORING_TOKEN", &self.token)],
+            &[
+                ("SCORING_TOKEN", &self.token),
+                ("REGISTRY_PASSWORD", &registry_password()),
+            ],
         );
         before(&host, &out, &dead);
         let mut want: Vec<&str> = self
@@ -397,6 +426,7 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
         .arg("--manifest")
         .arg(&case.manifest)
         .env("SCORING_TOKEN", &case.token)
+        .env("REGISTRY_PASSWORD", registry_password())
         .output()
         .expect("run test-plugin");
     assert!(
@@ -433,6 +463,26 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
             .starts_with(&format!("value: schema id {real_id}: ")),
         "{verdicts:?}"
     );
+
+    // The registry refuses a wrong password: no record is judged, and the error says why.
+    let refused = Command::new(sharehost_bin!())
+        .arg("test-plugin")
+        .arg(guest("fraud_check"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--manifest")
+        .arg(&case.manifest)
+        .env("SCORING_TOKEN", &case.token)
+        .env("REGISTRY_PASSWORD", "not-the-password")
+        .output()
+        .expect("run test-plugin");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refused (401 Unauthorized): check the registry's credentials"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
 
     let log = case.run(&["unknown-id", "garbled"], |_, _, _| {});
 
@@ -559,13 +609,15 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
 
 #[test]
 fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_its_record() {
-    // The output's schema allows scores up to 50: the fraud check's higher ones do not fit.
+    // The output's schema allows scores up to 50: the fraud check's higher ones do not fit. The
+    // host reaches the registry over https, trusting dev/registry's CA (`ca_file`).
+    let (https, _) = registry_tls();
     let case = Case::new(
         "json-schema",
         "order.schema.json",
         "scored-order.schema.json",
         20,
-        None,
+        Some(&https),
     );
     let fits = case.orders.iter().filter(|o| score(o) <= 50).count();
     assert!(fits < case.orders.len() && fits > 0, "both kinds");

@@ -76,6 +76,10 @@ pub(crate) struct ProduceArgs {
     /// `delivery_count` are ignored.
     #[arg(long)]
     input: Option<PathBuf>,
+    /// How the record batches are compressed: lz4 (as most producers are set), or none (as
+    /// the Java producer's default; what a benchmark that compares topics wants).
+    #[arg(long, default_value = "lz4", value_parser = ["lz4", "none"])]
+    compression: String,
     #[command(flatten)]
     target: Target,
 }
@@ -181,12 +185,16 @@ pub(crate) async fn produce(args: ProduceArgs) -> Result<()> {
             timestamp: (r.timestamp != 0).then_some(r.timestamp),
         });
     }
+    let compression = match args.compression.as_str() {
+        "none" => Compression::None,
+        _ => Compression::Lz4,
+    };
     let mut total = 0usize;
     for (slot, records) in by_partition.iter().enumerate() {
         let partition = meta[slot];
         for chunk in chunks(records) {
             client
-                .produce(&args.topic, partition, chunk, Compression::Lz4)
+                .produce(&args.topic, partition, chunk, compression)
                 .await
                 .with_context(|| format!("producing to {}-{partition}", args.topic))?;
             total += chunk.len();
