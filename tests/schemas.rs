@@ -319,7 +319,7 @@ impl Case {
     fn run(
         &self,
         extra_keys: &[&str],
-        before: impl FnOnce(&HostProcess, &Follower, &Follower),
+        before: impl FnOnce(&HostProcess, &Follower, &Follower, &Watch),
     ) -> Vec<String> {
         let bin = sharehost_bin!();
         let watch = Watch::default();
@@ -335,7 +335,7 @@ impl Case {
                 ("REGISTRY_PASSWORD", &registry_password()),
             ],
         );
-        before(&host, &out, &dead);
+        before(&host, &out, &dead, &watch);
         let mut want: Vec<&str> = self
             .orders
             .iter()
@@ -484,7 +484,7 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
     );
     assert!(!stderr.contains("not-the-password"), "{stderr}");
 
-    let log = case.run(&["unknown-id", "garbled"], |_, _, _| {});
+    let log = case.run(&["unknown-id", "garbled"], |_, _, _, _| {});
 
     // What the host wrote to the output, read by Confluent's Avro deserializer.
     let decoded = case.decoded_output(&["--with-schema-id"]);
@@ -534,25 +534,44 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
     );
 }
 
-/// A loopback TCP forwarder to `target` on `port`, until the runtime is dropped: the path to
-/// the real registry the test opens when it chooses.
-fn forward(rt: &tokio::runtime::Runtime, port: u16, target: SocketAddr) {
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
-        .expect("the forwarder's port is free again");
-    rt.spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+/// A loopback gate to `target` on `port`: while open it forwards each connection, while shut it
+/// closes each one as it comes (the registry's client opens one per request), as a registry
+/// that stopped answering would look to the host.
+struct Gate {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Gate {
+    fn shut(port: u16, target: SocketAddr) -> Gate {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .expect("the gate's port is free again");
+        let is_open = open.clone();
+        rt.spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !is_open.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
                 }
-            });
-        }
-    });
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Gate { open, _rt: rt }
+    }
+
+    fn set(&self, open: bool) {
+        self.open.store(open, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[test]
-fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
+fn a_registry_that_stops_answering_mid_stream_holds_the_batch_and_nothing_is_lost() {
     let registry = registry();
     let registry_addr: SocketAddr = {
         let uri: http::Uri = registry.parse().expect("the registry's URL");
@@ -562,8 +581,7 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
             .next()
             .expect("an address")
     };
-    // A port nothing listens on yet: the host finds the registry refused until the test opens
-    // the path to it.
+    // The host reaches the registry through a gate the test opens and shuts.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -582,29 +600,102 @@ fn a_registry_that_cannot_be_reached_holds_the_batch_and_nothing_is_lost() {
         Some(&through),
     );
     case.produce(&[]);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    case.run(&[], |host, out, dead| {
-        host.wait_for_log("the batch waits for it, holding its records");
-        let state = host.status()[0]["state"].clone();
-        assert_eq!(state, "degraded", "{}", host.status());
-        assert!(out.records().is_empty() && dead.records().is_empty());
-        forward(&rt, port, registry_addr);
-    });
-    let bin = sharehost_bin!();
-    let mut seen = consume_all(bin, &case.manifest, &case.topics.scored);
-    seen.extend(case.dead_letters());
-    let mut keys: Vec<String> = seen
-        .iter()
-        .filter_map(|r| r["key"].as_str().map(str::to_owned))
+    let gate = Gate::shut(port, registry_addr);
+    // Orders of the schema's next version (a new id), produced once the registry stops
+    // answering: their schema is not among those the host keeps.
+    let later: Vec<Value> = (0..10)
+        .map(|i| json!({"id": format!("v2-{i:02}"), "amount": 3.0 + (i * 41 % 600) as f64, "customer": "c-v2", "quantity": 1, "channel": "web"}))
         .collect();
-    keys.sort();
-    let mut want: Vec<String> = case
-        .orders
+    let later_ids: Vec<String> = later
         .iter()
         .filter_map(|o| o["id"].as_str().map(str::to_owned))
         .collect();
+    let later_keys: Vec<&str> = later_ids.iter().map(String::as_str).collect();
+    let waits = |host: &HostProcess| {
+        host.log_lines()
+            .iter()
+            .filter(|l| l.contains("the batch waits for it, holding its records"))
+            .count()
+    };
+    case.run(&later_keys, |host, out, dead, watch| {
+        // Shut from the start: the first batch waits, the pipeline degraded, nothing out.
+        host.wait_for_log("the batch waits for it, holding its records");
+        assert_eq!(host.status()[0]["state"], "degraded", "{}", host.status());
+        assert!(out.records().is_empty() && dead.records().is_empty());
+        gate.set(true);
+        let first: Vec<&str> = case
+            .orders
+            .iter()
+            .filter_map(|o| o["id"].as_str())
+            .collect();
+        watch.wait_until("the first orders scored", || {
+            let done = out.keys();
+            first.iter().all(|k| done.contains(*k))
+        });
+        // Mid-stream: the registry stops answering, and orders of a new schema version come.
+        gate.set(false);
+        let before = waits(host);
+        let input: String = later.iter().map(|o| format!("{o}\n")).collect();
+        let lines = schema_records(
+            &[
+                "encode",
+                "--registry",
+                &case.registry,
+                "--format",
+                "avro",
+                "--schema",
+                &schema_file("order-v2.avsc"),
+                "--topic",
+                &case.topics.input,
+                "--key-field",
+                "id",
+            ],
+            &input,
+        );
+        let file = case.dir.join("later.jsonl");
+        std::fs::write(&file, lines.join("\n") + "\n").expect("write");
+        run(
+            Command::new(sharehost_bin!())
+                .args(["produce", &case.topics.input, "--manifest"])
+                .arg(&case.manifest)
+                .arg("--input")
+                .arg(&file),
+            "produce",
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while waits(host) == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the new orders' batch never waited for the registry"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(host.status()[0]["state"], "degraded", "{}", host.status());
+        let mut done = out.keys();
+        done.extend(dead.keys());
+        assert!(
+            later_keys.iter().all(|k| !done.contains(*k)),
+            "an order of the new version was judged while its schema could not be read"
+        );
+        gate.set(true);
+    });
+    let bin = sharehost_bin!();
+    let mut seen = consume_all(bin, &case.manifest, &case.topics.scored);
+    assert!(case.dead_letters().is_empty(), "{:#?}", case.dead_letters());
+    for r in &seen {
+        let id = r["key"].as_str().unwrap_or_default();
+        assert!(!id.is_empty(), "{r}");
+    }
+    seen.sort_by_key(|r| r["key"].as_str().map(str::to_owned));
+    let keys: Vec<&str> = seen.iter().filter_map(|r| r["key"].as_str()).collect();
+    let mut want: Vec<&str> = case
+        .orders
+        .iter()
+        .filter_map(|o| o["id"].as_str())
+        .chain(later_keys.iter().copied())
+        .collect();
     want.sort();
-    assert_eq!(keys, want, "every order once, none lost");
+    assert_eq!(keys, want, "every order scored once, none lost");
 }
 
 #[test]
@@ -622,7 +713,7 @@ fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_
     let fits = case.orders.iter().filter(|o| score(o) <= 50).count();
     assert!(fits < case.orders.len() && fits > 0, "both kinds");
     case.produce(&[]);
-    case.run(&[], |_, _, _| {});
+    case.run(&[], |_, _, _, _| {});
     let decoded = case.decoded_output(&[]);
     assert_eq!(decoded.len(), fits, "{decoded:#?}");
     for d in &decoded {
@@ -645,7 +736,7 @@ fn json_schema_records_are_judged_and_an_emit_its_output_schema_refuses_rejects_
 fn protobuf_records_are_judged_as_json_and_emits_are_protobuf() {
     let case = Case::new("protobuf", "order.proto", "scored-order.proto", 12, None);
     case.produce(&[]);
-    case.run(&[], |_, _, _| {});
+    case.run(&[], |_, _, _, _| {});
     assert!(case.dead_letters().is_empty());
     let schema = schema_file("scored-order.proto");
     let decoded = case.decoded_output(&["--schema", &schema]);
