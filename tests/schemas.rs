@@ -418,17 +418,20 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
     // Offline first, as an author would: test-plugin with the pipeline's manifest decodes
     // through the same registry and shows the two records that do not decode rejected, in
     // their places.
-    let offline = Command::new(sharehost_bin!())
-        .arg("test-plugin")
-        .arg(guest("fraud_check"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--manifest")
-        .arg(&case.manifest)
-        .env("SCORING_TOKEN", &case.token)
-        .env("REGISTRY_PASSWORD", registry_password())
-        .output()
-        .expect("run test-plugin");
+    let test_plugin = |password: &str| {
+        Command::new(sharehost_bin!())
+            .arg("test-plugin")
+            .arg(guest("fraud_check"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--manifest")
+            .arg(&case.manifest)
+            .env("SCORING_TOKEN", &case.token)
+            .env("REGISTRY_PASSWORD", password)
+            .output()
+            .expect("run test-plugin")
+    };
+    let offline = test_plugin(&registry_password());
     assert!(
         offline.status.success(),
         "{}",
@@ -465,17 +468,7 @@ fn avro_records_are_judged_as_json_emits_are_avro_and_what_does_not_decode_is_de
     );
 
     // The registry refuses a wrong password: no record is judged, and the error says why.
-    let refused = Command::new(sharehost_bin!())
-        .arg("test-plugin")
-        .arg(guest("fraud_check"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--manifest")
-        .arg(&case.manifest)
-        .env("SCORING_TOKEN", &case.token)
-        .env("REGISTRY_PASSWORD", "not-the-password")
-        .output()
-        .expect("run test-plugin");
+    let refused = test_plugin("not-the-password");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{stderr}");
     assert!(

@@ -661,34 +661,16 @@ fn a_component_tested_without_a_manifest_is_found_compiled_by_a_manifest_with_an
 #[allow(dead_code)]
 mod pricing_service;
 
-/// A manifest's pipeline for the fraud check on topic `orders`, its values and its `scored`
-/// output in `format`, naming a registry nobody answers at: a run that asked it would fail.
+/// The offline fraud-check manifest (`sharehost_tests::manifests`) for `format`, in `dir`.
 fn schema_manifest(dir: &std::path::Path, score_url: &str, format: &str) -> PathBuf {
-    let manifest = dir.join("manifest.toml");
+    let manifest = dir.join(format!("manifest-{format}.toml"));
     std::fs::write(
         &manifest,
-        format!(
-            r#"[cluster]
-bootstrap = "127.0.0.1:9"
-
-[[pipeline]]
-name = "fraud-check"
-topics = ["orders"]
-group = "g"
-component = "{component}"
-config = {{ score-url = "{score_url}/score" }}
-allowed_outbound_hosts = ["{score_url}"]
-[pipeline.outputs]
-scored = "orders-scored"
-[pipeline.secrets]
-scoring-token = {{ env = "SCORING_TOKEN" }}
-[pipeline.schema]
-registry = "http://127.0.0.1:9/apis/ccompat/v7"
-value = "{format}"
-[pipeline.schema.outputs]
-scored = "{format}"
-"#,
-            component = guest("fraud_check").display(),
+        sharehost_tests::manifests::offline_schema_manifest(
+            &guest("fraud_check"),
+            score_url,
+            format,
+            "orders-scored",
         ),
     )
     .expect("write manifest");

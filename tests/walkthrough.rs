@@ -444,29 +444,7 @@ fn schema_encoded_offline(language: &str, component: &Path, dir: &Path, url: &st
     let manifest = dir.join("schema.toml");
     std::fs::write(
         &manifest,
-        format!(
-            r#"[cluster]
-bootstrap = "127.0.0.1:9"
-
-[[pipeline]]
-name = "fraud-check"
-topics = ["orders"]
-group = "g"
-component = "{component}"
-config = {{ score-url = "{url}/score" }}
-allowed_outbound_hosts = ["{url}"]
-[pipeline.outputs]
-scored = "scored"
-[pipeline.secrets]
-scoring-token = {{ env = "SCORING_TOKEN" }}
-[pipeline.schema]
-registry = "http://127.0.0.1:9/apis/ccompat/v7"
-value = "avro"
-[pipeline.schema.outputs]
-scored = "avro"
-"#,
-            component = component.display(),
-        ),
+        sharehost_tests::manifests::offline_schema_manifest(component, url, "avro", "scored"),
     )
     .expect("write the manifest");
     let input = dir.join("avro-orders.jsonl");

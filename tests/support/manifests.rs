@@ -34,3 +34,38 @@ config = {{ {plugin_config} }}
         component = component.display(),
     )
 }
+
+/// The text of a manifest that `sharehost test-plugin` runs the fraud check with on topic
+/// `orders`, its values and its `scored` output (topic `scored_topic`) in `format`, the scoring
+/// service at `score_url` granted, its token in `SCORING_TOKEN`. The registry it names answers
+/// nowhere: a run that asked it would fail, so the schemas must come from `--schema-file`.
+pub fn offline_schema_manifest(
+    component: &std::path::Path,
+    score_url: &str,
+    format: &str,
+    scored_topic: &str,
+) -> String {
+    format!(
+        r#"[cluster]
+bootstrap = "127.0.0.1:9"
+
+[[pipeline]]
+name = "fraud-check"
+topics = ["orders"]
+group = "g"
+component = "{component}"
+config = {{ score-url = "{score_url}/score" }}
+allowed_outbound_hosts = ["{score_url}"]
+[pipeline.outputs]
+scored = "{scored_topic}"
+[pipeline.secrets]
+scoring-token = {{ env = "SCORING_TOKEN" }}
+[pipeline.schema]
+registry = "http://127.0.0.1:9/apis/ccompat/v7"
+value = "{format}"
+[pipeline.schema.outputs]
+scored = "{format}"
+"#,
+        component = component.display(),
+    )
+}
