@@ -809,6 +809,22 @@ fn schema_files_stand_in_for_the_registry_and_records_written_as_json_are_encode
         "{stderr}"
     );
 
+    // A record written as JSON on a topic whose subject has no schema: named, with the way out.
+    let no_topic = input("schema-files-no-topic", r#"{"value": "{\"id\": \"o-4\"}"}"#);
+    let (ok, _, stderr) = test_plugin(
+        &manifest,
+        &no_topic,
+        &[
+            fixtures.join("order.avsc"),
+            fixtures.join("scored-order.avsc"),
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("record 1 (topic test, offset 0): value is JSON to encode, but subject test-value has no schema in the schema files"),
+        "{stderr}"
+    );
+
     // Schema files that cannot stand in for the registry are refused naming the file.
     let no_type = dir.join("order.txt");
     std::fs::write(&no_type, "{}").expect("write");

@@ -813,7 +813,9 @@ impl Schemas {
                 let at = || format!("record {} (topic {}, offset {})", i + 1, r.topic, r.offset);
                 let Some((id, schema)) = self.registry.latest(&subject).await? else {
                     return Ok(Err(format!(
-                        "{}: {part} is JSON but subject {subject} has no schema in {}",
+                        "{}: {part} is JSON to encode, but subject {subject} has no schema in {} \
+                         (give the record the \"topic\" its producer writes to, or its subject a \
+                         --schema-file)",
                         at(),
                         self.registry.source()
                     )));
