@@ -502,14 +502,18 @@ impl Registry {
                     MAX_ANSWER_BYTES >> 20
                 ))
             };
-            let size = std::fs::metadata(&file.path)
-                .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?
-                .len();
-            if size > MAX_ANSWER_BYTES as u64 {
-                return Err(too_big());
-            }
-            let text = std::fs::read_to_string(&file.path)
-                .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?;
+            // Read through a bound, not by the size the file claims: a FIFO or a device (a
+            // link named `x.avsc` to /dev/zero) says 0 and never ends.
+            let mut text = String::new();
+            std::io::Read::read_to_string(
+                &mut std::io::Read::take(
+                    std::fs::File::open(&file.path)
+                        .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?,
+                    MAX_ANSWER_BYTES as u64 + 1,
+                ),
+                &mut text,
+            )
+            .map_err(|e| SchemaSetupError::File(format!("{shown}: {e}")))?;
             if text.len() > MAX_ANSWER_BYTES {
                 return Err(too_big());
             }
@@ -1321,6 +1325,15 @@ mod tests {
                 Err(SchemaSetupError::File(_))
             ));
         }
+        // A link named like a schema to an endless device is refused after the bound.
+        let zero = dir.join("zero.avsc");
+        let _ = std::fs::remove_file(&zero);
+        std::os::unix::fs::symlink("/dev/zero", &zero).expect("link");
+        let refused = Registry::from_files(&[file(&format!("z-value={}", zero.display()))]);
+        assert!(
+            matches!(&refused, Err(SchemaSetupError::File(why)) if why.contains("larger than 4 MiB")),
+            "{refused:?}"
+        );
         assert!("a-value@-1=x.avsc".parse::<SchemaFile>().is_err());
         assert!("a-value".parse::<SchemaFile>().is_err());
     }
