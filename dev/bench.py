@@ -568,8 +568,9 @@ def read_json(path):
 
 def sharehost_extra(poll_cpu, rejected, metrics):
     """The diagnostics of a sharehost row: what polling cost, records rejected, and from the hosts' final /metrics
-    the acknowledgements refused, records released by the broker, share sessions reset and, for a run that wrote
-    outputs, their produce requests and the mean time of one (writes=, write_ms=)."""
+    the acknowledgements refused, records released by the broker, share sessions reset, for a run that wrote
+    outputs, their produce requests and the mean time of one (writes=, write_ms=), and for a traced run the spans
+    ended and exported by then (spans_ended=, spans_exported=)."""
     acks_failed = metric_sum(metrics, "sharehost_acknowledged_offsets_total", 'result="failed"')
     text = (f"poller_cpu_s={poll_cpu:.2f} rejected={rejected} acks_failed={number_text(acks_failed)}"
             f" released_by_broker={number_text(metric_sum(metrics, 'sharehost_released_by_broker_total'))}"
@@ -579,6 +580,11 @@ def sharehost_extra(poll_cpu, rejected, metrics):
         # The mean time of an output write (a produce request and its answer), over every host of the run.
         mean_ms = 1000 * metric_sum(metrics, "sharehost_write_seconds_sum", 'kind="output"') / writes
         text += f" writes={number_text(writes)} write_ms={mean_ms:.2f}"
+    ended = metric_sum(metrics, "sharehost_trace_spans_total", 'outcome="ended"')
+    if ended > 0:
+        # When every record was judged: a span still queued then is sent later, or dropped if the queue was full.
+        exported = metric_sum(metrics, "sharehost_trace_spans_total", 'outcome="exported"')
+        text += f" spans_ended={number_text(ended)} spans_exported={number_text(exported)}"
     return text
 
 

@@ -234,6 +234,25 @@ class ToolOutput(unittest.TestCase):
                   'sharehost_write_seconds_count{pipeline="bench",kind="dead_letter"} 1\n')
         self.assertTrue(bench.sharehost_extra(0, 0, sample).endswith(" writes=200 write_ms=2.00"))
 
+    def test_a_traced_run_says_its_spans_ended_and_exported(self):
+        sample = ('sharehost_trace_spans_total{outcome="ended"} 606162\n'
+                  'sharehost_trace_spans_total{outcome="exported"} 195397\n'
+                  'sharehost_trace_spans_total{outcome="failed"} 0\n')
+        self.assertTrue(bench.sharehost_extra(0, 0, sample).endswith(
+            " spans_ended=606162 spans_exported=195397"))
+
+    def test_avro_orders_are_framed_to_the_exact_size(self):
+        # The wire format's length by hand: a zero byte, a 4-byte id, then each field (strings are a zigzag varint
+        # length and the bytes, an int a zigzag varint, a double 8 bytes).
+        def varint(n):
+            return 1 if n < 128 else 2 if n < 16384 else 3
+
+        for size in (100, 1024):
+            for o in bench.avro_orders(size)[:50]:
+                n = 5 + 8 + varint(2 * o["quantity"]) + sum(
+                    varint(2 * len(o[f])) + len(o[f]) for f in ("id", "sku", "note"))
+                self.assertEqual(n, size, o)
+
     def test_krafka_version_from_the_lock(self):
         self.assertEqual(bench.krafka_version((bench.KRAFKA_PEER / "Cargo.lock").read_text()), "0.28.1")
         self.assertEqual(bench.krafka_version("nothing"), "?")

@@ -175,6 +175,29 @@ scoring-token = {{ env = "SCORING_TOKEN" }}
         assert!(!host.seen().ended, "the host ended");
         !out.records().is_empty()
     });
+    // The host counts what became of its spans: the batch's and the record's, ended and taken
+    // by the collector (the export queue is sent every half second), none failed.
+    let spans_total = |outcome: &str| -> Option<u64> {
+        let (_, text) = host.http("GET", "/metrics", "");
+        let key = format!("sharehost_trace_spans_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|n| n.trim().parse().ok())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while spans_total("exported") != Some(2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host's /metrics never counted the two spans exported: {:?} ended, {:?} exported",
+            spans_total("ended"),
+            spans_total("exported")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        (spans_total("ended"), spans_total("failed")),
+        (Some(2), Some(0))
+    );
     // Stopping the host sends the spans it still holds.
     host.stop_with_log();
     drop(out);

@@ -459,6 +459,7 @@ impl Metrics {
             m.ready.clone(),
         );
         root.register_collector(Box::new(Process));
+        root.register_collector(Box::new(Traces));
         *m.registry.lock().unwrap_or_else(|p| p.into_inner()) = root;
         m
     }
@@ -515,6 +516,40 @@ fn sample_process() -> Option<ProcessSample> {
         open_fds,
         max_fds,
     })
+}
+
+/// `sharehost_trace_spans_total{outcome}`: what became of the sampled spans (`ended`,
+/// `exported`, `failed`), read from the tracer at every scrape; nothing without `[telemetry]`.
+/// Ended minus exported and failed, once the export queue has drained, were dropped.
+#[derive(Debug)]
+struct Traces;
+
+impl prometheus_client::collector::Collector for Traces {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        let Some(t) = crate::telemetry::current() else {
+            return Ok(());
+        };
+        let c = t.counts();
+        let mut family = encoder.encode_descriptor(
+            "sharehost_trace_spans",
+            "Sampled spans, by outcome: ended (handed to the export queue), exported (taken by the collector), failed (in export requests that failed); ended - exported - failed, once the queue drained, were dropped because it was full",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in [
+            ("ended", &c.ended),
+            ("exported", &c.exported),
+            ("failed", &c.failed),
+        ] {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(family.encode_family(&[("outcome", outcome)])?)?;
+        }
+        Ok(())
+    }
 }
 
 impl prometheus_client::collector::Collector for Process {
