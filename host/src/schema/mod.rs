@@ -31,6 +31,8 @@ use parking_lot::Mutex;
 
 use crate::runtime::Record;
 
+mod avro_json;
+
 /// Schemas kept by id: far more than a topic's producers use, and each is parsed once.
 pub const MAX_SCHEMAS: usize = 1024;
 /// The largest registry answer read: a schema of a few thousand fields is well under it.
@@ -145,7 +147,9 @@ pub enum SchemaSetupError {
 /// A schema, parsed once.
 #[derive(Debug)]
 enum Parsed {
-    Avro(apache_avro::Schema),
+    /// An Avro schema, and whether [`avro_json`] writes its values (else apache-avro decodes
+    /// them).
+    Avro(apache_avro::Schema, bool),
     /// A JSON Schema, compiled (validation of emits; records are taken as their producer's
     /// serializer wrote them).
     Json(Box<jsonschema::Validator>),
@@ -278,7 +282,10 @@ fn parse_schema(answer: &SchemaAnswer) -> Parsed {
                 Some(name) => Parsed::Refused(format!(
                     "its Avro schema is recursive ({name} contains itself), which this host does not decode: the payload alone would bound the depth"
                 )),
-                None => Parsed::Avro(schema),
+                None => {
+                    let direct = avro_json::writable(&schema);
+                    Parsed::Avro(schema, direct)
+                }
             },
             Err(e) => Parsed::Refused(format!("its Avro schema does not parse: {e}")),
         },
@@ -952,24 +959,14 @@ fn decode_payload(
 ) -> Result<Bytes, String> {
     match (schema, format) {
         (Parsed::Refused(why), _) => Err(format!("schema id {id}: {why}")),
-        (Parsed::Avro(schema), Format::Avro) => {
-            let mut reader = payload;
-            let value = apache_avro::reader::datum::GenericDatumReader::builder(schema)
-                .build()
-                .and_then(|r| r.read_value(&mut reader))
-                .map_err(|e| format!("schema id {id}: the payload does not decode as Avro: {e}"))?;
-            if !reader.is_empty() {
-                return Err(format!(
-                    "schema id {id}: {} bytes left after the Avro value",
-                    reader.len()
-                ));
-            }
-            let json = serde_json::Value::try_from(value)
-                .map_err(|e| format!("schema id {id}: the Avro value has no JSON form: {e}"))?;
-            serde_json::to_vec(&json)
-                .map(Bytes::from)
-                .map_err(|e| format!("schema id {id}: {e}"))
-        }
+        (Parsed::Avro(schema, true), Format::Avro) => match avro_json::to_json(schema, payload) {
+            Ok(json) => Ok(Bytes::from(json)),
+            Err(avro_json::Unwritten::Invalid(why)) => Err(format!(
+                "schema id {id}: the payload does not decode as Avro: {why}"
+            )),
+            Err(avro_json::Unwritten::Fallback) => avro_value_json(id, schema, payload),
+        },
+        (Parsed::Avro(schema, false), Format::Avro) => avro_value_json(id, schema, payload),
         (Parsed::Protobuf(file), Format::Protobuf) => {
             let (message, body) =
                 protobuf_message(file, payload).map_err(|e| format!("schema id {id}: {e}"))?;
@@ -993,16 +990,37 @@ fn decode_payload(
                 .map_err(|e| format!("schema id {id}: the payload is not JSON: {e}"))?;
             Ok(Bytes::copy_from_slice(payload))
         }
-        (Parsed::Avro(_) | Parsed::Json(_) | Parsed::Protobuf(_), f) => Err(format!(
+        (Parsed::Avro(..) | Parsed::Json(_) | Parsed::Protobuf(_), f) => Err(format!(
             "schema id {id} is {}, not {} as the pipeline says",
             match schema {
-                Parsed::Avro(_) => "Avro",
+                Parsed::Avro(..) => "Avro",
                 Parsed::Protobuf(_) => "Protobuf",
                 _ => "JSON Schema",
             },
             f.name()
         )),
     }
+}
+
+/// An Avro payload decoded by apache-avro into its value, converted to JSON and written: the
+/// way for the schemas [`avro_json`] does not write.
+fn avro_value_json(id: u32, schema: &apache_avro::Schema, payload: &[u8]) -> Result<Bytes, String> {
+    let mut reader = payload;
+    let value = apache_avro::reader::datum::GenericDatumReader::builder(schema)
+        .build()
+        .and_then(|r| r.read_value(&mut reader))
+        .map_err(|e| format!("schema id {id}: the payload does not decode as Avro: {e}"))?;
+    if !reader.is_empty() {
+        return Err(format!(
+            "schema id {id}: {} bytes left after the Avro value",
+            reader.len()
+        ));
+    }
+    let json = serde_json::Value::try_from(value)
+        .map_err(|e| format!("schema id {id}: the Avro value has no JSON form: {e}"))?;
+    serde_json::to_vec(&json)
+        .map(Bytes::from)
+        .map_err(|e| format!("schema id {id}: {e}"))
 }
 
 /// A plugin's JSON emit encoded with its output's schema, framed with the schema's id.
@@ -1013,7 +1031,7 @@ fn encode_payload(id: u32, schema: &Parsed, format: Format, value: &[u8]) -> Res
     out.extend_from_slice(&id.to_be_bytes());
     match (schema, format) {
         (Parsed::Refused(why), _) => return Err(why.clone()),
-        (Parsed::Avro(schema), Format::Avro) => {
+        (Parsed::Avro(schema, _), Format::Avro) => {
             let value = apache_avro::types::Value::try_from(json)
                 .and_then(|v| v.resolve(schema))
                 .map_err(|e| format!("the emit does not conform to the Avro schema: {e}"))?;
